@@ -1,0 +1,277 @@
+"""Question/answer files on local disk: JSONL or parquet (GSM8K, MATH, your own data).
+
+Each record needs a question and an answer. By default the question is read from the first of
+`question`, `problem`, `prompt` that the record has, and the answer from `answer` or `solution`.
+
+Reference answers are normalised (`answer_format`):
+    gsm8k: the text after the last "#### ", commas removed ("... #### 1,234" -> "1234").
+    boxed: the content of the last \\boxed{...} (MATH-style solutions).
+    raw:   the text as is (stripped).
+    auto (default): gsm8k when the text contains "####", else boxed when it contains "\\boxed{",
+          else raw.
+The full reference text is kept in `meta["solution"]` when it differs from the answer.
+
+Held-out split: every record is ranked by a hash of its question text (so duplicated questions never
+straddle the split) and the `eval_size` lowest-ranked form the evaluation set; with `eval_fraction`
+that many are held out instead. The split is a function of the file contents only (not of the seed),
+so runs with different seeds evaluate on the same questions. With `eval_path`, that file is the
+evaluation set and all of `path` is for training.
+
+Options (`task_args`):
+    path:           the training file (.jsonl / .json lines, or .parquet). Required.
+    eval_path:      an optional separate evaluation file (same format rules).
+    format:         "auto" (by extension; default), "jsonl" or "parquet".
+    question_key:   field holding the question (default: question / problem / prompt).
+    answer_key:     field holding the answer (default: answer / solution).
+    id_key:         field holding a stable id (default "id"; else one is made from the question).
+    answer_format:  auto | gsm8k | boxed | raw (see above).
+    eval_size:      number of held-out records (default: min(64, 10% of the file) when neither this
+                    nor eval_fraction is given; with eval_path, at most this many of that file).
+    eval_fraction:  fraction of records held out, in (0, 1).
+    limit:          read at most this many records of `path` (default: all).
+    template:       format string with {question} (default "{question}").
+    system_prompt:  str, or None for the chat template's default (default None).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from grpolab.types import ConfigError, Example
+
+QUESTION_KEYS = ("question", "problem", "prompt")
+ANSWER_KEYS = ("answer", "solution")
+ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "raw")
+FORMATS = ("auto", "jsonl", "parquet")
+
+
+def gsm8k_answer(text: str) -> str:
+    """The final answer of a GSM8K solution: the text after the last '#### ', commas stripped."""
+    tail = text.rsplit("####", 1)[-1]
+    return tail.strip().replace(",", "")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (or \\fbox{...}) in `text`, braces balanced; None if none."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None  # unbalanced
+
+
+def normalise_answer(text: str, answer_format: str = "auto") -> str:
+    """Reference answer text -> the string a verifier compares against (see module docstring)."""
+    text = text.strip()
+    if answer_format == "gsm8k" or (answer_format == "auto" and "####" in text):
+        return gsm8k_answer(text)
+    if answer_format in ("boxed", "auto"):
+        boxed = last_boxed(text)
+        if boxed is not None:
+            return boxed
+        if answer_format == "boxed":
+            raise ValueError("no \\boxed{...} in the answer")
+    return text
+
+
+def _question_rank(question: str) -> str:
+    return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()
+
+
+def _read_records(path: Path, fmt: str, key: str, limit: int | None = None) -> list[tuple[str, dict]]:
+    """[(location, record)] where location is "file:line" (JSONL) or "file:row N" (parquet)."""
+    if not path.exists():
+        raise ConfigError(f"task_args.{key}: file not found: {path}")
+    if not path.is_file():
+        raise ConfigError(f"task_args.{key}: not a file: {path}")
+    if fmt == "auto":
+        fmt = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "jsonl"
+    out: list[tuple[str, dict]] = []
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise ConfigError(
+                f"task_args.{key}: reading parquet ({path}) needs pyarrow: pip install grpolab[parquet]"
+            ) from e
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises its own error types for corrupt files
+            raise ConfigError(f"{path}: not a readable parquet file ({e})") from e
+        for n, row in enumerate(rows[:limit] if limit is not None else rows, start=1):
+            out.append((f"{path}: row {n}", row))
+        return out
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(rec, dict):
+                raise ConfigError(f"{path}:{n}: expected a JSON object per line, got {type(rec).__name__}")
+            out.append((f"{path}:{n}", rec))
+    return out
+
+
+def _field(rec: dict, where: str, key: str | None, defaults: tuple[str, ...], what: str, opt: str) -> str:
+    names = (key,) if key is not None else defaults
+    for name in names:
+        if name in rec and rec[name] is not None:
+            value = rec[name]
+            if isinstance(value, (dict, list)):
+                raise ConfigError(f"{where}: field {name!r} ({what}) must be text or a number, got {value!r:.80}")
+            return str(value)
+    raise ConfigError(
+        f"{where}: no {what} field (looked for {', '.join(map(repr, names))}; the record has "
+        f"{', '.join(map(repr, rec)) or 'no fields'}); set task_args.{opt}"
+    )
+
+
+class QATask:
+    name = "qa"
+
+    def __init__(
+        self,
+        seed: int,
+        path: str | None = None,
+        eval_path: str | None = None,
+        format: str = "auto",
+        question_key: str | None = None,
+        answer_key: str | None = None,
+        id_key: str = "id",
+        answer_format: str = "auto",
+        eval_size: int | None = None,
+        eval_fraction: float | None = None,
+        limit: int | None = None,
+        template: str = "{question}",
+        system_prompt: str | None = None,
+    ):
+        self.seed = seed
+        if path is None:
+            raise ConfigError("task_args.path: required for task 'qa' (a .jsonl or .parquet file)")
+        for key, value in (("path", path), ("eval_path", eval_path)):
+            if value is not None and not isinstance(value, (str, Path)):
+                raise ConfigError(f"task_args.{key}: expected a file path, got {value!r}")
+        if format not in FORMATS:
+            raise ConfigError(f"task_args.format: allowed values are {', '.join(FORMATS)}, got {format!r}")
+        if answer_format not in ANSWER_FORMATS:
+            raise ConfigError(
+                f"task_args.answer_format: allowed values are {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
+            )
+        for key, value in (("question_key", question_key), ("answer_key", answer_key), ("id_key", id_key)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"task_args.{key}: expected a field name (string), got {value!r}")
+        if eval_size is not None and (isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 0):
+            raise ConfigError(f"task_args.eval_size: expected an integer >= 0, got {eval_size!r}")
+        if eval_fraction is not None:
+            if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or not 0 < eval_fraction < 1:
+                raise ConfigError(f"task_args.eval_fraction: expected a number in (0, 1), got {eval_fraction!r}")
+            if eval_size is not None:
+                raise ConfigError("task_args.eval_fraction: give eval_size or eval_fraction, not both")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"task_args.limit: expected an integer >= 1, got {limit!r}")
+        if not isinstance(template, str) or "{question}" not in template:
+            raise ConfigError(f"task_args.template: expected a format string containing {{question}}, got {template!r}")
+        try:
+            template.format(question="x")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"task_args.template: not a valid format string ({e!r})") from e
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ConfigError(f"task_args.system_prompt: expected a string or null, got {system_prompt!r}")
+        self.template = template
+        self.system_prompt = system_prompt
+        self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "auto"}]
+        self._opts = dict(question_key=question_key, answer_key=answer_key, id_key=id_key, answer_format=answer_format)
+
+        self.path = Path(path)
+        records = self._load(self.path, format, "path", limit)
+        if eval_path is not None:
+            self.eval_path: Path | None = Path(eval_path)
+            train, held = records, self._load(self.eval_path, format, "eval_path", None)
+            if eval_size is not None:
+                held = sorted(held, key=lambda ex: _question_rank(ex.meta["question"]))[:eval_size]
+            elif eval_fraction is not None:
+                raise ConfigError("task_args.eval_fraction: not used with eval_path (use eval_size to cap it)")
+            held_q = {ex.meta["question"].strip() for ex in held}
+            train = [ex for ex in train if ex.meta["question"].strip() not in held_q]  # no leakage
+        else:
+            self.eval_path = None
+            n = len(records)
+            if eval_fraction is not None:
+                k = round(n * eval_fraction)
+            elif eval_size is not None:
+                k = eval_size
+            else:
+                k = min(64, n // 10)
+            ranked = sorted(records, key=lambda ex: _question_rank(ex.meta["question"]))
+            # Cut at a question boundary: duplicates of a held-out question stay held out.
+            held_q = {ex.meta["question"].strip() for ex in ranked[:k]}
+            held = [ex for ex in records if ex.meta["question"].strip() in held_q]
+            train = [ex for ex in records if ex.meta["question"].strip() not in held_q]
+        if not train:
+            raise ConfigError(
+                f"task_args.eval_size: the held-out split leaves no training records in {self.path} "
+                f"({len(records)} records); lower eval_size / eval_fraction"
+            )
+        self._train = train
+        self._eval = held
+        self.eval_size = len(held)
+
+    def _load(self, path: Path, fmt: str, key: str, limit: int | None) -> list[Example]:
+        o = self._opts
+        out = []
+        seen_ids: dict[str, int] = {}
+        for where, rec in _read_records(path, fmt, key, limit):
+            question = _field(rec, where, o["question_key"], QUESTION_KEYS, "question", "question_key")
+            raw = _field(rec, where, o["answer_key"], ANSWER_KEYS, "answer", "answer_key")
+            try:
+                answer = normalise_answer(raw, o["answer_format"])
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e} (task_args.answer_format is {o['answer_format']!r})") from e
+            if not answer:
+                raise ConfigError(f"{where}: empty answer")
+            if o["id_key"] in rec and rec[o["id_key"]] is not None:
+                rid = str(rec[o["id_key"]])
+            else:
+                rid = f"{path.stem}:{_question_rank(question)[:12]}"
+            # Keep ids unique within a file (duplicated questions get a suffix).
+            count = seen_ids.get(rid, 0)
+            seen_ids[rid] = count + 1
+            if count:
+                rid = f"{rid}#{count}"
+            meta = {"question": question, "source": where}
+            if raw.strip() != answer:
+                meta["solution"] = raw
+            out.append(Example(prompt=self.template.format(question=question), answer=answer, meta=meta, id=rid))
+        if not out:
+            raise ConfigError(f"task_args.{key}: no records in {path}")
+        return out
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        """`n` training records drawn with `rng`: without replacement within one call (when the
+        training split has at least `n` records), with replacement across calls."""
+        if n <= len(self._train):
+            return [self._train[i] for i in rng.sample(range(len(self._train)), n)]
+        return [rng.choice(self._train) for _ in range(n)]
+
+    def eval_set(self) -> list[Example]:
+        """The held-out records, in file order."""
+        return list(self._eval)
+
+    def __len__(self) -> int:
+        return len(self._train)
