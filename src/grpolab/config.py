@@ -1,0 +1,305 @@
+"""One typed config: defaults here, a YAML recipe on top, then dotted KEY=VALUE overrides.
+
+Every field carries its documentation as a string literal right under it; `grpolab train --help`
+reads those strings (`field_docs`), so the help and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpolab.algos import AlgoConfig, resolve_algo
+from grpolab.types import ConfigError
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+
+@dataclass
+class Config:
+    """Everything a run needs. Top-level keys `out`, `steps`, `seed`, `model`, `task`, `algo` are stable."""
+
+    out: str = "runs/demo"
+    """Run directory: metrics.jsonl, samples.jsonl, config.yaml, TensorBoard events, checkpoints/."""
+    steps: int = 30
+    """Number of training steps (one rollout batch + `algo.mu` optimizer updates each)."""
+    seed: int = 0
+    """Seed for prompts, sampling and initialisation; the same seed gives the same run on the same machine."""
+    model: str = "smollm2-135m"
+    """Policy model: `smollm2-135m` (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face model directory, or a local .gguf file. Never downloaded."""
+    task: str = "arithmetic"
+    """Task: arithmetic, countdown, qa (local JSONL/parquet), code, tools."""
+    task_args: dict = field(default_factory=dict)
+    """Options of the task, e.g. `task_args.digits=2` (see docs/tasks in README)."""
+    rewards: list = field(default_factory=list)
+    """Reward functions as a list of {name, weight, ...options}; empty = the task's default rewards."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Policy-gradient method and its options, e.g. `algo=grpo algo.beta=0.04` (see docs/algorithms.md)."""
+    G: int = 8
+    """Completions sampled per prompt (the group size; num_generations in TRL). G=1 gives GRPO no signal."""
+    batch_size: int = 32
+    """Completions per step (= prompts per step x G); G must divide it."""
+    micro_batch: int = 16
+    """Sequences per forward/backward pass (gradient accumulation); only memory and speed depend on it."""
+    max_new_tokens: int = 32
+    """Completion length limit in tokens; a completion that reaches it is flagged truncated."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of rollouts, in (0, 1]."""
+    lr: float = 2e-5
+    """Peak learning rate of AdamW."""
+    warmup_steps: int = 2
+    """Linear warm-up of the learning rate over this many optimizer updates, then constant."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: list = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW (beta1, beta2)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables it."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, or cuda."""
+    precision: str = "auto"
+    """auto (bf16 autocast where the hardware supports it, else fp32), bf16 or fp32. Weights stay fp32."""
+    threads: int = 0
+    """CPU threads for PyTorch; 0 = all cores."""
+    eval_size: int = 64
+    """Held-out prompts scored (greedy) before and after training; 0 skips the evaluation."""
+    eval_batch: int = 32
+    """Prompts per generation batch during evaluation."""
+    save_every: int = 0
+    """Write a checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep on disk."""
+    samples_per_step: int = 4
+    """Completions per step written to samples.jsonl."""
+    reward_timeout_s: float = 10.0
+    """Time budget of one reward call; over it the sample scores 0 and `reward/timeouts` counts it."""
+    reward_workers: int = 4
+    """Threads scoring completions in parallel."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under OUT/tb."""
+    progress: bool = True
+    """Show a live progress bar on the console."""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Map each dataclass field to the string literal written right under it in the source."""
+    src = textwrap.dedent(inspect.getsource(cls))
+    body = ast.parse(src).body[0].body
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _type_of(cls: type, name: str):
+    hints = typing.get_type_hints(cls)
+    return hints[name]
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check `value` against the field type; ints are accepted for floats. Raise ConfigError naming `key`."""
+    origin = typing.get_origin(typ)
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is Any:
+        return value
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(typ)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, value, a)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {typ}, got {value!r}")
+    base = origin or typ
+    if base in (list, dict, str, int, float, bool):
+        ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"{key}: expected {base.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def _merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:
+    """Return a copy of dataclass `current` with `updates` applied (nested dataclasses merge recursively)."""
+    if not isinstance(updates, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {updates!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {n: getattr(current, n) for n in names}
+    for k, v in updates.items():
+        key = f"{prefix}{k}"
+        if k not in names:
+            close = difflib.get_close_matches(str(k), names, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{key}: unknown key.{hint} Known keys: {', '.join(names)}")
+        typ = _type_of(cls, k)
+        if dataclasses.is_dataclass(typ):
+            kwargs[k] = v  # handled by the caller (algo)
+        else:
+            kwargs[k] = _coerce(key, v, typ)
+    return cls(**kwargs)
+
+
+def _apply(cfg_dict: dict, key: str, value: Any) -> None:
+    """Set a dotted `key` in a nested dict, creating levels as needed."""
+    parts = key.split(".")
+    d = cfg_dict
+    for p in parts[:-1]:
+        if not isinstance(d.get(p), dict):
+            d[p] = {} if p not in d or d[p] is None else ({"name": d[p]} if isinstance(d[p], str) else d[p])
+        d = d[p]
+    d[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`["steps=5", "algo.beta=0.04"]` -> nested dict; values are parsed as YAML scalars."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{item!r}: overrides are KEY=VALUE (for example steps=10 or algo.beta=0.04)")
+        k, v = item.split("=", 1)
+        if not k:
+            raise ConfigError(f"{item!r}: empty key")
+        try:
+            val = yaml.safe_load(v) if v != "" else ""
+        except yaml.YAMLError:
+            val = v
+        _apply(out, k.strip(), val)
+    return out
+
+
+def load_recipe(path: str | Path) -> dict:
+    """Read a YAML recipe: a file path, or the name of a file in recipes/ (`dapo` -> recipes/dapo.yaml)."""
+    p = Path(path)
+    if not p.exists() and (RECIPES_DIR / f"{path}.yaml").exists():
+        p = RECIPES_DIR / f"{path}.yaml"
+    if not p.exists():
+        known = sorted(x.stem for x in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []
+        raise ConfigError(f"recipe {str(path)!r} not found; give a YAML file path or one of: {', '.join(known)}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {p}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {p}: expected a mapping of keys to values at the top level")
+    return data
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    for k, v in upd.items():
+        if k == "algo" and isinstance(v, str):
+            v = {"name": v}
+        if isinstance(v, dict) and isinstance(base.get(k), dict) and k != "rewards":
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def build_config(recipe: dict | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- recipe <- overrides, validated. Raises ConfigError (exit code 2) on any problem."""
+    merged: dict = {}
+    _deep_update(merged, recipe or {})
+    _deep_update(merged, parse_overrides(overrides or []))
+    algo_raw = merged.pop("algo", {}) or {}
+    if isinstance(algo_raw, str):
+        algo_raw = {"name": algo_raw}
+    if not isinstance(algo_raw, dict):
+        raise ConfigError(f"algo: expected a name or a mapping, got {algo_raw!r}")
+    cfg = _merge_into(Config, Config(), merged, "")
+    algo_over = dict(algo_raw)
+    name = algo_over.pop("name", "grpo")
+    cfg.algo = resolve_algo(name, algo_over)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Impossible values, caught before anything is written."""
+    checks = [
+        (cfg.steps >= 1, "steps", "must be >= 1"),
+        (cfg.G >= 1, "G", "must be >= 1 (completions per prompt)"),
+        (cfg.batch_size >= 1, "batch_size", "must be >= 1"),
+        (cfg.batch_size % max(cfg.G, 1) == 0, "batch_size",
+         f"{cfg.batch_size} is not divisible by G={cfg.G}; use a multiple of G, e.g. {max(cfg.G, 1) * max(1, cfg.batch_size // max(cfg.G, 1))}"),
+        (cfg.micro_batch >= 1, "micro_batch", "must be >= 1"),
+        (cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+        (cfg.temperature > 0, "temperature", "must be > 0"),
+        (0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]"),
+        (cfg.lr > 0, "lr", "must be > 0"),
+        (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
+        (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
+        (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
+        (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
+        (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
+        (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
+        (cfg.save_every >= 0, "save_every", "must be >= 0"),
+        (cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
+        (cfg.samples_per_step >= 0, "samples_per_step", "must be >= 0"),
+        (cfg.reward_timeout_s > 0, "reward_timeout_s", "must be > 0"),
+        (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),
+        (cfg.threads >= 0, "threads", "must be >= 0"),
+        (len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
+         "adam_betas", "must be two numbers in [0, 1)"),
+        (bool(cfg.out), "out", "must be a directory path"),
+    ]
+    for ok, key, msg in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {msg}")
+    for i, spec in enumerate(cfg.rewards):
+        if not isinstance(spec, dict) or "name" not in spec:
+            raise ConfigError(f"rewards[{i}]: expected a mapping with a `name` (and optional `weight`), got {spec!r}")
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain-data view of the config (for config.yaml)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def config_from_run(out_dir: Path) -> dict:
+    """The resolved config.yaml of an existing run, as a recipe dict."""
+    p = Path(out_dir) / "config.yaml"
+    if not p.exists():
+        raise ConfigError(f"--resume {out_dir}: no config.yaml there; is it a grpolab run directory?")
+    return yaml.safe_load(p.read_text())
+
+
+def help_text() -> str:
+    """Every option with its default and documentation (for --help)."""
+    lines = ["Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04):", ""]
+    docs = field_docs(Config)
+    for f in dataclasses.fields(Config):
+        if f.name == "algo":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  {f.name}={default!r}")
+        lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += ["", "  algo=NAME and algo.* options:"]
+    adocs = field_docs(AlgoConfig)
+    for f in dataclasses.fields(AlgoConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  algo.{f.name}={default!r}")
+        lines.append(textwrap.fill(adocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)

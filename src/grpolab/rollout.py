@@ -1,0 +1,194 @@
+"""Rollout engine: G completions per prompt, with the token ids, masks, sampling log-probs and
+truncation flags that the update needs.
+
+The loop is ours, not `model.generate`, for three reasons that are each a speed-up or a number we keep:
+1. the prompt is prefilled once per group and its KV cache repeated G times (a group shares its prompt);
+2. a sequence that reached EOS leaves the batch, so no step decodes finished rows;
+3. the log-prob of each sampled token under the sampling distribution is recorded as it is drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Rollout:
+    """A batch of N = B*G completions, grouped contiguously: [p0 s0..s(G-1), p1 s0.., ...]."""
+
+    prompt_ids: torch.Tensor  # (N, P) left-padded
+    prompt_mask: torch.Tensor  # (N, P) 1 = real token
+    completion_ids: torch.Tensor  # (N, C) right-padded with pad_id
+    completion_mask: torch.Tensor  # (N, C) float, 1 = generated token (EOS included)
+    sample_logp: torch.Tensor  # (N, C) log-prob of each sampled token under the sampling distribution
+    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without EOS
+    texts: list[str]  # decoded completions (special tokens removed)
+    G: int
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)  # (N,)
+
+    def select(self, idx: torch.Tensor) -> "Rollout":
+        """Rows `idx` (used by dynamic sampling to keep whole groups)."""
+        il = idx.tolist()
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
+                       self.completion_mask[idx], self.sample_logp[idx], self.truncated[idx],
+                       [self.texts[i] for i in il], self.G)
+
+
+def concat_rollouts(parts: list[Rollout]) -> Rollout:
+    """Stack rollouts (padding prompts on the left and completions on the right to a common width)."""
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    C = max(r.completion_ids.shape[1] for r in parts)
+
+    def lpad(x, w, v):
+        return F.pad(x, (w - x.shape[1], 0), value=v)
+
+    def rpad(x, w, v):
+        return F.pad(x, (0, w - x.shape[1]), value=v)
+
+    pad_id = int(parts[0].completion_ids[0, -1]) if parts[0].completion_ids.numel() else 0
+    return Rollout(
+        torch.cat([lpad(r.prompt_ids, P, pad_id) for r in parts]),
+        torch.cat([lpad(r.prompt_mask, P, 0) for r in parts]),
+        torch.cat([rpad(r.completion_ids, C, pad_id) for r in parts]),
+        torch.cat([rpad(r.completion_mask, C, 0) for r in parts]),
+        torch.cat([rpad(r.sample_logp, C, 0) for r in parts]),
+        torch.cat([r.truncated for r in parts]),
+        [t for r in parts for t in r.texts],
+        parts[0].G,
+    )
+
+
+def chat_prompts(tokenizer, prompts: list[str], system_prompt: str | None) -> list[list[int]]:
+    """Token ids of each prompt wrapped in the model's chat template, ready for the assistant turn."""
+    out = []
+    for p in prompts:
+        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": p}]
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:  # a bare tokenizer: plain text prompt
+            ids = tokenizer(p)["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids and mask, padded on the left."""
+    P = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), P), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, P - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, P - len(s):] = 1
+    return ids, mask
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: 0 at each row's first real token."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+
+
+def sample_token(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. Returns (token (B,), log-prob of it under the sampling distribution (B,)).
+
+    Sampling distribution: softmax(logits / T), restricted to the smallest set of tokens whose mass
+    reaches top_p (nucleus), renormalised.
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+    if top_p < 1.0:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        cum = sorted_logp.exp().cumsum(-1)
+        drop = (cum - sorted_logp.exp()) >= top_p  # keep the token that crosses top_p
+        sorted_logp = sorted_logp.masked_fill(drop, float("-inf"))
+        logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp)
+        logp = torch.log_softmax(logp, dim=-1)
+    if greedy:
+        tok = logp.argmax(-1)
+    else:
+        tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_tokens: int,
+             temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+             autocast_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
+             eos_ids: set[int] | None = None) -> Rollout:
+    """Sample G completions for each prompt (token ids, already chat-templated)."""
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = torch.tensor(sorted(eos_ids or {tokenizer.eos_token_id}), device=device)
+    ids, mask = left_pad(prompt_ids, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    B = ids.shape[0]
+    N = B * G
+    amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    was_training = model.training
+    model.eval()
+    with amp:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    logits = out.logits[:, -1]  # (B, V)
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+        logits = logits.repeat_interleave(G, 0)  # (N, V)
+    attn = mask.repeat_interleave(G, 0)  # (N, P)
+    pos = positions(attn)[:, -1]  # (N,) position of the last prompt token
+
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    lps = torch.zeros((N, max_new_tokens), device=device)
+    cmask = torch.zeros((N, max_new_tokens), device=device)
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    active = torch.arange(N, device=device)  # rows still decoding, in cache order
+    for t in range(max_new_tokens):
+        tok, lp = sample_token(logits, temperature, top_p, greedy, generator)
+        tokens[active, t] = tok
+        lps[active, t] = lp
+        cmask[active, t] = 1.0
+        done = torch.isin(tok, eos)
+        finished[active[done]] = True
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        keep = ~done
+        if not bool(keep.all()):  # finished rows leave the batch
+            keep_idx = keep.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep_idx)
+            active, attn, pos, tok = active[keep_idx], attn[keep_idx], pos[keep_idx], tok[keep_idx]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        pos = pos + 1
+        with amp:
+            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None],
+                        past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits = out.logits[:, -1]
+    model.train(was_training)
+    C = int(cmask.sum(0).nonzero().max()) + 1 if cmask.any() else 1
+    tokens, lps, cmask = tokens[:, :C], lps[:, :C], cmask[:, :C]
+    texts = tokenizer.batch_decode([row[m.bool()].tolist() for row, m in zip(tokens.cpu(), cmask.cpu())],
+                                   skip_special_tokens=True)
+    return Rollout(
+        prompt_ids=ids.repeat_interleave(G, 0).cpu(), prompt_mask=mask.repeat_interleave(G, 0).cpu(),
+        completion_ids=tokens.cpu(), completion_mask=cmask.cpu(), sample_logp=lps.float().cpu(),
+        truncated=(~finished).cpu(), texts=texts, G=G,
+    )
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen = getattr(model, "generation_config", None)
+    e = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(e, int):
+        ids.add(e)
+    elif isinstance(e, (list, tuple)):
+        ids.update(int(x) for x in e)
+    return ids
