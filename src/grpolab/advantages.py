@@ -185,10 +185,13 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
                     = -1                                  if |y| > L_max
 
     times `penalty` (DAPO: 1). Added to the verifier's reward. Returns (N,) float, <= 0.
-    buffer = 0 turns it off; a buffer longer than max_len is shortened to max_len.
+    buffer = 0 turns it off; a buffer longer than max_len is a ValueError (it would punish every
+    completion, however short). DAPO: L_max = 20480, L_cache = 4096 (20% of the limit).
     """
     lengths = _float(lengths)  # (N,)
-    buffer = min(int(buffer), int(max_len))
+    buffer, max_len = int(buffer), int(max_len)
+    if buffer > max_len:
+        raise ValueError(f"overlong buffer ({buffer} tokens) is longer than max_len ({max_len}): every completion would be punished")
     if buffer <= 0 or penalty == 0:
         return torch.zeros_like(lengths)  # (N,)
     expected = max_len - buffer  # L_max - L_cache

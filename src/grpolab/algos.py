@@ -90,7 +90,8 @@ class AlgoConfig:
     the step trains on what it has."""
     overlong_buffer: int = 0
     """DAPO soft overlong punishment: length of the buffer L_cache (tokens) before max_len in which
-    the penalty grows linearly from 0 to -overlong_penalty; 0 = off."""
+    the penalty grows linearly from 0 to -overlong_penalty; 0 = off. Must not exceed max_new_tokens;
+    DAPO used 20% of the limit (4096 of 20480 tokens)."""
     overlong_penalty: float = 1.0
     """Magnitude of the overlong punishment at max_len (DAPO: 1.0); added as a negative reward."""
 
@@ -121,7 +122,7 @@ ALGOS: dict[str, dict] = {
         "eps_low": 0.2,
         "eps_high": 0.28,
         "dynamic_sampling": True,
-        "overlong_buffer": 64,
+        "overlong_buffer": 6,  # 20% of the default max_new_tokens = 32, as 4096 of 20480 in the paper
         "overlong_penalty": 1.0,
     },
     # GSPO (Zheng et al. 2025): sequence-level geometric-mean ratio, clip ranges 3e-4 / 4e-4, no KL.
