@@ -1,0 +1,87 @@
+"""Reward functions (verifiers) and how the trainer runs them.
+
+    fns = build_rewards([{"name": "format", "weight": 0.1}, {"name": "math", "extract": "boxed"}])
+    scores = score_completions(fns, completions, examples, timeout_s=10.0, workers=4)
+    scores.total, scores.per_fn["math"], scores.metrics["reward/errors"]
+
+Each spec is {"name": <reward>, "weight": float (default 1.0), "label": optional display name,
+**options of that reward}. Names and options (see each factory's docstring):
+
+    format     think_tag, answer_tag, value, partial, prefix
+    math       extract (answer_tag|boxed|gsm8k|last_number|auto), answer_tag, timeout_s,
+               max_answer_chars, max_chars, units
+    countdown  extract (auto|answer_tag), partial
+    code       timeout_s, memory_mb, cpu_s, isolation (require|best_effort), allow_untagged,
+               max_code_chars
+    tool_call  partial_parse, partial_tool, partial_args, max_chars, max_depth
+
+A failing verifier never crashes a run: see grpolab.rewards.scoring.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable
+
+from grpolab.rewards.scoring import RewardFn, Scores, score_completions
+from grpolab.types import ConfigError
+
+__all__ = ["REWARDS", "RewardFn", "Scores", "build_rewards", "get_factory", "score_completions"]
+
+# name -> "module:factory"; factories are imported on first use (code/tool_call pull in more).
+REWARDS: dict[str, str] = {
+    "format": "grpolab.rewards.format:make_format",
+    "math": "grpolab.rewards.math_answer:make_math",
+    "countdown": "grpolab.rewards.countdown:make_countdown",
+    "code": "grpolab.rewards.code:make_code",
+    "tool_call": "grpolab.rewards.tool_call:make_tool_call",
+}
+
+
+def get_factory(name: str) -> Callable:
+    """The factory registered under `name` (ConfigError listing the known names)."""
+    if name not in REWARDS:
+        raise ConfigError(f"rewards: unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))}")
+    target = REWARDS[name]
+    if callable(target):
+        return target
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_rewards(specs: list[dict]) -> list[RewardFn]:
+    """Turn recipe reward specs into RewardFn objects (ConfigError on any bad spec)."""
+    if not isinstance(specs, (list, tuple)):
+        raise ConfigError(f"rewards: expected a list of reward specs, got {type(specs).__name__}")
+    fns: list[RewardFn] = []
+    for i, spec in enumerate(specs):
+        where = f"rewards[{i}]"
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}: expected a mapping like {{name: math, weight: 1.0}}, got {spec!r}")
+        opts = dict(spec)
+        name = opts.pop("name", None)
+        if name is None:
+            raise ConfigError(f"{where}: missing 'name'; known rewards: {', '.join(sorted(REWARDS))}")
+        factory = get_factory(name)
+        weight = opts.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ConfigError(f"{where}.weight: expected a number, got {weight!r}")
+        label = opts.pop("label", name)
+        if not isinstance(label, str) or not label:
+            raise ConfigError(f"{where}.label: expected a non-empty string, got {label!r}")
+        known = [p for p in inspect.signature(factory).parameters]
+        for key in opts:
+            if key not in known:
+                raise ConfigError(
+                    f"{where}.{key}: unknown option for reward {name!r}; "
+                    f"known options: name, weight, label, {', '.join(known)}"
+                )
+        try:
+            fn = factory(**opts)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from e
+        if any(f.name == label for f in fns):
+            raise ConfigError(f"{where}: reward {label!r} listed twice; give one a distinct 'label'")
+        fns.append(RewardFn(name=label, weight=float(weight), fn=fn))
+    return fns

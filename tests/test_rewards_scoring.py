@@ -1,0 +1,109 @@
+"""build_rewards and score_completions: config errors, weights, failures become numbers."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from grpolab import rewards
+from grpolab.rewards import REWARDS, RewardFn, build_rewards, score_completions
+from grpolab.types import ConfigError, Example
+
+EX = Example(prompt="p", answer="4", id="e")
+
+
+def test_registry_names():
+    assert {"format", "math", "countdown", "code", "tool_call"} <= set(REWARDS)
+
+
+def test_unknown_name_lists_known():
+    with pytest.raises(ConfigError, match="known rewards: code, countdown, format, math, tool_call"):
+        build_rewards([{"name": "maths"}])
+
+
+def test_bad_kwarg_names_key():
+    with pytest.raises(ConfigError, match=r"rewards\[0\]\.extrakt"):
+        build_rewards([{"name": "math", "extrakt": "boxed"}])
+    with pytest.raises(ConfigError, match="weight"):
+        build_rewards([{"name": "math", "weight": "heavy"}])
+    with pytest.raises(ConfigError, match="name"):
+        build_rewards([{"weight": 1.0}])
+    with pytest.raises(ConfigError, match="twice"):
+        build_rewards([{"name": "format"}, {"name": "format"}])
+    fns = build_rewards([{"name": "format"}, {"name": "format", "label": "format2", "partial": 0.5}])
+    assert [f.name for f in fns] == ["format", "format2"]
+
+
+def test_weighted_total_and_metrics():
+    fns = build_rewards([{"name": "format", "weight": 0.5}, {"name": "math", "weight": 2.0}])
+    comps = ["<think>a</think><answer>4</answer>", "<answer>4</answer>", "<answer>5</answer>"]
+    s = score_completions(fns, comps, [EX] * 3)
+    assert s.per_fn["format"] == [1.0, 0.0, 0.0]
+    assert s.per_fn["math"] == [1.0, 1.0, 0.0]
+    assert s.total == [2.5, 2.0, 0.0]
+    assert s.metrics["reward/format/mean"] == pytest.approx(1 / 3)
+    assert s.metrics["reward/math/mean"] == pytest.approx(2 / 3)
+    assert s.metrics["reward/errors"] == 0 and s.metrics["reward/timeouts"] == 0
+
+
+def _boom(c, ex):
+    raise RuntimeError("verifier bug")
+
+
+def _slow(c, ex):
+    time.sleep(0.5 if c == "slow" else 0)
+    return 1.0
+
+
+def _nan(c, ex):
+    return float("nan")
+
+
+def test_errors_and_timeouts_are_zero_and_counted():
+    fns = [RewardFn("boom", 1.0, _boom), RewardFn("slow", 1.0, _slow), RewardFn("nan", 1.0, _nan)]
+    t = time.monotonic()
+    s = score_completions(fns, ["slow", "fast"], [EX, EX], timeout_s=0.2, workers=2)
+    assert time.monotonic() - t < 0.5
+    assert s.per_fn["boom"] == [0.0, 0.0]
+    assert s.per_fn["slow"] == [0.0, 1.0]
+    assert s.per_fn["nan"] == [0.0, 0.0]
+    assert s.metrics["reward/errors"] == 4
+    assert s.metrics["reward/timeouts"] == 1
+    assert s.total == [0.0, 1.0]
+
+
+def test_exclude_gives_nan():
+    fns = [RewardFn("boom", 1.0, _boom), RewardFn("one", 1.0, lambda c, e: 1)]
+    s = score_completions(fns, ["a"], [EX], on_error="exclude")
+    assert math.isnan(s.per_fn["boom"][0]) and math.isnan(s.total[0])
+    assert s.metrics["reward/boom/mean"] == 0.0 and s.metrics["reward/one/mean"] == 1.0
+
+
+def test_stuck_calls_do_not_block_the_batch():
+    gate = threading.Event()
+
+    def stuck(c, ex):
+        if c == "stuck":
+            gate.wait(10)
+        return 1.0
+
+    t = time.monotonic()
+    s = score_completions([RewardFn("s", 1.0, stuck)], ["stuck"] * 2 + ["ok"] * 6, [EX] * 8,
+                          timeout_s=0.3, workers=2)
+    gate.set()
+    assert time.monotonic() - t < 1.5
+    assert s.per_fn["s"] == [0.0, 0.0] + [1.0] * 6
+    assert s.metrics["reward/timeouts"] == 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        score_completions([], ["a"], [])
+    with pytest.raises(ValueError):
+        score_completions([], ["a"], [EX], on_error="ignore")
+    s = score_completions([], ["a"], [EX])
+    assert s.total == [0.0]
+    assert rewards.Scores is type(s)
