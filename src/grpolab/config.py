@@ -7,6 +7,7 @@ reads those strings (`field_docs`), so the help and the code cannot drift apart.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -115,6 +116,11 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     origin = typing.get_origin(typ)
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if typ is float and isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected float, got str {value!r}") from None
     if typ is Any:
         return value
     if origin is typing.Union or origin is types.UnionType:
@@ -166,7 +172,11 @@ def _apply(cfg_dict: dict, key: str, value: Any) -> None:
         if not isinstance(d.get(p), dict):
             d[p] = {} if p not in d or d[p] is None else ({"name": d[p]} if isinstance(d[p], str) else d[p])
         d = d[p]
-    d[parts[-1]] = value
+    last = parts[-1]
+    if isinstance(d.get(last), dict) and isinstance(value, str) and key == "algo":
+        d[last]["name"] = value  # `algo.beta=0.1 algo=dapo`: the preset name must not drop algo.beta
+    else:
+        d[last] = value
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -217,7 +227,7 @@ def _deep_update(base: dict, upd: dict) -> dict:
 def build_config(recipe: dict | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- recipe <- overrides, validated. Raises ConfigError (exit code 2) on any problem."""
     merged: dict = {}
-    _deep_update(merged, recipe or {})
+    _deep_update(merged, copy.deepcopy(recipe or {}))  # never mutate the caller's recipe
     _deep_update(merged, parse_overrides(overrides or []))
     algo_raw = merged.pop("algo", {}) or {}
     if isinstance(algo_raw, str):
@@ -264,6 +274,10 @@ def validate(cfg: Config) -> None:
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
+    from grpolab.tasks import TASKS
+
+    if cfg.task not in TASKS:  # caught here, before any model is loaded
+        raise ConfigError(f"task: unknown task {cfg.task!r}; known tasks: {', '.join(sorted(TASKS))}")
     for i, spec in enumerate(cfg.rewards):
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"rewards[{i}]: expected a mapping with a `name` (and optional `weight`), got {spec!r}")

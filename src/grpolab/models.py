@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -84,10 +85,24 @@ def _gguf_cache_path(gguf: Path) -> Path:
     return cache_dir() / "models" / f"{gguf.stem}-{key}"
 
 
+def _drop_gguf_quantization_config(config_json: Path) -> None:
+    """Remove `quantization_config` (quant_method gguf), which transformers copies from the GGUF into the
+    config. The cached weights are plain fp32; with that entry a model loaded from the cache counts as
+    GGUF-quantised and its `save_pretrained` (every checkpoint) raises "not serializable"."""
+    data = json.loads(config_json.read_text())
+    if (data.get("quantization_config") or {}).get("quant_method") != "gguf":
+        return
+    del data["quantization_config"]
+    tmp = config_json.with_name(f".config.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, config_json)
+
+
 def dequantise_gguf(gguf: Path, log=print) -> Path:
     """Dequantise `gguf` into a cached Hugging Face directory (atomic), return the directory."""
     target = _gguf_cache_path(gguf)
     if (target / "config.json").exists():
+        _drop_gguf_quantization_config(target / "config.json")  # repairs caches written before the fix
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -109,7 +124,13 @@ def dequantise_gguf(gguf: Path, log=print) -> Path:
         try:
             fresh.save_pretrained(tmp, safe_serialization=True)
             tok.save_pretrained(tmp)
-            os.replace(tmp, target)
+            _drop_gguf_quantization_config(tmp / "config.json")
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / "config.json").exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another process cached it first: use theirs
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -1,0 +1,58 @@
+"""Shared fixtures: a tiny randomly initialised Llama with the real SmolLM2 tokenizer, and the real model dir.
+
+The real model's dequantised cache lives under $GRPOLAB_CACHE (default ~/.cache/grpolab). We leave that
+variable alone for the whole session: pointing it at an empty directory would force a fresh ~25 s
+dequantisation. Tests that check the caching itself use their own cache directory via monkeypatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# Make `grpolab` importable when the package is not installed (e.g. a plain checkout).
+SRC = Path(__file__).resolve().parents[1] / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+# No hub, ever, from the test suite.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """Hugging Face directory of the bundled SmolLM2-135M-Instruct (dequantised once, then cached)."""
+    from grpolab.models import model_dir
+
+    return model_dir("smollm2-135m", log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, real_model_dir) -> Path:
+    """A tiny random Llama (hidden 32, 2 layers) saved with the real SmolLM2 tokenizer and chat template."""
+    from grpolab.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_src=real_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from grpolab.models import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture()
+def tiny_model(tiny_model_dir):
+    """A fresh fp32 copy of the tiny model per test (tests may attach hooks or change it)."""
+    import torch
+
+    from grpolab.models import load_policy
+
+    model = load_policy(tiny_model_dir, torch.device("cpu"))
+    model.eval()
+    return model
