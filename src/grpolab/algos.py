@@ -130,8 +130,14 @@ ALGOS: dict[str, dict] = {
     # MiniMax-M1 (2025) CISPO: clipped detached IS weight, token-level mean, no lower bound.
     "cispo": {"objective": "cispo", "aggregation": "token_mean", "eps_low": 1.0, "eps_high": 3.0},
     # Back to Basics (Ahmadian et al. 2024): RLOO baseline, plain REINFORCE on whole sequences,
-    # KL placed in the reward.
-    "rloo": {"advantage": "rloo", "objective": "pg", "aggregation": "seq_sum", "kl_placement": "in_reward"},
+    # KL placed in the reward as the sequence log-ratio (sum of k1).
+    "rloo": {
+        "advantage": "rloo",
+        "objective": "pg",
+        "aggregation": "seq_sum",
+        "kl_estimator": "k1",
+        "kl_placement": "in_reward",
+    },
     # Williams (1992): A = r, no baseline.
     "reinforce": {"advantage": "none", "objective": "pg", "aggregation": "seq_sum"},
     # PPO (Schulman et al. 2017) as used for LMs (Ziegler et al. 2019; Ouyang et al. 2022): critic,
