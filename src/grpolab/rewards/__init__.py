@@ -47,7 +47,10 @@ def get_factory(name: str) -> Callable:
     if callable(target):
         return target
     module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"rewards: {name!r} is not available in this install ({e})") from e
 
 
 def build_rewards(specs: list[dict]) -> list[RewardFn]:
