@@ -1,0 +1,177 @@
+"""The `tool_call` reward: one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, checked strictly.
+
+The last `<tool_call>` block of the completion is scored in stages; each stage must pass before the
+next is tried, and the score is that of the last stage reached:
+
+    1. the payload is strict JSON (see strict_json_loads) of the form
+       {"name": str, "arguments": object} and nothing else            -> partial_parse
+    2. the name is one of the tools offered in example.meta["tools"]  -> partial_tool
+    3. the arguments are valid against that tool's JSON schema        -> partial_args
+    4. the call is right                                               -> 1.0
+       - meta["expected_arguments"] given: arguments equal them (type-strict), or
+       - meta["expected_result"] given: executing the built-in tool returns it
+       and, if meta["expected_tool"] is given, the name matches it.
+
+partial_* default to 0 (binary reward) and must be non-decreasing.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import jsonschema
+
+from grpolab.rewards.extract import last_tag_content
+from grpolab.rewards.tools import TOOL_FUNCTIONS, ToolError, run_tool
+from grpolab.sandbox import plain_equal
+from grpolab.types import ConfigError, Example
+
+
+class StrictJSONError(ValueError):
+    """Input that a strict JSON reader refuses."""
+
+
+def _depth_exceeds(s: str, max_depth: int) -> bool:
+    """Bracket nesting deeper than max_depth, counted outside strings (linear scan)."""
+    depth, in_str, esc = 0, False, False
+    for c in s:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
+def strict_json_loads(s: str, *, max_chars: int = 4096, max_depth: int = 8, max_int_digits: int = 15):
+    """json.loads that refuses NaN/Infinity, non-finite floats, duplicate keys, huge ints, deep nesting."""
+    if len(s) > max_chars:
+        raise StrictJSONError(f"longer than {max_chars} characters")
+    if _depth_exceeds(s, max_depth):
+        raise StrictJSONError(f"nested deeper than {max_depth}")
+
+    def pairs(items):
+        keys = [k for k, _ in items]
+        if len(keys) != len(set(keys)):
+            raise StrictJSONError("duplicate key")
+        return dict(items)
+
+    def const(name):
+        raise StrictJSONError(f"{name} is not JSON")
+
+    def integer(text):
+        if len(text.lstrip("-")) > max_int_digits:
+            raise StrictJSONError("integer too large")
+        return int(text)
+
+    def number(text):
+        if len(text) > 64:
+            raise StrictJSONError("number too long")
+        x = float(text)
+        if x in (float("inf"), float("-inf")) or x != x:
+            raise StrictJSONError("non-finite number")
+        return x
+
+    try:
+        return json.loads(s, object_pairs_hook=pairs, parse_constant=const, parse_int=integer, parse_float=number)
+    except StrictJSONError:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise StrictJSONError(str(e)[:200]) from e
+
+
+def parse_call(payload: str, *, max_chars: int = 4096, max_depth: int = 8) -> tuple[str, dict]:
+    """(name, arguments) of a tool-call payload, or StrictJSONError."""
+    obj = strict_json_loads(payload.strip(), max_chars=max_chars, max_depth=max_depth)
+    if type(obj) is not dict or set(obj) != {"name", "arguments"}:
+        raise StrictJSONError('expected exactly {"name": ..., "arguments": {...}}')
+    name, args = obj["name"], obj["arguments"]
+    if type(name) is not str or not 0 < len(name) <= 64 or type(args) is not dict:
+        raise StrictJSONError("name must be a short string and arguments an object")
+    return name, args
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str):
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def validate_args(schema: dict, args: dict) -> bool:
+    """True if args are valid against the JSON schema (draft from $schema, default 2020-12)."""
+    v = _validator(json.dumps(schema, sort_keys=True))
+    return v.is_valid(args)
+
+
+def tool_call_score(completion: str, example: Example, *, partial_parse: float = 0.0,
+                    partial_tool: float = 0.0, partial_args: float = 0.0, max_chars: int = 4096,
+                    max_depth: int = 8) -> float:
+    """Score one completion (see the module docstring)."""
+    meta = example.meta
+    tools = {t["name"]: t for t in meta.get("tools", [])}
+    if not tools:
+        raise ValueError("tool_call reward needs example.meta['tools']")
+    if len(completion) > 200_000:
+        completion = completion[-200_000:]
+    payload = last_tag_content(completion, "tool_call")
+    if payload is None:
+        return 0.0
+    try:
+        name, args = parse_call(payload, max_chars=max_chars, max_depth=max_depth)
+    except StrictJSONError:
+        return 0.0
+    if name not in tools:
+        return partial_parse
+    if not validate_args(tools[name].get("parameters", {"type": "object"}), args):
+        return partial_tool
+    if meta.get("expected_tool") is not None and name != meta["expected_tool"]:
+        return partial_args
+    if "expected_arguments" in meta:
+        return 1.0 if plain_equal(meta["expected_arguments"], args, rel_tol=1e-9) else partial_args
+    if "expected_result" in meta:
+        if name not in TOOL_FUNCTIONS:
+            raise ValueError(f"cannot execute tool {name!r}: not a built-in tool")
+        try:
+            result = run_tool(name, args)
+        except ToolError:
+            return partial_args
+        return 1.0 if plain_equal(meta["expected_result"], result, rel_tol=1e-9) else partial_args
+    raise ValueError("tool_call reward needs meta['expected_arguments'] or meta['expected_result']")
+
+
+def make_tool_call(partial_parse: float = 0.0, partial_tool: float = 0.0, partial_args: float = 0.0,
+                   max_chars: int = 4096, max_depth: int = 8):
+    """Build the `tool_call` reward (see the module docstring).
+
+    partial_parse / partial_tool / partial_args: credit for reaching stage 1 / 2 / 3 only
+    (non-decreasing, in [0, 1]).  max_chars: longest accepted payload.  max_depth: deepest nesting.
+    """
+    vals = {"partial_parse": partial_parse, "partial_tool": partial_tool, "partial_args": partial_args}
+    for key, v in vals.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ConfigError(f"tool_call: {key} must be a number in [0, 1], got {v!r}")
+    if not partial_parse <= partial_tool <= partial_args:
+        raise ConfigError("tool_call: need partial_parse <= partial_tool <= partial_args")
+    for key, v in (("max_chars", max_chars), ("max_depth", max_depth)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ConfigError(f"tool_call: {key} must be a positive integer, got {v!r}")
+
+    def tool_call_reward(completion: str, example: Example) -> float:
+        return tool_call_score(completion, example, partial_parse=float(partial_parse),
+                               partial_tool=float(partial_tool), partial_args=float(partial_args),
+                               max_chars=max_chars, max_depth=max_depth)
+
+    return tool_call_reward
