@@ -56,3 +56,28 @@ def tiny_model(tiny_model_dir):
     model = load_policy(tiny_model_dir, torch.device("cpu"))
     model.eval()
     return model
+
+
+def liven(model, seed: int = 0, std: float = 0.3, sharpen: float = 50.0):
+    """Re-randomise the transformer blocks (std `std`) and scale the final norm by `sharpen`.
+
+    A freshly initialised tiny Llama with tied embeddings mostly repeats its input token, with logits
+    within 0.02 of each other. After this, its greedy continuations differ from prompt to prompt and
+    token to token, and its next-token distributions are peaked enough that sampling is not uniform,
+    so that comparisons between decoding paths (cache, padding, positions) mean something.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.model.layers.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        model.model.norm.weight.mul_(sharpen)
+    return model
+
+
+@pytest.fixture()
+def lively_model(tiny_model):
+    """The tiny model, made to produce varied, peaked next-token distributions (see `liven`)."""
+    return liven(tiny_model)

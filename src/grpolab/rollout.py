@@ -41,8 +41,21 @@ class Rollout:
                        [self.texts[i] for i in il], self.G)
 
 
-def concat_rollouts(parts: list[Rollout]) -> Rollout:
-    """Stack rollouts (padding prompts on the left and completions on the right to a common width)."""
+def _pad_id_of(parts: list[Rollout]) -> int:
+    """The padding id the rollouts already use: the id at any masked-out position (0 if there is none)."""
+    for r in parts:
+        for ids, mask in ((r.completion_ids, r.completion_mask), (r.prompt_ids, r.prompt_mask)):
+            pad = ids[mask == 0]
+            if pad.numel():
+                return int(pad[0])
+    return 0
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int | None = None) -> Rollout:
+    """Stack rollouts (padding prompts on the left and completions on the right to a common width).
+
+    pad_id: the id written into new padding; by default the one the rollouts already pad with.
+    """
     P = max(r.prompt_ids.shape[1] for r in parts)
     C = max(r.completion_ids.shape[1] for r in parts)
 
@@ -52,7 +65,8 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
     def rpad(x, w, v):
         return F.pad(x, (0, w - x.shape[1]), value=v)
 
-    pad_id = int(parts[0].completion_ids[0, -1]) if parts[0].completion_ids.numel() else 0
+    if pad_id is None:
+        pad_id = _pad_id_of(parts)
     return Rollout(
         torch.cat([lpad(r.prompt_ids, P, pad_id) for r in parts]),
         torch.cat([lpad(r.prompt_mask, P, 0) for r in parts]),
