@@ -72,7 +72,8 @@ def test_ppo_advantages_whitens_but_keeps_returns():
     assert adv[~valid].abs().sum() == 0
     # the KL penalty in the reward enters every token: with penalty p_t, A_t (lam = gamma = 1) drops by sum_{k>=t} p_k
     pen = torch.tensor([[0.1, 0.1, 0.1], [0.2, 0.2, 0.0]])
-    adv_p, _ = ppo_advantages(r, values, mask, resolve_algo("ppo", {"lam": 1.0, "adv_scale": "none"}), token_penalty=pen)
+    raw_algo = resolve_algo("ppo", {"lam": 1.0, "adv_scale": "none"})
+    adv_p, _ = ppo_advantages(r, values, mask, raw_algo, token_penalty=pen)
     assert close(adv_p, raw - torch.tensor([[0.3, 0.2, 0.1], [0.4, 0.2, 0.0]]))
 
 

@@ -81,12 +81,14 @@ def test_pg_worked_arithmetic():
 def test_cispo_worked_arithmetic():
     # w = sg(clip(ratio, 0.8, 1.2)): [1.2, 1.2, 0.8, 0.8]; value -w A = [-1.2, 1.2, -0.8, 0.8], mean 0.
     # Gradient -w A / 4 on EVERY token -- CISPO never drops a token (compare the clipped zeros above).
-    loss, grad, info = run(LR4.clone(), torch.zeros(4, 1), ADV4, ONES4, cfg(objective="cispo", aggregation="token_mean"))
+    cispo = cfg(objective="cispo", aggregation="token_mean")
+    loss, grad, info = run(LR4.clone(), torch.zeros(4, 1), ADV4, ONES4, cispo)
     assert loss == pytest.approx(0.0, abs=1e-6)
     assert torch.allclose(grad.squeeze(1), torch.tensor([-1.2, 1.2, -0.8, 0.8]) / 4, atol=1e-6)
     assert info["clip/frac"] == 1.0  # every weight was truncated
     # cispo preset: no lower bound (eps_low = 1), cap 1 + 3 = 4: ratio 1/e keeps its weight 0.368.
-    _, grad, _ = run(torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), resolve_algo("cispo", {}))
+    preset = resolve_algo("cispo", {})
+    _, grad, _ = run(torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), preset)
     assert grad.item() == pytest.approx(-1 / E, abs=1e-6)
 
 

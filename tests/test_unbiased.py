@@ -119,7 +119,8 @@ def estimates(policy: str, advantage: str, seed: int = 0) -> torch.Tensor:
     adv = torch.cat([compute_advantages(r_m, N, algo) for r_m in r.view(M, N)])  # (M*N,) batch by batch
     mask = torch.ones_like(logp)
     # n_seq = N: each batch's loss is its own mean; the sum over the M batches is one backward pass.
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, algo, n_seq=N, n_tok=int(mask.sum()) // M, max_len=logp.shape[1])
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, algo,
+                          n_seq=N, n_tok=int(mask.sum()) // M, max_len=logp.shape[1])
     (g,) = torch.autograd.grad(loss, theta)
     return -g.reshape(M, -1).to(DT)  # loss = -J estimate
 

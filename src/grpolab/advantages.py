@@ -191,7 +191,9 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
     lengths = _float(lengths)  # (N,)
     buffer, max_len = int(buffer), int(max_len)
     if buffer > max_len:
-        raise ValueError(f"overlong buffer ({buffer} tokens) is longer than max_len ({max_len}): every completion would be punished")
+        raise ValueError(
+            f"overlong buffer ({buffer} tokens) is longer than max_len ({max_len}): every completion would be punished"
+        )
     if buffer <= 0 or penalty == 0:
         return torch.zeros_like(lengths)  # (N,)
     expected = max_len - buffer  # L_max - L_cache

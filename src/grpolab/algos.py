@@ -181,14 +181,16 @@ def _coerce(key: str, value, tp) -> object:
             return value
         raise ConfigError(f"algo.{key}: must be true or false, got {value!r}")
     if base is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"algo.{key}: must be an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"algo.{key}: must be an integer, got {value!r}") from None
+        return value
     if base is float:
         # YAML 1.1 reads "3e-4" (no dot) as a string: accept numeric strings.
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
