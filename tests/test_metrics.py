@@ -37,6 +37,17 @@ def test_nan_and_inf_become_null(tmp_path):
     assert rec == {"step": 1, "entropy": None, "kl": None, "x": None, "ok": 1.5, "n": 3}
 
 
+def test_nan_inside_nested_values_becomes_null(tmp_path):
+    """samples.jsonl carries a dict of rewards per function: a NaN there must not print as `NaN`."""
+    p = tmp_path / "s.jsonl"
+    w = JsonlWriter(p)
+    w.write({"step": 1, "rewards": {"format": 1.0, "math": float("nan")}, "xs": [1.0, float("inf")]})
+    w.close()
+    line = _lines(p)[0]
+    assert "NaN" not in line and "Infinity" not in line
+    assert json.loads(line) == {"step": 1, "rewards": {"format": 1.0, "math": None}, "xs": [1.0, None]}
+
+
 def test_truncate_after_step_keeps_earlier_steps_and_drops_a_cut_line(tmp_path):
     p = tmp_path / "m.jsonl"
     recs = [{"step": s, "v": s / 10} for s in range(1, 6)]

@@ -48,6 +48,8 @@ def _train(argv: list[str]) -> int:
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
     cfg = build_config(recipe, args)
+    if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
+        raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
     from rich.console import Console
 
     from grpolab.trainer import train

@@ -9,9 +9,14 @@ from pathlib import Path
 
 
 def _clean(v):
-    """JSON-safe float (NaN/inf become null: a number we do not have is not printed as one)."""
+    """JSON-safe value: NaN/inf become null, also inside dicts and lists (a number we do not have is
+    not printed as one, and `NaN` is not JSON)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
     return v
 
 
@@ -25,7 +30,7 @@ class JsonlWriter:
         self.f = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self.f.write(json.dumps({k: _clean(v) for k, v in record.items()}, ensure_ascii=False) + "\n")
+        self.f.write(json.dumps(_clean(record), ensure_ascii=False, allow_nan=False) + "\n")
         self.f.flush()
 
     def close(self) -> None:
