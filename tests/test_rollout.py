@@ -378,3 +378,19 @@ def test_concat_rollouts_pads_prompts_left_and_completions_right():
     assert c.lengths.tolist() == [2.0, 2.0, 1.0, 4.0]
     # an explicit pad id wins
     assert concat_rollouts([a, b], pad_id=0).completion_ids[0].tolist() == [110, 110, 0, 0]
+
+
+def test_bf16_autocast_rollout(lively_model, tiny_tokenizer, prompt_ids):
+    """precision=auto picks bf16 autocast on CPUs with bf16 instructions: the rollout stays well formed,
+    its weights stay fp32, and its log-probs stay close to an fp32 recomputation."""
+    eos = tiny_tokenizer.eos_token_id
+    eos_hook(lively_model, eos, 0.15)
+    ro = generate(lively_model, tiny_tokenizer, prompt_ids[:3], G=2, max_new_tokens=5,
+                  autocast_dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    check_masks(ro, {eos}, 5)
+    assert ro.sample_logp.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in lively_model.parameters())
+    with torch.no_grad():
+        lp, _ = completion_logp(lively_model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask)
+    m = ro.completion_mask.bool()
+    assert (ro.sample_logp[m] - lp[m]).abs().max() < 0.5  # bf16 rounding, not a different distribution
