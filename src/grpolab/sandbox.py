@@ -111,6 +111,8 @@ class TestCase:
     compared to a literal, see grpolab.rewards.code).
     """
 
+    __test__ = False  # not a pytest test class
+
     kind: str
     fn: str = ""
     args: tuple = ()
@@ -325,6 +327,7 @@ def _launcher_main():
         workdir = cfg["workdir"]
     os.chdir(workdir)
 
+    os.nice(cfg["nice"])  # the trainer outranks the candidate for the CPU (timeouts stay prompt)
     lim = cfg["limits"]
     for name, value in (("RLIMIT_CPU", lim["cpu"]), ("RLIMIT_AS", lim["as"]),
                         ("RLIMIT_FSIZE", lim["fsize"]), ("RLIMIT_NOFILE", lim["nofile"]),
@@ -528,13 +531,20 @@ def check_isolation(mode: str) -> Isolation:
 
 
 class _Slots:
-    """A bounded set of run slots; slot k owns uid base+k."""
+    """A bounded set of run slots. Slot k runs as a uid leased to this process alone.
+
+    Several grpolab processes may share a machine (and each sweeps its uids after a run), so uids
+    are leased with an exclusive flock on a lock file per uid, held for the life of the process.
+    """
 
     def __init__(self, n: int) -> None:
         self.n = n
         self._q: queue.Queue[int] = queue.Queue()
         for k in range(n):
             self._q.put(k)
+        self._uids: dict[int, int] = {}
+        self._locks: list[int] = []
+        self._lock = threading.Lock()
 
     def acquire(self) -> int:
         return self._q.get()
@@ -542,9 +552,41 @@ class _Slots:
     def release(self, k: int) -> None:
         self._q.put(k)
 
+    def uid(self, k: int, base: int) -> int:
+        """The uid leased for slot k (leasing one on first use)."""
+        with self._lock:
+            if k not in self._uids:
+                self._uids[k] = self._lease(base)
+            return self._uids[k]
+
+    def _lease(self, base: int) -> int:
+        import fcntl
+
+        lock_dir = os.path.join(tempfile.gettempdir(), "grpolab-sandbox-uids")
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        taken = set(self._uids.values())
+        for uid in range(base, base + 4096):
+            if uid in taken:
+                continue
+            fd = os.open(os.path.join(lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self._locks.append(fd)
+            _sweep_uid(uid)  # leftovers of a crashed earlier owner
+            return uid
+        raise OSError(f"no free sandbox uid in [{base}, {base + 4096})")
+
 
 MAX_PARALLEL = max(1, os.cpu_count() or 1)
 _SLOTS = _Slots(MAX_PARALLEL)
+
+
+def sandbox_uids() -> list[int]:
+    """The uids this process has leased for its sandbox slots so far."""
+    return sorted(_SLOTS._uids.values())
 
 
 def _pids_of_uid(uid: int) -> list[int]:
@@ -716,12 +758,12 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
          setup: str = "", want_values: bool = False):
     """One run under a given isolation (internal; run_tests picks the isolation)."""
     slot = _SLOTS.acquire()
-    uid = (iso.uid_base + slot if iso.uid_base != 65534 else 65534) if iso.drop_uid and iso.uid_base is not None else None
     workdir = None
+    uid = None
     t0 = time.monotonic()
     try:
-        if uid is not None and uid != 65534:
-            _sweep_uid(uid)
+        if iso.drop_uid and iso.uid_base is not None:
+            uid = 65534 if iso.uid_base == 65534 else _SLOTS.uid(slot, iso.uid_base)
         if not iso.namespaces:
             workdir = tempfile.mkdtemp(prefix="grpolab-sbx-")
             if uid is not None:
@@ -737,7 +779,7 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
         python, bind_prefix = _interpreter(iso)
         launcher_cfg = {
             "python": python, "bind_prefix": bind_prefix, "mounts": iso.namespaces, "tmpfs_mb": cfg.tmpfs_mb, "uid": uid, "gid": uid,
-            "workdir": workdir, "limits": limits, "harness": _HARNESS_SRC,
+            "workdir": workdir, "limits": limits, "harness": _HARNESS_SRC, "nice": 10,
         }
         cmd = [sys.executable, "-I", "-S", "-B", "-c", _LAUNCHER_SRC, json.dumps(launcher_cfg)]
         if iso.namespaces:
