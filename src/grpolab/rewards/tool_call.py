@@ -12,7 +12,8 @@ next is tried, and the score is that of the last stage reached:
        - meta["expected_result"] given: executing the built-in tool returns it
        and, if meta["expected_tool"] is given, the name matches it.
 
-partial_* default to 0 (binary reward) and must be non-decreasing.
+partial_parse defaults to 0 and each later stage to the one before (so by default the reward is
+binary); they must be non-decreasing.
 """
 
 from __future__ import annotations
@@ -152,13 +153,16 @@ def tool_call_score(completion: str, example: Example, *, partial_parse: float =
     raise ValueError("tool_call reward needs meta['expected_arguments'] or meta['expected_result']")
 
 
-def make_tool_call(partial_parse: float = 0.0, partial_tool: float = 0.0, partial_args: float = 0.0,
-                   max_chars: int = 4096, max_depth: int = 8):
+def make_tool_call(partial_parse: float = 0.0, partial_tool: float | None = None,
+                   partial_args: float | None = None, max_chars: int = 4096, max_depth: int = 8):
     """Build the `tool_call` reward (see the module docstring).
 
     partial_parse / partial_tool / partial_args: credit for reaching stage 1 / 2 / 3 only
-    (non-decreasing, in [0, 1]).  max_chars: longest accepted payload.  max_depth: deepest nesting.
+    (non-decreasing, in [0, 1]; an unset stage takes the previous stage's value).
+    max_chars: longest accepted payload.  max_depth: deepest nesting.
     """
+    partial_tool = partial_parse if partial_tool is None else partial_tool
+    partial_args = partial_tool if partial_args is None else partial_args
     vals = {"partial_parse": partial_parse, "partial_tool": partial_tool, "partial_args": partial_args}
     for key, v in vals.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
