@@ -36,7 +36,7 @@ pytestmark = pytest.mark.hostile
 
 TOKEN = secrets.token_hex(6)
 MARK = f"grpolab_pwned_{TOKEN}"
-CFG = SandboxConfig(timeout_s=2.0, cpu_s=3, memory_mb=256, nproc=16, max_output_bytes=16 * 1024)
+CFG = SandboxConfig(timeout_s=2.0, cpu_s=3, memory_mb=256, max_output_bytes=16 * 1024)
 ADD = [literal_test("add(1, 2)", "3"), literal_test("add(-4, 4)", "0"), literal_test("add(10, 5)", "15")]
 GOOD = "def add(a, b):\n    return a + b\n"
 WATCH_DIRS = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", os.getcwd(), os.path.expanduser("~"),

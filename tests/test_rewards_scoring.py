@@ -107,3 +107,36 @@ def test_bad_arguments():
     s = score_completions([], ["a"], [EX])
     assert s.total == [0.0]
     assert rewards.Scores is type(s)
+
+
+def test_max_concurrency_queueing_does_not_count_against_the_timeout():
+    active, peak = [0], [0]
+    lock = threading.Lock()
+
+    def pooled(c, ex):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.15)
+        with lock:
+            active[0] -= 1
+        return 1.0
+
+    pooled.max_concurrency = 1
+    s = score_completions([RewardFn("p", 1.0, pooled)], ["x"] * 5, [EX] * 5, timeout_s=0.4, workers=4)
+    assert s.per_fn["p"] == [1.0] * 5 and peak[0] == 1
+
+
+def test_a_stuck_bounded_group_times_out_instead_of_hanging():
+    gate = threading.Event()
+
+    def stuck(c, ex):
+        gate.wait(10)
+        return 1.0
+
+    stuck.max_concurrency = 1
+    t = time.monotonic()
+    s = score_completions([RewardFn("s", 1.0, stuck)], ["x"] * 4, [EX] * 4, timeout_s=0.3, workers=2)
+    gate.set()
+    assert time.monotonic() - t < 2.0
+    assert s.per_fn["s"] == [0.0] * 4 and s.metrics["reward/timeouts"] == 4

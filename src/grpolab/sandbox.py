@@ -79,7 +79,7 @@ class SandboxConfig:
     memory_mb: int = 512
     fsize_mb: int = 8
     nofile: int = 64
-    nproc: int = 16
+    nproc: int = 8
     max_output_bytes: int = 64 * 1024
     tmpfs_mb: int = 32
     isolation: str = "best_effort"
@@ -432,7 +432,11 @@ class Isolation:
 
     def describe(self) -> str:
         parts = ["pid+net+mount namespaces" if self.namespaces else "NO namespaces"]
-        parts.append(f"uid {self.uid_base}+slot" if self.drop_uid else ("user namespace" if self.user_ns else "same uid"))
+        if self.drop_uid:
+            parts.append("nobody (uid 65534)" if self.uid_base == 65534
+                         else f"own uid per slot (leased from {self.uid_base})")
+        else:
+            parts.append("user namespace" if self.user_ns else "SAME uid as the trainer")
         return ", ".join(parts) + (f" ({self.reason})" if self.reason else "")
 
 
@@ -778,7 +782,8 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
             limits["nproc"] += len(_pids_of_uid(os.getuid()))  # NPROC counts all our processes
         python, bind_prefix = _interpreter(iso)
         launcher_cfg = {
-            "python": python, "bind_prefix": bind_prefix, "mounts": iso.namespaces, "tmpfs_mb": cfg.tmpfs_mb, "uid": uid, "gid": uid,
+            "python": python, "bind_prefix": bind_prefix, "mounts": iso.namespaces, "tmpfs_mb": cfg.tmpfs_mb,
+            "uid": uid, "gid": uid,
             "workdir": workdir, "limits": limits, "harness": _HARNESS_SRC, "nice": 10,
         }
         cmd = [sys.executable, "-I", "-S", "-B", "-c", _LAUNCHER_SRC, json.dumps(launcher_cfg)]

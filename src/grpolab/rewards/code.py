@@ -25,7 +25,7 @@ import ast
 from functools import lru_cache
 
 from grpolab.rewards.extract import last_python_block
-from grpolab.sandbox import ISOLATION_MODES, SandboxConfig, TestCase, check_isolation, run_tests
+from grpolab.sandbox import ISOLATION_MODES, MAX_PARALLEL, SandboxConfig, TestCase, check_isolation, run_tests
 from grpolab.types import ConfigError, Example
 
 
@@ -134,7 +134,7 @@ def code_score(completion: str, example: Example, cfg: SandboxConfig, *, allow_u
     return result.fraction
 
 
-def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, nproc: int = 16,
+def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, nproc: int = 8,
               isolation: str = "best_effort", allow_untagged: bool = False, max_code_chars: int = 20_000):
     """Build the `code` reward (fraction of tests passed; see the module docstring).
 
@@ -155,4 +155,5 @@ def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, npro
         return code_score(completion, example, cfg, allow_untagged=bool(allow_untagged),
                           max_code_chars=max_code_chars)
 
+    code_reward.max_concurrency = MAX_PARALLEL  # type: ignore[attr-defined]
     return code_reward

@@ -24,7 +24,6 @@ from pathlib import Path
 from grpolab.rewards.extract import (
     find_boxes,
     gsm8k_answer,
-    last_boxed,
     last_number,
     last_tag_content,
     plain_number,
@@ -372,4 +371,5 @@ def make_math(extract: str = "auto", answer_tag: str = "answer", timeout_s: floa
                           timeout_s=float(timeout_s), max_answer_chars=max_answer_chars,
                           max_chars=max_chars, units=bool(units))
 
+    math_reward.max_concurrency = _POOL.size  # type: ignore[attr-defined]
     return math_reward

@@ -4,8 +4,13 @@
 that raises scores 0 (on_error="zero") or NaN (on_error="exclude": the caller drops NaN samples) and
 increments `reward/errors`; a call that runs past `timeout_s` (or raises TimeoutError, as the math
 and code verifiers do when their own budget runs out) does the same and increments
-`reward/timeouts`. Nothing raises out of it. Python cannot kill a thread: a call abandoned at its
-timeout keeps its thread until it returns, and a fresh thread takes its place so the batch goes on.
+`reward/timeouts`. Nothing raises out of it.
+
+A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
+sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
+that pool does not count against a call's time. Python cannot kill a thread: a call abandoned at
+its timeout keeps its thread until it returns, and a fresh thread takes its place so the batch
+goes on.
 The verifiers shipped here bound their own time (worker processes, sandbox), so that never piles up.
 """
 
@@ -15,7 +20,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -53,25 +57,46 @@ class Scores:
 _OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
 
 
-def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float) -> list[tuple[str, object]]:
+def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float,
+               groups: list[int] | None = None, limits: dict[int, int] | None = None) -> list[tuple[str, object]]:
     """Run the calls on up to `workers` threads; each gets `timeout_s` from its own start.
 
-    Returns (status, value_or_error) per call, status in ok / error / timeout.
+    groups/limits: at most limits[g] calls of group g run at once (a reward whose backend has a
+    bounded pool, e.g. the sandbox, says so), so queueing for that pool does not eat a call's time.
+    Returns (status, value_or_error) per call, status in ok / error / timeout. Calls that cannot
+    start because their group is stuck for timeout_s are reported as timeouts too.
     """
     n = len(calls)
+    groups = groups or [0] * n
+    limits = limits or {}
     results: list[tuple[str, object] | None] = [None] * n
     started: list[float | None] = [None] * n
-    pending = deque(range(n))
+    pending: list[int] = list(range(n))
+    running: dict[int, int] = {}
     cond = threading.Condition()
     done = [0]
+    progress = [time.monotonic()]
+
+    def next_call() -> int | None:
+        for pos, i in enumerate(pending):
+            g = groups[i]
+            if running.get(g, 0) < limits.get(g, n):
+                del pending[pos]
+                running[g] = running.get(g, 0) + 1
+                return i
+        return None
 
     def worker() -> None:
         while True:
             with cond:
-                if not pending:
-                    return
-                i = pending.popleft()
-                started[i] = time.monotonic()
+                while True:
+                    if not pending:
+                        return
+                    i = next_call()
+                    if i is not None:
+                        break
+                    cond.wait(0.1)
+                started[i] = progress[0] = time.monotonic()
             try:
                 out: tuple[str, object] = (_OK, calls[i]())
             except TimeoutError as e:
@@ -79,10 +104,12 @@ def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float)
             except BaseException as e:  # noqa: BLE001 - a verifier failure is a number
                 out = (_ERROR, e)
             with cond:
+                running[groups[i]] -= 1
+                progress[0] = time.monotonic()
+                cond.notify_all()
                 if results[i] is None:
                     results[i] = out
                     done[0] += 1
-                    cond.notify_all()
                 else:
                     return  # this call was abandoned at its timeout and replaced: retire
 
@@ -94,16 +121,23 @@ def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float)
     with cond:
         while done[0] < n:
             now = time.monotonic()
-            next_deadline = now + 1.0
+            next_deadline = now + 0.5
             for i in range(n):
                 if results[i] is None and started[i] is not None:
                     deadline = started[i] + timeout_s
                     if now >= deadline:
                         results[i] = (_TIMEOUT, TimeoutError(f"reward call exceeded {timeout_s}s"))
                         done[0] += 1
+                        progress[0] = now
                         spawn()  # the stuck thread keeps its slot; give the batch a new one
                     else:
                         next_deadline = min(next_deadline, deadline)
+            if pending and now - progress[0] > timeout_s:  # nothing can start: a group is stuck
+                for i in pending:
+                    results[i] = (_TIMEOUT, TimeoutError("reward call could not start"))
+                    done[0] += 1
+                pending.clear()
+                cond.notify_all()
             if done[0] < n:
                 cond.wait(timeout=max(0.001, next_deadline - now))
     return results  # type: ignore[return-value]
@@ -127,11 +161,15 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     n = len(completions)
-    calls = []
-    for rf in fns:
-        for c, ex in zip(completions, examples):
+    calls, groups, limits = [], [], {}
+    for k, rf in enumerate(fns):
+        limit = getattr(rf.fn, "max_concurrency", None)
+        if isinstance(limit, int) and limit > 0:
+            limits[k] = limit
+        for c, ex in zip(completions, examples, strict=True):
             calls.append(lambda f=rf.fn, c=c, ex=ex: f(c, ex))
-    results = _run_calls(calls, workers, timeout_s) if calls else []
+            groups.append(k)
+    results = _run_calls(calls, workers, timeout_s, groups, limits) if calls else []
 
     fail_value = 0.0 if on_error == "zero" else math.nan
     per_fn: dict[str, list[float]] = {}

@@ -152,7 +152,8 @@ _UNITS: dict[str, tuple[str, Fraction]] = {  # unit -> (dimension, factor to the
     "lb": ("mass", Fraction(45359237, 100000000)), "oz": ("mass", Fraction(45359237, 1600000000)),
     "s": ("time", Fraction(1)), "min": ("time", Fraction(60)), "h": ("time", Fraction(3600)),
     "day": ("time", Fraction(86400)), "week": ("time", Fraction(604800)),
-    "ml": ("volume", Fraction(1, 1000)), "l": ("volume", Fraction(1)), "gal": ("volume", Fraction(3785411784, 1000000000)),
+    "ml": ("volume", Fraction(1, 1000)), "l": ("volume", Fraction(1)),
+    "gal": ("volume", Fraction(3785411784, 1000000000)),
     "C": ("temperature", Fraction(1)), "F": ("temperature", Fraction(1)), "K": ("temperature", Fraction(1)),
 }
 UNIT_NAMES = sorted(_UNITS)
@@ -236,7 +237,8 @@ TOOL_SPECS: dict[str, dict] = {
         "name": "date_add",
         "description": "Add a number of days (may be negative) to an ISO date YYYY-MM-DD.",
         "parameters": {"type": "object", "additionalProperties": False, "required": ["date", "days"],
-                       "properties": {"date": _DATE, "days": {"type": "integer", "minimum": -100000, "maximum": 100000}}},
+                       "properties": {"date": _DATE,
+                                      "days": {"type": "integer", "minimum": -100000, "maximum": 100000}}},
     },
     "date_diff": {
         "name": "date_diff",
