@@ -193,14 +193,21 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def pick_dtype(setting: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype, or None for plain fp32."""
+def pick_dtype(setting: str, device: torch.device, *, for_training: bool = False) -> torch.dtype | None:
+    """Autocast dtype, or None for plain fp32.
+
+    auto: bf16 on a CUDA GPU that supports it; on the CPU, bf16 for generation when the CPU has native
+    bf16 instructions, but fp32 for training (forward+backward under CPU bf16 autocast measured slower
+    than fp32 on this project's 2-core machine: docs/performance.md).
+    """
     if setting == "fp32":
         return None
     if setting == "bf16":
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if for_training:
+        return None
     return torch.bfloat16 if cpu_has_bf16() else None
 
 

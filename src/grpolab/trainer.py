@@ -50,6 +50,7 @@ class Run:
     out: Path
     device: torch.device
     amp_dtype: torch.dtype | None
+    rollout_dtype: torch.dtype | None
     tokenizer: Any
     policy: Any
     ref: Any | None
@@ -93,7 +94,8 @@ def setup(cfg: Config, *, resume: bool = False, log: Callable[[str], None] = pri
     task = build_task(cfg.task, cfg.seed, cfg.task_args)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
-    amp_dtype = pick_dtype(cfg.precision, device)
+    amp_dtype = pick_dtype(cfg.precision, device, for_training=True)
+    rollout_dtype = pick_dtype(cfg.rollout_precision, device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     path = model_dir(cfg.model, log=log)
@@ -102,23 +104,23 @@ def setup(cfg: Config, *, resume: bool = False, log: Callable[[str], None] = pri
     policy = load_policy(path, device)
     policy.train()
     algo = cfg.algo
-    ref = frozen_copy(policy) if algo.beta > 0 or getattr(algo, "adaptive_kl", False) else None
+    ref = frozen_copy(policy) if algo.beta > 0 or algo.adaptive_kl else None
     critic = critic_opt = None
-    if getattr(algo, "uses_critic", False):
+    if algo.uses_critic:
         from grpolab.critic import ValueModel
 
         critic = ValueModel(policy).to(device)
-        critic_opt = torch.optim.AdamW(critic.parameters(), lr=getattr(algo, "critic_lr", cfg.lr),
+        critic_opt = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or cfg.lr,
                                        betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
     kl_ctl = None
-    if getattr(algo, "adaptive_kl", False):
+    if algo.adaptive_kl:
         from grpolab.kl import AdaptiveKL
 
-        kl_ctl = AdaptiveKL(algo.beta, getattr(algo, "kl_target", 0.01), getattr(algo, "kl_horizon", 10000))
-    return Run(cfg, out, device, amp_dtype, tok, policy, ref, critic, optimizer, scheduler, critic_opt, task,
+        kl_ctl = AdaptiveKL.from_algo(algo)
+    return Run(cfg, out, device, amp_dtype, rollout_dtype, tok, policy, ref, critic, optimizer, scheduler, critic_opt, task,
                reward_fns, eos_token_ids(policy, tok), log=log, kl_ctl=kl_ctl)
 
 
@@ -140,7 +142,7 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
         gen.manual_seed(int(generator.initial_seed()))
     return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
                     temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
-                    autocast_dtype=run.amp_dtype, generator=gen, eos_ids=run.eos_ids)
+                    autocast_dtype=run.rollout_dtype, generator=gen, eos_ids=run.eos_ids)
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):
@@ -156,8 +158,8 @@ def collect(run: Run, step: int) -> tuple[Rollout, list[Example], torch.Tensor, 
     cfg, algo = run.cfg, run.cfg.algo
     B = cfg.batch_size // cfg.G
     rng, gen = step_rng(cfg.seed, step)
-    dynamic = getattr(algo, "dynamic_sampling", False)
-    rounds = 1 + (getattr(algo, "max_resample_rounds", 0) if dynamic else 0)
+    dynamic = algo.dynamic_sampling
+    rounds = 1 + (algo.max_resample_rounds if dynamic else 0)
     kept_r: list[Rollout] = []
     kept_e: list[Example] = []
     kept_rewards: list[torch.Tensor] = []
@@ -255,7 +257,7 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
     N, C = ro.completion_ids.shape
     mask = ro.completion_mask  # (N, C)
     n_tok = int(mask.sum())
-    kl_in_loss = ref_logp is not None and getattr(algo, "kl_placement", "in_loss") == "in_loss"
+    kl_in_loss = ref_logp is not None and algo.kl_placement == "in_loss"
     adv_tok = adv if adv.dim() == 2 else adv[:, None].expand(N, C)  # (N, C)
     busy = (adv_tok.abs() * mask).sum(-1) > 0
     if kl_in_loss or run.critic is not None:
@@ -266,7 +268,6 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
     ent_items: list[tuple[dict, float]] = []
     grad_norms = []
     beta = run.kl_ctl.value if run.kl_ctl is not None else algo.beta
-    algo_eff = algo if beta == algo.beta else _with_beta(algo, beta)
     for it in range(algo.mu):
         if len(rows) == 0:
             break
@@ -285,18 +286,17 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
             old = old_logp[idx, :Cb].to(run.device)
             a = adv_tok[idx, :Cb].to(run.device)
             ref = ref_logp[idx, :Cb].to(run.device) if kl_in_loss else None
-            loss, info = loss_mod.policy_loss(logp, old, a if adv.dim() == 2 else a[:, 0], cm, algo_eff,
+            loss, info = loss_mod.policy_loss(logp, old, a if adv.dim() == 2 else a[:, 0], cm, algo, beta=beta,
                                               ref_logp=ref, n_seq=N, n_tok=n_tok, max_len=cfg.max_new_tokens)
             if run.critic is not None:
-                from grpolab.critic import value_loss
+                from grpolab.critic import completion_values, value_loss
 
                 with run.autocast():
                     v = run.critic(torch.cat([p, c], 1), torch.cat([pm, cm.long()], 1))
-                v = v[:, p.shape[1] - 1:-1].float()  # (b, Cb): V(s_t) for each completion token
+                v = completion_values(v.float(), p.shape[1], Cb)  # (b, Cb): V(s_t) for each completion token
                 vl, vinfo = value_loss(v, old_values[idx, :Cb].to(run.device), returns[idx, :Cb].to(run.device),
-                                       cm, getattr(algo, "value_clip", None))
-                coef = getattr(algo, "vf_coef", 1.0)
-                loss = loss + coef * vl * (len(idx) / N)
+                                       cm, algo.value_clip, n_tok=n_tok)
+                loss = loss + algo.vf_coef * vl
                 info = {**info, **vinfo}
             loss.backward()
             infos.append((info, float(cm.sum())))
@@ -322,15 +322,9 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
     return m
 
 
-def _with_beta(algo, beta: float):
-    import dataclasses
-
-    return dataclasses.replace(algo, beta=beta)
-
-
 def critic_targets(run: Run, ro: Rollout, r: torch.Tensor, kl_pen_tok: torch.Tensor | None):
     """PPO: values V(s_t) of every completion token (no grad), then GAE advantages and returns."""
-    from grpolab.critic import gae
+    from grpolab.critic import completion_values, ppo_advantages
 
     N, C = ro.completion_ids.shape
     values = torch.zeros((N, C))
@@ -340,13 +334,8 @@ def critic_targets(run: Run, ro: Rollout, r: torch.Tensor, kl_pen_tok: torch.Ten
             p, pm, c, cm = _trim(ro, idx, run.device)
             with run.autocast():
                 v = run.critic(torch.cat([p, c], 1), torch.cat([pm, cm.long()], 1))
-            values[idx, :c.shape[1]] = v[:, p.shape[1] - 1:-1].float().cpu()
-    mask = ro.completion_mask
-    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # (N, C) last valid token
-    token_r = last.float() * r[:, None]  # terminal verifiable reward
-    if kl_pen_tok is not None:
-        token_r = token_r - kl_pen_tok
-    adv, ret = gae(token_r, values, mask, run.cfg.algo.gamma, run.cfg.algo.lam)
+            values[idx, :c.shape[1]] = completion_values(v.float(), p.shape[1], c.shape[1]).cpu()
+    adv, ret = ppo_advantages(r, values, ro.completion_mask, run.cfg.algo, token_penalty=kl_pen_tok)
     return adv, ret, values
 
 
@@ -359,9 +348,9 @@ def train_step(run: Run, step: int) -> dict:
         metrics.update({"step": step, "update/skipped": 1.0, "time/step_s": time.perf_counter() - t_start})
         return metrics
     lengths = ro.lengths
-    buffer = getattr(algo, "overlong_buffer", 0)
+    buffer = algo.overlong_buffer
     if buffer > 0:
-        pen = adv_mod.overlong_penalty(lengths, cfg.max_new_tokens, buffer, getattr(algo, "overlong_penalty", 1.0))
+        pen = adv_mod.overlong_penalty(lengths, cfg.max_new_tokens, buffer, algo.overlong_penalty)
         r = r + pen
         metrics["reward/overlong_penalty_mean"] = float(pen.mean())
     t0 = time.perf_counter()
@@ -370,12 +359,12 @@ def train_step(run: Run, step: int) -> dict:
     if run.ref is not None:
         all_rows = torch.arange(len(r))
         ref_logp = frozen_logp(run, run.ref, ro, all_rows)
-        if getattr(algo, "kl_placement", "in_loss") == "in_reward":
-            from grpolab.kl import KL_ESTIMATORS
+        if algo.kl_placement == "in_reward":
+            from grpolab.kl import kl_per_token
 
             pol = frozen_logp(run, run.policy, ro, all_rows)
             beta = run.kl_ctl.value if run.kl_ctl is not None else algo.beta
-            kl_tok = KL_ESTIMATORS[algo.kl_estimator](pol, ref_logp) * ro.completion_mask  # (N, C)
+            kl_tok = kl_per_token(pol, ref_logp, ro.completion_mask, algo.kl_estimator)  # (N, C), 0 on padding
             kl_pen_tok = beta * kl_tok
             if not algo.uses_critic:
                 r = r - kl_pen_tok.sum(-1)
@@ -390,7 +379,7 @@ def train_step(run: Run, step: int) -> dict:
         adv = adv_mod.compute_advantages(r, G, algo)  # (N,)
     metrics["adv/abs_mean"] = float(adv.abs().mean())
     um = update(run, ro, adv, ref_logp, returns, old_values)
-    if "kl" in metrics and "kl" in um and getattr(algo, "kl_placement", "in_loss") == "in_reward":
+    if "kl" in metrics and "kl" in um and algo.kl_placement == "in_reward":
         um.pop("kl")
     metrics.update(um)
     if run.kl_ctl is not None and "kl" in metrics:
