@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import os
 import textwrap
 import types
 import typing
@@ -292,7 +293,10 @@ def to_dict(cfg: Config) -> dict:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write config.yaml atomically (a resumed run rewrites it; a crash must not leave half a file)."""
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def config_from_run(out_dir: Path) -> dict:

@@ -485,7 +485,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
     run = setup(cfg, resume=resume, log=log)
     run.out.mkdir(parents=True, exist_ok=True)
     start = resume_state(run) if resume else 0
-    if not resume:
+    if not resume or start < cfg.steps:  # a resumed run records its new steps= (and other overrides)
         save_config(cfg, run.out / "config.yaml")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
