@@ -51,3 +51,40 @@ def completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_m
     logp = token_logp(logits, completion_ids)  # (b, C)
     ent = token_entropy(logits) if with_entropy else None
     return logp, ent
+
+
+def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G: int, *,
+                            temperature: float = 1.0, with_entropy: bool = False):
+    """`completion_logp` for groups that share a prompt, running each prompt through the model once.
+
+    prompt_ids/prompt_mask: (B, P), one row per group; completion_ids/completion_mask: (B*G, C),
+    grouped contiguously. The prompt's keys/values are computed once with gradients, repeated G times,
+    and the completions attend to them (autograd flows back through the repeat), so a group costs
+    P + G*C token positions instead of G*(P + C). Same numbers as `completion_logp` on the repeated
+    prompts, up to float rounding.
+    """
+    body = backbone(model)
+    P = prompt_ids.shape[1]
+    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True)
+    cache = out.past_key_values
+    h_first = out.last_hidden_state[:, -1:]  # (B, 1, H): predicts the first completion token
+    pm = prompt_mask
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+        h_first = h_first.repeat_interleave(G, 0)  # (N, 1, H)
+        pm = prompt_mask.repeat_interleave(G, 0)  # (N, P)
+    mask = torch.cat([pm, completion_mask.long()], dim=1)  # (N, P+C)
+    C = completion_ids.shape[1]
+    if C > 1:
+        pos = positions(mask)[:, P:P + C - 1]  # (N, C-1)
+        h_rest = body(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :P + C - 1], position_ids=pos,
+                      past_key_values=cache, use_cache=True).last_hidden_state  # (N, C-1, H)
+        h = torch.cat([h_first, h_rest], dim=1)  # (N, C, H)
+    else:
+        h = h_first
+    logits = model.get_output_embeddings()(h)  # (N, C, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logp(logits, completion_ids)  # (N, C)
+    ent = token_entropy(logits) if with_entropy else None
+    return logp, ent

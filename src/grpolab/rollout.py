@@ -151,7 +151,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
     """Sample G completions for each prompt (token ids, already chat-templated)."""
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = torch.tensor(sorted(eos_ids or {tokenizer.eos_token_id}), device=device)
+    eos = torch.tensor(sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long, device=device)
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     B = ids.shape[0]

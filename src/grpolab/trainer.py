@@ -37,7 +37,7 @@ from grpolab.metrics import JsonlWriter, MetricsLogger, weighted_mean
 from grpolab.models import frozen_copy, load_policy, load_tokenizer, model_dir, pick_device, pick_dtype
 from grpolab.rewards import build_rewards, score_completions
 from grpolab.rollout import Rollout, chat_prompts, concat_rollouts, eos_token_ids, generate
-from grpolab.logprobs import completion_logp
+from grpolab.logprobs import grouped_completion_logp
 from grpolab.tasks import build_task
 from grpolab.types import ConfigError, Example
 
@@ -213,34 +213,48 @@ def collect(run: Run, step: int) -> tuple[Rollout, list[Example], torch.Tensor, 
     return concat_rollouts(kept_r), kept_e, torch.cat(kept_rewards), metrics, per_fn
 
 
-def _rows_by_length(mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Sort rows by completion length so that each micro-batch carries little padding."""
-    lengths = mask[rows].sum(-1)
-    return rows[torch.argsort(lengths, descending=True)]
+def micro_batches(ro: Rollout, groups: torch.Tensor, seqs_per_batch: int) -> list[torch.Tensor]:
+    """Split prompt groups into micro-batches of whole groups (a group shares its prompt pass), longest
+    completions first so that each micro-batch carries little padding. Returns row indices per batch."""
+    G = ro.G
+    if len(groups) == 0:
+        return []
+    longest = ro.completion_mask.sum(-1).view(-1, G).amax(-1)[groups]  # (g,)
+    groups = groups[torch.argsort(longest, descending=True)]
+    per = max(1, seqs_per_batch // G)
+    offs = torch.arange(G)
+    return [(groups[s:s + per, None] * G + offs).reshape(-1) for s in range(0, len(groups), per)]
 
 
-def _trim(ro: Rollout, idx: torch.Tensor, device) -> tuple[torch.Tensor, ...]:
-    """Rows `idx` of the rollout, cut to their longest completion and shortest prompt padding."""
-    pm = ro.prompt_mask[idx]
-    cm = ro.completion_mask[idx]
+def _trim(ro: Rollout, rows: torch.Tensor, device) -> tuple[torch.Tensor, ...]:
+    """Whole groups `rows` of the rollout: one prompt row per group (B', P') and the completions
+    (B'*G, C'), cut to their longest completion and their shortest prompt padding."""
+    prow = rows[::ro.G]
+    pm = ro.prompt_mask[prow]
+    cm = ro.completion_mask[rows]
     first = int((pm.sum(0) > 0).nonzero().min())  # drop all-padding prompt columns
     C = int((cm.sum(0) > 0).nonzero().max()) + 1
-    return (ro.prompt_ids[idx, first:].to(device), pm[:, first:].to(device),
-            ro.completion_ids[idx, :C].to(device), cm[:, :C].to(device))
+    return (ro.prompt_ids[prow, first:].to(device), pm[:, first:].to(device),
+            ro.completion_ids[rows, :C].to(device), cm[:, :C].to(device))
+
+
+def group_logp(run: Run, model, ro: Rollout, rows: torch.Tensor, *, with_entropy: bool = False):
+    """log pi (and entropy) of the completion tokens of whole groups `rows`, each prompt computed once."""
+    p, pm, c, cm = _trim(ro, rows, run.device)
+    with run.autocast():
+        logp, ent = grouped_completion_logp(model, p, pm, c, cm, ro.G, temperature=run.cfg.temperature,
+                                            with_entropy=with_entropy)
+    return logp.float(), ent, (p, pm, c, cm)
 
 
 @torch.no_grad()
-def frozen_logp(run: Run, model, ro: Rollout, rows: torch.Tensor) -> torch.Tensor:
-    """log pi of completion tokens under a frozen model (the reference), for `rows`, (n, C) on CPU."""
-    C = ro.completion_ids.shape[1]
-    out = torch.zeros((len(rows), C))
-    mb = run.cfg.micro_batch
-    for s in range(0, len(rows), mb):
-        idx = rows[s:s + mb]
-        p, pm, c, cm = _trim(ro, idx, run.device)
-        with run.autocast():
-            lp, _ = completion_logp(model, p, pm, c, cm, temperature=run.cfg.temperature)
-        out[s:s + len(idx), :lp.shape[1]] = lp.float().cpu()
+def frozen_logp(run: Run, model, ro: Rollout) -> torch.Tensor:
+    """log pi of every completion token under a model without gradients (the reference), (N, C) on CPU."""
+    N, C = ro.completion_ids.shape
+    out = torch.zeros((N, C))
+    for rows in micro_batches(ro, torch.arange(N // ro.G), run.cfg.micro_batch):
+        lp, _, _ = group_logp(run, model, ro, rows)
+        out[rows, :lp.shape[1]] = lp.cpu()
     return out
 
 
@@ -259,26 +273,22 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
     n_tok = int(mask.sum())
     kl_in_loss = ref_logp is not None and algo.kl_placement == "in_loss"
     adv_tok = adv if adv.dim() == 2 else adv[:, None].expand(N, C)  # (N, C)
-    busy = (adv_tok.abs() * mask).sum(-1) > 0
+    busy = (adv_tok.abs() * mask).sum(-1) > 0  # (N,)
     if kl_in_loss or run.critic is not None:
         busy = torch.ones(N, dtype=torch.bool)
-    rows = _rows_by_length(mask, busy.nonzero().squeeze(-1))
+    batches = micro_batches(ro, busy.view(-1, ro.G).any(-1).nonzero().squeeze(-1), cfg.micro_batch)
+    n_rows = sum(len(b) for b in batches)
     old_logp = torch.zeros((N, C))
     infos: list[tuple[dict, float]] = []
     ent_items: list[tuple[dict, float]] = []
     grad_norms = []
     beta = run.kl_ctl.value if run.kl_ctl is not None else algo.beta
     for it in range(algo.mu):
-        if len(rows) == 0:
+        if not batches:
             break
-        for s in range(0, len(rows), cfg.micro_batch):
-            idx = rows[s:s + cfg.micro_batch]
-            p, pm, c, cm = _trim(ro, idx, run.device)
+        for idx in batches:
+            logp, ent, (p, pm, c, cm) = group_logp(run, run.policy, ro, idx, with_entropy=(it == 0))  # (b, Cb)
             Cb = c.shape[1]
-            with run.autocast():
-                logp, ent = completion_logp(run.policy, p, pm, c, cm, temperature=cfg.temperature,
-                                            with_entropy=(it == 0))
-            logp = logp.float()  # (b, Cb)
             if it == 0:
                 old_logp[idx, :Cb] = logp.detach().cpu()
                 ntok_mb = float(cm.sum())
@@ -292,7 +302,7 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
                 from grpolab.critic import completion_values, value_loss
 
                 with run.autocast():
-                    v = run.critic(torch.cat([p, c], 1), torch.cat([pm, cm.long()], 1))
+                    v = run.critic(*_full_sequences(p, pm, c, cm, ro.G))
                 v = completion_values(v.float(), p.shape[1], Cb)  # (b, Cb): V(s_t) for each completion token
                 vl, vinfo = value_loss(v, old_values[idx, :Cb].to(run.device), returns[idx, :Cb].to(run.device),
                                        cm, algo.value_clip, n_tok=n_tok)
@@ -313,13 +323,19 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
         run.scheduler.step()
     m = weighted_mean(infos)
     m.update(weighted_mean(ent_items))
-    m["update/seqs_computed"] = float(len(rows))
-    m["update/skipped"] = float(len(rows) == 0)
+    m["update/seqs_computed"] = float(n_rows)
+    m["update/skipped"] = float(n_rows == 0)
     if grad_norms:
         m["grad_norm"] = sum(grad_norms) / len(grad_norms)
     m["lr"] = run.scheduler.get_last_lr()[0]
     m["kl/beta"] = beta
     return m
+
+
+def _full_sequences(p, pm, c, cm, G: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt + completion ids and mask per sequence (the critic reads whole sequences)."""
+    return (torch.cat([p.repeat_interleave(G, 0), c], 1),
+            torch.cat([pm.repeat_interleave(G, 0), cm.long()], 1))
 
 
 def critic_targets(run: Run, ro: Rollout, r: torch.Tensor, kl_pen_tok: torch.Tensor | None):
@@ -329,11 +345,10 @@ def critic_targets(run: Run, ro: Rollout, r: torch.Tensor, kl_pen_tok: torch.Ten
     N, C = ro.completion_ids.shape
     values = torch.zeros((N, C))
     with torch.no_grad():
-        for s in range(0, N, run.cfg.micro_batch):
-            idx = torch.arange(s, min(N, s + run.cfg.micro_batch))
+        for idx in micro_batches(ro, torch.arange(N // ro.G), run.cfg.micro_batch):
             p, pm, c, cm = _trim(ro, idx, run.device)
             with run.autocast():
-                v = run.critic(torch.cat([p, c], 1), torch.cat([pm, cm.long()], 1))
+                v = run.critic(*_full_sequences(p, pm, c, cm, ro.G))
             values[idx, :c.shape[1]] = completion_values(v.float(), p.shape[1], c.shape[1]).cpu()
     adv, ret = ppo_advantages(r, values, ro.completion_mask, run.cfg.algo, token_penalty=kl_pen_tok)
     return adv, ret, values
@@ -357,12 +372,11 @@ def train_step(run: Run, step: int) -> dict:
     ref_logp = None
     kl_pen_tok = None
     if run.ref is not None:
-        all_rows = torch.arange(len(r))
-        ref_logp = frozen_logp(run, run.ref, ro, all_rows)
+        ref_logp = frozen_logp(run, run.ref, ro)
         if algo.kl_placement == "in_reward":
             from grpolab.kl import kl_per_token
 
-            pol = frozen_logp(run, run.policy, ro, all_rows)
+            pol = frozen_logp(run, run.policy, ro)
             beta = run.kl_ctl.value if run.kl_ctl is not None else algo.beta
             kl_tok = kl_per_token(pol, ref_logp, ro.completion_mask, algo.kl_estimator)  # (N, C), 0 on padding
             kl_pen_tok = beta * kl_tok

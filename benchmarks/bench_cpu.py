@@ -1,0 +1,98 @@
+"""Side-by-side CPU benchmarks, printed as ratios (run on a quiet machine; numbers are noisy otherwise).
+
+    .venv/bin/python benchmarks/bench_cpu.py [--reps 3]
+
+1. rollout: grpolab.rollout.generate vs transformers' model.generate (what TRL's GRPOTrainer calls when
+   it has no vLLM), same model, prompts, G, max_new_tokens, temperature; both in bf16 autocast.
+2. update: forward+backward of one micro-batch, fp32 vs bf16 autocast (decides `precision=auto`).
+3. sampler: inverse-CDF sampling vs torch.multinomial over the 49k vocabulary.
+Each line prints the median of --reps runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from grpolab.logprobs import completion_logp
+from grpolab.models import load_policy, load_tokenizer, model_dir
+from grpolab.rollout import chat_prompts, eos_token_ids, generate, inverse_cdf_sample, left_pad
+
+
+def median_time(fn, reps: int) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--B", type=int, default=4, help="prompts")
+    ap.add_argument("--G", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--new", type=int, default=32, help="max new tokens")
+    a = ap.parse_args()
+    path = model_dir("smollm2-135m")
+    tok = load_tokenizer(path)
+    model = load_policy(path, torch.device("cpu"))
+    eos = eos_token_ids(model, tok)
+    prompts = [f"What is {i + 17} + {2 * i + 25}? Give the final answer as a number." for i in range(a.B)]
+    ids = chat_prompts(tok, prompts, None)
+    bf16 = torch.bfloat16
+    print(f"threads={torch.get_num_threads()} B={a.B} G={a.G} max_new_tokens={a.new} reps={a.reps}")
+
+    # 1. rollout. min_new_tokens forces both to generate the same number of tokens (no early EOS).
+    g = torch.Generator().manual_seed(0)
+    ours = median_time(lambda: generate(model, tok, ids, G=a.G, max_new_tokens=a.new, autocast_dtype=bf16,
+                                        generator=g, eos_ids=set()), a.reps)
+    x, m = left_pad(ids, tok.pad_token_id)
+    xr, mr = x.repeat_interleave(a.G, 0), m.repeat_interleave(a.G, 0)
+
+    def hf():
+        with torch.no_grad(), torch.autocast("cpu", dtype=bf16):
+            model.generate(input_ids=xr, attention_mask=mr, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                           max_new_tokens=a.new, min_new_tokens=a.new, pad_token_id=tok.pad_token_id)
+
+    peer = median_time(hf, a.reps)
+    n_tok = a.B * a.G * a.new
+    print(f"rollout  grpolab {n_tok / ours:7.1f} tok/s   transformers.generate {n_tok / peer:7.1f} tok/s   "
+          f"speed-up x{peer / ours:.2f}")
+
+    # 2. update: one micro-batch of 16 sequences, 45 prompt + 25 completion tokens.
+    torch.manual_seed(0)
+    b, P, C = 16, 45, 25
+    p = torch.randint(0, len(tok), (b, P))
+    pm = torch.ones(b, P, dtype=torch.long)
+    c = torch.randint(0, len(tok), (b, C))
+    cm = torch.ones(b, C)
+    model.train()
+
+    def step(dtype):
+        def run():
+            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+                lp, _ = completion_logp(model, p, pm, c, cm)
+            lp.sum().backward()
+            model.zero_grad(set_to_none=True)
+        return run
+
+    t32 = median_time(step(None), a.reps)
+    t16 = median_time(step(bf16), a.reps)
+    print(f"update   fp32 {t32:6.2f} s   bf16 autocast {t16:6.2f} s   bf16/fp32 time x{t16 / t32:.2f}")
+
+    # 3. sampler
+    logits = torch.randn(a.B * a.G, len(tok)) * 3
+    probs = torch.softmax(logits, -1)
+    ti = median_time(lambda: inverse_cdf_sample(probs, g), 20)
+    tm = median_time(lambda: torch.multinomial(probs, 1, generator=g), 20)
+    print(f"sampler  inverse-CDF {1e3 * ti:6.1f} ms   torch.multinomial {1e3 * tm:6.1f} ms   speed-up x{tm / ti:.1f}")
+
+
+if __name__ == "__main__":
+    main()
