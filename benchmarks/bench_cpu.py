@@ -4,7 +4,8 @@
 
 1. rollout: grpolab.rollout.generate vs transformers' model.generate (what TRL's GRPOTrainer calls when
    it has no vLLM), same model, prompts, G, max_new_tokens, temperature; both in bf16 autocast.
-2. update: forward+backward of one micro-batch, fp32 vs bf16 autocast (decides `precision=auto`).
+2. update: forward+backward of one micro-batch, fp32 vs bf16 autocast (decides `precision=auto`), and
+   the prompt computed once per group (grouped_completion_logp) vs once per sequence (what TRL does).
 3. sampler: inverse-CDF sampling vs torch.multinomial over the 49k vocabulary.
 Each line prints the median of --reps runs.
 """
@@ -17,7 +18,7 @@ import time
 
 import torch
 
-from grpolab.logprobs import completion_logp
+from grpolab.logprobs import completion_logp, grouped_completion_logp
 from grpolab.models import load_policy, load_tokenizer, model_dir
 from grpolab.rollout import chat_prompts, eos_token_ids, generate, inverse_cdf_sample, left_pad
 
@@ -48,22 +49,28 @@ def main() -> None:
     bf16 = torch.bfloat16
     print(f"threads={torch.get_num_threads()} B={a.B} G={a.G} max_new_tokens={a.new} reps={a.reps}")
 
-    # 1. rollout. min_new_tokens forces both to generate the same number of tokens (no early EOS).
+    # 1. rollout, fp32. No EOS stops (min_new_tokens for the peer) so both generate the same tokens.
     g = torch.Generator().manual_seed(0)
-    ours = median_time(lambda: generate(model, tok, ids, G=a.G, max_new_tokens=a.new, autocast_dtype=bf16,
-                                        generator=g, eos_ids=set()), a.reps)
+    n_tok = a.B * a.G * a.new
+
+    def ours(dtype):
+        return lambda: generate(model, tok, ids, G=a.G, max_new_tokens=a.new, autocast_dtype=dtype, generator=g,
+                                eos_ids=set())
+
+    t_ours = median_time(ours(None), a.reps)
     x, m = left_pad(ids, tok.pad_token_id)
     xr, mr = x.repeat_interleave(a.G, 0), m.repeat_interleave(a.G, 0)
 
     def hf():
-        with torch.no_grad(), torch.autocast("cpu", dtype=bf16):
+        with torch.no_grad():
             model.generate(input_ids=xr, attention_mask=mr, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                            max_new_tokens=a.new, min_new_tokens=a.new, pad_token_id=tok.pad_token_id)
 
     peer = median_time(hf, a.reps)
-    n_tok = a.B * a.G * a.new
-    print(f"rollout  grpolab {n_tok / ours:7.1f} tok/s   transformers.generate {n_tok / peer:7.1f} tok/s   "
-          f"speed-up x{peer / ours:.2f}")
+    print(f"rollout  grpolab {n_tok / t_ours:7.1f} tok/s   transformers.generate {n_tok / peer:7.1f} tok/s   "
+          f"speed-up x{peer / t_ours:.2f}")
+    t_bf = median_time(ours(bf16), a.reps)
+    print(f"rollout  fp32 {t_ours:6.2f} s   bf16 autocast {t_bf:6.2f} s   bf16/fp32 time x{t_bf / t_ours:.2f}")
 
     # 2. update: one micro-batch of 16 sequences, 45 prompt + 25 completion tokens.
     torch.manual_seed(0)
@@ -85,6 +92,25 @@ def main() -> None:
     t32 = median_time(step(None), a.reps)
     t16 = median_time(step(bf16), a.reps)
     print(f"update   fp32 {t32:6.2f} s   bf16 autocast {t16:6.2f} s   bf16/fp32 time x{t16 / t32:.2f}")
+
+    # 2b. the prompt once per group: 2 groups x G=8 sharing a prompt, fp32
+    pg, pgm = p[:2], pm[:2]
+    pr, pmr = pg.repeat_interleave(8, 0), pgm.repeat_interleave(8, 0)
+
+    def per_seq():
+        lp, _ = completion_logp(model, pr, pmr, c, cm)
+        lp.sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    def grouped():
+        lp, _ = grouped_completion_logp(model, pg, pgm, c, cm, 8)
+        lp.sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    t_seq = median_time(per_seq, a.reps)
+    t_grp = median_time(grouped, a.reps)
+    print(f"update   per-sequence {t_seq:6.2f} s   prompt once per group {t_grp:6.2f} s   speed-up x{t_seq / t_grp:.2f}"
+          f"   ({P} prompt + {C} completion tokens, G=8)")
 
     # 3. sampler
     logits = torch.randn(a.B * a.G, len(tok)) * 3

@@ -101,10 +101,7 @@ def test_pick_dtype(monkeypatch):
     cpu = torch.device("cpu")
     assert pick_dtype("fp32", cpu) is None
     assert pick_dtype("bf16", cpu) is torch.bfloat16
-    monkeypatch.setattr(models, "cpu_has_bf16", lambda: True)
-    assert pick_dtype("auto", cpu) is torch.bfloat16
-    monkeypatch.setattr(models, "cpu_has_bf16", lambda: False)
-    assert pick_dtype("auto", cpu) is None
+    assert pick_dtype("auto", cpu) is None  # measured: fp32 is faster than bf16 autocast on the CPU
     # on CUDA, auto follows the GPU's bf16 support (checked without a GPU by faking the query)
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
@@ -112,11 +109,6 @@ def test_pick_dtype(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert pick_dtype("auto", cuda) is None
     assert pick_dtype("fp32", cuda) is None
-
-
-def test_cpu_has_bf16_reads_cpuinfo():
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    assert models.cpu_has_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 def test_pick_device(monkeypatch):

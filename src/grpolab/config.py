@@ -72,9 +72,7 @@ class Config:
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, or cuda."""
     precision: str = "auto"
-    """Precision of the update passes: auto (bf16 autocast on a GPU that supports it; fp32 on the CPU, where bf16 autocast measured slower for training here, see docs/performance.md), bf16 or fp32. Weights and optimizer state stay fp32."""
-    rollout_precision: str = "auto"
-    """Precision of generation: auto (bf16 autocast where the hardware supports it: CUDA with bf16, or a CPU with AVX512-BF16/AMX; else fp32), bf16 or fp32."""
+    """auto (bf16 autocast on a GPU that supports it; fp32 on the CPU, where bf16 autocast measured slower, see docs/performance.md), bf16 or fp32. Weights and optimizer state stay fp32."""
     threads: int = 0
     """CPU threads for PyTorch; 0 = all cores."""
     eval_size: int = 64
@@ -262,7 +260,6 @@ def validate(cfg: Config) -> None:
         (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
         (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
         (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
-        (cfg.rollout_precision in ("auto", "bf16", "fp32"), "rollout_precision", "must be auto, bf16 or fp32"),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),

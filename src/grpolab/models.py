@@ -184,31 +184,20 @@ def pick_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-def cpu_has_bf16() -> bool:
-    """True when this CPU has native bf16 matrix instructions (AVX512_BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def pick_dtype(setting: str, device: torch.device, *, for_training: bool = False) -> torch.dtype | None:
+def pick_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     """Autocast dtype, or None for plain fp32.
 
-    auto: bf16 on a CUDA GPU that supports it; on the CPU, bf16 for generation when the CPU has native
-    bf16 instructions, but fp32 for training (forward+backward under CPU bf16 autocast measured slower
-    than fp32 on this project's 2-core machine: docs/performance.md).
+    auto: bf16 on a CUDA GPU that supports it, fp32 on the CPU. On this project's AVX512-BF16 CPU,
+    bf16 autocast measured slower than fp32 for both generation (x1.7 time) and forward+backward
+    (x1.85 time): benchmarks/bench_cpu.py, docs/performance.md. precision=bf16 still forces it.
     """
     if setting == "fp32":
         return None
     if setting == "bf16":
         return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    if for_training:
-        return None
-    return torch.bfloat16 if cpu_has_bf16() else None
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
 
 
 def make_tiny_model(out: Path, tokenizer_src: Path, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:

@@ -50,7 +50,6 @@ class Run:
     out: Path
     device: torch.device
     amp_dtype: torch.dtype | None
-    rollout_dtype: torch.dtype | None
     tokenizer: Any
     policy: Any
     ref: Any | None
@@ -94,8 +93,7 @@ def setup(cfg: Config, *, resume: bool = False, log: Callable[[str], None] = pri
     task = build_task(cfg.task, cfg.seed, cfg.task_args)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
-    amp_dtype = pick_dtype(cfg.precision, device, for_training=True)
-    rollout_dtype = pick_dtype(cfg.rollout_precision, device)
+    amp_dtype = pick_dtype(cfg.precision, device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     path = model_dir(cfg.model, log=log)
@@ -120,7 +118,7 @@ def setup(cfg: Config, *, resume: bool = False, log: Callable[[str], None] = pri
         from grpolab.kl import AdaptiveKL
 
         kl_ctl = AdaptiveKL.from_algo(algo)
-    return Run(cfg, out, device, amp_dtype, rollout_dtype, tok, policy, ref, critic, optimizer, scheduler, critic_opt, task,
+    return Run(cfg, out, device, amp_dtype, tok, policy, ref, critic, optimizer, scheduler, critic_opt, task,
                reward_fns, eos_token_ids(policy, tok), log=log, kl_ctl=kl_ctl)
 
 
@@ -142,7 +140,7 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
         gen.manual_seed(int(generator.initial_seed()))
     return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
                     temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
-                    autocast_dtype=run.rollout_dtype, generator=gen, eos_ids=run.eos_ids)
+                    autocast_dtype=run.amp_dtype, generator=gen, eos_ids=run.eos_ids)
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):
