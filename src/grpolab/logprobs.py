@@ -33,6 +33,17 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return lse.squeeze(-1) - (p * z).sum(-1)
 
 
+def _head_logp(model, h: torch.Tensor, completion_ids: torch.Tensor, temperature: float, with_entropy: bool):
+    """The LM head on the states h (b, C, H) that predict completion_ids (b, C) -> (log-probs (b, C),
+    entropies (b, C) or None), with logits divided by the temperature."""
+    logits = model.get_output_embeddings()(h)  # (b, C, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logp(logits, completion_ids)  # (b, C)
+    ent = token_entropy(logits) if with_entropy else None
+    return logp, ent
+
+
 def completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
                     temperature: float = 1.0, with_entropy: bool = False):
     """log pi_theta of each completion token (b, C) and, optionally, the entropy at each position (b, C).
@@ -45,12 +56,7 @@ def completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_m
     mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)  # (b, P+C)
     h = backbone(model)(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
     h = h[:, P - 1:-1]  # (b, C, H): the states that predict completion tokens
-    logits = model.get_output_embeddings()(h)  # (b, C, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logp(logits, completion_ids)  # (b, C)
-    ent = token_entropy(logits) if with_entropy else None
-    return logp, ent
+    return _head_logp(model, h, completion_ids, temperature, with_entropy)
 
 
 def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G: int, *,
@@ -82,9 +88,4 @@ def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, comp
         h = torch.cat([h_first, h_rest], dim=1)  # (N, C, H)
     else:
         h = h_first
-    logits = model.get_output_embeddings()(h)  # (N, C, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logp(logits, completion_ids)  # (N, C)
-    ent = token_entropy(logits) if with_entropy else None
-    return logp, ent
+    return _head_logp(model, h, completion_ids, temperature, with_entropy)

@@ -9,14 +9,17 @@ extract="answer_tag" requires the tag. The expression may be written as `expr` o
 (the right-hand side must then be the target itself). Allowed: integer literals, + - * /, parentheses,
 whitespace; `x` and `×` are read as `*`, `÷` as `/`, `−` as `-`. No unary minus, no other characters.
 
-The expression is parsed by a small recursive-descent parser (never eval) and evaluated exactly with
-fractions; division by zero scores 0. Each given number must be used exactly once (as a multiset).
+The expression is parsed by the small recursive-descent parser of grpolab.rewards.arith (never eval)
+and evaluated exactly with fractions; division by zero scores 0. Each given number must be used
+exactly once (as a multiset).
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
+from grpolab.rewards import arith
+from grpolab.rewards.arith import Syntax
 from grpolab.rewards.extract import last_tag_content
 from grpolab.types import ConfigError, Example
 
@@ -53,72 +56,20 @@ def tokenize(expr: str) -> list[str]:
     return tokens
 
 
-class _Parser:
-    """expr := term (('+'|'-') term)* ; term := atom (('*'|'/') atom)* ; atom := INT | '(' expr ')'"""
+def _tokenize(expr: str) -> list[str]:
+    return tokenize(expr.translate(_TRANSLATE))
 
-    def __init__(self, tokens: list[str]) -> None:
-        self.toks = tokens
-        self.pos = 0
-        self.numbers: list[int] = []
 
-    def peek(self) -> str | None:
-        return self.toks[self.pos] if self.pos < len(self.toks) else None
-
-    def take(self) -> str:
-        tok = self.peek()
-        if tok is None:
-            raise ExprError("unexpected end of expression")
-        self.pos += 1
-        return tok
-
-    def expr(self, depth: int) -> Fraction:
-        value = self.term(depth)
-        while self.peek() in ("+", "-"):
-            op = self.take()
-            rhs = self.term(depth)
-            value = value + rhs if op == "+" else value - rhs
-        return value
-
-    def term(self, depth: int) -> Fraction:
-        value = self.atom(depth)
-        while self.peek() in ("*", "/"):
-            op = self.take()
-            rhs = self.atom(depth)
-            if op == "*":
-                value = value * rhs
-            else:
-                if rhs == 0:
-                    raise ExprError("division by zero")
-                value = value / rhs
-        return value
-
-    def atom(self, depth: int) -> Fraction:
-        if depth > MAX_DEPTH:
-            raise ExprError("too deeply nested")
-        tok = self.take()
-        if tok == "(":
-            value = self.expr(depth + 1)
-            if self.take() != ")":
-                raise ExprError("missing ')'")
-            return value
-        if tok.isdigit():
-            self.numbers.append(int(tok))
-            return Fraction(int(tok))
-        raise ExprError(f"unexpected {tok!r}")
+# Integer literals, + - * / and parentheses; no unary minus, no powers, no magnitude limit.
+SYNTAX = Syntax(tokenize=_tokenize, error=ExprError, max_chars=MAX_EXPR_CHARS, max_depth=MAX_DEPTH,
+                depth_message="too deeply nested")
 
 
 def evaluate(expr: str) -> tuple[Fraction, list[int]]:
     """Exact value of `expr` and the integer literals it uses, in order (raises ExprError)."""
-    if len(expr) > MAX_EXPR_CHARS:
-        raise ExprError("expression too long")
-    tokens = tokenize(expr.translate(_TRANSLATE))
-    if not tokens:
-        raise ExprError("empty expression")
-    p = _Parser(tokens)
-    value = p.expr(0)
-    if p.pos != len(tokens):
-        raise ExprError(f"unexpected {tokens[p.pos]!r}")
-    return value, p.numbers
+    numbers: list[int] = []
+    value = arith.evaluate(expr, SYNTAX, on_number=lambda v: numbers.append(int(v)))
+    return value, numbers
 
 
 def extract_expression(completion: str, mode: str = "auto") -> str | None:

@@ -1,7 +1,7 @@
 """Deterministic built-in tools for tool-calling tasks, with their JSON schemas.
 
 Every tool is a pure function of its (schema-validated) arguments, does bounded work, and never
-evaluates code: the calculator has its own parser over exact fractions.
+evaluates code: the calculator uses the safe parser of grpolab.rewards.arith over exact fractions.
 
     calculator    {"expression": "2 * (3 + 4.5) / 5"}                 -> 3 (int) or a float
     convert_units {"value": 3.5, "from_unit": "km", "to_unit": "mi"}  -> float, 6 decimals
@@ -15,6 +15,8 @@ from __future__ import annotations
 import datetime as _dt
 from fractions import Fraction
 from typing import Any, Callable
+
+from grpolab.rewards.arith import Syntax, evaluate
 
 
 class ToolError(ValueError):
@@ -54,91 +56,20 @@ def _tokens(expr: str) -> list[str]:
     return out
 
 
-class _Calc:
-    """expr := term (('+'|'-') term)* ; term := unary (('*'|'/') unary)* ;
-    unary := ('+'|'-') unary | power ; power := atom ('**' unary)? ; atom := NUMBER | '(' expr ')'"""
-
-    def __init__(self, toks: list[str]) -> None:
-        self.t, self.i = toks, 0
-
-    def peek(self) -> str | None:
-        return self.t[self.i] if self.i < len(self.t) else None
-
-    def take(self) -> str:
-        tok = self.peek()
-        if tok is None:
-            raise ToolError("unexpected end of expression")
-        self.i += 1
-        return tok
-
-    def expr(self, d: int) -> Fraction:
-        v = self.term(d)
-        while self.peek() in ("+", "-"):
-            op, rhs = self.take(), self.term(d)
-            v = v + rhs if op == "+" else v - rhs
-            _check(v)
-        return v
-
-    def term(self, d: int) -> Fraction:
-        v = self.unary(d)
-        while self.peek() in ("*", "/"):
-            op, rhs = self.take(), self.unary(d)
-            if op == "/" and rhs == 0:
-                raise ToolError("division by zero")
-            v = v * rhs if op == "*" else v / rhs
-            _check(v)
-        return v
-
-    def unary(self, d: int) -> Fraction:
-        if d > 40:
-            raise ToolError("expression nested too deeply")
-        if self.peek() in ("+", "-"):
-            op = self.take()
-            v = self.unary(d + 1)
-            return -v if op == "-" else v
-        return self.power(d)
-
-    def power(self, d: int) -> Fraction:
-        base = self.atom(d)
-        if self.peek() == "**":
-            self.take()
-            exp = self.unary(d + 1)
-            if exp.denominator != 1 or abs(exp) > MAX_EXPONENT:
-                raise ToolError(f"exponent must be an integer with |e| <= {MAX_EXPONENT}")
-            if base == 0 and exp < 0:
-                raise ToolError("division by zero")
-            base = base ** int(exp)
-            _check(base)
-        return base
-
-    def atom(self, d: int) -> Fraction:
-        tok = self.take()
-        if tok == "(":
-            v = self.expr(d + 1)
-            if self.take() != ")":
-                raise ToolError("missing ')'")
-            return v
-        if tok[0].isdigit() or tok[0] == ".":
-            return Fraction(tok)
-        raise ToolError(f"unexpected {tok!r}")
-
-
 def _check(v: Fraction) -> None:
     if abs(v) > MAX_MAGNITUDE or v.denominator > 10**30:
         raise ToolError("number out of range")
 
 
+# Decimals, + - * / ** (^), unary signs and parentheses; every intermediate value bounded by _check.
+SYNTAX = Syntax(tokenize=_tokens, error=ToolError, max_chars=MAX_EXPR_CHARS, max_depth=40,
+                depth_message="expression nested too deeply", unary=True, max_exponent=MAX_EXPONENT,
+                check=_check)
+
+
 def calculator(expression: str) -> int | float:
     """Exact arithmetic (+ - * / ** ^, parentheses, decimals); an int when the result is whole."""
-    if len(expression) > MAX_EXPR_CHARS:
-        raise ToolError("expression too long")
-    toks = _tokens(expression)
-    if not toks:
-        raise ToolError("empty expression")
-    p = _Calc(toks)
-    v = p.expr(0)
-    if p.i != len(toks):
-        raise ToolError(f"unexpected {toks[p.i]!r}")
+    v = evaluate(expression, SYNTAX)
     return int(v) if v.denominator == 1 else float(v)
 
 

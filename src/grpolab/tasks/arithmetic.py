@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from grpolab.tasks._args import check_bool, check_int, check_optional_str, parse_operators, resolve_template
 from grpolab.types import ConfigError, Example
 
 #: Prompt presets. `{question}` is the bare expression, e.g. "23 + 48".
@@ -50,52 +51,6 @@ TEMPLATES: dict[str, str] = {
 OPERATORS = "+-*"
 MAX_OPERANDS = 8
 _EXACT_COUNT_LIMIT = 20_000  # enumerate spaces up to this many expressions to count them exactly
-
-
-def _check_int(key: str, value, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"task_args.{key}: expected an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        allowed = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ConfigError(f"task_args.{key}: must be {allowed}, got {value}")
-    return value
-
-
-def _parse_operators(value) -> tuple[str, ...]:
-    if isinstance(value, str):
-        items = [c for c in value if not c.isspace() and c != ","]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        items = list(value)
-    else:
-        raise ConfigError(
-            f'task_args.operators: expected a subset of "{OPERATORS}" as a string or list, got {value!r}'
-        )
-    bad = [o for o in items if o not in OPERATORS]
-    if bad or not items:
-        raise ConfigError(
-            f'task_args.operators: allowed operators are "+", "-", "*" (a non-empty subset), got {value!r}'
-        )
-    return tuple(dict.fromkeys(items))  # de-duplicated, order kept
-
-
-def resolve_template(value, presets: dict[str, str], placeholder: str = "{question}") -> str:
-    """A preset name or a format string containing `placeholder` -> the format string."""
-    if not isinstance(value, str):
-        raise ConfigError(f"task_args.template: expected a string, got {value!r}")
-    if value in presets:
-        return presets[value]
-    if placeholder not in value:
-        raise ConfigError(
-            f"task_args.template: expected a preset ({', '.join(presets)}) or a format string "
-            f"containing {placeholder}, got {value!r}"
-        )
-    try:
-        value.format(question="x", numbers="x", target="x")
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(
-            f"task_args.template: not a valid format string ({e!r}); write literal braces as {{{{ }}}}"
-        ) from e
-    return value
 
 
 def evaluate(operands: list[int], operators: list[str]) -> int:
@@ -135,9 +90,9 @@ class ArithmeticTask:
         system_prompt: str | None = None,
     ):
         self.seed = seed
-        _check_int("digits", digits, 1, 18)
-        lo_d = digits if min_digits is None else _check_int("min_digits", min_digits, 1, 18)
-        hi_d = digits if max_digits is None else _check_int("max_digits", max_digits, 1, 18)
+        check_int("digits", digits, 1, 18)
+        lo_d = digits if min_digits is None else check_int("min_digits", min_digits, 1, 18)
+        hi_d = digits if max_digits is None else check_int("max_digits", max_digits, 1, 18)
         if min_digits is not None and max_digits is None:
             hi_d = max(lo_d, digits)
         if max_digits is not None and min_digits is None:
@@ -145,15 +100,11 @@ class ArithmeticTask:
         if lo_d > hi_d:
             raise ConfigError(f"task_args.min_digits: must be <= max_digits, got {lo_d} > {hi_d}")
         self.min_digits, self.max_digits = lo_d, hi_d
-        self.operators = _parse_operators(operators)
-        self.n_operands = _check_int("n_operands", n_operands, 2, MAX_OPERANDS)
-        if not isinstance(allow_negative, bool):
-            raise ConfigError(f"task_args.allow_negative: expected true or false, got {allow_negative!r}")
-        self.allow_negative = allow_negative
+        self.operators = parse_operators(operators, OPERATORS)
+        self.n_operands = check_int("n_operands", n_operands, 2, MAX_OPERANDS)
+        self.allow_negative = check_bool("allow_negative", allow_negative)
         self.template = resolve_template(template, TEMPLATES)
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ConfigError(f"task_args.system_prompt: expected a string or null, got {system_prompt!r}")
-        self.system_prompt = system_prompt
+        self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "last_number"}]
 
         self.space_size = self._count_space()  # exact when small, else a lower bound
@@ -166,7 +117,7 @@ class ArithmeticTask:
         if eval_size is None:
             eval_size = min(64, max_eval)
         else:
-            _check_int("eval_size", eval_size, 0)
+            check_int("eval_size", eval_size, 0)
             if eval_size > max_eval:
                 raise ConfigError(
                     f"task_args.eval_size: at most {max_eval} for these options (the problem space has "

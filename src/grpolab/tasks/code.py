@@ -23,9 +23,9 @@ import json
 import logging
 import random
 from importlib import resources
-from pathlib import Path
 
 from grpolab.rewards.code import UnconvertibleTest, convert_tests
+from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl
 from grpolab.types import ConfigError, Example
 
 log = logging.getLogger(__name__)
@@ -123,16 +123,7 @@ def load_problems(path: str | None, allow_assert_tests: bool = False) -> list[di
     if path is None:
         raw = [(f"code_problems.jsonl:{i + 1}", r) for i, r in enumerate(_builtin_records())]
     else:
-        p = Path(path).expanduser()
-        if not p.is_file():
-            raise ConfigError(f"task_args.path: no such file {str(p)!r}")
-        raw = []
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
-            if line.strip():
-                try:
-                    raw.append((f"{p.name}:{i + 1}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"task_args.path: {p.name}:{i + 1} is not valid JSON ({e})") from e
+        raw = read_jsonl(path)
     problems, skipped = [], 0
     for where, rec in raw:
         prob = normalize_record(rec, where)
@@ -165,10 +156,8 @@ class CodeTask:
 
     def __init__(self, seed: int, path: str | None = None, eval_size: int | None = None,
                  allow_assert_tests: bool = False) -> None:
-        if path is not None and not isinstance(path, str):
-            raise ConfigError(f"task_args.path: expected a file path, got {path!r}")
-        if eval_size is not None and (isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 0):
-            raise ConfigError(f"task_args.eval_size: expected a non-negative integer, got {eval_size!r}")
+        check_optional_path("path", path)
+        check_optional_count("eval_size", eval_size)
         self.seed = seed
         problems = load_problems(path, bool(allow_assert_tests))
         order = list(range(len(problems)))

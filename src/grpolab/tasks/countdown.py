@@ -28,6 +28,14 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
+from grpolab.tasks._args import (
+    check_bool,
+    check_int,
+    check_optional_str,
+    check_range,
+    parse_operators,
+    resolve_template,
+)
 from grpolab.types import ConfigError, Example
 
 TEMPLATES: dict[str, str] = {
@@ -48,58 +56,6 @@ TEMPLATES: dict[str, str] = {
 
 OPERATORS = "+-*/"
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
-
-
-def _check_int(key: str, value, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"task_args.{key}: expected an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        allowed = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ConfigError(f"task_args.{key}: must be {allowed}, got {value}")
-    return value
-
-
-def _check_range(key: str, value, lo: int, hi: int | None = None) -> tuple[int, int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value, value]
-    if not (isinstance(value, (list, tuple)) and len(value) == 2):
-        raise ConfigError(f"task_args.{key}: expected [lo, hi] (two integers), got {value!r}")
-    a = _check_int(f"{key}[0]", value[0], lo, hi)
-    b = _check_int(f"{key}[1]", value[1], lo, hi)
-    if a > b:
-        raise ConfigError(f"task_args.{key}: lo must be <= hi, got {list(value)}")
-    return a, b
-
-
-def _parse_operators(value) -> tuple[str, ...]:
-    if isinstance(value, str):
-        items = [c for c in value if not c.isspace() and c != ","]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        items = list(value)
-    else:
-        items = None
-    if not items or any(o not in OPERATORS for o in items):
-        raise ConfigError(
-            f'task_args.operators: allowed operators are "+", "-", "*", "/" (a non-empty subset), got {value!r}'
-        )
-    return tuple(dict.fromkeys(items))
-
-
-def _resolve_template(value) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"task_args.template: expected a string, got {value!r}")
-    if value in TEMPLATES:
-        return TEMPLATES[value]
-    if "{numbers}" not in value or "{target}" not in value:
-        raise ConfigError(
-            f"task_args.template: expected a preset ({', '.join(TEMPLATES)}) or a format string "
-            f"containing {{numbers}} and {{target}}, got {value!r}"
-        )
-    try:
-        value.format(numbers="x", target="x")
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(f"task_args.template: not a valid format string ({e!r})") from e
-    return value
 
 
 def _combine(a: Fraction, b: Fraction, op: str) -> Fraction | None:
@@ -137,18 +93,14 @@ class CountdownTask:
         system_prompt: str | None = None,
     ):
         self.seed = seed
-        self.n_numbers = _check_range("n_numbers", n_numbers, 2, 6)
-        self.number_range = _check_range("number_range", number_range, 1)
-        self.target_range = _check_range("target_range", target_range, 0)
-        self.operators = _parse_operators(operators)
-        if not isinstance(integer_steps, bool):
-            raise ConfigError(f"task_args.integer_steps: expected true or false, got {integer_steps!r}")
-        self.integer_steps = integer_steps
-        self.eval_size = _check_int("eval_size", eval_size, 0, 100_000)
-        self.template = _resolve_template(template)
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ConfigError(f"task_args.system_prompt: expected a string or null, got {system_prompt!r}")
-        self.system_prompt = system_prompt
+        self.n_numbers = check_range("n_numbers", n_numbers, 2, 6)
+        self.number_range = check_range("number_range", number_range, 1)
+        self.target_range = check_range("target_range", target_range, 0)
+        self.operators = parse_operators(operators, OPERATORS)
+        self.integer_steps = check_bool("integer_steps", integer_steps)
+        self.eval_size = check_int("eval_size", eval_size, 0, 100_000)
+        self.template = resolve_template(template, TEMPLATES, fields=("numbers", "target"))
+        self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.default_rewards = [{"name": "format", "weight": 0.1}, {"name": "countdown", "weight": 1.0}]
 
         # Fail early (ConfigError, not a hang) when the options admit (almost) no problem.

@@ -40,6 +40,7 @@ import json
 import random
 from pathlib import Path
 
+from grpolab.tasks._args import check_optional_path, check_optional_str
 from grpolab.types import ConfigError, Example
 
 QUESTION_KEYS = ("question", "problem", "prompt")
@@ -164,9 +165,8 @@ class QATask:
         self.seed = seed
         if path is None:
             raise ConfigError("task_args.path: required for task 'qa' (a .jsonl or .parquet file)")
-        for key, value in (("path", path), ("eval_path", eval_path)):
-            if value is not None and not isinstance(value, (str, Path)):
-                raise ConfigError(f"task_args.{key}: expected a file path, got {value!r}")
+        check_optional_path("path", path)
+        check_optional_path("eval_path", eval_path)
         if format not in FORMATS:
             raise ConfigError(f"task_args.format: allowed values are {', '.join(FORMATS)}, got {format!r}")
         if answer_format not in ANSWER_FORMATS:
@@ -191,10 +191,8 @@ class QATask:
             template.format(question="x")
         except (KeyError, IndexError, ValueError) as e:
             raise ConfigError(f"task_args.template: not a valid format string ({e!r})") from e
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ConfigError(f"task_args.system_prompt: expected a string or null, got {system_prompt!r}")
         self.template = template
-        self.system_prompt = system_prompt
+        self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "auto"}]
         self._opts = dict(question_key=question_key, answer_key=answer_key, id_key=id_key, answer_format=answer_format)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import jsonschema
 
 from grpolab.rewards.tools import TOOL_FUNCTIONS, TOOL_SPECS, calculator, convert_units, date_add, date_diff, weekday
+from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl
 from grpolab.types import ConfigError, Example
 
 SYSTEM_PROMPT = (
@@ -117,18 +118,8 @@ def _check_spec(spec, where: str) -> dict:
 
 def load_items(path: str) -> list[Example]:
     """Examples from a local JSONL file (see the module docstring)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"task_args.path: no such file {str(p)!r}")
     out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        where = f"{p.name}:{i + 1}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"task_args.path: {where} is not valid JSON ({e})") from e
+    for where, rec in read_jsonl(path):
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec.get("tools"):
             raise ConfigError(f"{where}: needs 'prompt' (str) and 'tools' (list)")
         tools = [_check_spec(s, where) for s in rec["tools"]]
@@ -150,7 +141,7 @@ def load_items(path: str) -> list[Example]:
                            answer=json.dumps(rec.get("expected_arguments", rec.get("expected_result"))),
                            meta=meta, id=str(rec.get("id", f"{where}:{'/'.join(names)}"))))
     if not out:
-        raise ConfigError(f"task_args.path: {p.name} holds no items")
+        raise ConfigError(f"task_args.path: {Path(path).expanduser().name} holds no items")
     return out
 
 
@@ -162,10 +153,8 @@ class ToolsTask:
     default_rewards = [{"name": "tool_call", "weight": 1.0}]
 
     def __init__(self, seed: int, path: str | None = None, eval_size: int | None = None) -> None:
-        if eval_size is not None and (isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 0):
-            raise ConfigError(f"task_args.eval_size: expected a non-negative integer, got {eval_size!r}")
-        if path is not None and not isinstance(path, str):
-            raise ConfigError(f"task_args.path: expected a file path, got {path!r}")
+        check_optional_count("eval_size", eval_size)
+        check_optional_path("path", path)
         self.seed = seed
         self._items: list[Example] | None = None
         if path is None:
