@@ -81,15 +81,13 @@ def _eval(argv: list[str]) -> int:
         if ck is None:
             raise ConfigError(f"{target}: the run has no checkpoint yet")
         recipe["model"] = str(ck)
-        recipe["out"] = str(Path(target) / "eval")
     elif target:
         recipe = load_recipe(target)
     cfg = build_config(recipe, args)
     from grpolab.trainer import evaluate, setup
     import json
 
-    cfg.out = cfg.out + "-eval-tmp" if Path(cfg.out).exists() else cfg.out
-    run = setup(cfg, resume=False)
+    run = setup(cfg, training=False)
     res = evaluate(run, run.task.eval_set()[: cfg.eval_size or 64])
     print(json.dumps(res, indent=2))
     return 0

@@ -62,7 +62,7 @@ class Config:
     lr: float = 2e-5
     """Peak learning rate of AdamW."""
     warmup_steps: int = 2
-    """Linear warm-up of the learning rate over this many optimizer updates, then constant."""
+    """Linear warm-up of the learning rate over the first warmup_steps * algo.mu optimizer updates (steps that made no update do not count), then constant."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_betas: list = field(default_factory=lambda: [0.9, 0.99])

@@ -86,10 +86,15 @@ def warmup_lambda(warmup: int) -> Callable[[int], float]:
     return lambda i: min(1.0, (i + 1) / warmup) if warmup > 0 else 1.0
 
 
-def setup(cfg: Config, *, resume: bool = False, log: Callable[[str], None] = print) -> Run:
-    """Load models, task, rewards and optimizer. Raises ConfigError before writing anything."""
+def setup(cfg: Config, *, resume: bool = False, training: bool = True,
+          log: Callable[[str], None] = print) -> Run:
+    """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
+
+    training=False (evaluation) writes nothing and loads neither a reference model nor a critic.
+    """
     out = Path(cfg.out)
-    check_out_dir(out, resume)
+    if training:
+        check_out_dir(out, resume)
     task = build_task(cfg.task, cfg.seed, cfg.task_args)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
@@ -102,9 +107,9 @@ def setup(cfg: Config, *, resume: bool = False, log: Callable[[str], None] = pri
     policy = load_policy(path, device)
     policy.train()
     algo = cfg.algo
-    ref = frozen_copy(policy) if algo.beta > 0 or algo.adaptive_kl else None
+    ref = frozen_copy(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
     critic = critic_opt = None
-    if algo.uses_critic:
+    if training and algo.uses_critic:
         from grpolab.critic import ValueModel
 
         critic = ValueModel(policy).to(device)
@@ -314,11 +319,10 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
                 torch.nn.utils.clip_grad_norm_(run.critic.parameters(), cfg.max_grad_norm)
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()  # warm-up counts optimizer updates actually made
         if run.critic_optimizer is not None:
             run.critic_optimizer.step()
             run.critic_optimizer.zero_grad(set_to_none=True)
-    for _ in range(algo.mu):
-        run.scheduler.step()
     m = weighted_mean(infos)
     m.update(weighted_mean(ent_items))
     m["update/seqs_computed"] = float(n_rows)
