@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.rollout import positions
+from grpolab.rollout import cache_of, positions, with_cache
 
 
 def backbone(model):
@@ -72,7 +72,7 @@ def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, comp
     body = backbone(model)
     P = prompt_ids.shape[1]
     out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True)
-    cache = out.past_key_values
+    cache = cache_of(out)
     h_first = out.last_hidden_state[:, -1:]  # (B, 1, H): predicts the first completion token
     pm = prompt_mask
     if G > 1:
@@ -84,7 +84,7 @@ def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, comp
     if C > 1:
         pos = positions(mask)[:, P:P + C - 1]  # (N, C-1)
         h_rest = body(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :P + C - 1], position_ids=pos,
-                      past_key_values=cache, use_cache=True).last_hidden_state  # (N, C-1, H)
+                      use_cache=True, **with_cache(body, cache)).last_hidden_state  # (N, C-1, H)
         h = torch.cat([h_first, h_rest], dim=1)  # (N, C, H)
     else:
         h = h_first

@@ -10,6 +10,8 @@ The loop is ours, not `model.generate`, for three reasons that are each a speed-
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +134,23 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, greedy:
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_arg(forward_owner: type) -> str:
+    """Name of the KV-cache argument: `cache` in newer transformers (5.24 has it), `past_key_values` in older ones."""
+    return "cache" if "cache" in inspect.signature(forward_owner.forward).parameters else "past_key_values"
+
+
+def with_cache(module, cache) -> dict:
+    """Keyword arguments passing a KV cache to `module` under the name its transformers version uses."""
+    return {_cache_arg(type(module)): cache}
+
+
+def cache_of(out):
+    """The KV cache a forward returned (`cache` or `past_key_values`, by transformers version)."""
+    c = getattr(out, "cache", None)
+    return c if c is not None else out.past_key_values
+
+
 def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row of `probs` (B, V): the first token whose cumulative mass exceeds u ~ U(0, total).
 
@@ -161,7 +180,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
     model.eval()
     with amp:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    cache = cache_of(out)
     logits = out.logits[:, -1]  # (B, V)
     if G > 1:
         cache.batch_repeat_interleave(G)
@@ -192,8 +211,8 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
         pos = pos + 1
         with amp:
             out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None],
-                        past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+                        use_cache=True, **with_cache(model, cache))
+        cache = cache_of(out)
         logits = out.logits[:, -1]
     model.train(was_training)
     C = int(cmask.sum(0).nonzero().max()) + 1 if cmask.any() else 1
