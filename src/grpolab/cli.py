@@ -17,8 +17,8 @@ USAGE_TRAIN = """grpolab train [RECIPE.yaml | RECIPE_NAME] [KEY=VALUE ...]
 Train a policy with reinforcement learning from verifiable rewards. Settings: defaults <- recipe <-
 KEY=VALUE overrides (dotted for nested keys: algo.beta=0.04, task_args.digits=2).
 Examples:
-  grpolab train                                   # the default demo: SmolLM2-135M, arithmetic, GRPO
-  grpolab train recipes/demo.yaml steps=5 out=runs/try
+  grpolab train recipes/demo.yaml                 # the demo (make demo): SmolLM2-135M, arithmetic, GRPO
+  grpolab train steps=5 out=runs/try              # the defaults below (GRPO preset: beta 0.04)
   grpolab train algo=dapo task=countdown out=runs/cd
   grpolab train --resume runs/try steps=40        # continue a stopped run (steps may be raised)
 """
@@ -51,9 +51,11 @@ def _train(argv: list[str]) -> int:
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
         raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
     from rich.console import Console
+    from transformers.utils import logging as hf_logging
 
     from grpolab.trainer import train
 
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     train(cfg, resume=bool(ns.resume), console=Console())
     return 0
 

@@ -42,7 +42,7 @@ class Config:
     task: str = "arithmetic"
     """Task: arithmetic, countdown, qa (local JSONL/parquet), code, tools."""
     task_args: dict = field(default_factory=dict)
-    """Options of the task, e.g. `task_args.digits=2` (see docs/tasks in README)."""
+    """Options of the task, e.g. `task_args.digits=2` (see the Tasks section of README.md)."""
     rewards: list = field(default_factory=list)
     """Reward functions as a list of {name, weight, ...options}; empty = the task's default rewards."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
