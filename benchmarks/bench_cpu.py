@@ -20,7 +20,7 @@ import torch
 
 from grpolab.logprobs import completion_logp, grouped_completion_logp
 from grpolab.models import load_policy, load_tokenizer, model_dir
-from grpolab.rollout import chat_prompts, eos_token_ids, generate, inverse_cdf_sample, left_pad
+from grpolab.rollout import chat_prompts, generate, inverse_cdf_sample, left_pad
 
 
 def median_time(fn, reps: int) -> float:
@@ -43,7 +43,6 @@ def main() -> None:
     path = model_dir("smollm2-135m")
     tok = load_tokenizer(path)
     model = load_policy(path, torch.device("cpu"))
-    eos = eos_token_ids(model, tok)
     prompts = [f"What is {i + 17} + {2 * i + 25}? Give the final answer as a number." for i in range(a.B)]
     ids = chat_prompts(tok, prompts, None)
     bf16 = torch.bfloat16

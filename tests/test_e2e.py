@@ -29,16 +29,14 @@ import yaml
 from grpolab import rewards as rewards_mod
 from grpolab.cli import main
 
+from e2e_helpers import changed, read_jsonl, varied_score, weights
+
 SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=4", "progress=false"]
 VARIED = "rewards=[{name: test_varied}]"
 REQUIRED_METRICS = ["step", "reward/mean", "reward/std", "completion/length_mean", "kl", "clip/frac",
                     "groups/zero_std_frac", "entropy", "time/step_s", "time/generate_s", "time/score_s",
                     "time/update_s"]
 NONDETERMINISTIC = ("time/", "memory/")  # wall-clock and process-wide numbers
-
-
-def varied_score(completion: str, example) -> float:
-    return (sum(map(ord, completion)) % 5) / 4
 
 
 def make_varied():
@@ -96,22 +94,6 @@ def train(model: Path, out: Path, *args: str) -> Path:
     rc = main(["train", f"model={model}", f"out={out}", *SMALL, *args])
     assert rc == 0, f"grpolab train exited with {rc}"
     return out
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(path) / "model.safetensors"))
-
-
-def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    common = sorted(set(a) & set(b))
-    assert common, "no common parameter names"
-    return [k for k in common if not torch.equal(a[k], b[k])]
 
 
 def stable(m: dict) -> dict:

@@ -7,7 +7,6 @@ groups ((sum of character codes mod 5) / 4), giving every estimator a non-zero a
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,14 +17,12 @@ from grpolab import rewards as rewards_mod
 from grpolab.algos import ALGOS
 from grpolab.cli import main
 
+from e2e_helpers import changed, read_jsonl, varied_score, weights
+
 SMALL = ["steps=2", "batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=0", "progress=false",
          "samples_per_step=0", "tensorboard=false", "rewards=[{name: test_varied}]"]
 REQUIRED_METRICS = ["step", "reward/mean", "reward/std", "completion/length_mean", "kl", "clip/frac",
                     "groups/zero_std_frac", "entropy", "time/step_s", "params/trained", "memory/peak_mb"]
-
-
-def varied_score(completion: str, example) -> float:
-    return (sum(map(ord, completion)) % 5) / 4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,22 +30,6 @@ def test_rewards():
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
         yield
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(path) / "model.safetensors"))
-
-
-def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    common = sorted(set(a) & set(b))
-    assert common, "no common parameter names"
-    return [k for k in common if not torch.equal(a[k], b[k])]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import math
 import os
 import random
 import resource
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -1,0 +1,30 @@
+"""Helpers shared by the end-to-end tests (imported by test_e2e.py and test_e2e_algos.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def varied_score(completion: str, example) -> float:
+    """A test reward that varies within a group even for a random model: (sum of char codes mod 5) / 4."""
+    return (sum(map(ord, completion)) % 5) / 4
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the parameters that differ between two state dicts."""
+    common = sorted(set(a) & set(b))
+    assert common, "no common parameter names"
+    return [k for k in common if not torch.equal(a[k], b[k])]
