@@ -79,8 +79,8 @@ class Config:
     """Held-out prompts scored (greedy) before and after training; 0 skips the evaluation."""
     eval_batch: int = 32
     """Prompts per generation batch during evaluation."""
-    save_every: int = 0
-    """Write a checkpoint every N steps (0: only at the end)."""
+    save_every: int = 20
+    """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep on disk."""
     samples_per_step: int = 4
