@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval.
+"""grpolab command line: train, eval, lab.
 
 Exit codes: 0 success, 1 a failure during the run, 2 a usage error (bad key, type, value, path).
 """
@@ -95,14 +95,33 @@ def _eval(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval}
+def _lab(argv: list[str]) -> int:
+    """Measure one of the lesson's claims: grpolab lab CLAIM [options]; no claim lists them."""
+    import grpolab.lab as lab
+
+    listing = "usage: grpolab lab CLAIM [options]   (grpolab lab CLAIM --help for a claim's options)\n\n" + \
+        "\n".join(f"  {name:10}{claim}" for name, (claim, _) in lab.LABS.items())
+    if not argv or argv[0] in ("-h", "--help"):
+        print(listing)
+        return 0
+    entry = lab.LABS.get(argv[0])
+    if entry is None:
+        print(f"grpolab lab: unknown claim {argv[0]!r}; known: {', '.join(lab.LABS)}\n\n{listing}", file=sys.stderr)
+        return 2
+    lab.last_result.clear()
+    lab.last_result.update(entry[1](argv[1:]))
+    return 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "lab": _lab}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpolab {train,eval} ...\n\n  train   train a policy (grpolab train --help lists every option)\n"
-              "  eval    score a model or a run on held-out prompts")
+        print("usage: grpolab {train,eval,lab} ...\n\n  train   train a policy (grpolab train --help lists every option)\n"
+              "  eval    score a model or a run on held-out prompts\n"
+              "  lab     measure one of the lesson's claims (grpolab lab lists them)")
         return 0 if argv else 2
     cmd = COMMANDS.get(argv[0])
     if cmd is None:

@@ -1,0 +1,41 @@
+"""grpolab lab: each claim of the lesson as a command that measures it.
+
+    grpolab lab                 # list the claims
+    grpolab lab CLAIM --help    # a claim's options
+    grpolab lab baseline        # measure it: a short table of numbers and a one-line verdict
+
+LABS maps a claim's name to (the claim in one line, run function). A run function takes the claim's
+argv, prints its table and verdict, and returns a dict of the measured numbers (with "verdict").
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from grpolab.lab import baseline, curves, g1, memory, scale
+
+LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
+    "baseline": (baseline.CLAIM, baseline.run),
+    "g1": (g1.CLAIM, g1.run),
+    "scale": (scale.CLAIM, scale.run),
+    "memory": (memory.CLAIM, memory.run),
+    "curves": (curves.CLAIM, curves.run),
+}
+
+last_result: dict = {}
+"""The numbers of the most recent lab run through the CLI (for tests and notebooks)."""
+
+
+def table(header: list[str], rows: list[list], widths: list[int] | None = None) -> str:
+    """Plain-text table: first column left-aligned, the rest right-aligned; floats to 4 significant digits."""
+    def fmt(v) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [[fmt(v) for v in row] for row in [header] + rows]
+    w = [max(len(c[i]) for c in cells) + 2 for i in range(len(header))]
+    lines = []
+    for c in cells:
+        lines.append(c[0].ljust(w[0]) + "".join(x.rjust(w[i]) for i, x in enumerate(c) if i > 0))
+    return "\n".join(lines)
