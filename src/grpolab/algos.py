@@ -16,11 +16,10 @@ from its paper.
 
 from __future__ import annotations
 
-import math
 import typing
 from dataclasses import dataclass
 
-from grpolab.types import ConfigError
+from grpolab.types import ConfigError, coerce_field
 
 
 @dataclass
@@ -167,48 +166,6 @@ def _field_types() -> dict[str, object]:
     return typing.get_type_hints(AlgoConfig)
 
 
-def _coerce(key: str, value, tp) -> object:
-    """Check (and gently coerce) one override against its annotated type; ConfigError otherwise."""
-    args = typing.get_args(tp)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), tp) if args else tp
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"algo.{key}: must be a {base.__name__}, not null")
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"algo.{key}: must be true or false, got {value!r}")
-    if base is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"algo.{key}: must be an integer, got {value!r}")
-        return value
-    if base is float:
-        # YAML 1.1 reads "3e-4" (no dot) as a string: accept numeric strings.
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"algo.{key}: must be a number, got {value!r}")
-        try:
-            out = float(value)
-        except ValueError:
-            raise ConfigError(f"algo.{key}: must be a number, got {value!r}") from None
-        if not math.isfinite(out):
-            raise ConfigError(f"algo.{key}: must be finite, got {value!r}")
-        return out
-    if base is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"algo.{key}: must be a string, got {value!r}")
-        return value
-    return value  # pragma: no cover - no other field types
-
-
 def _one_of(key: str, value: str, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"algo.{key}: unknown value {value!r}; allowed: {', '.join(sorted(allowed))}")
@@ -286,7 +243,7 @@ def resolve_algo(name: str, overrides: dict | None = None) -> AlgoConfig:
         for key, value in source.items():
             if key not in types:
                 raise ConfigError(f"algo.{key}: unknown key; known keys: {', '.join(sorted(types))}")
-            values[key] = _coerce(key, value, types[key])
+            values[key] = coerce_field(f"algo.{key}", value, types[key])
     return validate_algo(AlgoConfig(**values))
 
 

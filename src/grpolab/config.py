@@ -13,7 +13,6 @@ import difflib
 import inspect
 import os
 import textwrap
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from grpolab.algos import AlgoConfig, resolve_algo
-from grpolab.types import ConfigError
+from grpolab.types import ConfigError, coerce_field
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -112,39 +111,6 @@ def _type_of(cls: type, name: str):
     return hints[name]
 
 
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Check `value` against the field type; ints are accepted for floats. Raise ConfigError naming `key`."""
-    origin = typing.get_origin(typ)
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if typ is float and isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{key}: expected float, got str {value!r}") from None
-    if typ is Any:
-        return value
-    if origin is typing.Union or origin is types.UnionType:
-        args = typing.get_args(typ)
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(key, value, a)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: expected {typ}, got {value!r}")
-    base = origin or typ
-    if base in (list, dict, str, int, float, bool):
-        ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
-        if not ok:
-            raise ConfigError(f"{key}: expected {base.__name__}, got {type(value).__name__} {value!r}")
-        return value
-    return value
-
-
 def _merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:
     """Return a copy of dataclass `current` with `updates` applied (nested dataclasses merge recursively)."""
     if not isinstance(updates, dict):
@@ -161,7 +127,7 @@ def _merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:
         if dataclasses.is_dataclass(typ):
             kwargs[k] = v  # handled by the caller (algo)
         else:
-            kwargs[k] = _coerce(key, v, typ)
+            kwargs[k] = coerce_field(key, v, typ)
     return cls(**kwargs)
 
 

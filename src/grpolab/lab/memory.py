@@ -11,7 +11,6 @@ pure parameter-state ratio worked out in docs/algorithms.md. This trains the rea
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
