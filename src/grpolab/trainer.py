@@ -23,7 +23,7 @@ import os
 import random
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,7 +61,7 @@ class Run:
     eos_ids: set[int]
     log: Callable[[str], None] = print
     kl_ctl: Any = None
-    history: list[dict] = field(default_factory=list)
+    last_batch: tuple | None = None  # (rollout, examples, rewards, per-function scores) of the latest step
 
     def autocast(self):
         if self.amp_dtype is None:
@@ -359,6 +359,7 @@ def train_step(run: Run, step: int) -> dict:
     """One step: collect, score, advantages, update. Returns the step's metrics."""
     cfg, algo = run.cfg, run.cfg.algo
     t_start = time.perf_counter()
+    run.last_batch = None
     ro, examples, r, metrics, per_fn = collect(run, step)
     if ro is None:  # dynamic sampling found no informative group
         metrics.update({"step": step, "update/skipped": 1.0, "time/step_s": time.perf_counter() - t_start})
@@ -413,9 +414,8 @@ def train_step(run: Run, step: int) -> dict:
         "params/trained": float(trained_params(run)),
         "time/step_s": time.perf_counter() - t_start,
     })
-    run.history.append(metrics)
-    run._last = (ro, examples, r, per_fn)  # type: ignore[attr-defined]
-    return metrics
+    run.last_batch = (ro, examples, r, per_fn)
+    return {"step": step, **metrics}  # step first in metrics.jsonl
 
 
 def trained_params(run: Run) -> int:
@@ -434,7 +434,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def sample_records(run: Run, step: int, k: int) -> list[dict]:
     """The first `k` completions of the step, with prompt, answer and reward per function."""
-    ro, examples, r, per_fn = run._last  # type: ignore[attr-defined]
+    ro, examples, r, per_fn = run.last_batch
     out = []
     for i in range(min(k, len(ro.texts))):
         ex = examples[i // ro.G]
@@ -519,7 +519,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         for step in range(start + 1, cfg.steps + 1):
             m = train_step(run, step)
             logger.log(m)
-            if cfg.samples_per_step and hasattr(run, "_last"):
+            if cfg.samples_per_step and run.last_batch is not None:
                 for rec in sample_records(run, step, cfg.samples_per_step):
                     samples.write(rec)
             progress.advance(m)
