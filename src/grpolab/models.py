@@ -80,9 +80,15 @@ def resolve_model(name: str) -> tuple[str, Path]:
 
 
 def _gguf_cache_path(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
-    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+    """Cache directory keyed by the file's content (size + hash of its first and last MiB), not its
+    path: the same GGUF installed in several virtual environments is dequantised once."""
+    size = gguf.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(gguf, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return cache_dir() / "models" / f"{gguf.stem}-{h.hexdigest()[:16]}"
 
 
 def _drop_gguf_quantization_config(config_json: Path) -> None:
