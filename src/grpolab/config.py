@@ -51,7 +51,7 @@ class Config:
     batch_size: int = 32
     """Completions per step (= prompts per step x G); G must divide it."""
     micro_batch: int = 16
-    """Sequences per forward/backward pass (gradient accumulation); only memory and speed depend on it."""
+    """Sequences per forward/backward pass (gradient accumulation), rounded to whole groups of G (at least one group); only memory and speed depend on it."""
     max_new_tokens: int = 32
     """Completion length limit in tokens; a completion that reaches it is flagged truncated."""
     temperature: float = 1.0

@@ -194,8 +194,8 @@ def pick_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     """Autocast dtype, or None for plain fp32.
 
     auto: bf16 on a CUDA GPU that supports it, fp32 on the CPU. On this project's AVX512-BF16 CPU,
-    bf16 autocast measured slower than fp32 for both generation (x1.7 time) and forward+backward
-    (x1.85 time): benchmarks/bench_cpu.py, docs/performance.md. precision=bf16 still forces it.
+    bf16 autocast measured slower than fp32 for both generation (x1.74 the time) and forward+backward
+    (x1.84): benchmarks/bench_cpu.py, docs/performance.md. precision=bf16 still forces it.
     """
     if setting == "fp32":
         return None

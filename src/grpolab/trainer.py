@@ -265,9 +265,10 @@ def update(run: Run, ro: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | No
     """`algo.mu` optimizer updates on one rollout batch. adv: (N,) or (N, C).
 
     The first pass of the first update records log pi_old = log pi_theta (detached): the weights have
-    not moved yet, so no separate old-log-prob pass is needed. Sequences whose advantage is zero
-    everywhere add nothing to the policy gradient and are not computed at all (unless a KL term or a
-    critic needs them); the normalisers n_seq / n_tok still count them, so the loss is unchanged.
+    not moved yet, so no separate old-log-prob pass is needed. Micro-batches hold whole groups (the
+    prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
+    the policy gradient and is not computed at all (unless a KL term or a critic needs it); the
+    normalisers n_seq / n_tok still count it, so the loss is unchanged.
     """
     cfg, algo = run.cfg, run.cfg.algo
     N, C = ro.completion_ids.shape
