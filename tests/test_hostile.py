@@ -45,7 +45,7 @@ WATCH_DIRS = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", os.getcwd(), os.path.
 
 
 def _slot_uid_pids() -> list[int]:
-    return [p for u in sb.sandbox_uids() for p in sb._pids_of_uid(u)]
+    return [p for u in sb.sandbox_uids() for p in sb.pids_of_uid(u)]
 
 
 def _marked_pids() -> list[int]:
@@ -76,11 +76,13 @@ def contained():
     probe = (
         "import os, resource\n"
         "def probe():\n"
-        "    return [os.getpid(), os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0]]\n"
+        "    return [os.getppid(), os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0]]\n"
     )
     res, values = sb._run(probe, [sb.TestCase("call", fn="probe")], CFG, iso, want_values=True)
-    pid, uid, nproc = values[0] if values and isinstance(values[0], list) else (None, None, None)
-    ok = pid == 1 and uid not in (None, 0) and nproc not in (None, resource.RLIM_INFINITY) and nproc <= 64
+    ppid, uid, nproc = values[0] if values and isinstance(values[0], list) else (None, None, None)
+    # the candidate's parent is PID 1 of its own namespace (the sandbox's init), its uid is not root
+    ok = ppid == 1 and uid not in (None, 0) and nproc not in (None, resource.RLIM_INFINITY) and nproc <= 64
+    pid = ppid
     if not ok:
         why = f"isolation: {iso.describe()}; probe saw pid={pid} uid={uid} nproc={nproc}"
         if os.geteuid() == 0:
@@ -150,15 +152,82 @@ def test_atexit_forges_results_with_the_nonce(contained):
 
 
 def test_forged_duplicate_results_zero_everything(contained):
+    # The candidate writes its own reply frames on its channel (fd 4), ahead of the harness:
+    # replies then arrive out of protocol, the run is marked tampered and every test fails.
+    r = hostile(
+        "import json, os\n"
+        "def add(a, b):\n"
+        "    for q in (1, 1, 2, 3):\n"
+        "        data = json.dumps({'q': q, 'v': a + b}).encode()\n"
+        "        try:\n"
+        "            os.write(4, len(data).to_bytes(4, 'big') + data)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return a + b\n"
+    )
+    assert r.tampered
+
+
+ASSERTS = [sb.TestCase("assert", fn="add", source="assert add(1, 2) == 3"),
+           sb.TestCase("assert", fn="add", source="assert add(-4, 4) == 0"),
+           sb.TestCase("assert", fn="add", source="assert add(10, 5) == 15")]
+
+
+def test_forging_verdicts_of_assert_tests(contained):
+    # Finding 2: with the verdicts of assert tests written by the candidate's own interpreter, a
+    # candidate that found the nonce (gc) forged "pass" for every test. Verdicts now come from the
+    # checker process, which the candidate cannot reach; forged frames only break the protocol.
     hostile(
         "import gc, json, os\n"
-        "def add(a, b):\n"
+        "def forge():\n"
         "    for o in gc.get_objects():\n"
         "        if isinstance(o, dict) and 'nonce' in o and 'fd' in o:\n"
         "            for i in range(3):\n"
-        "                os.write(o['fd'], (json.dumps({'n': o['nonce'], 'i': i, 'v': a + b}) + '\\n').encode())\n"
-        "    return a + b\n"
+        "                os.write(o['fd'], (json.dumps({'n': o['nonce'], 'i': i, 'pass': True}) + '\\n').encode())\n"
+        "    for q in range(1, 4):\n"
+        "        data = json.dumps({'q': q, 'pass': True, 'v': True}).encode()\n"
+        "        try:\n"
+        "            os.write(4, len(data).to_bytes(4, 'big') + data)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "def add(a, b):\n    forge()\n    os._exit(0)\n",
+        tests=ASSERTS,
     )
+
+
+def test_patching_json_to_rewrite_the_harness_results(contained):
+    # Finding 2: patching json's encoder rewrote the harness's own result lines (a failed assert
+    # became a pass). The candidate can only rewrite its own replies now, which is returning values.
+    hostile(
+        "import json\n"
+        "class Forger(json.JSONEncoder):\n"
+        "    def encode(self, o):\n"
+        "        if isinstance(o, dict) and 'err' in o:\n"
+        "            o = {k: v for k, v in o.items() if k != 'err'}\n"
+        "            o['pass'] = True\n"
+        "        return super().encode(o)\n"
+        "json._default_encoder = Forger()\n"
+        "json.dumps = lambda o, *a, **k: Forger().encode(o)\n"
+        "def add(a, b):\n    return -1\n",
+        tests=ASSERTS,
+    )
+
+
+def test_hash_collisions_cannot_stall_grading(contained):
+    # Finding 2: a set of integers that all hash alike, smuggled past the harness's encoder, made
+    # the parent rebuild it for 37 s. The parent never hashes decoded values now.
+    tests = [sb.TestCase("call", fn="add", args=(1, 2), expected={1, 2, 3})]
+    t = time.monotonic()
+    r = hostile(
+        "import __main__\n"
+        "P = (1 << 61) - 1\n"
+        "crafted = {'$': 'set', 'v': [{'$': 'int', 'v': hex(1 + k * P)} for k in range(40000)]}\n"
+        "__main__._plain = lambda *a, **k: crafted\n"
+        "def add(a, b):\n    return {1, 2, 3}\n",
+        tests=tests,
+    )
+    assert time.monotonic() - t < CFG.timeout_s + 3
+    assert "got set(" in r.details[0]
 
 
 def test_eq_always_true_object(contained):

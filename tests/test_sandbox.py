@@ -9,8 +9,9 @@ import time
 import pytest
 
 from grpolab import sandbox as sb
-from grpolab.sandbox import SandboxConfig, TestCase, literal_test, plain_equal, run_many, run_tests
+from grpolab.sandbox import SandboxConfig, TestCase, channel, grading, isolation, literal_test, run_many, run_tests
 from grpolab.types import ConfigError
+from grpolab.values import plain_equal
 
 ADD = [literal_test("add(1, 2)", "3"), literal_test("add(-4, 4)", "0"), literal_test("add(10, 5)", "15")]
 GOOD = "def add(a, b):\n    return a + b\n"
@@ -23,9 +24,9 @@ FAST = SandboxConfig(timeout_s=3.0)
      [1, [2, (3,)]], (1, "a"), {1, 2}, frozenset({"x"}), {"a": [1], 2: (None,)}],
 )
 def test_plain_roundtrip(value):
-    enc = sb._plain(value)
-    dec = sb._unplain(json.loads(json.dumps(enc)))
-    assert plain_equal(value, dec)
+    enc = json.loads(json.dumps(channel._plain(value)))
+    assert plain_equal(value, channel._unplain(enc))  # in the child
+    assert plain_equal(value, channel.decode(enc, channel.Budget()))  # in the parent (sets, dicts unhashed)
 
 
 def test_plain_rejects_non_plain_types():
@@ -39,14 +40,14 @@ def test_plain_rejects_non_plain_types():
 
     for v in (Eq(), MyInt(3), [Eq()], {"k": MyInt(1)}, iter([1]), object()):
         with pytest.raises(TypeError):
-            sb._plain(v)
+            channel._plain(v)
     deep: list = []
     for _ in range(100):
         deep = [deep]
     with pytest.raises(ValueError):
-        sb._plain(deep)
+        channel._plain(deep)
     with pytest.raises(ValueError):
-        sb._plain("x" * (sb.MAX_VALUE_CHARS + 1))
+        channel._plain("x" * (channel.MAX_VALUE_CHARS + 1))
 
 
 def test_plain_equal_is_type_strict():
@@ -69,8 +70,8 @@ def test_literal_test_parses_without_evaluating():
 
 def test_expected_values_never_reach_the_child():
     tests = [literal_test("add(1, 2)", "'SECRET-EXPECTED-VALUE'")]
-    job = json.dumps(sb._encode_tests(tests))
-    assert "SECRET-EXPECTED-VALUE" not in job
+    job = grading.encode_job("def add(a, b): pass", tests)
+    assert b"SECRET-EXPECTED-VALUE" not in job
 
 
 def test_correct_wrong_and_partial():
@@ -117,12 +118,13 @@ def test_output_is_captured_and_capped():
 
 
 def test_duplicate_results_are_tampering():
-    records, _, tampered = sb._parse_results(
-        b'{"n": "k", "i": 0, "v": 3}\n{"n": "k", "i": 0, "v": 3}\n', "k", 1)
+    records, _, tampered = grading.parse_results(b'{"i": 0, "v": 3}\n{"i": 0, "v": 3}\n', 1)
     assert tampered
-    records, _, tampered = sb._parse_results(b'{"n": "wrong", "i": 0, "v": 3}\n', "k", 1)
+    records, _, tampered = grading.parse_results(b'{"i": 5, "v": 3}\n', 1)
     assert tampered and records == {}
-    records, _, tampered = sb._parse_results(b'{"n": "k", "i": 0, "v": NaN}\n', "k", 1)
+    records, _, tampered = grading.parse_results(b'{"i": 0, "v": NaN}\n', 1)
+    assert tampered
+    records, _, tampered = grading.parse_results(b'{"tampered": "reply out of protocol"}\n', 1)
     assert tampered
 
 
@@ -148,8 +150,8 @@ def test_isolation_probe_reports_namespaces_here():
 
 def test_require_refuses_reduced_isolation(monkeypatch, capsys):
     reduced = sb.Isolation(namespaces=False, user_ns=False, drop_uid=False, uid_base=None, reason="test")
-    monkeypatch.setattr(sb, "_probe_result", reduced)
-    monkeypatch.setattr(sb, "_warned", False)
+    monkeypatch.setattr(isolation, "_probe_result", reduced)
+    monkeypatch.setattr(isolation, "_warned", False)
     with pytest.raises(sb.SandboxUnavailable, match="REDUCED ISOLATION"):
         sb.check_isolation("require")
     assert sb.check_isolation("best_effort") is reduced

@@ -25,7 +25,7 @@ import jsonschema
 
 from grpolab.rewards.extract import last_tag_content
 from grpolab.rewards.tools import TOOL_FUNCTIONS, ToolError, run_tool
-from grpolab.sandbox import plain_equal
+from grpolab.values import plain_equal
 from grpolab.types import ConfigError, Example
 
 

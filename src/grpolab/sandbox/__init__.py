@@ -1,0 +1,148 @@
+"""Run untrusted Python (model-written code) against tests, and grade it in the parent.
+
+One file per layer (docs/security.md has the table of what each guarantees):
+
+- `slots`     at most MAX_PARALLEL runs at once; machine-wide uid leases; sweeping leftovers.
+- `isolation` what the machine allows (probed once), the minimal root file system, warnings.
+- `limits`    SandboxConfig, rlimits, a cgroup per slot, the seccomp filter.
+- `launcher`  the command the parent starts and the trusted init inside the namespaces.
+- `channel`   candidate <-> checker <-> parent protocol, budgeted decoding, the pipe pump.
+- `grading`   TestCase, SandboxResult, judging results in the parent.
+
+This module ties them into one run (`run_tests`) and a bounded pool (`run_many`).
+`isolation="require"` refuses to run when namespaces are unavailable; "best_effort" warns once,
+prominently, and runs with reduced isolation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from grpolab.procs import kill_process_group
+from grpolab.sandbox import channel, grading, launcher, limits, slots
+from grpolab.sandbox.grading import SandboxResult, TestCase, literal_test
+from grpolab.sandbox.isolation import (
+    Isolation,
+    SandboxUnavailable,
+    check_isolation,
+    interpreter,
+    probe_isolation,
+    root_plan,
+    unshare_cmd,
+)
+from grpolab.sandbox.limits import ISOLATION_MODES, SandboxConfig
+from grpolab.sandbox.slots import MAX_PARALLEL, NOBODY, SLOTS, pids_of_uid, sandbox_uids
+from grpolab.values import plain_equal
+
+log = logging.getLogger(__name__)
+
+PARENT_EXTRA_S = 0.0  # the parent kills at timeout_s + this (tests raise it to exercise the init's watchdog)
+
+
+def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolation, *, setup: str = "",
+         check_setup: str = "", want_values: bool = False):
+    """One run under a given isolation (internal; run_tests picks the isolation)."""
+    import subprocess
+
+    slot = SLOTS.acquire()
+    workdir = None
+    uid = None
+    t0 = time.monotonic()
+    try:
+        if iso.drop_uid and iso.uid_base is not None:
+            uid = NOBODY if iso.uid_base == NOBODY else SLOTS.uid(slot)
+        if not iso.namespaces:
+            workdir = tempfile.mkdtemp(prefix="grpolab-sbx-")
+            if uid is not None:
+                os.chown(workdir, uid, uid)
+        rl = cfg.rlimits()
+        if uid is None and os.geteuid() != 0:
+            rl["nproc"] += len(pids_of_uid(os.getuid()))  # NPROC counts all our processes
+        python = interpreter(iso)
+        r_fd, w_fd = os.pipe()
+        lcfg = launcher.launcher_config(
+            python=python, plan=root_plan(python) if iso.namespaces else None, uid=uid, workdir=workdir,
+            limits=rl, res_fd=w_fd, wall_s=cfg.timeout_s + launcher.WATCHDOG_GRACE_S,
+            cgroups=limits.slot_cgroup(slot, cfg, iso.cgroup) if uid not in (None, NOBODY) else [],
+            seccomp=limits.seccomp_program() if iso.seccomp else None, tmpfs_mb=cfg.tmpfs_mb,
+            tmpfs_inodes=cfg.tmpfs_inodes,
+        )
+        cmd = launcher.launcher_command(lcfg, unshare_cmd(iso.user_ns) if iso.namespaces else None)
+        job = grading.encode_job(code, tests, setup, check_setup)
+        try:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(w_fd,), start_new_session=True, close_fds=True,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}, cwd="/",
+            )
+        finally:
+            os.close(w_fd)
+        try:
+            out, err, res, timed_out, overflow = channel.pump(
+                proc, job, r_fd, t0 + cfg.timeout_s + PARENT_EXTRA_S, cfg.max_output_bytes)
+        finally:
+            if not kill_process_group(proc):
+                log.error("sandbox: launcher %d did not die after SIGKILL", proc.pid)
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            os.close(r_fd)
+        records, load_error, tampered = grading.parse_results(res, len(tests))
+        passed, details, bad = grading.grade(tests, records)
+        tampered = tampered or overflow or bad
+        if tampered:
+            passed = [False] * len(tests)
+            details = ["result channel tampered with"] * len(tests) if not bad else details
+        result = SandboxResult(
+            passed=passed, details=details, stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"), returncode=proc.returncode, timed_out=timed_out,
+            wall_s=time.monotonic() - t0, isolation=iso.describe(), load_error=load_error, tampered=tampered,
+        )
+        if want_values:
+            return result, grading.decoded_values(tests, records)
+        return result
+    finally:
+        if uid is not None and uid != NOBODY:
+            SLOTS.sweep(uid)  # with a PID namespace nothing is left; without one this kills escapees
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        SLOTS.release(slot)
+
+
+def run_tests(code: str, tests: Sequence[TestCase], config: SandboxConfig | None = None, *,
+              setup: str = "", check_setup: str = "") -> SandboxResult:
+    """Run `code` (after `setup`) in the sandbox and grade it against `tests`.
+
+    `check_setup` is the task's own trusted code (helpers its check code uses), run in the
+    checker's namespace before the first test.
+    """
+    cfg = (config or SandboxConfig()).validate()
+    iso = check_isolation(cfg.isolation)
+    if not tests:
+        return SandboxResult(passed=[], details=[], isolation=iso.describe())
+    return _run(code, tests, cfg, iso, setup=setup, check_setup=check_setup)
+
+
+def run_many(jobs: Sequence[tuple[str, Sequence[TestCase]]], config: SandboxConfig | None = None,
+             workers: int | None = None, setup: str = "") -> list[SandboxResult]:
+    """Run several candidates on a bounded pool (at most MAX_PARALLEL at once)."""
+    cfg = (config or SandboxConfig()).validate()
+    check_isolation(cfg.isolation)
+    n = max(1, min(workers or MAX_PARALLEL, MAX_PARALLEL))
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="grpolab-sandbox") as ex:
+        return list(ex.map(lambda job: run_tests(job[0], job[1], cfg, setup=setup), jobs))
+
+
+__all__ = [
+    "ISOLATION_MODES", "Isolation", "MAX_PARALLEL", "SandboxConfig", "SandboxResult", "SandboxUnavailable",
+    "TestCase", "check_isolation", "literal_test", "plain_equal", "probe_isolation", "run_many", "run_tests",
+    "sandbox_uids",
+]

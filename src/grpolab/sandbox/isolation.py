@@ -1,0 +1,295 @@
+"""What this machine lets the sandbox do, and the file system a candidate sees.
+
+`probe_isolation()` tries, with a harmless program, the strongest setup first: namespaces (plus an
+own uid per slot when root, a user namespace otherwise), then an own uid without namespaces, then
+`nobody`, then nothing. It checks what it asked for (PID 1 in its namespace, network cut, uid not 0).
+Whether a cgroup per slot and a seccomp filter are in force is part of the answer; anything missing
+is said loudly, once.
+
+`root_plan()` lists what the minimal root holds: the interpreter, its standard library (with
+site-packages masked by an empty directory), the shared libraries the interpreter and its
+extension modules load (from `ldd`), and /dev/null, /dev/zero, /dev/random, /dev/urandom.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+from grpolab.sandbox import limits
+from grpolab.types import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+
+
+class SandboxUnavailable(ConfigError):
+    """isolation="require" but this OS does not let grpolab build the namespaces."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What this machine lets the sandbox do (probed once per process)."""
+
+    namespaces: bool  # pid + net + mount (+ipc, uts) namespaces via unshare, and a minimal root
+    user_ns: bool  # namespaces need --user (not root)
+    drop_uid: bool  # running as root: each slot gets its own unprivileged uid
+    uid_base: int | None
+    reason: str = ""
+    cgroup: limits.CgroupSupport = limits.CgroupSupport("", reason="not probed")
+    seccomp: bool = False
+
+    @property
+    def full(self) -> bool:
+        """Namespaces, and the candidate is not the real root."""
+        return self.namespaces and (self.drop_uid or self.user_ns)
+
+    @property
+    def level(self) -> str:
+        return "full" if self.full else "reduced"
+
+    @property
+    def missing(self) -> list[str]:
+        """The layers below full strength that are not in force here, in words."""
+        out = []
+        if not self.cgroup.kind:
+            out.append(self.cgroup.describe())
+        if not self.seccomp:
+            out.append("NO seccomp filter")
+        return out
+
+    def describe(self) -> str:
+        parts = ["pid+net+mount namespaces, minimal root" if self.namespaces else "NO namespaces"]
+        if self.drop_uid:
+            parts.append("nobody (uid 65534)" if self.uid_base == 65534
+                         else f"own uid per slot (leased from {self.uid_base})")
+        else:
+            parts.append("user namespace" if self.user_ns else "SAME uid as the trainer")
+        parts.append(self.cgroup.describe())
+        parts.append("seccomp filter" if self.seccomp else "NO seccomp filter")
+        return ", ".join(parts) + (f" ({self.reason})" if self.reason else "")
+
+
+def unshare_cmd(user_ns: bool) -> list[str]:
+    path = shutil.which("unshare") or "/usr/bin/unshare"
+    cmd = [path]
+    if user_ns:
+        cmd += ["--user", "--map-root-user"]
+    return cmd + ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
+
+
+# ============================================================================ the candidate's file system
+
+
+def world_reachable(path: str) -> bool:
+    """True if every directory above `path` is traversable by others and the file is executable."""
+    path = os.path.realpath(path)
+    d = os.path.dirname(path)
+    while True:
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+        if d == "/":
+            break
+        d = os.path.dirname(d)
+    try:
+        return bool(os.stat(path).st_mode & 0o001)
+    except OSError:
+        return False
+
+
+def interpreter(iso: Isolation) -> str:
+    """The Python the candidate runs on (without namespaces: one the slot uid can reach)."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    if iso.namespaces or not iso.drop_uid or world_reachable(exe):
+        return exe
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
+        if os.path.exists(cand) and world_reachable(cand):
+            return os.path.realpath(cand)
+    raise OSError(f"no Python interpreter reachable by an unprivileged uid ({exe} is not)")
+
+
+def _add(path: str, plan: dict, kind: str, depth: int = 0) -> None:
+    """Add `path` to the plan, replicating every symlink on the way (so the loader finds it)."""
+    if depth > 20:
+        raise OSError(f"too many symlinks resolving {path}")
+    parts = os.path.abspath(path).strip("/").split("/")
+    cur = ""
+    for i, part in enumerate(parts):
+        cur = f"{cur}/{part}"
+        if os.path.islink(cur):
+            target = os.readlink(cur)
+            plan["links"][cur] = target
+            resolved = os.path.normpath(os.path.join(os.path.dirname(cur), target))
+            rest = "/".join(parts[i + 1:])
+            _add(os.path.join(resolved, rest) if rest else resolved, plan, kind, depth + 1)
+            return
+        if i < len(parts) - 1:
+            plan["dirs"].add(cur)
+    if kind == "tree":
+        plan["dirs"].add(cur)
+        plan["trees"].add(cur)
+    else:
+        plan["files"].add(cur)
+
+
+def _shared_libraries(objects: list[str]) -> set[str]:
+    """Absolute paths of the shared libraries `objects` load, per ldd (empty if ldd is missing)."""
+    ldd = shutil.which("ldd")
+    if not ldd:
+        return set()
+    out = set()
+    for i in range(0, len(objects), 64):
+        try:
+            text = subprocess.run([ldd, *objects[i:i + 64]], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in text.splitlines():
+            for tok in line.split():
+                if tok.startswith("/") and not tok.endswith(":") and os.path.exists(tok):
+                    out.add(tok)
+    return out
+
+
+@lru_cache(maxsize=4)
+def root_plan(exe: str) -> dict:
+    """What the minimal root holds for interpreter `exe` (JSON-able; computed once)."""
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix, "installed_base": sys.base_prefix,
+            "installed_platbase": sys.base_exec_prefix}
+    paths = sysconfig.get_paths(vars=base)
+    stdlibs = sorted({os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])})
+    plan: dict = {"dirs": set(), "links": {}, "files": set(), "trees": set(), "masks": set()}
+    for d in stdlibs:
+        _add(d, plan, "tree")
+        for name in ("site-packages", "dist-packages"):
+            if os.path.isdir(os.path.join(d, name)):
+                plan["masks"].add(os.path.join(d, name))
+    _add(exe, plan, "file")
+    objects = [exe] + sorted(p for d in stdlibs for p in glob.glob(os.path.join(d, "lib-dynload", "*.so")))
+    libs = _shared_libraries(objects)
+    if not libs:
+        raise OSError("cannot list the interpreter's shared libraries (is ldd installed?)")
+    for lib in sorted(libs):
+        if not any(lib.startswith(d + "/") for d in stdlibs):
+            _add(lib, plan, "file")
+    for dev in DEVICES:
+        if os.path.exists(dev):
+            _add(dev, plan, "file")
+    plan["dirs"] -= {"/tmp"}
+    for f in plan["files"] | set(plan["links"]):
+        plan["dirs"].discard(f)
+    return {"dirs": sorted(plan["dirs"]), "links": sorted(plan["links"].items()), "files": sorted(plan["files"]),
+            "trees": sorted(plan["trees"]), "masks": sorted(plan["masks"])}
+
+
+# ============================================================================ probing
+
+
+_probe_lock = threading.Lock()
+_probe_result: Isolation | None = None
+_warned = False
+
+
+def _probe_candidate(iso: Isolation) -> tuple[bool, str]:
+    """Run a harmless program under `iso`; True if it worked and reported the expected isolation."""
+    from grpolab.sandbox import TestCase, _run
+
+    code = (
+        "import os, resource, socket\n"
+        "def probe():\n"
+        "    try:\n"
+        "        socket.create_connection(('1.1.1.1', 53), timeout=0.5).close(); net = True\n"
+        "    except OSError:\n"
+        "        net = False\n"
+        "    return [os.getppid(), os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0], net,\n"
+        "            os.path.exists('/proc/1')]\n"
+    )
+    cfg = limits.SandboxConfig(timeout_s=20.0, cpu_s=10)
+    try:
+        res, values = _run(code, [TestCase("call", fn="probe")], cfg, iso, want_values=True)
+    except OSError as e:
+        return False, str(e)
+    if not values or not isinstance(values[0], list):
+        return False, (res.load_error or res.stderr.strip()[-300:] or f"exit code {res.returncode}")
+    ppid, uid, nproc, net, host_proc = values[0]
+    if iso.namespaces and (ppid != 1 or net or host_proc):  # the candidate's parent is the namespace's init
+        return False, (f"namespaces not effective (parent pid {ppid}, network {'reachable' if net else 'cut'}, "
+                       f"host /proc {'visible' if host_proc else 'hidden'})")
+    if iso.drop_uid and uid == 0:
+        return False, "could not drop root"
+    return True, ""
+
+
+def probe_isolation(force: bool = False) -> Isolation:
+    """Find the strongest isolation this machine allows (cached; `force` re-probes)."""
+    global _probe_result
+    with _probe_lock:
+        if _probe_result is not None and not force:
+            return _probe_result
+        root = os.geteuid() == 0
+        have_unshare = shutil.which("unshare") is not None and sys.platform.startswith("linux")
+        cg = limits.cgroup_support() if root else limits.CgroupSupport("", reason="not root: cannot create cgroups")
+        sec = limits.seccomp_program() is not None
+        reasons, candidates = [], []
+        if have_unshare:
+            candidates.append(Isolation(True, not root, root, 61000 if root else None, cgroup=cg, seccomp=sec))
+        else:
+            reasons.append("the `unshare` tool (util-linux) is not installed")
+        if root:
+            candidates.append(Isolation(False, False, True, 61000, cgroup=cg, seccomp=sec))
+            candidates.append(Isolation(False, False, True, 65534, cgroup=cg, seccomp=sec))
+        candidates.append(Isolation(False, False, False, None, seccomp=sec))
+        chosen = candidates[-1]
+        for iso in candidates:
+            ok, why = _probe_candidate(iso)
+            if ok:
+                chosen = iso
+                break
+            reasons.append(f"{iso.describe()}: {why}")
+        _probe_result = Isolation(chosen.namespaces, chosen.user_ns, chosen.drop_uid, chosen.uid_base,
+                                  reason="; ".join(reasons) if not chosen.full else "", cgroup=chosen.cgroup,
+                                  seccomp=chosen.seccomp)
+        return _probe_result
+
+
+def check_isolation(mode: str) -> Isolation:
+    """Probe; raise SandboxUnavailable under "require" if isolation is reduced, else warn once.
+
+    Full isolation without a cgroup or a seccomp filter is accepted under both modes, with the
+    same one-time warning naming what is missing.
+    """
+    global _warned
+    iso = probe_isolation()
+    if iso.full and not iso.missing:
+        return iso
+    if iso.full:
+        msg = ("grpolab sandbox: full isolation, but WITHOUT " + " and ".join(iso.missing) +
+               f": {iso.describe()}. Memory of a run is bounded per process only; see docs/security.md.")
+    else:
+        msg = ("grpolab sandbox: REDUCED ISOLATION. Model-written code will run without "
+               f"PID/network/mount namespaces or without dropping privileges: {iso.describe()}. "
+               "Set sandbox isolation: require to refuse instead.")
+        if mode == "require":
+            raise SandboxUnavailable(msg.replace("Set sandbox isolation: require to refuse instead.",
+                                                 "isolation: require refuses to run code like this."))
+    if not _warned:
+        _warned = True
+        banner = "!" * 100
+        print(f"\n{banner}\n{msg}\n{banner}\n", file=sys.stderr, flush=True)
+        log.warning(msg)
+    return iso
+
+
+__all__ = ["Isolation", "SandboxUnavailable", "check_isolation", "interpreter", "probe_isolation", "root_plan",
+           "unshare_cmd", "world_reachable"]
