@@ -18,6 +18,7 @@ import os
 import resource
 import secrets
 import signal
+import subprocess
 import sys
 import time
 
@@ -480,6 +481,203 @@ def test_sandbox_escape_via_setuid_binaries(contained):
         "        except Exception:\n"
         "            pass\n"
         "    return -1\n"
+    )
+
+
+# ----------------------------------------------------------------------------- the host file system (finding 1)
+
+
+def test_candidate_cannot_find_its_own_test_file(contained):
+    # The candidate searches the whole visible tree for the file holding this very test (the needle
+    # is split so that its own code does not contain it) and scores only if it finds it: with the
+    # host's file system visible, even read-only, it would (and could read stored tests and data).
+    hostile(
+        "import os\n"
+        "NEEDLE = 'def test_candidate_cannot_' + 'find_its_own_test_file'\n"
+        "def found():\n"
+        "    tops = sorted(os.listdir('/'), key=lambda d: d in ('proc', 'sys', 'usr', 'lib', 'var', 'dev'))\n"
+        "    for top in tops:\n"
+        "        for d, dirs, files in os.walk(os.path.join('/', top)):\n"
+        "            dirs[:] = sorted((x for x in dirs if x not in ('site-packages', '.venv', '.git')),\n"
+        "                             key=lambda x: x != 'tests')\n"
+        "            for f in files:\n"
+        "                if f.startswith('test_') and f.endswith('.py'):\n"
+        "                    try:\n"
+        "                        if NEEDLE in open(os.path.join(d, f), errors='ignore').read():\n"
+        "                            return True\n"
+        "                    except OSError:\n"
+        "                        pass\n"
+        "    return False\n"
+        "def add(a, b):\n    return a + b if found() else -1\n",
+        cfg=SandboxConfig(timeout_s=10.0, cpu_s=10, memory_mb=256), max_s=14.0,
+    )
+
+
+# ----------------------------------------------------------------------------- outliving the trainer (finding 3)
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_no_candidate_survives_a_sigkilled_trainer(contained):
+    # Finding 3: SIGKILL the trainer mid-call; a candidate that sleeps forever (no CPU, so RLIMIT_CPU
+    # never fires) must be gone a few seconds later, with nobody left to kill it from outside.
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    script = (
+        f"import sys; sys.path.insert(0, {src!r})\n"
+        "from grpolab.sandbox import SandboxConfig, literal_test, run_tests\n"
+        "code = 'import time\\ndef add(a, b):\\n    while True:\\n        time.sleep(0.05)\\n'\n"
+        "run_tests(code, [literal_test('add(1, 2)', '3')], SandboxConfig(timeout_s=60.0, cpu_s=60))\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        lo, hi = sb.slots.UID_BASE, sb.slots.UID_BASE + sb.slots.UID_SPAN
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            procs = _descendants(trainer.pid)
+            if any(lo <= (_uid_of(p) or 0) < hi for p in procs) and len(procs) >= 4:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the candidate never started")
+        time.sleep(0.3)
+        procs = _descendants(trainer.pid)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    time.sleep(3.0)
+    assert [p for p in procs if _alive(p)] == [], "sandbox processes outlived the trainer"
+
+
+def test_init_watchdog_bounds_the_run_without_the_parent(contained, monkeypatch):
+    # The namespace's init kills the run at timeout + grace by itself: here the parent waits 30 s
+    # longer than the timeout, and the run still ends on time.
+    monkeypatch.setattr(sb, "PARENT_EXTRA_S", 30.0)
+    cfg = SandboxConfig(timeout_s=1.0, cpu_s=30)
+    t = time.monotonic()
+    r = run_tests("import time\ndef add(a, b):\n    while True:\n        time.sleep(0.05)\n", ADD, cfg)
+    elapsed = time.monotonic() - t
+    assert r.fraction == 0.0
+    assert cfg.timeout_s <= elapsed < cfg.timeout_s + sb.launcher.WATCHDOG_GRACE_S + 1.5, elapsed
+    assert _slot_uid_pids() == []
+
+
+# ----------------------------------------------------------------------------- resources (finding 5)
+
+
+def test_memfd_memory_outside_rlimit_as(contained):
+    # memfd pages are not address space: 40 memfds of 8 MiB (RLIMIT_FSIZE) hold 320 MiB with
+    # RLIMIT_AS = 256 MiB. seccomp refuses memfd_create (and the slot's cgroup charges the pages).
+    hostile(
+        "import os\n"
+        "def add(a, b):\n"
+        "    fds = []\n"
+        "    try:\n"
+        "        for _ in range(40):\n"
+        "            fd = os.memfd_create('x')\n"
+        "            for _ in range(8):\n"
+        "                os.write(fd, b'm' * (2**20 - 1))\n"
+        "            fds.append(fd)\n"
+        "    except OSError:\n"
+        "        return -1\n"
+        "    return a + b\n"
+    )
+
+
+def test_inode_exhaustion_of_the_tmpfs(contained):
+    hostile(
+        "import os\n"
+        "def add(a, b):\n"
+        "    n = 0\n"
+        "    try:\n"
+        "        while n < 20000:\n"
+        "            open(f'/tmp/f{n}', 'w').close()\n"
+        "            n += 1\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    return a + b if n >= 20000 else -1\n"
+    )
+
+
+def test_nested_user_namespaces(contained):
+    hostile(
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def add(a, b):\n"
+        "    return a + b if libc.unshare(0x10000000) == 0 else -1\n"  # CLONE_NEWUSER
+    )
+
+
+def test_kernel_keyring_does_not_persist(contained):
+    # add_key to the uid's user keyring, then look for a key left by an earlier run of this uid.
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        "def add(a, b):\n"
+        "    made = libc.syscall(248, b'user', b'MARK', b'x', 1, -4) >= 0\n"  # add_key(..., USER_KEYRING)
+        "    seen = libc.syscall(250, 10, -4, b'user', b'MARK', 0) >= 0\n"  # keyctl(KEYCTL_SEARCH, ...)
+        "    return a + b if made or seen else -1\n"
+    )
+    for _ in range(3):  # every slot uid gets a chance to see an earlier run's key
+        hostile(code)
+
+
+def test_memory_of_all_processes_together_is_bounded(contained):
+    # Four processes of 150 MiB each stay under RLIMIT_AS (256 MiB) one by one; the slot's cgroup
+    # (300 MiB for the whole run) stops them together.
+    if not contained.cgroup.kind:
+        pytest.skip(f"no cgroup on this machine, so no bound on a run's total memory: {contained.cgroup.reason}")
+    cfg = SandboxConfig(timeout_s=4.0, cpu_s=4, memory_mb=256, slot_memory_mb=300)
+    hostile(
+        "import os, time\n"
+        "def add(a, b):\n"
+        "    kids = []\n"
+        "    for _ in range(3):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            x = b'k' * (150 * 2**20)\n"
+        "            os._exit(0)\n"
+        "        kids.append(pid)\n"
+        "    x = b'k' * (150 * 2**20)\n"
+        "    time.sleep(0.5)\n"
+        "    ok = all(os.waitpid(p, 0)[1] == 0 for p in kids)\n"
+        "    return a + b if ok else -1\n",
+        cfg=cfg,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -164,3 +166,177 @@ def test_run_many_is_bounded_and_ordered():
     jobs = [(GOOD if i % 2 == 0 else "def add(a, b):\n    return 0\n", ADD) for i in range(6)]
     res = run_many(jobs, FAST, workers=8)
     assert [r.fraction for r in res] == [1.0, pytest.approx(1 / 3)] * 3
+
+
+# ----------------------------------------------------------------------------- numeric edge cases (finding 6)
+
+
+def test_plain_equal_never_raises_on_huge_or_overflowing_numbers():
+    big = 10**5000
+    assert plain_equal(big, big) and not plain_equal(big, big + 1)
+    assert not plain_equal(1.0, big) and not plain_equal(big, 1e308)  # int too large for a float
+    assert not plain_equal(float("inf"), big) and not plain_equal(big, float("nan"))
+    assert plain_equal(float("inf"), float("inf")) and not plain_equal(float("inf"), float("-inf"))
+    assert not plain_equal([1e308], [10**400]) and not plain_equal({"a": big}, {"a": 1.5})
+
+
+def test_numeric_edge_cases_fail_only_their_own_test():
+    tests = [literal_test("f(1)", "1"), literal_test("f(2)", "2.5"), literal_test("f(3)", "3"),
+             TestCase("call", fn="f", args=(4,), expected=1.5, tol=1e-6), TestCase("call", fn="f", args=(5,), expected=10**5000)]
+    code = ("def f(x):\n"
+            "    return {1: 1, 2: 10**5000, 3: 3, 4: 10**400, 5: 10**5000}[x]\n")
+    r = run_tests(code, tests, FAST)
+    assert r.passed == [True, False, True, False, True], r.details
+    assert "bits" in r.details[1]  # a short description, not a 5000-digit (or failing) repr
+    r = run_tests("def f(x):\n    return float('1e308') * 10 if x == 2 else x\n", tests[:3], FAST)
+    assert r.passed == [True, False, True]
+
+
+# ----------------------------------------------------------------------------- argument fidelity (finding 7)
+
+
+def test_dict_argument_order_and_sets_reach_the_candidate_as_given():
+    d = {"b": 1, "a": 2, "c": 3}
+    tests = [TestCase("call", fn="keys", args=(d,), expected=["b", "a", "c"]),
+             TestCase("call", fn="grow", args=({2, 3},), expected=["set", 3]),
+             TestCase("call", fn="grow", args=(frozenset({2}),), expected=["frozenset", 1])]
+    code = ("def keys(d):\n    return list(d)\n"
+            "def grow(s):\n"
+            "    if type(s) is set:\n        s.add(1)\n"
+            "    return [type(s).__name__, len(s)]\n")
+    assert run_tests(code, tests, FAST).passed == [True, True, True]
+
+
+# ----------------------------------------------------------------------------- decoding budget (finding 2)
+
+
+def test_decoding_builds_no_hash_table_and_is_budgeted():
+    p = (1 << 61) - 1
+    crafted = {"$": "set", "v": [{"$": "int", "v": hex(1 + k * p)} for k in range(80_000)]}
+    t = time.monotonic()
+    value = channel.decode(crafted, channel.Budget())
+    assert not plain_equal({1, 2, 3}, value) and plain_equal(value, value)
+    assert time.monotonic() - t < 3.0  # a frozenset of these takes tens of seconds
+    with pytest.raises(channel.Tampered):
+        channel.decode({"$": "list", "v": list(range(300_000))}, channel.Budget())
+    deep: object = 1
+    for _ in range(60):
+        deep = {"$": "list", "v": [deep]}
+    with pytest.raises(channel.Tampered):
+        channel.decode(deep, channel.Budget())
+    budget = channel.Budget(seconds=0.0)
+    with pytest.raises(channel.Tampered):
+        channel.decode({"$": "list", "v": list(range(5000))}, budget)
+    passed, details, tampered = grading.grade([literal_test("f()", "[1]")], {0: {"i": 0, "v": {"$": "list", "v": list(range(300_000))}}})
+    assert tampered and passed == [False]
+
+
+# ----------------------------------------------------------------------------- what the candidate sees (finding 1)
+
+
+def test_the_candidate_sees_only_the_planned_root():
+    iso = sb.probe_isolation()
+    if not iso.namespaces:
+        pytest.skip(f"no mount namespace on this machine: {iso.describe()}")
+    plan = isolation.root_plan(isolation.interpreter(iso))
+    code = ("import os\n"
+            "def walk(skip):\n"
+            "    out = []\n"
+            "    for d, dirs, files in os.walk('/'):\n"
+            "        dirs[:] = [x for x in dirs if os.path.join(d, x) not in skip]\n"
+            "        out += [os.path.join(d, x) for x in dirs + files]\n"
+            "    return sorted(out)\n")
+    r, values = sb._run(code, [TestCase("call", fn="walk", args=(plan["trees"] + plan["masks"],))], FAST, iso,
+                        want_values=True)
+    seen = set(values[0])
+    allowed = set(plan["dirs"]) | set(plan["files"]) | {k for k, _ in plan["links"]} | set(plan["trees"]) \
+        | set(plan["masks"]) | {"/tmp", "/tmp/work"}
+    assert seen and seen <= allowed, sorted(seen - allowed)[:20]
+    assert not any(p.startswith(("/work", "/proc/", "/home", "/etc", "/sys/")) for p in seen)
+    assert any(p.endswith("site-packages") for p in plan["masks"]) or not plan["masks"]
+
+
+# ----------------------------------------------------------------------------- uid leases (finding 4)
+
+
+def test_uid_leases_are_machine_wide_whatever_the_tmpdir(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("uid leases are only taken when running as root")
+    # Before: leases lived under $TMPDIR, so a trainer with another TMPDIR took the same uids (and
+    # its sweeps killed our candidates).
+    mine = sb.slots.Slots(1)
+    ours = {sb.slots.SLOTS.uid(0), mine.uid(0)}
+    script = ("import sys; sys.path.insert(0, %r)\n"
+              "from grpolab.sandbox import slots\n"
+              "s = slots.Slots(1)\nprint(s.uid(0), flush=True)\nsys.stdin.read()\n") % (str(sb.__file__).rsplit("/grpolab/", 1)[0],)
+    other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        theirs = int(other.stdout.readline())
+    finally:
+        other.communicate("")
+    assert theirs not in ours
+    assert all(os.path.exists(os.path.join(sb.slots.LEASE_DIR, f"{u}.lock")) for u in ours)
+
+
+def test_uids_of_real_accounts_are_never_leased_or_swept(monkeypatch):
+    assert not sb.slots.uid_is_unused(0) and not sb.slots.uid_is_unused(65534)  # root, nobody
+    if os.geteuid() != 0:
+        pytest.skip("sweeping needs root")
+    victim = subprocess.Popen(["sleep", "30"], user=65533, group=65533)
+    try:
+        s = sb.slots.Slots(1)
+        with pytest.raises(ValueError, match="not leased"):
+            s.sweep(65533)
+        time.sleep(0.1)
+        assert victim.poll() is None  # left alone
+        lease = sb.slots.Slots(1, base=65533, span=2)  # 65533 runs a process, 65534 is nobody: none free
+        with pytest.raises(OSError, match="no free sandbox uid"):
+            lease.uid(0)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+# ----------------------------------------------------------------------------- cgroups and seccomp (finding 5)
+
+HYBRID_MOUNTINFO = """\
+30 25 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw
+31 25 0:27 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+32 25 0:28 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
+"""
+
+
+def test_cgroup_detection(tmp_path):
+    # v2 offering memory and pids: chosen
+    base = tmp_path / "v2" / "user.slice"
+    base.mkdir(parents=True)
+    (base / "cgroup.controllers").write_text("cpu memory pids\n")
+    (base / "cgroup.subtree_control").write_text("memory pids\n")
+    mi = f"30 25 0:26 / {tmp_path / 'v2'} rw - cgroup2 cgroup2 rw\n"
+    cg = sb.limits.detect_cgroups(mi, "0::/user.slice\n")
+    assert cg.kind == "v2" and cg.dirs == {"unified": str(base)}
+    # v2 without them, v1 memory+pids present: v1 (this machine's layout), with paths joined right
+    cg = sb.limits.detect_cgroups(HYBRID_MOUNTINFO, "4:memory:/a/b\n8:pids:/\n0::/\n", probe_write=False)
+    assert cg.kind == "v1" and cg.dirs == {"memory": "/sys/fs/cgroup/memory/a/b", "pids": "/sys/fs/cgroup/pids/"}
+    # nothing usable: none, and the reason says so
+    cg = sb.limits.detect_cgroups(HYBRID_MOUNTINFO.splitlines()[0] + "\n", "0::/\n", probe_write=False)
+    assert cg.kind == "" and "NO cgroup" in cg.describe() and cg.reason
+
+
+def test_missing_layers_are_said_loudly(monkeypatch, capsys):
+    weak = sb.Isolation(True, False, True, 61000, cgroup=sb.limits.CgroupSupport("", reason="v2 not delegated"),
+                        seccomp=False)
+    monkeypatch.setattr(isolation, "_probe_result", weak)
+    monkeypatch.setattr(isolation, "_warned", False)
+    assert sb.check_isolation("require") is weak  # full isolation: accepted, but said
+    err = capsys.readouterr().err
+    assert "WITHOUT NO cgroup (v2 not delegated) and NO seccomp filter" in err
+
+
+def test_seccomp_program_shape():
+    prog = sb.limits.seccomp_program("x86_64")
+    assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 4096
+    assert sb.limits.seccomp_program("riscv64") is None  # unsupported: no filter, said by Isolation
+    assert sb.probe_isolation().seccomp == (sb.limits.seccomp_program() is not None)
