@@ -1,9 +1,9 @@
-"""Advantage estimators: worked arithmetic, G = 1, and the DAPO reward-side helpers."""
+"""Advantage estimators: worked arithmetic, G = 1, the group baseline component."""
 
 import pytest
 import torch
 
-from grpolab.advantages import ADVANTAGES, compute_advantages, dynamic_sampling_keep, group_std, overlong_penalty
+from grpolab.advantages import ADVANTAGES, compute_advantages, group_std
 from grpolab.algos import AlgoConfig, resolve_algo
 
 # Two groups of G = 4: one mixed (two right, two wrong), one unanimous (all right).
@@ -102,23 +102,3 @@ def test_bad_group_size_and_gae():
         compute_advantages(torch.zeros(8), 3, algo("group_zscore"))
     with pytest.raises(ValueError, match="critic"):
         compute_advantages(torch.zeros(8), 4, resolve_algo("ppo", {}))
-
-
-def test_dynamic_sampling_keep():
-    # Groups: mixed -> keep; all 1 -> drop; all 0 -> drop; mixed floats -> keep.
-    r = torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0.5, 0.5, 0.5, 0.6])
-    assert dynamic_sampling_keep(r, 4).tolist() == [True, False, False, True]
-    # G = 1: every group is unanimous, nothing is informative.
-    assert dynamic_sampling_keep(torch.tensor([1.0, 0.0]), 1).tolist() == [False, False]
-
-
-def test_overlong_penalty():
-    # L_max = 20, L_cache = 5 -> no penalty up to 15 tokens, then (15 - |y|) / 5 down to -1 at 20.
-    lengths = torch.tensor([10, 15, 16, 18, 20, 25])
-    # 10 -> 0; 15 -> 0; 16 -> -1/5 = -0.2; 18 -> -3/5 = -0.6; 20 -> -5/5 = -1; 25 (> L_max) -> -1.
-    assert close(overlong_penalty(lengths, 20, 5, 1.0), [0, 0, -0.2, -0.6, -1.0, -1.0])
-    assert close(overlong_penalty(lengths, 20, 5, 0.5), [0, 0, -0.1, -0.3, -0.5, -0.5])
-    assert close(overlong_penalty(lengths, 20, 0, 1.0), torch.zeros(6))  # off
-    assert (overlong_penalty(torch.arange(0, 40), 32, 6) <= 0).all()
-    with pytest.raises(ValueError, match="longer than max_len"):
-        overlong_penalty(lengths, 20, 21, 1.0)

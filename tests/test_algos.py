@@ -1,6 +1,5 @@
 """Algorithm presets, resolve_algo's errors, the recipes/<algo>.yaml files and docs/algorithms.md."""
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -8,7 +7,8 @@ import pytest
 import yaml
 
 from grpolab.advantages import ADV_SCALES, ADVANTAGES
-from grpolab.algos import ALGOS, AlgoConfig, algo_field_docs, resolve_algo
+from grpolab.algos import ALGOS, AlgoConfig, resolve_algo
+from grpolab.config import algo_choices
 from grpolab.kl import KL_ESTIMATORS
 from grpolab.losses import AGGREGATIONS, OBJECTIVES
 from grpolab.types import ConfigError
@@ -36,12 +36,6 @@ def test_presets_say_what_defines_them():
     assert (a["reinforce"].advantage, a["reinforce"].objective) == ("none", "pg")
     assert (a["ppo"].advantage, a["ppo"].uses_critic) == ("gae", True)
     assert not any(a[n].uses_critic for n in NAMES if n != "ppo")
-
-
-def test_every_field_is_documented():
-    docs = algo_field_docs()
-    for f in dataclasses.fields(AlgoConfig):
-        assert len(docs.get(f.name, "")) > 20, f.name
 
 
 def test_overrides_apply_on_top_of_the_preset():
@@ -97,7 +91,7 @@ def test_unknown_preset_lists_the_known_ones():
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, allowed):
     with pytest.raises(ConfigError) as e:
-        resolve_algo("grpo", overrides)
+        resolve_algo("grpo", overrides, choices=algo_choices())
     assert str(e.value).startswith(key + ":") and allowed in str(e.value), str(e.value)
 
 
@@ -135,14 +129,59 @@ def test_recipe_mirrors_its_preset_and_cites_its_paper(name):
     assert "Departures from the paper" in header and re.search(r"#\s+1\. ", header), "numbered departures"
 
 
+def test_choices_are_the_registries():
+    choices = algo_choices()
+    assert set(choices["advantage"]) == {*ADVANTAGES, "gae"} and set(choices["adv_scale"]) == set(ADV_SCALES)
+    assert set(choices["objective"]) == set(OBJECTIVES) and set(choices["aggregation"]) == set(AGGREGATIONS)
+    assert set(choices["kl_estimator"]) == set(KL_ESTIMATORS)
+
+
+def test_algos_is_a_leaf_without_torch():
+    """grpolab.algos imports nothing of grpolab but grpolab.types, and no torch (checked in a fresh
+    interpreter, where nothing else has imported them yet)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import grpolab.algos; "
+            "print(sorted(m for m in sys.modules if m.startswith('grpolab') or m == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT / "src")}).stdout
+    assert eval(out) == ["grpolab", "grpolab.algos", "grpolab.types"]
+
+
+def documented_calls(text: str) -> list[tuple[str, list[str]]]:
+    """`name(arg, kw=...)` spans of the docs: the function name and the argument names written."""
+    out = []
+    for name, args in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)\(([^`()]*)\)", text):
+        names = [a.split("=")[0].strip().lstrip("*") for a in args.split(",")]
+        out.append((name.split(".")[-1], [n for n in names if n and n not in ("...", "..")]))
+    return out
+
+
 def test_docs_map_every_registered_function():
+    import importlib
+    import inspect
+
     text = (ROOT / "docs" / "algorithms.md").read_text()
     functions = [*ADVANTAGES.values(), *ADV_SCALES.values(), *OBJECTIVES.values(), *AGGREGATIONS.values(),
                  *KL_ESTIMATORS.values()]
     for fn in functions:
-        assert fn.__name__ in text, fn.__name__
-    for extra in ("gae", "ValueModel", "value_loss", "dynamic_sampling_keep", "overlong_penalty", "AdaptiveKL",
-                  "kl_reward_penalty", "policy_loss", "compute_advantages"):
-        assert extra in text, extra
+        assert f"`{fn.__name__}`" in text or f"`{fn.__name__}(" in text, fn.__name__
     for name in NAMES:
         assert f"`{name}`" in text, name
+    # every call written in the docs names a real function with the arguments it really takes
+    modules = [importlib.import_module(f"grpolab.{m}") for m in
+               ("advantages", "losses", "kl", "critic", "shaping", "step", "microbatch", "algos", "config", "trainer")]
+    calls = documented_calls(text)
+    assert len(calls) >= 8
+    methods = {}  # `run.advantage.targets(...)`: a method of a component class
+    for m in modules:
+        for obj in vars(m).values():
+            if inspect.isclass(obj) and obj.__module__.startswith("grpolab"):
+                methods.update({k: v for k, v in vars(obj).items() if inspect.isfunction(v)})
+    for name, args in calls:
+        found = [getattr(m, name) for m in modules if hasattr(m, name)] or ([methods[name]] if name in methods else [])
+        assert found, f"docs/algorithms.md names `{name}(...)`, which no grpolab module defines"
+        params = inspect.signature(found[0]).parameters
+        unknown = [a for a in args if a not in params]
+        assert not unknown, f"docs/algorithms.md: `{name}` takes no argument {unknown}; it takes {list(params)}"

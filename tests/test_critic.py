@@ -10,9 +10,9 @@ from grpolab.critic import (
     completion_values,
     gae,
     ppo_advantages,
-    terminal_rewards,
     value_loss,
 )
+from grpolab.shaping import terminal_rewards
 
 V3 = torch.tensor([[0.2, 0.5, 0.9]])
 R3 = torch.tensor([[0.0, 0.0, 1.0]])  # terminal verifiable reward 1 on the last token
@@ -64,7 +64,7 @@ def test_ppo_advantages_whitens_but_keeps_returns():
     values = torch.tensor([[0.2, 0.5, 0.9], [0.1, 0.3, 0.0]])
     r = torch.tensor([1.0, 0.5])
     algo = resolve_algo("ppo", {"lam": 1.0})
-    adv, ret = ppo_advantages(r, values, mask, algo)
+    adv, ret = ppo_advantages(terminal_rewards(r, mask), values, mask, algo)
     raw, ret_raw = gae(terminal_rewards(r, mask), values, mask, 1.0, 1.0)
     valid = mask > 0
     assert torch.allclose(ret, ret_raw)
@@ -73,7 +73,7 @@ def test_ppo_advantages_whitens_but_keeps_returns():
     # the KL penalty in the reward enters every token: with penalty p_t, A_t (lam = gamma = 1) drops by sum_{k>=t} p_k
     pen = torch.tensor([[0.1, 0.1, 0.1], [0.2, 0.2, 0.0]])
     raw_algo = resolve_algo("ppo", {"lam": 1.0, "adv_scale": "none"})
-    adv_p, _ = ppo_advantages(r, values, mask, raw_algo, token_penalty=pen)
+    adv_p, _ = ppo_advantages(terminal_rewards(r, mask) - pen, values, mask, raw_algo)
     assert close(adv_p, raw - torch.tensor([[0.3, 0.2, 0.1], [0.4, 0.2, 0.0]]))
 
 
@@ -167,3 +167,19 @@ def test_value_model_from_bf16_policy_returns_fp32():
     critic = ValueModel(tiny_llama(torch.bfloat16))
     v = critic(torch.randint(0, 32, (2, 5)), torch.ones(2, 5, dtype=torch.long))
     assert v.dtype == torch.float32 and v.shape == (2, 5)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2])
+def test_value_model_sees_left_padded_rows_at_their_own_positions(make):
+    """A left-padded prompt must get the values it gets alone, as in the policy's passes (positions
+    skip the padding). GPT-2's learned absolute position embeddings make a shift visible; Llama's
+    rotary ones are relative, so for it this holds up to float rounding either way."""
+    critic = ValueModel(make()).eval()  # no dropout
+    torch.manual_seed(1)
+    torch.nn.init.normal_(critic.value_head.weight)
+    ids = torch.randint(1, 32, (1, 6))
+    alone = critic(ids, torch.ones(1, 6, dtype=torch.long))  # (1, 6)
+    padded_ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)  # 3 pad tokens on the left
+    padded_mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], 1)
+    padded = critic(padded_ids, padded_mask)[:, 3:]  # (1, 6)
+    assert torch.allclose(padded, alone, atol=1e-5), (padded - alone).abs().max()

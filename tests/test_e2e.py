@@ -131,6 +131,7 @@ def test_samples_jsonl(run_dir):
         assert set(r["rewards"]) == {"test_varied"}
         assert r["rewards"]["test_varied"] == varied_score(r["completion"], None)
         assert r["reward"] == pytest.approx(r["rewards"]["test_varied"])
+        assert r["reward_shaped"] == r["reward"]  # GRPO shapes nothing (its KL is in the loss)
 
 
 def test_config_yaml_is_the_resolved_config(run_dir, tiny_model_dir):
@@ -175,12 +176,22 @@ def test_checkpoint_is_a_hugging_face_model(run_dir, tiny_model_dir):
     assert AutoTokenizer.from_pretrained(ck).chat_template
 
 
-def test_summary_json(run_dir):
+def test_summary_json(run_dir, tiny_model_dir, capsys):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == 2
+    # the evaluation before training is the untrained model's: `grpolab eval` of that model agrees
+    capsys.readouterr()
+    assert main(["eval", f"model={tiny_model_dir}", "eval_size=4", "max_new_tokens=8", VARIED]) == 0
+    assert s["eval_before"] == json.loads(capsys.readouterr().out)
     for key in ("eval_before", "eval_after"):
-        assert 0 <= s[key]["accuracy"] <= 1 and s[key]["n"] == 4
-    assert math.isfinite(s["reward_first"]) and math.isfinite(s["reward_last"])
+        ev = s[key]
+        assert ev["n"] == 4 and ev["main_reward"] == "test_varied"
+        # one reward of weight 1 scoring k/4: the accuracy is a mean of 4 such scores, and the reward
+        assert (ev["accuracy"] * 16).is_integer() and ev["reward"] == pytest.approx(ev["accuracy"])
+        assert 1 <= ev["length"] <= 8  # greedy completions within max_new_tokens
+    lines = read_jsonl(run_dir / "metrics.jsonl")  # fewer than 5 steps: first and last blocks are all steps
+    assert s["reward_first"] == pytest.approx(sum(m["reward/mean"] for m in lines) / 2) == s["reward_last"]
+    assert s["length_first"] == pytest.approx(sum(m["completion/length_mean"] for m in lines) / 2)
 
 
 # -- it learns ------------------------------------------------------------------------------------

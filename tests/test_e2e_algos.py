@@ -65,7 +65,8 @@ def test_algo_trains_two_steps(name, runs, tiny_model_dir):
         assert math.isfinite(m["loss/policy"]) and m["grad_norm"] > 0, name
     diff = changed(weights(tiny_model_dir), weights(out / "checkpoints" / "step-000002"))
     assert diff, f"algo={name}: two steps left every policy weight unchanged"
-    assert (out / "critic.pt").exists() == (name == "ppo")
+    assert (out / "checkpoints" / "step-000002" / "critic.pt").exists() == (name == "ppo")
+    assert not (out / "critic.pt").exists()  # nothing of a run's state lives outside its checkpoints
 
 
 def test_ppo_trains_its_critic_and_shows_the_cost(runs, tiny_model_dir):
@@ -74,7 +75,7 @@ def test_ppo_trains_its_critic_and_shows_the_cost(runs, tiny_model_dir):
     for m in lines:
         for k in ("value/loss", "value/error", "value/mean"):
             assert k in m and math.isfinite(m[k]), k
-    blob = torch.load(out / "critic.pt", weights_only=True)
+    blob = torch.load(out / "checkpoints" / "step-000002" / "critic.pt", weights_only=True)
     critic = blob["critic"]
     assert blob["opt"]["state"], "the critic's optimiser has no state: it never stepped"
     assert critic["value_head.weight"].abs().sum() > 0, "the zero-initialised value head never moved"
@@ -104,3 +105,30 @@ def test_several_updates_per_rollout(name, runs):
             assert k in m and math.isfinite(m[k]), k
         assert m["ratio/mean"] != 1.0 and m["approx_kl"] > 0
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+
+
+def test_the_critic_is_saved_pruned_and_resumed_with_its_checkpoint(tiny_model_dir, tmp_path):
+    """critic.pt is written inside each atomic checkpoint and pruned with it, so resuming from an older
+    checkpoint restores that step's critic (it used to be one file beside the checkpoints, always the
+    newest)."""
+    from grpolab.config import build_config
+    from grpolab.trainer import resume_state, setup
+
+    out = tmp_path / "ppo"
+    args = [f"model={tiny_model_dir}", f"out={out}", "algo=ppo", *SMALL, "steps=3", "save_every=1",
+            "keep_checkpoints=2", "lr=1e-3"]
+    assert main(["train", *args]) == 0
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert ckpts == ["step-000002", "step-000003"]  # step 1 pruned, its critic with it
+    critics = {c: torch.load(out / "checkpoints" / c / "critic.pt", weights_only=True)["critic"] for c in ckpts}
+    assert changed(critics["step-000002"], critics["step-000003"]), "the critic did not move between steps"
+    # resume from step 2: drop the newest checkpoint, as if the run had stopped before writing it
+    import shutil
+
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "checkpoints" / "latest").write_text("step-000002\n")
+    run = setup(build_config({}, [a for a in args if not a.startswith("model=")] + [f"model={tiny_model_dir}"]),
+                resume=True, log=lambda *_: None)
+    assert resume_state(run) == 2
+    loaded = run.components["critic"].model.state_dict()
+    assert not changed(critics["step-000002"], loaded), "resume did not restore the step-2 critic"

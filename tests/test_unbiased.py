@@ -4,11 +4,13 @@ functions have the expectation the theory says, and a baseline lowers their vari
 Two policies whose exact gradient of J(theta) = E_{y ~ pi_theta}[R(y)] is computable in closed form by
 enumeration (J = sum_y pi_theta(y) R(y), differentiated by autograd):
 
-  * a softmax bandit (4 arms), and
+  * the lab's softmax bandit (grpolab.lab.bandit: 6 arms, Bernoulli rewards, shifted by 10 here so that
+    baselines matter), and
   * a fixed-length (L = 3) autoregressive token-sequence policy over a 3-token vocabulary, each token's
     logits depending on its position and the previous token (27 sequences).
 
-Each estimate is what the trainer computes: rewards -> compute_advantages -> policy_loss (objective pg,
+Each estimate is what the trainer computes, through the lab's own estimator
+(grpolab.lab.bandit.gradient_estimates): rewards -> compute_advantages -> policy_loss (objective pg,
 aggregation seq_sum, on-policy) -> minus the gradient. M independent batches of N samples are evaluated
 at once by giving every batch its own copy of theta, so one backward pass yields M estimates.
 
@@ -26,14 +28,11 @@ Expected values:
   reweighted gradient and is not claimed unbiased here.
 """
 
-import math
 
 import pytest
 import torch
 
-from grpolab.advantages import compute_advantages
-from grpolab.algos import AlgoConfig
-from grpolab.losses import policy_loss
+from grpolab.lab import bandit
 
 DT = torch.float64
 M, N = 4000, 4  # batches, samples per batch (one prompt, so the batch is the group: G = N)
@@ -42,24 +41,16 @@ FACTOR = {"none": 1.0, "rloo": 1.0, "batch_mean": 1 - 1 / N, "group_mean": 1 - 1
 
 # --- the two policies ----------------------------------------------------------------------------------
 
-ARM_REWARDS = torch.tensor([10.0, 11.0, 10.5, 12.0], dtype=DT)  # a large common offset: baselines matter
-BANDIT_THETA = torch.tensor([0.3, -0.2, 0.5, -0.4], dtype=DT)
+OFFSET = 10.0  # a large common reward offset: baselines matter
 
 
 def bandit_exact_grad() -> torch.Tensor:
-    theta = BANDIT_THETA.clone().requires_grad_(True)
-    J = (torch.softmax(theta, 0) * ARM_REWARDS).sum()  # J = sum_a pi(a) R(a)
-    (g,) = torch.autograd.grad(J, theta)
-    return g  # (K,)
+    return bandit.exact_grad(mean_r=bandit.mean_rewards(OFFSET))  # (K,)
 
 
 def bandit_batches(gen: torch.Generator):
-    """M batches of N arms. Returns per-batch params (M, K) leaf, token logp (M*N, 1), rewards (M*N,)."""
-    theta = BANDIT_THETA.expand(M, -1).clone().requires_grad_(True)  # (M, K) one copy per batch
-    logp_all = torch.log_softmax(theta, -1)  # (M, K)
-    a = torch.multinomial(logp_all.detach().exp(), N, replacement=True, generator=gen)  # (M, N)
-    logp = logp_all.gather(1, a).reshape(M * N, 1)  # (M*N, T=1)
-    return theta, logp, ARM_REWARDS[a].reshape(M * N)
+    """M batches of N arms: per-batch params (M, K) leaf, token logp (M*N, 1), rewards (M*N,)."""
+    return bandit.sample(M, N, gen, offset=OFFSET)
 
 
 L, V = 3, 3
@@ -112,22 +103,11 @@ POLICIES = {"bandit": (bandit_exact_grad, bandit_batches), "sequence": (seq_exac
 
 
 def estimates(policy: str, advantage: str, seed: int = 0) -> torch.Tensor:
-    """(M, P): one policy-gradient estimate per batch, computed by compute_advantages + policy_loss."""
-    algo = AlgoConfig(advantage=advantage, objective="pg", aggregation="seq_sum", beta=0.0)
+    """(M, P): one policy-gradient estimate per batch (grpolab.lab.bandit.gradient_estimates)."""
     gen = torch.Generator().manual_seed(seed)
     theta, logp, r = POLICIES[policy][1](gen)
-    adv = torch.cat([compute_advantages(r_m, N, algo) for r_m in r.view(M, N)])  # (M*N,) batch by batch
-    mask = torch.ones_like(logp)
-    # n_seq = N: each batch's loss is its own mean; the sum over the M batches is one backward pass.
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, algo,
-                          n_seq=N, n_tok=int(mask.sum()) // M, max_len=logp.shape[1])
-    (g,) = torch.autograd.grad(loss, theta)
-    return -g.reshape(M, -1).to(DT)  # loss = -J estimate
-
-
-def z_scores(est: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    se = est.std(0) / math.sqrt(est.shape[0])  # (P,) standard error from the samples
-    return (est.mean(0) - expected) / se.clamp(min=1e-12)
+    est, _ = bandit.gradient_estimates(theta, logp, r, advantage, N)
+    return est
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +120,7 @@ def all_estimates():
 def test_mean_matches_the_exact_gradient(all_estimates, policy, advantage):
     exact = POLICIES[policy][0]()
     est = all_estimates[(policy, advantage)]
-    z = z_scores(est, FACTOR[advantage] * exact)
+    z = bandit.z_scores(est, FACTOR[advantage] * exact)
     assert z.abs().max() < 5, f"{advantage} on {policy}: max |z| = {z.abs().max():.2f}"
 
 
@@ -149,13 +129,13 @@ def test_the_test_has_power(all_estimates, policy):
     # The batch-mean estimator is off by the factor (1 - 1/N) = 0.75: compared with the exact gradient
     # itself, the same 5-SE criterion rejects it -- so the tolerance above is tight enough to see bias.
     exact = POLICIES[policy][0]()
-    assert z_scores(all_estimates[(policy, "batch_mean")], exact).abs().max() > 5
+    assert bandit.z_scores(all_estimates[(policy, "batch_mean")], exact).abs().max() > 5
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_baseline_lowers_variance(all_estimates, policy):
     # Total variance (trace of the covariance of the M estimates). The rewards share a large offset
-    # (10 for the bandit, 5 for sequences), which REINFORCE without a baseline pays for in variance.
+    # (OFFSET = 10 for the bandit, 5 for sequences), which REINFORCE without a baseline pays for in variance.
     # With M = 4000 the relative sampling error of each variance is about sqrt(2/M) ~ 2%, so a ratio
     # below 0.5 is a measured difference, not noise.
     total_var = {a: all_estimates[(policy, a)].var(0).sum().item() for a in FACTOR}

@@ -7,24 +7,25 @@ Every estimator is a baseline b subtracted from the reward. The policy-gradient 
 
 because E_y[grad log pi(y)] = sum_y grad pi(y) = grad 1 = 0. The baseline changes the variance of the
 Monte-Carlo estimate, never its expectation -- as long as it is independent of the sample it is
-subtracted from. tests/test_unbiased.py checks this numerically, including the one estimator here that
+subtracted from. tests/test_unbiased.py checks this numerically (on grpolab.lab.bandit), including the one estimator here that
 is *not* exactly unbiased (batch_mean, whose mean includes the sample itself).
 
 Layout: N = B * G rewards, grouped contiguously: [prompt0 sample0..G-1, prompt1 sample0..G-1, ...].
 All functions are pure and work on any float dtype; integer rewards are promoted to float32.
 
-The DAPO reward-side helpers (dynamic sampling filter, soft overlong punishment) live at the end of this
-file. Per-token GAE advantages for PPO live in grpolab.critic (they need a value model).
+Reward-side changes (DAPO's dynamic-sampling filter and overlong punishment, KL in the reward) live in
+grpolab.shaping. Per-token GAE advantages for PPO live in grpolab.critic (they need a value model).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
-from grpolab.algos import AlgoConfig
+if TYPE_CHECKING:  # the settings type only; grpolab.algos imports no registry, nor this module
+    from grpolab.algos import AlgoConfig
 
 
 def _float(r: Tensor) -> Tensor:
@@ -160,53 +161,45 @@ def compute_advantages(r: Tensor, G: int, algo: AlgoConfig) -> Tensor:
     return ADV_SCALES[algo.adv_scale](adv, r, G, algo.adv_eps)  # (N,)
 
 
-# --- DAPO reward-side helpers (Yu et al. 2025, "DAPO: An Open-Source LLM RL System at Scale") ---------
+# --- the component the training step uses when there is no critic ---------------------------------------
 
 
-def dynamic_sampling_keep(r: Tensor, G: int) -> Tensor:
-    """DAPO dynamic sampling (sec. 3.2, eq. 11): keep prompt groups with 0 < #correct < G, i.e. whose G
-    rewards are not all equal. A group of equal rewards has A = 0 for every member under any group
-    baseline, so it adds no gradient while still diluting the token-mean.
+class GroupBaseline:
+    """Advantages of every method without a value model: compute_advantages of the shaped sequence
+    rewards. It has no parameters and no state, so the step treats it exactly like a critic
+    (grpolab.critic.Critic: targets, add_loss, step, state_dict) without a branch for either."""
 
-    Returns keep (B,) bool; the sample mask is keep.repeat_interleave(G). With G = 1 every group is
-    "all equal", so nothing is kept: dynamic sampling needs G >= 2.
-    The trainer drops the rest, counts them (a metric), and samples more prompts to refill, at most
-    algo.max_resample_rounds times.
-    """
-    rg = _groups(r, G)  # (B, G)
-    return rg.amax(dim=1) > rg.amin(dim=1)  # (B,)
+    computes_every_group = False
+    """A group whose advantages are all 0 adds nothing to the loss and need not be computed."""
 
+    def __init__(self, algo: "AlgoConfig"):
+        self.algo = algo
 
-def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
-    """DAPO soft overlong punishment (sec. 3.4, eq. 13), with L_max = max_len and L_cache = buffer:
+    def targets(self, run, batch) -> Tensor:
+        """A (N,) from batch.reward (N,) in groups of G."""
+        return compute_advantages(batch.reward, batch.rollout.G, self.algo)  # (N,)
 
-        R_length(y) = 0                                   if |y| <= L_max - L_cache
-                    = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
-                    = -1                                  if |y| > L_max
+    def add_loss(self, loss: Tensor, run, part, batch) -> tuple[Tensor, dict]:
+        """No value loss: the policy loss as it is."""
+        return loss, {}
 
-    times `penalty` (DAPO: 1). Added to the verifier's reward. Returns (N,) float, <= 0.
-    buffer = 0 turns it off; a buffer longer than max_len is a ValueError (it would punish every
-    completion, however short). DAPO: L_max = 20480, L_cache = 4096 (20% of the limit).
-    """
-    lengths = _float(lengths)  # (N,)
-    buffer, max_len = int(buffer), int(max_len)
-    if buffer > max_len:
-        raise ValueError(
-            f"overlong buffer ({buffer} tokens) is longer than max_len ({max_len}): every completion would be punished"
-        )
-    if buffer <= 0 or penalty == 0:
-        return torch.zeros_like(lengths)  # (N,)
-    expected = max_len - buffer  # L_max - L_cache
-    ramp = (expected - lengths) / buffer  # (N,) in [-1, 0) inside the buffer
-    out = torch.where(lengths <= expected, torch.zeros_like(lengths), ramp.clamp(min=-1.0))  # (N,)
-    return out * penalty  # (N,)
+    def step(self, max_grad_norm: float) -> None:
+        """No optimiser to step."""
+
+    def trained_params(self) -> int:
+        return 0
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 __all__ = [
     "ADVANTAGES",
     "ADV_SCALES",
+    "GroupBaseline",
     "compute_advantages",
-    "dynamic_sampling_keep",
     "group_std",
-    "overlong_penalty",
 ]

@@ -1,23 +1,30 @@
 """Algorithm settings: which advantage estimator, objective, aggregation and KL each method uses.
 
-The trainer reads only an `AlgoConfig`; presets (`ALGOS["grpo"]`, ...) fill it in, and
-`resolve_algo(name, overrides)` builds a validated one (preset first, then the recipe's overrides).
+The training step reads only an `AlgoConfig`; presets (`ALGOS["grpo"]`, ...) fill it in, and
+`resolve_algo(name, overrides, choices=...)` builds a validated one (preset first, then the recipe's
+overrides).
 
-Every string-valued choice names an entry of a registry, so adding a method is adding a function:
+This module is a leaf: it imports nothing of grpolab but `grpolab.types`, and no torch. Every
+string-valued choice names an entry of a registry that lives with its maths:
 
-    advantage   -> grpolab.advantages.ADVANTAGES   (+ "gae", computed by grpolab.critic from a value model)
-    objective   -> grpolab.losses.OBJECTIVES
-    aggregation -> grpolab.losses.AGGREGATIONS
-    kl_estimator-> grpolab.kl.KL_ESTIMATORS
+    advantage    -> grpolab.advantages.ADVANTAGES   (+ "gae": grpolab.critic, from a value model)
+    adv_scale    -> grpolab.advantages.ADV_SCALES
+    objective    -> grpolab.losses.OBJECTIVES
+    aggregation  -> grpolab.losses.AGGREGATIONS
+    kl_estimator -> grpolab.kl.KL_ESTIMATORS
 
-docs/algorithms.md holds the equations and the papers; each recipes/<name>.yaml says where it departs
-from its paper.
+so the allowed names are passed in (`choices`, built by `grpolab.config.algo_choices()` from those
+registries) instead of imported here.
+
+docs/algorithms.md holds the equations and the papers; each recipes/<name>.yaml says, numbered, where
+it departs from its paper.
 """
 
 from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
+from typing import Collection, Mapping
 
 from grpolab.types import ConfigError, coerce_field
 
@@ -70,7 +77,7 @@ class AlgoConfig:
     k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - lr - 1 (unbiased and >= 0)."""
     kl_placement: str = "in_loss"
     """Where the KL goes: in_loss (GRPO: + beta * k per token in the loss) or in_reward
-    (PPO-RLHF: r - beta * sum_t k_t, via grpolab.kl.kl_reward_penalty, before the advantages)."""
+    (PPO-RLHF: r - beta * sum_t k_t before the advantages; grpolab.shaping.kl_in_reward)."""
     adaptive_kl: bool = False
     """Adapt beta towards kl_target with the proportional controller of Ziegler et al. 2019
     (grpolab.kl.AdaptiveKL); False keeps beta fixed."""
@@ -112,7 +119,18 @@ class AlgoConfig:
 ALGOS: dict[str, dict] = {
     # DeepSeekMath (Shao et al. 2024), sec. 4.1: group z-score, clipped surrogate eps 0.2, mean over
     # tokens then sequences, KL in the loss with k3 and beta 0.04, one update per rollout.
-    "grpo": {"beta": 0.04},
+    "grpo": {
+        "advantage": "group_zscore",
+        "adv_scale": "none",
+        "objective": "clipped",
+        "aggregation": "seq_mean",
+        "eps_low": 0.2,
+        "eps_high": 0.2,
+        "beta": 0.04,
+        "kl_estimator": "k3",
+        "kl_placement": "in_loss",
+        "mu": 1,
+    },
     # Understanding R1-Zero-Like Training (Liu et al. 2025): no std, no length normalisation, no KL.
     "dr_grpo": {"advantage": "group_mean", "aggregation": "token_sum_norm"},
     # DAPO (Yu et al. 2025): clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL.
@@ -158,34 +176,33 @@ ALGOS: dict[str, dict] = {
 }
 """Presets: name -> overrides of the AlgoConfig defaults. recipes/<name>.yaml mirror them."""
 
-ADV_SCALES = ("none", "group_std", "batch_std")
-KL_PLACEMENTS = ("in_loss", "in_reward")
-
-
 def _field_types() -> dict[str, object]:
     return typing.get_type_hints(AlgoConfig)
 
 
-def _one_of(key: str, value: str, allowed) -> None:
+KL_PLACEMENTS = ("in_loss", "in_reward")
+"""Where the KL term goes; a choice of this module (not a registry): in_loss is grpolab.losses, in_reward
+is grpolab.shaping."""
+
+
+def _one_of(key: str, value: str, allowed: Collection[str]) -> None:
     if value not in allowed:
         raise ConfigError(f"algo.{key}: unknown value {value!r}; allowed: {', '.join(sorted(allowed))}")
 
 
-def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
-    """Raise ConfigError naming the key when a value is impossible or two settings contradict.
+def check_choices(cfg: AlgoConfig, choices: Mapping[str, Collection[str]]) -> AlgoConfig:
+    """Raise ConfigError naming the key when a string setting names no registered function.
 
-    Registries are read lazily (they import torch), so this module stays import-cheap.
+    choices: field -> allowed names, e.g. {"objective": OBJECTIVES, ...} (grpolab.config.algo_choices).
     """
-    from grpolab.advantages import ADVANTAGES
-    from grpolab.kl import KL_ESTIMATORS
-    from grpolab.losses import AGGREGATIONS, OBJECTIVES
+    for key, allowed in choices.items():
+        _one_of(key, getattr(cfg, key), allowed)
+    return cfg
 
+
+def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
+    """Raise ConfigError naming the key when a value is impossible or two settings contradict."""
     _one_of("name", cfg.name, ALGOS)
-    _one_of("advantage", cfg.advantage, [*ADVANTAGES, "gae"])
-    _one_of("adv_scale", cfg.adv_scale, ADV_SCALES)
-    _one_of("objective", cfg.objective, OBJECTIVES)
-    _one_of("aggregation", cfg.aggregation, AGGREGATIONS)
-    _one_of("kl_estimator", cfg.kl_estimator, KL_ESTIMATORS)
     _one_of("kl_placement", cfg.kl_placement, KL_PLACEMENTS)
 
     def need(ok: bool, key: str, what: str) -> None:
@@ -225,11 +242,13 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
     return cfg
 
 
-def resolve_algo(name: str, overrides: dict | None = None) -> AlgoConfig:
+def resolve_algo(name: str, overrides: dict | None = None, *,
+                 choices: Mapping[str, Collection[str]] | None = None) -> AlgoConfig:
     """AlgoConfig for preset `name` with `overrides` (a mapping of field -> value) applied on top.
 
     Unknown preset, unknown field, wrong type or impossible value -> ConfigError naming the key
-    ("algo.eps_high: ...") and what is allowed.
+    ("algo.eps_high: ...") and what is allowed. With `choices` (field -> registered names), a name
+    that no registry holds is such an error too; without, it surfaces when the registry is read.
     """
     if name not in ALGOS:
         raise ConfigError(f"algo.name: unknown algorithm {name!r}; known: {', '.join(sorted(ALGOS))}")
@@ -244,22 +263,11 @@ def resolve_algo(name: str, overrides: dict | None = None) -> AlgoConfig:
             if key not in types:
                 raise ConfigError(f"algo.{key}: unknown key; known keys: {', '.join(sorted(types))}")
             values[key] = coerce_field(f"algo.{key}", value, types[key])
-    return validate_algo(AlgoConfig(**values))
+    cfg = AlgoConfig(**values)
+    if choices is not None:
+        check_choices(cfg, choices)
+    return validate_algo(cfg)
 
 
-def algo_field_docs() -> dict[str, str]:
-    """Field name -> the docstring written under it (for `--help` and the docs)."""
-    import ast
-    import inspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(AlgoConfig)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[union-attr]
-    return docs
-
-
-__all__ = ["ALGOS", "AlgoConfig", "algo_field_docs", "resolve_algo", "validate_algo"]
+__all__ = ["ALGOS", "AlgoConfig", "KL_PLACEMENTS", "check_choices", "resolve_algo",
+           "validate_algo"]

@@ -9,6 +9,7 @@ Layout, under the run directory `out/`:
             optimizer.pt             torch.save(optimizer.state_dict())
             scheduler.pt             torch.save(scheduler.state_dict()), when a scheduler is given
             rng.pt                   python `random`, numpy (if installed), torch CPU and CUDA states
+            NAME.pt                  torch.save(component.state_dict()) for each component (critic.pt)
             trainer_state.json       {"step": 10, "format": 1, ...the trainer's dict}
         step-000020/
         latest                       text file: "step-000020"
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from grpolab.fileio import atomic_write, fsync_dir
+
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 FORMAT_VERSION = 1
@@ -48,36 +51,12 @@ def checkpoint_name(step: int) -> str:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _fsync_path(path: Path) -> None:
-    """fsync a file or a directory (directories: best effort, not all platforms allow it)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
-            _fsync_path(Path(dirpath) / name)
-        _fsync_path(Path(dirpath))
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
+            with open(Path(dirpath) / name, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(dirpath))
 
 
 def _rng_state() -> dict:
@@ -157,6 +136,7 @@ def save_checkpoint(
     trainer_state: dict,
     *,
     keep_last: int | None = 2,
+    components: dict | None = None,
 ) -> Path:
     """Write `out_dir/checkpoints/step-NNNNNN/` atomically, point `latest` at it, prune old ones.
 
@@ -164,6 +144,8 @@ def save_checkpoint(
                 the directory loads with `from_pretrained`).
     tokenizer:  saved with `save_pretrained` when not None.
     optimizer, scheduler: their `state_dict()` is saved (each may be None).
+    components: name -> object with state_dict() (a critic, ...), saved as NAME.pt in the same
+                directory, so they are written, renamed and pruned atomically with the policy.
     trainer_state: a JSON-serialisable dict (metrics pointer, counters...); "step" and "format" are
                 added. Raises TypeError before anything is renamed if it is not serialisable.
     keep_last:  keep this many newest checkpoints (the one just written always stays); None or 0
@@ -188,6 +170,8 @@ def save_checkpoint(
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        for name, component in (components or {}).items():
+            torch.save(component.state_dict(), tmp / f"{name}.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")  # written last
         _fsync_tree(tmp)
@@ -198,11 +182,11 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_path(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write_text_atomic(root / LATEST, final.name + "\n")
+    atomic_write(root / LATEST, final.name + "\n")
 
     if keep_last:
         others = [p for _, p in _step_dirs(root) if p != final]
@@ -267,13 +251,14 @@ def _load_model_weights(ckpt_dir: Path, model) -> None:
             raise RuntimeError(f"{ckpt_dir}: the checkpoint lacks weights of the model: {sorted(untied)[:5]}")
 
 
-def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler) -> dict:
+def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler, *, components: dict | None = None) -> dict:
     """Restore a checkpoint written by `save_checkpoint` into existing objects; returns trainer_state.
 
     Loads the weights (safetensors) into `model` in place (dtype and device of `model` are kept),
     the optimizer and scheduler states (each may be None to skip), and the python / numpy / torch
-    (CPU, CUDA) RNG states. Raises FileNotFoundError for a directory that is not a complete
-    checkpoint and RuntimeError when the weights do not match the model.
+    (CPU, CUDA) RNG states, and each component's NAME.pt. Raises FileNotFoundError for a directory
+    that is not a complete checkpoint (or lacks a component's file) and RuntimeError when the weights
+    do not match the model.
     """
     ckpt_dir = Path(ckpt_dir)
     if not _is_complete(ckpt_dir):
@@ -284,6 +269,12 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler) -> dict:
         optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True))
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(ckpt_dir / "scheduler.pt", map_location="cpu", weights_only=True))
+    for name, component in (components or {}).items():
+        path = ckpt_dir / f"{name}.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"{ckpt_dir}: no {name}.pt, so the {name} cannot be restored (a checkpoint "
+                                    f"written before {name}s were saved inside it?); start the run again")
+        component.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     rng = ckpt_dir / "rng.pt"
     if rng.is_file():
         _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))

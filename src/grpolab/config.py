@@ -6,12 +6,9 @@ reads those strings (`field_docs`), so the help and the code cannot drift apart.
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import difflib
-import inspect
-import os
 import textwrap
 import typing
 from dataclasses import dataclass, field
@@ -21,7 +18,8 @@ from typing import Any
 import yaml
 
 from grpolab.algos import AlgoConfig, resolve_algo
-from grpolab.types import ConfigError, coerce_field
+from grpolab.fileio import atomic_write
+from grpolab.types import ConfigError, coerce_field, field_docs
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -94,16 +92,14 @@ class Config:
     """Show a live progress bar on the console."""
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Map each dataclass field to the string literal written right under it in the source."""
-    src = textwrap.dedent(inspect.getsource(cls))
-    body = ast.parse(src).body[0].body
-    docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
+def algo_choices() -> dict[str, tuple[str, ...]]:
+    """algo field -> the names its registry holds (the registries live with their maths)."""
+    from grpolab.advantages import ADV_SCALES, ADVANTAGES
+    from grpolab.kl import KL_ESTIMATORS
+    from grpolab.losses import AGGREGATIONS, OBJECTIVES
+
+    return {"advantage": (*ADVANTAGES, "gae"), "adv_scale": tuple(ADV_SCALES), "objective": tuple(OBJECTIVES),
+            "aggregation": tuple(AGGREGATIONS), "kl_estimator": tuple(KL_ESTIMATORS)}
 
 
 def _type_of(cls: type, name: str):
@@ -204,7 +200,7 @@ def build_config(recipe: dict | None = None, overrides: list[str] | None = None)
     cfg = _merge_into(Config, Config(), merged, "")
     algo_over = dict(algo_raw)
     name = algo_over.pop("name", "grpo")
-    cfg.algo = resolve_algo(name, algo_over)
+    cfg.algo = resolve_algo(name, algo_over, choices=algo_choices())
     validate(cfg)
     return cfg
 
@@ -257,9 +253,7 @@ def to_dict(cfg: Config) -> dict:
 
 def save_config(cfg: Config, path: Path) -> None:
     """Write config.yaml atomically (a resumed run rewrites it; a crash must not leave half a file)."""
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    os.replace(tmp, path)
+    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def config_from_run(out_dir: Path) -> dict:

@@ -1,4 +1,5 @@
-"""PPO's critic: a value model, GAE advantages and the (clipped) value loss.
+"""PPO's critic: a value model, GAE advantages, the (clipped) value loss, and the component that
+trains them beside the policy.
 
 PPO (Schulman et al. 2017) for language models (Ziegler et al. 2019; Ouyang et al. 2022) learns
 V_phi(s_t), the expected final reward from the state s_t = (prompt, y_<t), and turns the single
@@ -7,34 +8,33 @@ The price is a second network as large as the policy's backbone, with its own gr
 state -- the memory that GRPO saves by using the group mean as the baseline instead
 (docs/algorithms.md, "Memory").
 
-How the trainer calls it (one step, PPO):
+What the training step does with a `Critic` (grpolab.step), per step:
 
-    critic = ValueModel(policy)                                   # once; deep copy + value head
-    critic_opt = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or lr)
-    ...rollout: input_ids (b, P+T) = left-padded prompt of width P + right-padded completion,
-               attention_mask (b, P+T), completion mask (b, T), rewards r (b,), old_logp (b, T)
-    with torch.no_grad():
-        old_values = completion_values(critic(input_ids, attention_mask), P, T)          # (b, T)
-        pen = kl_token_penalty(old_logp, ref_logp, mask, beta, algo.kl_estimator)        # if in_reward
-    adv, returns = ppo_advantages(r, old_values, mask, algo, token_penalty=pen)          # (b, T) each
-    for each of algo.mu epochs, for each micro-batch:
-        values = completion_values(critic(ids, am), P, T)                                 # (b, T) grad
-        vloss, vinfo = value_loss(values, old_values, returns, mask, algo.value_clip, n_tok=n_tok)
-        (algo.vf_coef * vloss).backward()          # critic grads only
-        ploss, pinfo = policy_loss(logp, old_logp, adv, mask, algo, n_seq=.., n_tok=.., max_len=..)
-        ploss.backward()                           # policy grads only
-    critic_opt.step(); policy_opt.step()
+    r_tok      = shaping.shape_rewards(...).token_reward       # (N, C) terminal reward - beta * k_t
+    adv        = critic.targets(run, batch)                    # no grad: V_old (N, C) once, then
+                                                               #   GAE(r_tok, V_old) and whitening
+    for each of algo.mu epochs, for each micro-batch of whole groups:
+        loss, info = critic.add_loss(policy_loss, run, part, batch)   # + vf_coef * value_loss(V, V_old, R)
+        loss.backward()                                                # policy and critic grads
+    critic.step(max_grad_norm)                                         # clip, AdamW step, zero grads
+
+Methods without a critic use grpolab.advantages.GroupBaseline, which has the same four methods.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from grpolab.algos import AlgoConfig
+from grpolab.losses import masked_mean
+from grpolab.microbatch import all_groups, micro_batches, slice_groups
+from grpolab.rollout import positions
 
+if TYPE_CHECKING:  # the settings type only; grpolab.algos imports no registry, nor this module
+    from grpolab.algos import AlgoConfig
 
 def _backbone(policy: nn.Module) -> nn.Module:
     """The transformer under the LM head: model.model for Llama/Qwen/SmolLM, model.transformer for GPT-2."""
@@ -68,6 +68,8 @@ class ValueModel(nn.Module):
     forward(input_ids (B, L), attention_mask (B, L)) -> values (B, L) float32, where values[:, j] is the
     value of the prefix input_ids[:, :j+1] -- the same alignment as logits, so the value of the state
     before completion token t (at position P + t) is values[:, P + t - 1]: see completion_values.
+    Position ids skip left padding (rollout.positions), exactly as in the policy's passes, so a
+    left-padded prompt is seen at the positions it would have alone.
     """
 
     def __init__(self, policy: nn.Module):
@@ -84,7 +86,8 @@ class ValueModel(nn.Module):
             pass
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
+        pos = positions(attention_mask) if attention_mask is not None else None  # (B, L)
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # (B, L, H)
         return self.value_head(hidden.float()).squeeze(-1)  # (B, L)
 
@@ -95,20 +98,6 @@ def completion_values(values: Tensor, prompt_len: int, T: int) -> Tensor:
     Assumes every prompt is left-padded to the common width P = prompt_len and completions start at P.
     """
     return values[:, prompt_len - 1 : prompt_len - 1 + T]  # (B, T)
-
-
-def terminal_rewards(r: Tensor, mask: Tensor) -> Tensor:
-    """Verifiable reward r_i on the last valid token of completion i, 0 elsewhere: (b,) -> (b, T).
-
-    Assumes right padding (valid tokens contiguous from t = 0). An empty completion gets no reward
-    token (it has no token to credit).
-    """
-    mask = mask.float()
-    length = mask.sum(dim=1).long()  # (b,)
-    out = torch.zeros_like(mask)  # (b, T)
-    rows = torch.nonzero(length > 0).squeeze(1)  # (b',)
-    out[rows, length[rows] - 1] = r.to(out.dtype)[rows]
-    return out  # (b, T)
 
 
 @torch.no_grad()
@@ -157,21 +146,17 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
 
 
 @torch.no_grad()
-def ppo_advantages(
-    r: Tensor, values: Tensor, mask: Tensor, algo: AlgoConfig, *, token_penalty: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def ppo_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, algo: "AlgoConfig") -> tuple[Tensor, Tensor]:
     """PPO advantages for the whole batch (not per micro-batch: whitening is a batch statistic):
 
-        token rewards = terminal r_i on the last token  - token_penalty (beta * k_t, KL in the reward)
-        adv, returns  = gae(token rewards, values, mask, algo.gamma, algo.lam)
-        adv           = whiten(adv) if algo.adv_scale == "batch_std"
+        adv, returns = gae(token rewards, values, mask, algo.gamma, algo.lam)
+        adv          = whiten(adv) if algo.adv_scale == "batch_std"
 
-    r (b,), values (b, T) from the critic before the update (old values), mask (b, T).
-    Returns (adv, returns), (b, T) each; returns are the value targets (computed before whitening).
+    token_rewards (b, T): the shaped per-token rewards (grpolab.shaping: terminal reward on the last
+    token, minus beta * k_t with the KL in the reward); values (b, T) from the critic before the
+    update (old values), mask (b, T). Returns (adv, returns), (b, T) each; returns are the value
+    targets (computed before whitening).
     """
-    token_rewards = terminal_rewards(r, mask)  # (b, T)
-    if token_penalty is not None:
-        token_rewards = token_rewards - token_penalty.float()  # (b, T)
     adv, returns = gae(token_rewards, values, mask, algo.gamma, algo.lam)  # (b, T) each
     if algo.adv_scale == "batch_std":
         adv = whiten(adv, mask)  # (b, T)
@@ -201,8 +186,7 @@ def value_loss(
     """
     mask = mask.float()
     valid = mask > 0  # (b, T)
-    count = max(int(valid.sum().item()), 1)
-    n_tok = count if n_tok is None else max(int(n_tok), 1)
+    n_tok = max(int(valid.sum().item()), 1) if n_tok is None else max(int(n_tok), 1)
     values = torch.where(valid, values.float(), torch.zeros_like(mask))  # (b, T)
     old_values = torch.where(valid, old_values.detach().float(), torch.zeros_like(mask))  # (b, T)
     returns = torch.where(valid, returns.detach().float(), torch.zeros_like(mask))  # (b, T)
@@ -217,26 +201,84 @@ def value_loss(
         loss_tok = 0.5 * loss_unclipped  # (b, T)
     loss_tok = torch.where(valid, loss_tok, torch.zeros_like(loss_tok))  # (b, T)
     loss = loss_tok.sum() / n_tok
-    with torch.no_grad():
-
-        def mean(x: Tensor) -> float:
-            return float(torch.where(valid, x.float(), torch.zeros_like(mask)).sum().item() / count)
-
-        metrics = {
-            "value/loss": mean(loss_tok.detach()),
-            "value/clip_frac": mean(clipped),
-            "value/mean": mean(values.detach()),
-            "value/error": mean((values.detach() - returns).abs()),
-        }
+    metrics = {
+        "value/loss": masked_mean(loss_tok.detach(), mask),
+        "value/clip_frac": masked_mean(clipped, mask),
+        "value/mean": masked_mean(values.detach(), mask),
+        "value/error": masked_mean((values.detach() - returns).abs(), mask),
+    }
     return loss, metrics
 
 
+class Critic:
+    """The value model as a component of a run: its own AdamW, its targets, its loss, its state.
+
+    The step calls the same four methods on it as on grpolab.advantages.GroupBaseline; the checkpoint
+    saves `state_dict()` (weights and optimiser) inside the same atomic checkpoint directory as the
+    policy, as critic.pt, so a resumed run always gets the critic of the step it resumes from.
+    """
+
+    computes_every_group = True
+    """The value loss needs every sequence, whatever its policy advantage."""
+
+    def __init__(self, policy: nn.Module, algo: "AlgoConfig", *, lr: float, betas: tuple[float, float],
+                 weight_decay: float, device: torch.device):
+        self.algo = algo
+        self.model = ValueModel(policy).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr or lr, betas=betas,
+                                           weight_decay=weight_decay)
+
+    def values(self, run, part) -> Tensor:
+        """V(s_t) before each completion token of a GroupSlice, (b, C'), fp32."""
+        with run.autocast():
+            v = self.model(*part.full_sequences())  # (b, P' + C')
+        return completion_values(v.float(), part.prompt_ids.shape[1], part.width)  # (b, C')
+
+    @torch.no_grad()
+    def targets(self, run, batch) -> Tensor:
+        """Per-token advantages (N, C) by GAE from the old values; keeps the old values and the
+        returns on the batch (batch.old_values, batch.returns) for the value loss."""
+        rollout = batch.rollout
+        old_values = torch.zeros(rollout.completion_ids.shape)  # (N, C)
+        for rows in micro_batches(rollout, all_groups(rollout), run.cfg.micro_batch):
+            part = slice_groups(rollout, rows, run.device)
+            old_values[rows, :part.width] = self.values(run, part).cpu()
+        adv, returns = ppo_advantages(batch.token_reward, old_values, rollout.completion_mask, self.algo)
+        batch.old_values, batch.returns = old_values, returns
+        return adv  # (N, C)
+
+    def add_loss(self, loss: Tensor, run, part, batch) -> tuple[Tensor, dict]:
+        """loss + vf_coef * value_loss on the slice (normalised by the batch's valid tokens)."""
+        rows, width = part.rows, part.width
+        vl, info = value_loss(self.values(run, part), batch.old_values[rows, :width].to(run.device),
+                              batch.returns[rows, :width].to(run.device), part.completion_mask,
+                              self.algo.value_clip, n_tok=batch.n_tokens)
+        return loss + self.algo.vf_coef * vl, info
+
+    def step(self, max_grad_norm: float) -> None:
+        """Clip the critic's gradients (when max_grad_norm > 0), step its optimiser, zero its grads."""
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def trained_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def state_dict(self) -> dict:
+        return {"critic": self.model.state_dict(), "opt": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["critic"])
+        self.optimizer.load_state_dict(state["opt"])
+
+
 __all__ = [
+    "Critic",
     "ValueModel",
     "completion_values",
     "gae",
     "ppo_advantages",
-    "terminal_rewards",
     "value_loss",
     "whiten",
 ]

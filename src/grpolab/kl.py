@@ -1,4 +1,7 @@
-"""KL divergence to the frozen reference policy: per-token estimators, placement, and beta control.
+"""KL divergence to the frozen reference policy: per-token estimators and beta control.
+
+Where the KL goes: `in_loss` adds beta * k_t to the per-token loss (grpolab.losses.policy_loss);
+`in_reward` subtracts it from the reward before the advantages (grpolab.shaping.kl_token_penalty).
 
 Estimators (Schulman 2020, "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html).
 With tokens sampled from pi_theta and the log-ratio lr = log pi_ref(y_t) - log pi_theta(y_t):
@@ -24,7 +27,7 @@ LR_CLAMP = 20.0
 bf16 (not in fp16, max 65504: compute the KL on fp32 log-probs)."""
 
 
-def _log_ratio(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def _reference_log_ratio(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return ref_logp - logp  # (b, T) lr = log pi_ref - log pi_theta
 
 
@@ -32,14 +35,14 @@ def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k1 = -lr = log pi_theta - log pi_ref. Unbiased; its gradient is grad log pi_theta, whose
     expectation under pi_theta is 0 -- as a loss term it does not pull towards the reference on
     average (use it in the reward, as PPO-RLHF does)."""
-    return -_log_ratio(logp, ref_logp)  # (b, T)
+    return -_reference_log_ratio(logp, ref_logp)  # (b, T)
 
 
 def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k2 = lr^2 / 2. Biased as a value (it matches KL only to second order in lr), always >= 0.
     As a loss its gradient is (log pi_theta - log pi_ref) grad log pi_theta, whose expectation under
     pi_theta is exactly grad KL(pi_theta || pi_ref)."""
-    lr = _log_ratio(logp, ref_logp)  # (b, T)
+    lr = _reference_log_ratio(logp, ref_logp)  # (b, T)
     return 0.5 * lr * lr  # (b, T)
 
 
@@ -49,7 +52,7 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     >= 0 pointwise because e^x >= 1 + x. (As a loss, its on-policy expected gradient is
     (1 - pi_ref/pi_theta) grad log pi_theta -> grad KL(pi_ref || pi_theta): it still pulls towards
     the reference, through the other KL direction.)"""
-    lr = _log_ratio(logp, ref_logp).clamp(-LR_CLAMP, LR_CLAMP)  # (b, T)
+    lr = _reference_log_ratio(logp, ref_logp).clamp(-LR_CLAMP, LR_CLAMP)  # (b, T)
     return torch.exp(lr) - lr - 1.0  # (b, T)
 
 
@@ -66,24 +69,6 @@ def kl_per_token(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str) -
     ref_logp = torch.where(valid, ref_logp, torch.zeros_like(ref_logp))  # (b, T)
     k = KL_ESTIMATORS[estimator](logp, ref_logp)  # (b, T)
     return torch.where(valid, k, torch.zeros_like(k))  # (b, T)
-
-
-def kl_token_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float, estimator: str) -> Tensor:
-    """Per-token reward penalty beta * k_t (b, T), detached, 0 on padding (PPO-RLHF puts it on every
-    token: Ziegler et al. 2019; Ouyang et al. 2022). Subtract it from the per-token rewards."""
-    with torch.no_grad():
-        return beta * kl_per_token(logp.detach(), ref_logp.detach(), mask, estimator)  # (b, T)
-
-
-def kl_reward_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float, estimator: str) -> Tensor:
-    """Sequence reward penalty for kl_placement "in_reward" (Ziegler et al. 2019, eq. 2; the RLOO paper):
-
-        penalty_i = beta * sum_t m_it k_t        (the sequence KL is the sum of the token KLs)
-
-    Returns (b,) >= 0 for k2/k3, detached: the trainer computes r_i - penalty_i *before* the
-    advantages, so the KL enters the gradient only through the advantage.
-    """
-    return kl_token_penalty(logp, ref_logp, mask, beta, estimator).sum(dim=1)  # (b,)
 
 
 class AdaptiveKL:
@@ -134,6 +119,4 @@ __all__ = [
     "KL_ESTIMATORS",
     "LR_CLAMP",
     "kl_per_token",
-    "kl_reward_penalty",
-    "kl_token_penalty",
 ]

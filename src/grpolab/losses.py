@@ -22,12 +22,13 @@ clamped to +-LR_CLAMP (20) before exp; beyond that a clipped objective gives no 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
-from grpolab.algos import AlgoConfig
+if TYPE_CHECKING:  # the settings type only; grpolab.algos imports no registry, nor this module
+    from grpolab.algos import AlgoConfig
 from grpolab.kl import LR_CLAMP, kl_per_token
 
 
@@ -35,7 +36,15 @@ def _where_valid(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, x, torch.zeros_like(x))  # (b, T)
 
 
-def _log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+@torch.no_grad()
+def masked_mean(x: Tensor, mask: Tensor) -> float:
+    """(1 / max(sum m, 1)) * sum m_t x_t over valid positions, as a float: the mean every metric uses."""
+    valid = mask > 0
+    count = max(int(valid.sum().item()), 1)
+    return float(torch.where(valid, x.float(), torch.zeros_like(x, dtype=torch.float32)).sum().item() / count)
+
+
+def _importance_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """log rho = logp - old_logp on valid tokens, 0 on padding, clamped to +-LR_CLAMP."""
     lr = _where_valid(logp, mask) - _where_valid(old_logp, mask)  # (b, T)
     return lr.clamp(-LR_CLAMP, LR_CLAMP)  # (b, T)
@@ -71,7 +80,7 @@ def obj_pg(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: Algo
     On-policy rho = 1 and this is REINFORCE (Williams 1992): -A grad log pi. Unlike -A * logp, its value
     (-A) and its off-policy gradient stay correct when mu > 1. No clipping: nothing bounds the step.
     """
-    ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (b, T)
+    ratio = torch.exp(_importance_log_ratio(logp, old_logp, mask))  # (b, T)
     loss = -ratio * adv  # (b, T)
     none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
     return loss, {"ratio": ratio.detach(), "clip_low": none, "clip_high": none, "clip_dual": none}
@@ -89,7 +98,7 @@ def obj_clipped(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo:
     l_it = min(l_it, -c A_it) with c = algo.dual_clip > 1 -- bounds the loss of a bad token whose
     ratio exploded.
     """
-    ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (b, T)
+    ratio = torch.exp(_importance_log_ratio(logp, old_logp, mask))  # (b, T)
     return _clipped_surrogate(ratio, adv, algo)
 
 
@@ -105,7 +114,7 @@ def obj_gspo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: Al
     -(1/|y_i|) s_i A_i sum_t grad log pi_theta(y_it) = grad(-s_i A_i). The token form also accepts
     per-token advantages.
     """
-    lr = _log_ratio(logp, old_logp, mask)  # (b, T)
+    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
     length = mask.sum(dim=1).clamp(min=1)  # (b,) |y_i|
     log_s = (_where_valid(lr, mask).sum(dim=1) / length).clamp(-LR_CLAMP, LR_CLAMP)  # (b,) log s_i
     logp_v = _where_valid(logp, mask)  # (b, T)
@@ -123,7 +132,7 @@ def obj_cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: A
     -w A log pi, and a value (-w A) that reads like the other surrogates. Every token keeps its
     gradient (no token is clipped out); eps_low >= 1 means no lower bound, as in the paper.
     """
-    lr = _log_ratio(logp, old_logp, mask)  # (b, T)
+    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
     ratio = torch.exp(lr).detach()  # (b, T) rho
     weight = ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high)  # (b, T) w = sg(clip(rho))
     logp_v = _where_valid(logp, mask)  # (b, T)
@@ -215,8 +224,8 @@ def policy_loss(
     beta:     overrides algo.beta (the current value of an AdaptiveKL)
 
     Metrics are floats, each a mean over this micro-batch's valid tokens (0.0 when it has none):
-    loss/policy (the objective without KL), kl (mean k_t; 0.0 without reference), loss/kl (beta * kl
-    when the KL is in the loss, else 0), clip/frac, clip/low_frac, clip/high_frac, clip/dual_frac,
+    loss/policy (the objective without KL), kl (mean k_t; only when ref_logp is given), loss/kl
+    (beta * kl when the KL is in the loss, else 0), clip/frac, clip/low_frac, clip/high_frac, clip/dual_frac,
     ratio/mean, approx_kl (mean of (rho - 1) - log rho: KL(old || new), Schulman 2020), adv/mean.
     """
     if algo.objective not in OBJECTIVES:
@@ -246,29 +255,23 @@ def policy_loss(
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
 
     with torch.no_grad():
-        valid = mask > 0  # (b, T)
-        count = max(int(valid.sum().item()), 1)
-
-        def mean(x: Tensor) -> float:
-            return float(_where_valid(x.float(), mask).sum().item() / count)
-
-        ratio = info["ratio"]  # (b, T)
-        log_ratio = _log_ratio(logp.detach(), old_logp, mask)  # (b, T)
-        kl_mean = mean(kl_tok) if kl_tok is not None else 0.0
+        log_ratio = _importance_log_ratio(logp.detach(), old_logp, mask)  # (b, T)
         clip_low, clip_high, clip_dual = info["clip_low"], info["clip_high"], info["clip_dual"]
         metrics = {
-            "loss/policy": mean(loss_tok.detach()),
-            "kl": kl_mean,
-            "loss/kl": beta * kl_mean if (kl_tok is not None and algo.kl_placement == "in_loss") else 0.0,
-            "clip/frac": mean(clip_low | clip_high | clip_dual),
-            "clip/low_frac": mean(clip_low),
-            "clip/high_frac": mean(clip_high),
-            "clip/dual_frac": mean(clip_dual),
-            "ratio/mean": mean(ratio),
-            "approx_kl": mean(torch.exp(log_ratio) - 1.0 - log_ratio),
-            "adv/mean": mean(adv_tok),
+            "loss/policy": masked_mean(loss_tok.detach(), mask),
+            "clip/frac": masked_mean(clip_low | clip_high | clip_dual, mask),
+            "clip/low_frac": masked_mean(clip_low, mask),
+            "clip/high_frac": masked_mean(clip_high, mask),
+            "clip/dual_frac": masked_mean(clip_dual, mask),
+            "ratio/mean": masked_mean(info["ratio"], mask),
+            "approx_kl": masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask),
+            "adv/mean": masked_mean(adv_tok, mask),
+            "loss/kl": 0.0,
         }
+        if kl_tok is not None:  # the KL to the reference, measured where it is used
+            metrics["kl"] = masked_mean(kl_tok, mask)
+            metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_placement == "in_loss" else 0.0
     return loss, metrics
 
 
-__all__ = ["AGGREGATIONS", "OBJECTIVES", "policy_loss"]
+__all__ = ["AGGREGATIONS", "OBJECTIVES", "masked_mean", "policy_loss"]

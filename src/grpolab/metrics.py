@@ -1,11 +1,14 @@
-"""Where numbers go: metrics.jsonl (one object per step), samples.jsonl, TensorBoard, the console."""
+"""Where numbers go: metrics.jsonl (one object per step), samples.jsonl, TensorBoard, the console.
+
+read_jsonl (re-exported from grpolab.fileio) reads them back, skipping a line cut by a crash."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from grpolab.fileio import atomic_write, parse_jsonl, read_jsonl
 
 
 def _clean(v):
@@ -39,26 +42,9 @@ class JsonlWriter:
 
 def truncate_after_step(path: Path, step: int) -> None:
     """Keep only records with step <= `step` (resume after a crash must not duplicate steps). Atomic."""
-    keep = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+    text = Path(path).read_text(encoding="utf-8")
+    keep = [rec for _, rec in parse_jsonl(text, str(path), strict=False) if rec.get("step", 0) <= step]
+    atomic_write(path, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in keep))
 
 
 class MetricsLogger:
@@ -100,3 +86,6 @@ def weighted_mean(items: list[tuple[dict, float]]) -> dict:
             tot[k] = tot.get(k, 0.0) + v * w
             wsum[k] = wsum.get(k, 0.0) + w
     return {k: tot[k] / wsum[k] for k in tot if wsum[k] > 0}
+
+
+__all__ = ["JsonlWriter", "MetricsLogger", "read_jsonl", "truncate_after_step", "weighted_mean"]

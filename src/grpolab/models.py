@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.fileio import atomic_write
 from grpolab.types import ConfigError
 
 BUNDLED = {
@@ -99,9 +100,7 @@ def _drop_gguf_quantization_config(config_json: Path) -> None:
     if (data.get("quantization_config") or {}).get("quant_method") != "gguf":
         return
     del data["quantization_config"]
-    tmp = config_json.with_name(f".config.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, config_json)
+    atomic_write(config_json, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def dequantise_gguf(gguf: Path, log=print) -> Path:
@@ -173,7 +172,7 @@ def load_policy(path: Path, device: torch.device):
 
 
 def frozen_copy(model):
-    """A frozen reference pi_ref: same weights, no gradients, eval mode."""
+    """A frozen copy (the reference pi_ref): same weights, no gradients, eval mode."""
     import copy
 
     ref = copy.deepcopy(model)

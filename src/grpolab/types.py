@@ -26,6 +26,22 @@ class Example:
     id: str = ""
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """Map each dataclass field to the string literal written right under it in the source (the one
+    place a setting is documented: `--help`, the docs tests and the config errors read it from there)."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
 def coerce_field(key: str, value: Any, typ: Any) -> Any:
     """Check one config value against its annotated type, gently coercing what YAML gets wrong.
 

@@ -1,0 +1,72 @@
+"""What one training run holds: the models, their optimiser, the task and the verifiers.
+
+Built by grpolab.trainer.setup; read by every stage of grpolab.step. It is the only state a step
+touches, and everything in it that changes during training is saved by the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from grpolab.config import Config
+
+
+@dataclass
+class Run:
+    """One training (or evaluation) run."""
+
+    cfg: Config
+    out: Path
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    """Autocast dtype of the model passes, None for plain fp32 (grpolab.models.pick_dtype)."""
+    tokenizer: Any
+    policy: Any
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    task: Any
+    reward_fns: list
+    eos_ids: set[int]
+    advantage: Any
+    """The advantage component: grpolab.advantages.GroupBaseline, or grpolab.critic.Critic for PPO.
+    Both offer targets, add_loss, step, trained_params and state_dict."""
+    kl: Any
+    """grpolab.kl.AdaptiveKL: the current beta (fixed unless algo.adaptive_kl)."""
+    ref: Any | None = None
+    """The frozen reference pi_ref, or None when beta = 0 (no KL term, no reference pass)."""
+    log: Callable[[str], None] = print
+    components: dict[str, Any] = field(default_factory=dict)
+    """Stateful parts besides the policy (e.g. {"critic": Critic}), saved as NAME.pt in each checkpoint."""
+
+    def autocast(self):
+        """The autocast context of the model passes (a no-op in fp32)."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def trained_params(self) -> int:
+        """Parameters with gradients: the policy's and the advantage component's (a critic's)."""
+        own = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
+        return own + self.advantage.trained_params()
+
+
+def step_rng(seed: int, step: int, device: torch.device) -> tuple[random.Random, torch.Generator]:
+    """Per-step generators derived from (seed, step): a resumed run draws exactly what it would have.
+
+    The torch generator lives on `device` (sampling draws its uniforms there) and is made once per
+    step, so every rollout call of the step (DAPO's refill rounds included) continues its stream
+    instead of restarting it.
+    """
+    s = (seed * 1_000_003 + step) % (2**63)
+    g = torch.Generator(device=device)
+    g.manual_seed(s)
+    return random.Random(s), g
+
+
+__all__ = ["Run", "step_rng"]

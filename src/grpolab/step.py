@@ -1,0 +1,248 @@
+"""One training step, top to bottom, as stages over one `Batch`:
+
+    batch = collect(run, step)            B prompts, G completions each, verifier rewards   rollout.py, rewards/
+                                          (DAPO: drop all-equal groups and sample more)       shaping.py
+    reference(run, batch)                 log pi_ref of the completions, when beta > 0        microbatch.py
+    shape(run, batch)                     overlong penalty, KL in the reward                  shaping.py
+    batch.adv = run.advantage.targets()   A (N,) from the group, or (N, C) from a critic      advantages.py, critic.py
+    update(run, batch)                    algo.mu AdamW updates of the policy objective       losses.py
+    -> metrics                            one flat dict per step (docs/metrics.md)
+
+Each stage reads the Batch and fills in its own fields; nothing else is shared. The raw verifier
+reward and the shaped one both stay on the batch. A method with a critic differs only in
+`run.advantage` (grpolab.critic.Critic instead of grpolab.advantages.GroupBaseline).
+The loop around the step (setup, evaluation, checkpoints, summary) is grpolab.trainer.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from grpolab.losses import policy_loss
+from grpolab.metrics import weighted_mean
+from grpolab.microbatch import logp_without_grad, micro_batches, sampled_token_logp, slice_groups, slice_logp
+from grpolab.rewards import score_completions
+from grpolab.rollout import Rollout, chat_prompts, concat_rollouts, generate
+from grpolab.run import Run, step_rng
+from grpolab.shaping import informative_groups, shape_rewards
+from grpolab.types import Example
+
+
+@dataclass
+class Batch:
+    """What one step knows about its completions; each stage fills in its part."""
+
+    examples: list[Example]  # B' prompts (collect)
+    rollout: Rollout | None  # N = B' * G completions, None when no group was kept (collect)
+    raw_reward: Tensor  # (N,) the verifiers' weighted total (collect)
+    reward_by_fn: dict[str, list[float]]  # name -> N scores of each verifier (collect)
+    metrics: dict[str, float] = field(default_factory=dict)  # what the stages measured
+    ref_logp: Tensor | None = None  # (N, C) log pi_ref, with a reference (reference)
+    reward: Tensor | None = None  # (N,) shaped sequence reward (shape)
+    token_reward: Tensor | None = None  # (N, C) shaped per-token reward, for a critic (shape)
+    adv: Tensor | None = None  # (N,) sequence or (N, C) token advantages (advantages)
+    old_values: Tensor | None = None  # (N, C) V before the update, with a critic (advantages)
+    returns: Tensor | None = None  # (N, C) value targets, with a critic (advantages)
+
+    @property
+    def empty(self) -> bool:
+        return self.rollout is None
+
+    @property
+    def n_tokens(self) -> int:
+        """Valid completion tokens of the batch: the token normaliser of the whole optimizer batch."""
+        return int(self.rollout.completion_mask.sum())
+
+    def keep_groups(self, keep: Tensor) -> "Batch":
+        """The groups where keep (B',) is True, as a new Batch (None rollout when none is)."""
+        G = self.rollout.G
+        rows = keep.repeat_interleave(G).nonzero().squeeze(-1)  # (N',)
+        if len(rows) == 0:
+            return Batch([], None, self.raw_reward[:0], {k: [] for k in self.reward_by_fn})
+        picked = rows.tolist()
+        return Batch([e for e, k in zip(self.examples, keep.tolist()) if k], self.rollout.select(rows),
+                     self.raw_reward[rows], {k: [v[i] for i in picked] for k, v in self.reward_by_fn.items()})
+
+
+def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
+                     generator: torch.Generator | None = None) -> Rollout:
+    """G completions for each example, in the model's chat template. `generator` (on run.device) is
+    used as it is: the caller owns its stream."""
+    ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
+    return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
+                    temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
+                    autocast_dtype=run.amp_dtype, generator=generator, eos_ids=run.eos_ids)
+
+
+def score(run: Run, rollout: Rollout, examples: list[Example]):
+    """Verifiable rewards for every completion (examples repeated G times to match the layout)."""
+    per_completion = [e for e in examples for _ in range(rollout.G)]
+    return score_completions(run.reward_fns, rollout.texts, per_completion, timeout_s=run.cfg.reward_timeout_s,
+                             workers=run.cfg.reward_workers)
+
+
+def collect(run: Run, step: int) -> Batch:
+    """Sample prompts, roll out and score them. With dynamic sampling (DAPO), groups whose rewards are
+    all equal are dropped and more prompts are sampled, up to `algo.max_resample_rounds` extra rounds;
+    the reward metrics cover every sampled completion, the batch only the kept ones."""
+    cfg, algo = run.cfg, run.cfg.algo
+    prompts_per_step = cfg.batch_size // cfg.G
+    rng, generator = step_rng(cfg.seed, step, run.device)
+    rounds = 1 + (algo.max_resample_rounds if algo.dynamic_sampling else 0)
+    kept: list[Batch] = []
+    round_metrics: list[tuple[dict, float]] = []
+    sampled_rewards: list[Tensor] = []
+    t_generate = t_score = 0.0
+    n_groups = 0
+    for _ in range(rounds):
+        need = prompts_per_step - sum(len(b.examples) for b in kept)
+        if need <= 0:
+            break
+        examples = run.task.sample(need, rng)
+        t0 = time.perf_counter()
+        rollout = rollout_examples(run, examples, G=cfg.G, generator=generator)
+        t1 = time.perf_counter()
+        scores = score(run, rollout, examples)
+        t_score += time.perf_counter() - t1
+        t_generate += t1 - t0
+        part = Batch(examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn)  # (n,)
+        sampled_rewards.append(part.raw_reward)
+        round_metrics.append((scores.metrics, len(rollout.texts)))
+        n_groups += len(examples)
+        if algo.dynamic_sampling:
+            part = part.keep_groups(informative_groups(part.raw_reward, cfg.G))
+        if not part.empty:
+            kept.append(part)
+    metrics = weighted_mean(round_metrics)
+    for k in ("reward/errors", "reward/timeouts"):  # counts: sum, not mean
+        metrics[k] = float(sum(m.get(k, 0.0) for m, _ in round_metrics))
+    raw = torch.cat(sampled_rewards)  # (every sampled completion,)
+    metrics.update({"time/generate_s": t_generate, "time/score_s": t_score, "reward/mean": float(raw.mean()),
+                    "reward/std": float(raw.std()) if len(raw) > 1 else 0.0})
+    n_kept = sum(len(b.examples) for b in kept)
+    if algo.dynamic_sampling:
+        metrics.update({"dapo/groups_sampled": n_groups, "dapo/groups_dropped": n_groups - n_kept,
+                        "dapo/groups_kept": n_kept})
+    if not kept:
+        return Batch([], None, raw[:0], {}, metrics)
+    return Batch([e for b in kept for e in b.examples], concat_rollouts([b.rollout for b in kept]),
+                 torch.cat([b.raw_reward for b in kept]),
+                 {k: [x for b in kept for x in b.reward_by_fn[k]] for k in kept[0].reward_by_fn}, metrics)
+
+
+def reference(run: Run, batch: Batch) -> None:
+    """batch.ref_logp (N, C): log pi_ref of the completions, one no-grad pass (only with a reference)."""
+    if run.ref is not None:
+        batch.ref_logp = logp_without_grad(run, run.ref, batch.rollout)
+
+
+def shape(run: Run, batch: Batch) -> None:
+    """batch.reward (N,) and batch.token_reward (N, C): every reward change after the verifiers
+    (grpolab.shaping), plus `groups/zero_std_frac` of the shaped reward."""
+    algo, rollout = run.cfg.algo, batch.rollout
+    kl_in_reward = batch.ref_logp is not None and algo.kl_placement == "in_reward"
+    shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
+                           max_len=run.cfg.max_new_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
+                           policy_logp=sampled_token_logp(run, rollout) if kl_in_reward else None)
+    batch.reward, batch.token_reward = shaped.reward, shaped.token_reward
+    batch.metrics.update(shaped.metrics)
+    batch.metrics["groups/zero_std_frac"] = 1.0 - float(informative_groups(batch.reward, rollout.G).float().mean())
+
+
+def update(run: Run, batch: Batch) -> dict:
+    """`algo.mu` optimizer updates on the batch. batch.adv: (N,) or (N, C).
+
+    The first pass of the first update records log pi_old = log pi_theta (detached): the weights have
+    not moved yet, so no separate old-log-prob pass is needed. Micro-batches hold whole groups (the
+    prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
+    the policy gradient and is not computed at all (unless a KL term in the loss or a critic needs it);
+    the normalisers n_seq / n_tok still count it, so the loss is unchanged.
+    """
+    cfg, algo, rollout = run.cfg, run.cfg.algo, batch.rollout
+    N, C = rollout.completion_ids.shape
+    mask = rollout.completion_mask  # (N, C)
+    adv_tok = batch.adv if batch.adv.dim() == 2 else batch.adv[:, None].expand(N, C)  # (N, C)
+    kl_in_loss = batch.ref_logp is not None and algo.kl_placement == "in_loss"
+    has_signal = (adv_tok.abs() * mask).sum(-1) > 0  # (N,)
+    compute_all = kl_in_loss or run.advantage.computes_every_group
+    groups = (has_signal.view(-1, rollout.G).any(-1) | compute_all).nonzero().squeeze(-1)  # (g,)
+    batches = micro_batches(rollout, groups, cfg.micro_batch)
+    old_logp = torch.zeros((N, C))
+    loss_infos: list[tuple[dict, float]] = []
+    entropy_infos: list[tuple[dict, float]] = []
+    grad_norms = []
+    beta = run.kl.value
+    for epoch in range(algo.mu if batches else 0):
+        for rows in batches:
+            part = slice_groups(rollout, rows, run.device)
+            width, part_mask = part.width, part.completion_mask
+            logp, entropy = slice_logp(run, run.policy, part, with_entropy=(epoch == 0))  # (b, C') each
+            if epoch == 0:
+                old_logp[rows, :width] = logp.detach().cpu()
+                tokens = float(part_mask.sum())
+                entropy_infos.append(({"entropy": float((entropy * part_mask).sum() / part_mask.sum().clamp(min=1))},
+                                      tokens))
+            loss, info = policy_loss(
+                logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
+                beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
+                n_seq=N, n_tok=batch.n_tokens, max_len=cfg.max_new_tokens)
+            loss, value_info = run.advantage.add_loss(loss, run, part, batch)
+            loss.backward()
+            loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
+        if cfg.max_grad_norm > 0:
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), cfg.max_grad_norm)))
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()  # warm-up counts optimizer updates actually made
+        run.advantage.step(cfg.max_grad_norm)
+    metrics = weighted_mean(loss_infos)
+    metrics.update(weighted_mean(entropy_infos))
+    n_rows = sum(len(b) for b in batches)
+    metrics.update({"update/seqs_computed": float(n_rows), "update/skipped": float(n_rows == 0),
+                    "lr": run.scheduler.get_last_lr()[0], "kl/beta": beta})
+    if grad_norms:
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return metrics
+
+
+def train_step(run: Run, step: int) -> tuple[dict, Batch]:
+    """One step: collect -> reference -> shape -> advantages -> update. Returns (metrics, batch)."""
+    t_start = time.perf_counter()
+    batch = collect(run, step)
+    if batch.empty:  # dynamic sampling found no informative group: nothing to learn from
+        return {"step": step, **batch.metrics, "update/skipped": 1.0,
+                "time/step_s": time.perf_counter() - t_start}, batch
+    t_update = time.perf_counter()
+    reference(run, batch)
+    shape(run, batch)
+    batch.adv = run.advantage.targets(run, batch)  # (N,) or (N, C)
+    metrics = {**batch.metrics, "adv/abs_mean": float(batch.adv.abs().mean())}
+    metrics.update(update(run, batch))
+    if "kl" in metrics:  # measured (in the loss or in the reward): the adaptive controller's input
+        run.kl.update(metrics["kl"], len(batch.reward))
+    lengths = batch.rollout.lengths  # (N,)
+    metrics = {"step": step, "kl": 0.0, "clip/frac": 0.0, "entropy": float("nan"), **metrics,
+               "time/update_s": time.perf_counter() - t_update,
+               "completion/length_mean": float(lengths.mean()),
+               "completion/length_max": float(lengths.max()),
+               "completion/truncated_frac": float(batch.rollout.truncated.float().mean()),
+               "tokens/generated": float(lengths.sum()),
+               "memory/peak_mb": peak_memory_mb(run.device),
+               "params/trained": float(run.trained_params()),
+               "time/step_s": time.perf_counter() - t_start}
+    return metrics, batch
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory so far: GPU allocator peak on CUDA, process peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+__all__ = ["Batch", "collect", "reference", "rollout_examples", "score", "shape", "train_step", "update"]

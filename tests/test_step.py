@@ -1,0 +1,103 @@
+"""The training step's stages (grpolab.step) on plain data: the per-step generator, the Batch, and
+what samples.jsonl records."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpolab import step as step_mod
+from grpolab.rollout import Rollout
+from grpolab.run import step_rng
+from grpolab.step import Batch
+
+
+def test_step_rng_is_per_step_reproducible_and_on_the_device():
+    a_py, a = step_rng(3, 7, torch.device("cpu"))
+    b_py, b = step_rng(3, 7, torch.device("cpu"))
+    _, c = step_rng(3, 8, torch.device("cpu"))
+    first = torch.rand(4, generator=a)
+    assert torch.equal(first, torch.rand(4, generator=b)) and a_py.random() == b_py.random()
+    assert not torch.equal(first, torch.rand(4, generator=c))
+    assert a.device == torch.device("cpu")
+    # the stream continues across calls within the step (DAPO refill rounds draw new numbers)
+    assert not torch.equal(first, torch.rand(4, generator=a))
+
+
+def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_tokenizer):
+    """rollout_examples passes the step's generator through untouched, whatever the device. It used to
+    make a fresh CUDA generator seeded with the same seed on every call, so on a GPU every refill round
+    of dynamic sampling drew the same random numbers. Checked with a fake CUDA device and a stub
+    `generate`, so no GPU is needed (making a CUDA generator here would raise)."""
+    seen = []
+    monkeypatch.setattr(step_mod, "generate", lambda *a, **k: seen.append(k["generator"]))
+    run = SimpleNamespace(tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), policy=None,
+                          device=torch.device("cuda"), amp_dtype=None, eos_ids={0},
+                          cfg=SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0))
+    gen = torch.Generator()
+    examples = [SimpleNamespace(prompt="1+1?")]
+    step_mod.rollout_examples(run, examples, G=2, generator=gen)
+    step_mod.rollout_examples(run, examples, G=2, generator=gen)
+    assert seen == [gen, gen] and all(g is gen for g in seen)
+
+
+def toy_batch() -> Batch:
+    """Two groups of G = 2: completions of lengths 2, 1 | 3, 3."""
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
+    rollout = Rollout(prompt_ids=torch.ones(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.long),
+                      completion_ids=torch.arange(12).view(4, 3), completion_mask=mask, sample_logp=-mask,
+                      truncated=torch.tensor([False, False, True, True]), texts=["a", "b", "c", "d"], G=2)
+    return Batch([SimpleNamespace(id=f"p{i}", prompt=f"q{i}", answer=str(i)) for i in range(2)], rollout, torch.tensor([1.0, 0.0, 0.5, 0.5]),
+                 {"math": [1.0, 0.0, 0.5, 0.5]})
+
+
+def test_batch_keeps_whole_groups():
+    batch = toy_batch()
+    assert batch.n_tokens == 9 and not batch.empty
+    kept = batch.keep_groups(torch.tensor([False, True]))
+    assert [e.id for e in kept.examples] == ["p1"] and kept.rollout.texts == ["c", "d"]
+    assert kept.raw_reward.tolist() == [0.5, 0.5] and kept.reward_by_fn == {"math": [0.5, 0.5]}
+    assert kept.n_tokens == 6
+    none = batch.keep_groups(torch.tensor([False, False]))
+    assert none.empty and none.examples == [] and none.reward_by_fn == {"math": []}
+
+
+def test_samples_record_the_raw_and_the_shaped_reward():
+    from grpolab.trainer import sample_records
+
+    batch = toy_batch()
+    batch.reward = batch.raw_reward - torch.tensor([0.0, 0.0, 1.0, 1.0])  # e.g. an overlong penalty
+    recs = sample_records(batch, step=5, k=3)
+    assert [(r["id"], r["reward"], r["reward_shaped"]) for r in recs] == [("p0", 1.0, 1.0), ("p0", 0.0, 0.0),
+                                                                         ("p1", 0.5, -0.5)]
+    assert recs[2]["truncated"] is True and recs[2]["length"] == 3 and recs[2]["rewards"] == {"math": 0.5}
+    assert all(r["step"] == 5 for r in recs)
+
+
+@pytest.mark.parametrize("placement", ["in_loss", "in_reward"])
+def test_the_kl_is_measured_once(placement, tiny_model_dir, tmp_path):
+    """One `kl` per step, from the stage that uses it: the loss (in_loss) or the shaping (in_reward)."""
+    from grpolab import rewards as rewards_mod
+    from grpolab.cli import main
+    from grpolab.fileio import read_jsonl
+
+    from e2e_helpers import varied_score
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
+        calls = []
+        real = step_mod.shape_rewards
+        mp.setattr(step_mod, "shape_rewards", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
+        out = tmp_path / placement
+        assert main(["train", f"model={tiny_model_dir}", f"out={out}", "algo=grpo", "algo.beta=0.1",
+                     f"algo.kl_placement={placement}", "steps=2", "batch_size=8", "G=4", "max_new_tokens=6",
+                     "eval_size=0", "progress=false", "tensorboard=false", "lr=1e-3",
+                     "rewards=[{name: test_varied}]"]) == 0
+    lines = read_jsonl(out / "metrics.jsonl")
+    shaped_kl = [c.metrics.get("kl") for c in calls]
+    if placement == "in_reward":
+        assert [m["kl"] for m in lines] == shaped_kl and lines[1]["kl"] != 0.0
+        assert all(m["loss/kl"] == 0.0 for m in lines)
+    else:
+        assert shaped_kl == [None, None] and lines[1]["kl"] > 0
+        assert lines[1]["loss/kl"] == pytest.approx(0.1 * lines[1]["kl"])
