@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
+from grpolab import fileio
 
 
 def varied_score(completion: str, example) -> float:
@@ -14,7 +15,8 @@ def varied_score(completion: str, example) -> float:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+    """Every record of a JSONL file the run wrote; a line that is not a JSON object fails the test."""
+    return fileio.read_jsonl(path, strict=True)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:

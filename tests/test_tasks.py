@@ -13,7 +13,7 @@ import pytest
 
 from grpolab.tasks import build_task
 from grpolab.tasks.arithmetic import TEMPLATES as ARITH_TEMPLATES
-from grpolab.tasks.qa import gsm8k_answer, last_boxed, normalise_answer
+from grpolab.tasks.qa import normalise_answer
 from grpolab.types import ConfigError, Example
 
 
@@ -240,11 +240,12 @@ def test_countdown_bad_options(args, match):
 
 
 def test_gsm8k_and_boxed_parsing():
-    assert gsm8k_answer("She pays 2 * 3 = <<2*3=6>>6.\n#### 6") == "6"
-    assert gsm8k_answer("a #### 1 \n more #### 1,234,567") == "1234567"
-    assert gsm8k_answer("#### -3.5") == "-3.5"
+    assert normalise_answer("She pays 2 * 3 = <<2*3=6>>6.\n#### 6") == "6"
+    assert normalise_answer("a #### 1 \n more #### 1,234,567") == "1234567"
+    assert normalise_answer("#### -3.5", "gsm8k") == "-3.5"
+    assert normalise_answer("#### 7\n(a note on the next line)") == "7"  # the answer line only
     assert normalise_answer("Total $1,000.\n#### 1,000") == "1000"
-    assert last_boxed(r"so \boxed{1} then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    assert normalise_answer(r"so \boxed{1} then \boxed{\frac{1}{2}}.", "boxed") == r"\frac{1}{2}"
     assert normalise_answer(r"The answer is $\boxed{x^{2}}$") == "x^{2}"
     assert normalise_answer("  42 ") == "42"
     assert normalise_answer("#### 5", "raw") == "#### 5"

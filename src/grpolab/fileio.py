@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Iterable, Iterator
 
 from grpolab.types import ConfigError
 
@@ -48,14 +48,14 @@ def atomic_write(path: str | Path, data: str | bytes, *, fsync: bool = True) -> 
         fsync_dir(path.parent)
 
 
-def parse_jsonl(text: str, source: str, *, strict: bool) -> list[tuple[str, Any]]:
-    """[("SOURCE:LINE", record)] for each non-blank line of `text`.
+def iter_jsonl(lines: Iterable[str], source: str, *, strict: bool) -> Iterator[tuple[str, dict]]:
+    """("SOURCE:LINE", record) for each non-blank line, lazily (a large file is read only as far as
+    the caller iterates).
 
     strict=True: a line that is not JSON, or not a JSON object, is a ConfigError naming SOURCE:LINE.
     strict=False: such lines are skipped (a line cut by a crash at the end of a log).
     """
-    out = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{source}:{n}"
@@ -69,8 +69,12 @@ def parse_jsonl(text: str, source: str, *, strict: bool) -> list[tuple[str, Any]
             if strict:
                 raise ConfigError(f"{where}: expected a JSON object per line, got {type(rec).__name__}")
             continue
-        out.append((where, rec))
-    return out
+        yield where, rec
+
+
+def parse_jsonl(text: str, source: str, *, strict: bool) -> list[tuple[str, dict]]:
+    """[("SOURCE:LINE", record)] for each non-blank line of `text` (see iter_jsonl)."""
+    return list(iter_jsonl(text.splitlines(), source, strict=strict))
 
 
 def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict]:
@@ -79,4 +83,4 @@ def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict]:
     return [rec for _, rec in parse_jsonl(path.read_text(encoding="utf-8"), str(path), strict=strict)]
 
 
-__all__ = ["atomic_write", "fsync_dir", "parse_jsonl", "read_jsonl"]
+__all__ = ["atomic_write", "fsync_dir", "iter_jsonl", "parse_jsonl", "read_jsonl"]

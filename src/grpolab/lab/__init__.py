@@ -5,7 +5,7 @@
     grpolab lab baseline        # measure it: a short table of numbers and a one-line verdict
 
 LABS maps a claim's name to (the claim in one line, run function). A run function takes the claim's
-argv, prints its table and verdict, and returns a dict of the measured numbers (with "verdict").
+argv, prints its table (grpolab.lab.tables) and verdict, and returns a dict of the measured numbers (with "verdict").
 """
 
 from __future__ import annotations
@@ -24,18 +24,3 @@ LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
 
 last_result: dict = {}
 """The numbers of the most recent lab run through the CLI (for tests and notebooks)."""
-
-
-def table(header: list[str], rows: list[list], widths: list[int] | None = None) -> str:
-    """Plain-text table: first column left-aligned, the rest right-aligned; floats to 4 significant digits."""
-    def fmt(v) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
-
-    cells = [[fmt(v) for v in row] for row in [header] + rows]
-    w = [max(len(c[i]) for c in cells) + 2 for i in range(len(header))]
-    lines = []
-    for c in cells:
-        lines.append(c[0].ljust(w[0]) + "".join(x.rjust(w[i]) for i, x in enumerate(c) if i > 0))
-    return "\n".join(lines)

@@ -21,7 +21,7 @@ ESTIMATORS = ("none", "rloo", "batch_mean", "group_mean", "group_zscore")
 
 
 def run(argv: list[str]) -> dict:
-    from grpolab.lab import table
+    from grpolab.lab.tables import table
 
     ap = argparse.ArgumentParser(prog="grpolab lab baseline", description=CLAIM + ". " + __doc__.split("\n")[2])
     ap.add_argument("--G", type=int, default=4, help="samples per batch (= group size) (default 4)")

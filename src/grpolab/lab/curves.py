@@ -26,7 +26,7 @@ def pearson(x: list[float], y: list[float]) -> float:
 
 
 def run(argv: list[str]) -> dict:
-    from grpolab.lab import table
+    from grpolab.lab.tables import table
     from grpolab.metrics import read_jsonl
 
     ap = argparse.ArgumentParser(prog="grpolab lab curves", description=__doc__)

@@ -14,7 +14,7 @@ CLAIM = "G = 1 gives no signal"
 
 
 def run(argv: list[str]) -> dict:
-    from grpolab.lab import table
+    from grpolab.lab.tables import table
 
     ap = argparse.ArgumentParser(prog="grpolab lab g1", description=__doc__)
     ap.add_argument("--Gs", default="1,2,4,8,16", help="group sizes, comma-separated (default 1,2,4,8,16)")

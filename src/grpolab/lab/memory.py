@@ -36,7 +36,7 @@ def train_one(algo: str, steps: int, model: str, workdir: Path) -> dict:
 
 
 def run(argv: list[str]) -> dict:
-    from grpolab.lab import table
+    from grpolab.lab.tables import table
 
     ap = argparse.ArgumentParser(prog="grpolab lab memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

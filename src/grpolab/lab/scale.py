@@ -20,7 +20,7 @@ DEFAULT_AB = "2:0,0.5:3,10:-5,100:100"
 
 
 def run(argv: list[str]) -> dict:
-    from grpolab.lab import table
+    from grpolab.lab.tables import table
 
     ap = argparse.ArgumentParser(prog="grpolab lab scale", description=__doc__)
     ap.add_argument("--ab", default=DEFAULT_AB, help=f"a:b pairs, comma-separated, a > 0 (default {DEFAULT_AB})")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import random
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from grpolab.fileio import parse_jsonl
 from grpolab.types import ConfigError
+
+T = TypeVar("T")
 
 
 def check_int(key: str, value, lo: int, hi: int | None = None) -> int:
@@ -97,16 +100,23 @@ def resolve_template(value, presets: dict[str, str], fields: tuple[str, ...] = (
 
 
 def read_jsonl(path: str | Path) -> list[tuple[str, Any]]:
-    """[("file.jsonl:LINE", record)] for each non-blank line of the file named by task_args.path."""
+    """[("file.jsonl:LINE", record)] for each non-blank line of the file named by task_args.path; a
+    line that is not a JSON object is a ConfigError naming file and line."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"task_args.path: no such file {str(p)!r}")
-    out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
-        if line.strip():
-            where = f"{p.name}:{i + 1}"
-            try:
-                out.append((where, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"task_args.path: {where} is not valid JSON ({e})") from e
-    return out
+    try:
+        return parse_jsonl(p.read_text(encoding="utf-8"), p.name, strict=True)
+    except ConfigError as e:
+        raise ConfigError(f"task_args.path: {e}") from e
+
+
+def split_held_out(items: list[T], seed: int, eval_size: int | None) -> tuple[list[T], list[T]]:
+    """(train, held_out): a seeded shuffle picks the held-out items (eval_size of them, default a fifth,
+    at least one); both keep the file's order. If nothing is left to train on, train is every item."""
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    n = max(1, len(items) // 5) if eval_size is None else min(eval_size, len(items))
+    held_out = [items[i] for i in sorted(order[:n])]
+    train = [items[i] for i in sorted(order[n:])] or list(items)
+    return train, held_out

@@ -36,10 +36,12 @@ Options (`task_args`):
 from __future__ import annotations
 
 import hashlib
-import json
+import itertools
 import random
 from pathlib import Path
 
+from grpolab.fileio import iter_jsonl
+from grpolab.rewards.extract import gsm8k_answer, last_boxed
 from grpolab.tasks._args import check_optional_path, check_optional_str
 from grpolab.types import ConfigError, Example
 
@@ -49,34 +51,11 @@ ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "raw")
 FORMATS = ("auto", "jsonl", "parquet")
 
 
-def gsm8k_answer(text: str) -> str:
-    """The final answer of a GSM8K solution: the text after the last '#### ', commas stripped."""
-    tail = text.rsplit("####", 1)[-1]
-    return tail.strip().replace(",", "")
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} (or \\fbox{...}) in `text`, braces balanced; None if none."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None  # unbalanced
-
-
 def normalise_answer(text: str, answer_format: str = "auto") -> str:
     """Reference answer text -> the string a verifier compares against (see module docstring)."""
     text = text.strip()
     if answer_format == "gsm8k" or (answer_format == "auto" and "####" in text):
-        return gsm8k_answer(text)
+        return (gsm8k_answer(text) or "").replace(",", "")  # the final line after '####', commas stripped
     if answer_format in ("boxed", "auto"):
         boxed = last_boxed(text)
         if boxed is not None:
@@ -114,19 +93,7 @@ def _read_records(path: Path, fmt: str, key: str, limit: int | None = None) -> l
             out.append((f"{path}: row {n}", row))
         return out
     with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(rec, dict):
-                raise ConfigError(f"{path}:{n}: expected a JSON object per line, got {type(rec).__name__}")
-            out.append((f"{path}:{n}", rec))
-    return out
+        return list(itertools.islice(iter_jsonl(f, str(path), strict=True), limit))
 
 
 def _field(rec: dict, where: str, key: str | None, defaults: tuple[str, ...], what: str, opt: str) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 import jsonschema
 
 from grpolab.rewards.tools import TOOL_FUNCTIONS, TOOL_SPECS, calculator, convert_units, date_add, date_diff, weekday
-from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl
+from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl, split_held_out
 from grpolab.types import ConfigError, Example
 
 SYSTEM_PROMPT = (
@@ -163,12 +163,7 @@ class ToolsTask:
             self._eval = [generate(rng) for _ in range(n)]
             self._eval_prompts = {e.prompt for e in self._eval}
         else:
-            items = load_items(path)
-            order = list(range(len(items)))
-            random.Random(seed).shuffle(order)
-            n = max(1, len(items) // 5) if eval_size is None else min(eval_size, len(items))
-            self._eval = [items[i] for i in sorted(order[:n])]
-            self._items = [items[i] for i in sorted(order[n:])] or items
+            self._items, self._eval = split_held_out(load_items(path), seed, eval_size)
 
     def sample(self, n: int, rng: random.Random) -> list[Example]:
         """n training questions (built-in: freshly generated, never one of the eval prompts)."""
