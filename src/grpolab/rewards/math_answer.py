@@ -28,6 +28,7 @@ from grpolab.rewards.extract import (
     last_tag_content,
     plain_number,
 )
+from grpolab.procs import kill_process_group
 from grpolab.types import ConfigError, Example
 
 EXTRACT_MODES = ("answer_tag", "boxed", "gsm8k", "last_number", "auto")
@@ -107,14 +108,7 @@ class _Worker:
 
     def kill(self) -> None:
         """Kill the worker's whole process group and reap it."""
-        try:
-            os.killpg(self.proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_process_group(self.proc)
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
