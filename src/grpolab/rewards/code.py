@@ -1,27 +1,40 @@
 """The `code` reward: fraction of the task's tests that the last ```python block passes, in the sandbox.
 
 example.meta (made by grpolab.tasks.code):
-    tests:        list of assert statements, e.g. "assert add(1, 2) == 3"
-    entry_point:  the function under test (HumanEval's `candidate` is renamed to it)
-    setup:        optional code run before the candidate (imports the prompt already showed)
+    tests:        list of tests; each is Python source whose *last* statement is the test (an
+                  assertion about the function) and whose earlier statements are setup, e.g.
+                  "assert add(1, 2) == 3" or "import random\nxs = [1, 2]\nassert add(*xs) == 3"
+    entry_point:  the function under test (HumanEval's `candidate` means the same function)
+    setup:        optional code run before the candidate's code (imports the prompt already showed)
+    check_setup:  optional trusted code of the task (helpers its tests use, e.g. HumanEval's prompt),
+                  run in the checker before the first test
     allow_assert_tests: optional bool, see below
 
-Each assert is turned, in the parent and without evaluating anything, into a *call test*: the
-sandbox only receives the function name and literal arguments, the parent keeps the expected value
-and compares type-strictly (grpolab.sandbox.plain_equal). Supported shapes:
+A test is an assertion about the candidate: an `assert` (or a loop, `with`, `if` holding one) that
+mentions the entry point or `candidate`, or a name computed from it in the setup before it. Setup
+statements (imports, helper data, `assert True`) are not tests and never count.
+
+Each assert of the shape below is turned, in the parent and without evaluating anything, into a
+*call test*: the sandbox only receives the function name and literal arguments, the parent keeps
+the expected value and compares type-strictly (grpolab.values.plain_equal):
 
     assert f(<literals>) == <literal>        (either side; an assert message is ignored)
     assert f(<literals>) is True / False / None,  assert f(...),  assert not f(...)
     assert math.isclose(f(...), <literal>[, rel_tol=.., abs_tol=..])
     assert abs(f(...) - <literal>) < <literal>  (or <=)
 
-Any other assert can only run inside the sandbox, which then reports the verdict itself; a
-candidate could forge that, so such tests are refused unless meta["allow_assert_tests"] is True.
+Any other test is an *assert test*: the sandbox's checker process runs it, after its setup, in one
+namespace shared by all tests of the run, where the entry point and `candidate` call into the
+candidate's process (which cannot reach the checker, so it cannot forge the verdict; see
+docs/security.md). Such tests are refused unless meta["allow_assert_tests"] is True, because they
+execute the task's test code (trusted data) inside the sandbox and depend on its fidelity.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+from dataclasses import replace
 from functools import lru_cache
 
 from grpolab.rewards.extract import last_python_block
@@ -101,17 +114,74 @@ def _number(x):
     return x
 
 
-def convert_tests(asserts: list[str], entry_point: str, allow_assert_tests: bool = False) -> list[TestCase]:
-    """All tests of a problem as TestCases; unconvertible ones become in-sandbox asserts if allowed."""
-    out = []
-    for src in asserts:
-        try:
-            out.append(convert_assert(src, entry_point))
-        except UnconvertibleTest:
-            if not allow_assert_tests:
-                raise
-            out.append(TestCase("assert", source=src))
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _targets(stmt: ast.stmt) -> set[str]:
+    """Names a setup statement binds (assignment targets, loop variables, with-as, imports)."""
+    out: set[str] = set()
+    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.With)):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                out.add(node.id)
     return out
+
+
+def is_test(stmt: ast.stmt, about: set[str]) -> bool:
+    """True if `stmt` asserts something about one of the names in `about` (the candidate or values
+    computed from it): an `assert`, or a compound statement containing one, that mentions them
+    (inside a loop, names assigned from the candidate count too: `y = f(x); assert g(y)`)."""
+    inner = set(about)
+    for _ in range(3):  # short chains of assignments inside the statement
+        for node in ast.walk(stmt):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None \
+                    and _names(node.value) & inner:
+                inner |= _targets(node)
+    return any(isinstance(n, ast.Assert) and _names(n.test) & inner for n in ast.walk(stmt))
+
+
+def taint(stmt: ast.stmt, about: set[str]) -> set[str]:
+    """`about` plus the names a setup statement binds from an expression that mentions it."""
+    return about | _targets(stmt) if _names(stmt) & about else about
+
+
+def _stdlib_imports(node: ast.AST) -> str:
+    """`import m` lines for standard-library modules a test uses without importing (MBPP's `math`)."""
+    mods = getattr(sys, "stdlib_module_names", frozenset({"math", "re", "collections", "heapq", "itertools"}))
+    used = sorted(n for n in _names(node) if n in mods)
+    return "\n".join(f"import {m}" for m in used)
+
+
+def convert_test(source: str, entry_point: str, allow_assert_tests: bool = False) -> TestCase:
+    """One test (setup statements, then the test statement) -> a TestCase (raises UnconvertibleTest)."""
+    try:
+        tree = ast.parse(source.strip())
+    except SyntaxError as e:
+        raise UnconvertibleTest(f"syntax error in test: {e}") from e
+    if not tree.body:
+        raise UnconvertibleTest("empty test")
+    about = {entry_point, "candidate"}
+    for stmt in tree.body[:-1]:
+        about = taint(stmt, about)
+    last = tree.body[-1]
+    if not is_test(last, about):
+        raise UnconvertibleTest(f"not an assertion about {entry_point}: {ast.unparse(last)[:100]}")
+    prelude = "\n".join(ast.unparse(stmt) for stmt in tree.body[:-1])
+    for name in (entry_point, "candidate"):
+        try:
+            return replace(convert_assert(ast.unparse(last), name), fn=entry_point, prelude=prelude)
+        except UnconvertibleTest:
+            if name == "candidate" and not allow_assert_tests:
+                raise
+    imports = _stdlib_imports(tree)
+    prelude = "\n".join(x for x in (imports, prelude) if x)
+    return TestCase("assert", fn=entry_point, source=ast.unparse(last), prelude=prelude)
+
+
+def convert_tests(asserts: list[str], entry_point: str, allow_assert_tests: bool = False) -> list[TestCase]:
+    """All tests of a problem as TestCases; unconvertible ones become checker asserts if allowed."""
+    return [convert_test(src, entry_point, allow_assert_tests) for src in asserts]
 
 
 @lru_cache(maxsize=4096)
@@ -130,7 +200,8 @@ def code_score(completion: str, example: Example, cfg: SandboxConfig, *, allow_u
     code = last_python_block(completion, allow_untagged=allow_untagged)
     if code is None or not code.strip() or len(code) > max_code_chars:
         return 0.0
-    result = run_tests(code, list(tests), cfg, setup=str(meta.get("setup", "")))
+    result = run_tests(code, list(tests), cfg, setup=str(meta.get("setup", "")),
+                       check_setup=str(meta.get("check_setup", "")))
     return result.fraction
 
 

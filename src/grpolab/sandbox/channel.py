@@ -242,8 +242,8 @@ def _checker_main(job, req_w, rep_r, res_fd):
             exec(compile(job["check_setup"], "<check setup>", "exec"), ns)
         except BaseException as e:  # noqa: BLE001 - then the assert tests fail, with the reason
             emit({"check_setup_error": f"{type(e).__name__}: {str(e)[:200]}"})
-    for name in job["names"]:
-        ns[name] = proxy_for(name)
+    for name, target in job["names"].items():
+        ns[name] = proxy_for(target)
     for i, t in enumerate(job["tests"]):
         try:
             if t["prelude"]:

@@ -68,16 +68,17 @@ class SandboxResult:
 
 def encode_job(code: str, tests: Sequence[TestCase], setup: str = "", check_setup: str = "") -> bytes:
     """The job for the sandbox: code and test *inputs*, never an expected value."""
-    out, names = [], set()
+    out, names = [], {}
     for t in tests:
         if t.kind == "call":
             out.append({"kind": "call", "fn": t.fn, "args": channel._plain(tuple(t.args)), "prelude": t.prelude})
         elif t.kind == "assert":
             out.append({"kind": "assert", "src": t.source, "prelude": t.prelude})
-            names |= {"candidate", t.fn} - {""}
+            if t.fn:
+                names.update({"candidate": t.fn, t.fn: t.fn})  # both names call the entry point
         else:
             raise ValueError(f"unknown test kind {t.kind!r}")
-    job = {"code": code, "setup": setup, "check_setup": check_setup, "names": sorted(names), "tests": out}
+    job = {"code": code, "setup": setup, "check_setup": check_setup, "names": names, "tests": out}
     return channel.frame(json.dumps(job).encode())
 
 

@@ -9,9 +9,15 @@ shapes (one object per line, detected per line):
     MBPP:      {"task_id", "text" | "prompt", "code", "test_list", "test_setup_code"?}
     HumanEval: {"task_id", "prompt", "canonical_solution", "test", "entry_point"}
 
-Tests must be asserts that grpolab.rewards.code can grade in the parent (a call compared with a
-literal). Problems with other asserts are skipped, with a warning, unless
-`allow_assert_tests: true`, which lets the sandbox report their verdicts (weaker: forgeable).
+HumanEval's check() is read statement by statement: an assertion about the candidate is a test,
+everything before it (imports, helper data) is that test's setup, and all of it runs in order in
+one namespace; the prompt (helpers such as `poly`) and the rest of the test file run first
+(meta["check_setup"]). `import` lines and `assert True` are never tests.
+
+By default tests must be asserts that grpolab.rewards.code can grade in the parent (a call
+compared with a literal); problems with other tests are skipped, with a warning, unless
+`allow_assert_tests: true`, which runs them in the sandbox's checker process (see
+grpolab.rewards.code and docs/security.md).
 
 task_args: path (str), eval_size (int, default 20% of the problems), allow_assert_tests (bool).
 """
@@ -24,7 +30,7 @@ import logging
 import random
 from importlib import resources
 
-from grpolab.rewards.code import UnconvertibleTest, convert_tests
+from grpolab.rewards.code import UnconvertibleTest, convert_tests, is_test, taint
 from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl
 from grpolab.types import ConfigError, Example
 
@@ -57,26 +63,51 @@ def _entry_from_tests(tests: list[str]) -> str | None:
     return None
 
 
-class _RenameCandidate(ast.NodeTransformer):
-    def __init__(self, name: str) -> None:
-        self.name = name
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        return ast.copy_location(ast.Name(id=self.name, ctx=node.ctx), node) if node.id == "candidate" else node
+        return ast.copy_location(ast.Name(id=self.new, ctx=node.ctx), node) if node.id == self.old else node
+
+
+def humaneval_tests(test_src: str, entry_point: str) -> tuple[list[str], str]:
+    """HumanEval's `def check(candidate)` as grpolab tests, plus the check code's own module setup.
+
+    Every statement of check() runs, in order, in one namespace. A statement that asserts something
+    about the candidate (or about a value computed from it) is a test; the statements before it
+    (imports, helper data, `assert True`) are its setup and are kept with it. `candidate` is
+    renamed to the entry point everywhere (both names mean the candidate in the checker).
+    Returns (tests, module_setup) where module_setup is test_src minus check() (METADATA, imports).
+    """
+    tree = ast.parse(test_src)
+    tests, module = [], []
+    for node in tree.body:
+        if not (isinstance(node, ast.FunctionDef) and node.name == "check"):
+            module.append(ast.unparse(node))
+            continue
+        param = node.args.args[0].arg if node.args.args else "candidate"
+        body_names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        # keep `candidate` where check() also uses the entry point's name for something else
+        rename = _Rename(param, entry_point if entry_point not in body_names else "candidate")
+        about = {entry_point, "candidate", param}
+        pending: list[str] = []
+        for stmt in node.body:
+            if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+                continue
+            text = ast.unparse(rename.visit(stmt))
+            if is_test(stmt, about):
+                tests.append("\n".join(pending + [text]))
+                pending = []
+            else:
+                pending.append(text)
+                about = taint(stmt, about)
+    return tests, "\n".join(module)
 
 
 def humaneval_asserts(test_src: str, entry_point: str) -> list[str]:
-    """The assert statements of HumanEval's `def check(candidate)`, with candidate renamed."""
-    tree = ast.parse(test_src)
-    out = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "check":
-            for stmt in node.body:
-                if isinstance(stmt, ast.Assert):
-                    out.append(ast.unparse(_RenameCandidate(entry_point).visit(stmt)))
-                elif not isinstance(stmt, (ast.Expr, ast.Pass)):
-                    out.append(ast.unparse(stmt))  # loops/assignments: kept, so the problem is flagged
-    return out
+    """The tests of HumanEval's `def check(candidate)` (see humaneval_tests)."""
+    return humaneval_tests(test_src, entry_point)[0]
 
 
 def _imports_of(src: str) -> str:
@@ -89,9 +120,11 @@ def normalize_record(rec: dict, where: str) -> dict:
         raise ConfigError(f"{where}: expected a JSON object")
     if "test" in rec and "entry_point" in rec and "prompt" in rec:  # HumanEval
         ep = rec["entry_point"]
+        tests, module_setup = humaneval_tests(rec["test"], ep)
         return {
-            "id": str(rec.get("task_id", "")), "entry_point": ep,
-            "tests": humaneval_asserts(rec["test"], ep), "setup": _imports_of(rec["prompt"]),
+            "id": str(rec.get("task_id", "")), "entry_point": ep, "tests": tests,
+            "setup": _imports_of(rec["prompt"]),
+            "check_setup": "\n".join(x for x in (rec["prompt"], module_setup) if x.strip()),
             "solution": rec["prompt"] + rec.get("canonical_solution", ""),
             "prompt": ("Complete the following Python function. Give the complete function in a "
                        f"```python code block.\n\n```python\n{rec['prompt']}```"),
@@ -104,7 +137,8 @@ def normalize_record(rec: dict, where: str) -> dict:
         text = rec.get("text") or rec.get("prompt") or ""
         return {
             "id": str(rec.get("task_id", "")), "entry_point": ep, "tests": tests,
-            "setup": rec.get("test_setup_code", "") or "", "solution": rec.get("code", ""),
+            "setup": rec.get("test_setup_code", "") or "", "check_setup": rec.get("test_setup_code", "") or "",
+            "solution": rec.get("code", ""),
             "prompt": f"{text}\nThe function must be named `{ep}`; for example, it must pass:\n{tests[0]}\n"
                       "Give the function in a ```python code block.",
         }
@@ -114,7 +148,8 @@ def normalize_record(rec: dict, where: str) -> dict:
         prompt = (f"Write a Python function `{sig}`.\n{desc}\nGive the complete function in a ```python code block."
                   if sig else desc)
         return {"id": str(rec.get("id", "")), "entry_point": rec["entry_point"], "tests": list(rec["tests"]),
-                "setup": rec.get("setup", ""), "solution": rec.get("solution", ""), "prompt": prompt}
+                "setup": rec.get("setup", ""), "check_setup": rec.get("check_setup", ""),
+                "solution": rec.get("solution", ""), "prompt": prompt}
     raise ConfigError(f"{where}: unrecognised record (expected grpolab, MBPP or HumanEval fields)")
 
 
@@ -170,6 +205,8 @@ class CodeTask:
     @staticmethod
     def _example(p: dict) -> Example:
         meta = {"tests": p["tests"], "entry_point": p["entry_point"], "setup": p["setup"]}
+        if p.get("check_setup"):
+            meta["check_setup"] = p["check_setup"]
         if p.get("allow_assert_tests"):
             meta["allow_assert_tests"] = True
         return Example(prompt=p["prompt"], answer=p["solution"], meta=meta, id=f"code/{p['id']}")
