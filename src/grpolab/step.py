@@ -48,6 +48,9 @@ class Batch:
     adv: Tensor | None = None  # (N,) sequence or (N, C) token advantages (advantages)
     old_values: Tensor | None = None  # (N, C) V before the update, with a critic (advantages)
     returns: Tensor | None = None  # (N, C) value targets, with a critic (advantages)
+    old_logp: Tensor | None = None  # (N, C) log pi_old of each token, before the update (update)
+    last_logp: Tensor | None = None  # (N, C) log pi_theta in the last epoch's pass: ratio = exp(last - old)
+    entropy: Tensor | None = None  # (N, C) policy entropy at each completion position (update)
 
     @property
     def empty(self) -> bool:
@@ -172,7 +175,7 @@ def update(run: Run, batch: Batch) -> dict:
     compute_all = kl_in_loss or run.advantage.computes_every_group
     groups = (has_signal.view(-1, rollout.G).any(-1) | compute_all).nonzero().squeeze(-1)  # (g,)
     batches = micro_batches(rollout, groups, cfg.micro_batch)
-    old_logp = torch.zeros((N, C))
+    old_logp, last_logp, entropy_tok = torch.zeros((N, C)), torch.zeros((N, C)), torch.zeros((N, C))
     loss_infos: list[tuple[dict, float]] = []
     entropy_infos: list[tuple[dict, float]] = []
     grad_norms = []
@@ -182,8 +185,10 @@ def update(run: Run, batch: Batch) -> dict:
             part = slice_groups(rollout, rows, run.device)
             width, part_mask = part.width, part.completion_mask
             logp, entropy = slice_logp(run, run.policy, part, with_entropy=(epoch == 0))  # (b, C') each
+            last_logp[rows, :width] = logp.detach().cpu()
             if epoch == 0:
                 old_logp[rows, :width] = logp.detach().cpu()
+                entropy_tok[rows, :width] = (entropy * part_mask).cpu()
                 tokens = float(part_mask.sum())
                 entropy_infos.append(({"entropy": float((entropy * part_mask).sum() / part_mask.sum().clamp(min=1))},
                                       tokens))
@@ -200,6 +205,7 @@ def update(run: Run, batch: Batch) -> dict:
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()  # warm-up counts optimizer updates actually made
         run.advantage.step(cfg.max_grad_norm)
+    batch.old_logp, batch.last_logp, batch.entropy = old_logp, last_logp, entropy_tok  # rows not computed: 0
     metrics = weighted_mean(loss_infos)
     metrics.update(weighted_mean(entropy_infos))
     n_rows = sum(len(b) for b in batches)
