@@ -6,6 +6,7 @@ nesting depth. What differs between its users is a `Syntax`:
     expr  := term (('+'|'-') term)*
     term  := unary (('*'|'/') unary)*
     unary := ('+'|'-') unary | power        signs only with Syntax.unary
+           | '-' NUMBER power-rest          with Syntax.negative_literals: a minus on a number only
     power := atom ('**' unary)?             only with Syntax.max_exponent (integer |e| <= it)
     atom  := NUMBER | '(' expr ')'
 
@@ -40,6 +41,9 @@ class Syntax:
     """Accept '**' with an integer exponent of at most this magnitude; None: no '**'."""
     check: Callable[[Fraction], None] | None = None
     """Called on every value computed by an operator; raises `error` to refuse it (e.g. too large)."""
+    negative_literals: bool = False
+    """Accept a '-' written directly before a number literal (`-2 + 3`, `4 * -2`): it negates that
+    number only. Not before '(' or another sign. Implied by `unary`."""
 
 
 class _Parser:
@@ -90,6 +94,10 @@ class _Parser:
             op = self.take()
             value = self.unary(depth + 1)
             return -value if op == "-" else value
+        if self.syn.negative_literals and self.peek() == "-" and self.pos + 1 < len(self.toks) \
+                and self.toks[self.pos + 1][:1].isdigit():
+            self.take()
+            return -self.power(depth)
         return self.power(depth)
 
     def power(self, depth: int) -> Fraction:

@@ -7,7 +7,11 @@ Where the expression is read from (extract="auto", the default): the content of 
 (after its last ':' if any, with surrounding `$` and a final '.' dropped).
 extract="answer_tag" requires the tag. The expression may be written as `expr` or `expr = target`
 (the right-hand side must then be the target itself). Allowed: integer literals, + - * /, parentheses,
-whitespace; `x` and `×` are read as `*`, `÷` as `/`, `−` as `-`. No unary minus, no other characters.
+whitespace; `x` and `×` are read as `*`, `÷` as `/`, `−` as `-`. A minus sign directly on a given
+number is accepted (`-1 + 72*(89 - 77)/1`, `27*(-2 + (5 - 55 + 62)/2)`: public countdown generators'
+gold answers have them, and TinyZero's checker accepts them); the number still counts as the given
+one (`-2` uses 2). A sign on a parenthesised expression (`-(1+2)`), a doubled sign (`--2`) and a
+unary plus are refused. No other characters.
 
 The expression is parsed by the small recursive-descent parser of grpolab.rewards.arith (never eval)
 and evaluated exactly with fractions; division by zero scores 0. Each given number must be used
@@ -60,13 +64,15 @@ def _tokenize(expr: str) -> list[str]:
     return tokenize(expr.translate(_TRANSLATE))
 
 
-# Integer literals, + - * / and parentheses; no unary minus, no powers, no magnitude limit.
+# Integer literals (a minus allowed directly on one), + - * / and parentheses; no powers, no
+# magnitude limit.
 SYNTAX = Syntax(tokenize=_tokenize, error=ExprError, max_chars=MAX_EXPR_CHARS, max_depth=MAX_DEPTH,
-                depth_message="too deeply nested")
+                depth_message="too deeply nested", negative_literals=True)
 
 
 def evaluate(expr: str) -> tuple[Fraction, list[int]]:
-    """Exact value of `expr` and the integer literals it uses, in order (raises ExprError)."""
+    """Exact value of `expr` and the integer literals it uses, in order, without their signs (raises
+    ExprError)."""
     numbers: list[int] = []
     value = arith.evaluate(expr, SYNTAX, on_number=lambda v: numbers.append(int(v)))
     return value, numbers
