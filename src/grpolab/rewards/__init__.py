@@ -15,6 +15,12 @@ Each spec is {"name": <reward>, "weight": float (default 1.0), "label": optional
                max_code_chars
     tool_call  partial_parse, partial_tool, partial_args, max_chars, max_depth
 
+A name may also point at a function of your own, by import path (`mypkg.rewards:my_fn`) or by file
+(`path/to/rewards.py:my_fn`), written in TRL's form `fn(completions, prompts=..., **columns) ->
+list[float | None]` or grpolab's per-sample form `fn(completion, example) -> float`; other spec keys
+are passed to it as keyword arguments (grpolab.rewards.custom; docs/rewards.md). A registered
+factory may return either form too.
+
 A failing verifier never crashes a run: see grpolab.rewards.scoring.
 """
 
@@ -24,10 +30,11 @@ import importlib
 import inspect
 from typing import Callable
 
+from grpolab.rewards import custom
 from grpolab.rewards.scoring import RewardFn, Scores, score_completions
 from grpolab.types import ConfigError
 
-__all__ = ["REWARDS", "RewardFn", "Scores", "build_rewards", "get_factory", "score_completions"]
+__all__ = ["REWARDS", "RewardFn", "Scores", "as_factory", "build_rewards", "get_factory", "score_completions"]
 
 # name -> "module:factory"; factories are imported on first use (code/tool_call pull in more).
 REWARDS: dict[str, str] = {
@@ -39,10 +46,22 @@ REWARDS: dict[str, str] = {
 }
 
 
+def as_factory(fn: Callable) -> Callable:
+    """A registry entry for a reward function itself (TRL or per-sample form): the spec's options are
+    passed to `fn` as keyword arguments on every call, as for `module:function` names."""
+
+    def factory():
+        return fn
+
+    factory.reward_fn = fn  # type: ignore[attr-defined]
+    return factory
+
+
 def get_factory(name: str) -> Callable:
     """The factory registered under `name` (ConfigError listing the known names)."""
     if name not in REWARDS:
-        raise ConfigError(f"rewards: unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))}")
+        raise ConfigError(f"rewards: unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))} "
+                          f"(or a function of your own: 'package.module:function' or 'path/to/file.py:function')")
     target = REWARDS[name]
     if callable(target):
         return target
@@ -66,25 +85,43 @@ def build_rewards(specs: list[dict]) -> list[RewardFn]:
         name = opts.pop("name", None)
         if name is None:
             raise ConfigError(f"{where}: missing 'name'; known rewards: {', '.join(sorted(REWARDS))}")
-        factory = get_factory(name)
+        if not isinstance(name, str):
+            raise ConfigError(f"{where}.name: expected a reward name or 'module:function', got {name!r}")
         weight = opts.pop("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ConfigError(f"{where}.weight: expected a number, got {weight!r}")
-        label = opts.pop("label", name)
+        direct = None
+        if name not in REWARDS and custom.is_reference(name):
+            direct = custom.resolve(name, where)
+            default_label = name.rpartition(":")[2].rsplit(".", 1)[-1]
+        else:
+            factory = get_factory(name)
+            direct = getattr(factory, "reward_fn", None)
+            default_label = name
+        label = opts.pop("label", default_label)
         if not isinstance(label, str) or not label:
             raise ConfigError(f"{where}.label: expected a non-empty string, got {label!r}")
-        known = [p for p in inspect.signature(factory).parameters]
-        for key in opts:
-            if key not in known:
-                raise ConfigError(
-                    f"{where}.{key}: unknown option for reward {name!r}; "
-                    f"known options: name, weight, label, {', '.join(known)}"
-                )
-        try:
-            fn = factory(**opts)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from e
+        if direct is not None:
+            fn, batch = custom.adapt(direct, opts, where)
+        else:
+            known = [p for p in inspect.signature(factory).parameters]
+            for key in opts:
+                if key not in known:
+                    raise ConfigError(
+                        f"{where}.{key}: unknown option for reward {name!r}; "
+                        f"known options: name, weight, label, {', '.join(known)}"
+                    )
+            try:
+                fn = factory(**opts)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from e
+            try:
+                batch = custom.is_batch(fn, where)
+            except ConfigError:
+                batch = False  # a registered factory's function of unknown shape: the per-sample form
+            if batch:
+                fn, batch = custom.adapt(fn, {}, where)
         if any(f.name == label for f in fns):
             raise ConfigError(f"{where}: reward {label!r} listed twice; give one a distinct 'label'")
-        fns.append(RewardFn(name=label, weight=float(weight), fn=fn))
+        fns.append(RewardFn(name=label, weight=float(weight), fn=fn, batch=batch))
     return fns

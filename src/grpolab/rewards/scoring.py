@@ -6,6 +6,14 @@ increments `reward/errors`; a call that runs past `timeout_s` (or raises Timeout
 and code verifiers do when their own budget runs out) does the same and increments
 `reward/timeouts`. Nothing raises out of it.
 
+A score must be a finite number (a bool counts as 0/1). NaN, inf, None, or anything else that is
+not a number is an error like a raise: it scores as above, is counted in `reward/errors`, and never
+enters the reward as a number. A batch function (RewardFn.batch, the TRL form) is called once per
+run of consecutive completions that share one example (one group of G in training, one completion in
+evaluation) and must return one score per completion: a list of another length is an error for
+every completion of that call. Each kind of failure is logged once per RewardFn (per run) as a warning
+that names the function, and every message is in `Scores.messages`.
+
 A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
 sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
 that pool does not count against a call's time. Python cannot kill a thread: a call abandoned at
@@ -32,26 +40,37 @@ ON_ERROR = ("zero", "exclude")
 
 @dataclass
 class RewardFn:
-    """A named, weighted reward function: fn(completion, example) -> float."""
+    """A named, weighted reward function.
+
+    batch=False: fn(completion, example) -> float, one call per completion.
+    batch=True:  fn(completions, examples) -> list of floats, one call per group of completions that
+                 share an example (how grpolab.rewards runs TRL-style functions).
+    """
 
     name: str
     weight: float
-    fn: Callable[[str, Example], float]
+    fn: Callable
+    batch: bool = False
+    warned: set = field(default_factory=set, repr=False, compare=False)
+    """Kinds of failure already logged for this function (each is logged once per RewardFn, i.e. per run)."""
 
 
 @dataclass
 class Scores:
     """Scores of one batch.
 
-    total:   weighted sum per completion (NaN where on_error="exclude" dropped a sample).
-    per_fn:  each function's raw (unweighted) score per completion.
-    metrics: "reward/<name>/mean" per function (over non-NaN scores), "reward/errors" and
-             "reward/timeouts" (counts in this call).
+    total:    weighted sum per completion (NaN where on_error="exclude" dropped a sample).
+    per_fn:   each function's raw (unweighted) score per completion.
+    metrics:  "reward/<name>/mean" per function (over non-NaN scores), "reward/errors" and
+              "reward/timeouts" (counts in this call).
+    messages: one line per failed call, naming the function ("reward 'f' returned NaN for
+              completion 3"), at most MAX_MESSAGES.
     """
 
     total: list[float]
     per_fn: dict[str, list[float]]
     metrics: dict[str, float] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
 
 
 _OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
@@ -143,14 +162,71 @@ def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float,
     return results  # type: ignore[return-value]
 
 
+MAX_MESSAGES = 20
+_warned_lock = threading.Lock()
+
+
+class BadScore(ValueError):
+    """A reward function returned something that is not a finite number."""
+
+
 def _to_score(value: object) -> float:
-    """A reward function's return value as a finite float (else ValueError)."""
+    """A reward function's return value as a finite float (else BadScore saying what it was)."""
     if isinstance(value, bool):
         return float(value)
-    x = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(x):
-        raise ValueError(f"reward returned a non-finite value {x}")
+    if value is None:
+        raise BadScore("returned None")
+    if isinstance(value, (str, bytes, list, tuple, dict, set)):
+        raise BadScore(f"returned a {type(value).__name__} ({value!r:.40}), not a number")
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise BadScore(f"returned a {type(value).__name__}, not a number") from None
+    if math.isnan(x):
+        raise BadScore("returned NaN")
+    if math.isinf(x):
+        raise BadScore(f"returned {x}")
     return x
+
+
+def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
+    """[(start, end)] runs of consecutive completions that share one example (the same object)."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for j in range(1, len(examples) + 1):
+        if j == len(examples) or examples[j] is not examples[start]:
+            runs.append((start, j))
+            start = j
+    return runs
+
+
+def _batch_results(value: object, n: int) -> list[tuple[str, object]]:
+    """Split one batch call's return value into n per-completion results."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        err = BadScore(f"returned a {type(value).__name__}, not a list of {n} scores")
+        return [(_ERROR, err)] * n
+    items = list(value)  # type: ignore[call-overload]
+    if len(items) != n:
+        err = BadScore(f"returned {len(items)} scores for {n} completions")
+        return [(_ERROR, err)] * n
+    return [(_OK, v) for v in items]
+
+
+def _describe(name: str, j: int, status: str, value: object) -> tuple[str, str]:
+    """(kind, message) of a failed call, naming the function."""
+    if status == _TIMEOUT:
+        return "timeout", f"reward {name!r} timed out on completion {j} ({value})"
+    if isinstance(value, BadScore):
+        return str(value), f"reward {name!r} {value} for completion {j}; counted in reward/errors, scored as a failure"
+    return type(value).__name__, f"reward {name!r} raised {type(value).__name__}: {value} (completion {j})"
+
+
+def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
+    with _warned_lock:
+        if kind in rf.warned:
+            return
+        rf.warned.add(kind)
+    log.warning("%s (logged once per run for each function and kind of failure)", message)
 
 
 def score_completions(fns: list[RewardFn], completions: list[str], examples: list[Example], *,
@@ -162,33 +238,52 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     n = len(completions)
     calls, groups, limits = [], [], {}
+    spans: list[tuple[int, int, int]] = []  # (function index, start, end) of each call
+    runs = _group_runs(examples)
     for k, rf in enumerate(fns):
         limit = getattr(rf.fn, "max_concurrency", None)
         if isinstance(limit, int) and limit > 0:
             limits[k] = limit
-        for c, ex in zip(completions, examples, strict=True):
-            calls.append(lambda f=rf.fn, c=c, ex=ex: f(c, ex))
-            groups.append(k)
-    results = _run_calls(calls, workers, timeout_s, groups, limits) if calls else []
+        if rf.batch:
+            for a, b in runs:
+                calls.append(lambda f=rf.fn, a=a, b=b: f(list(completions[a:b]), list(examples[a:b])))
+                groups.append(k)
+                spans.append((k, a, b))
+        else:
+            for j, (c, ex) in enumerate(zip(completions, examples, strict=True)):
+                calls.append(lambda f=rf.fn, c=c, ex=ex: f(c, ex))
+                groups.append(k)
+                spans.append((k, j, j + 1))
+    raw = _run_calls(calls, workers, timeout_s, groups, limits) if calls else []
+    results: dict[tuple[int, int], tuple[str, object]] = {}  # (function, completion) -> result
+    for (k, a, b), (status, value) in zip(spans, raw):
+        parts = _batch_results(value, b - a) if status == _OK and fns[k].batch else [(status, value)] * (b - a)
+        for j, part in zip(range(a, b), parts):
+            results[(k, j)] = part
 
     fail_value = 0.0 if on_error == "zero" else math.nan
     per_fn: dict[str, list[float]] = {}
+    messages: list[str] = []
     errors = timeouts = 0
     for k, rf in enumerate(fns):
         scores = []
         for j in range(n):
-            status, value = results[k * n + j]
+            status, value = results[(k, j)]
             if status == _OK:
                 try:
                     scores.append(_to_score(value))
                     continue
-                except (TypeError, ValueError) as e:
+                except BadScore as e:
                     status, value = _ERROR, e
             if status == _TIMEOUT:
                 timeouts += 1
             else:
                 errors += 1
-                log.debug("reward %s failed on sample %d: %r", rf.name, j, value)
+            kind, message = _describe(rf.name, j, status, value)
+            if status == _ERROR:
+                _warn_once(rf, kind, message)
+            if len(messages) < MAX_MESSAGES:
+                messages.append(message)
             scores.append(fail_value)
         per_fn[rf.name] = scores
 
@@ -199,4 +294,4 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
         metrics[f"reward/{rf.name}/mean"] = sum(valid) / len(valid) if valid else 0.0
     metrics["reward/errors"] = float(errors)
     metrics["reward/timeouts"] = float(timeouts)
-    return Scores(total=total, per_fn=per_fn, metrics=metrics)
+    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages)

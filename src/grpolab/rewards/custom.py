@@ -1,0 +1,185 @@
+"""Reward functions of your own: found by import path or file, called in TRL's form or grpolab's.
+
+A reward spec's `name` may point at a function instead of a registered reward:
+
+    {name: "mypkg.rewards:my_fn"}            imported with importlib (mypkg must be importable)
+    {name: "path/to/rewards.py:my_fn"}       the file is loaded as a module (relative to the cwd)
+
+The function is the reward itself (not a factory). Its form is read from its parameters:
+
+    TRL form    fn(completions, prompts=..., **columns) -> list[float | None]
+                a parameter named `completions`: called with keyword arguments, one call per group
+                of completions that share a prompt. `completions` are strings, or chat messages
+                ([{"role": "assistant", "content": text}]) when the prompt is a message list;
+                `prompts` are the prompts as the task gave them (strings or message lists); every
+                other column of the example comes as a list, one value per completion: `answer`
+                (the reference answer) and each key of the example's meta (a dataset's other
+                columns, countdown's `numbers` and `target`, ...). A function without **kwargs gets
+                only the arguments it names.
+    per-sample  fn(completion, example) -> float        (a first parameter named `completion`, or
+                two positional parameters): grpolab's own form, one call per completion.
+
+Any other key of the spec (besides name, weight, label) is passed to the function as a keyword
+argument on every call. The metric name is the function's name (`reward/my_fn/mean`) unless the spec
+gives a `label`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Callable
+
+from grpolab.types import ConfigError, Example
+
+RESERVED = ("prompts", "completions")
+
+
+def is_reference(name: object) -> bool:
+    """Does a reward name point at a function (`module:attr` or `file.py:attr`)?"""
+    return isinstance(name, str) and ":" in name
+
+
+def _load_file(path: Path, where: str):
+    """Import a .py file as a module (once per absolute path: a second spec reuses it)."""
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"{where}: reward file not found: {path}")
+    mod_name = "grpolab_user_rewards_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{where}: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file failed while it was imported
+        del sys.modules[mod_name]
+        raise ConfigError(f"{where}: importing {path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def resolve(name: str, where: str) -> Callable:
+    """The function a `module:attr` or `file.py:attr` name points at (ConfigError on any problem)."""
+    target, _, attr = name.rpartition(":")
+    if not target or not attr:
+        raise ConfigError(f"{where}.name: {name!r}: expected 'package.module:function' or 'path/to/file.py:function'")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        module = _load_file(Path(target), where)
+        source = str(Path(target))
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise ConfigError(f"{where}.name: cannot import module {target!r} ({e}); is it on PYTHONPATH?") from e
+        except Exception as e:
+            raise ConfigError(f"{where}.name: importing {target!r} failed: {type(e).__name__}: {e}") from e
+        source = target
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            known = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+            raise ConfigError(f"{where}.name: {source} has no {attr!r}; its functions: {', '.join(known) or 'none'}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{where}.name: {name!r} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def _signature(fn: Callable, where: str) -> inspect.Signature:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: cannot read the parameters of {fn!r} ({e})") from e
+
+
+def is_batch(fn: Callable, where: str) -> bool:
+    """True for TRL's form (a `completions` parameter), False for grpolab's per-sample form."""
+    params = _signature(fn, where).parameters
+    if "completions" in params:
+        return True
+    if "completion" in params:
+        return False
+    positional = [p for p in params.values()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params.values()):
+        return False
+    raise ConfigError(
+        f"{where}: cannot tell how to call {getattr(fn, '__name__', fn)!r}: write it as "
+        f"fn(completions, prompts=None, **kwargs) -> list (TRL's form) or fn(completion, example) -> float"
+    )
+
+
+def check_options(fn: Callable, options: dict, where: str, batch: bool) -> None:
+    """Spec options become keyword arguments: the function must accept each one."""
+    params = _signature(fn, where).parameters
+    takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for key in options:
+        if key in RESERVED and batch:
+            raise ConfigError(f"{where}.{key}: reserved (grpolab passes {key} itself)")
+        if not takes_any and key not in params:
+            raise ConfigError(f"{where}.{key}: {getattr(fn, '__name__', 'the function')}() has no parameter "
+                              f"{key!r} (its parameters: {', '.join(params)})")
+
+
+def columns(examples: list[Example]) -> dict[str, list]:
+    """TRL's extra columns: `answer` and every meta key that each example has, one value per completion."""
+    out: dict[str, list] = {"answer": [e.answer for e in examples]}
+    if examples:
+        keys = [k for k in examples[0].meta if all(k in e.meta for e in examples[1:])]
+        for k in keys:
+            if k not in RESERVED and k != "answer" and isinstance(k, str) and k.isidentifier():
+                out[k] = [e.meta[k] for e in examples]
+    return out
+
+
+def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]], object]:
+    """Adapt a TRL-form function to RewardFn(batch=True): (completions, examples) -> its return value."""
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def call(completions: list[str], examples: list[Example]):
+        chat = bool(examples) and not isinstance(examples[0].prompt, str)
+        kwargs = columns(examples)
+        kwargs.update(options)
+        kwargs["prompts"] = [e.prompt for e in examples]
+        kwargs["completions"] = ([[{"role": "assistant", "content": c}] for c in completions] if chat
+                                 else list(completions))
+        if not takes_any:
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+        return fn(**kwargs)
+
+    call.__name__ = getattr(fn, "__name__", "reward")
+    return call
+
+
+def sample_call(fn: Callable, options: dict) -> Callable[[str, Example], object]:
+    """A per-sample function with the spec's options bound as keyword arguments."""
+    if not options:
+        return fn
+
+    def call(completion: str, example: Example):
+        return fn(completion, example, **options)
+
+    call.__name__ = getattr(fn, "__name__", "reward")
+    return call
+
+
+def adapt(fn: Callable, options: dict, where: str) -> tuple[Callable, bool]:
+    """(the callable RewardFn holds, batch?) for a user's function and its spec options."""
+    batch = is_batch(fn, where)
+    check_options(fn, options, where, batch)
+    wrapped = trl_call(fn, options) if batch else sample_call(fn, options)
+    limit = getattr(fn, "max_concurrency", None)
+    if limit is not None and wrapped is not fn:
+        wrapped.max_concurrency = limit  # type: ignore[attr-defined]
+    return wrapped, batch
+
+
+__all__ = ["adapt", "columns", "is_batch", "is_reference", "resolve"]
