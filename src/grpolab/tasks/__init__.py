@@ -23,6 +23,7 @@ TASKS: dict[str, str] = {
     "qa": "grpolab.tasks.qa:QATask",
     "code": "grpolab.tasks.code:CodeTask",
     "tools": "grpolab.tasks.tools:ToolsTask",
+    "dataset": "grpolab.tasks.dataset:DatasetTask",
 }
 
 
