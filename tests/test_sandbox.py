@@ -238,7 +238,7 @@ def test_the_candidate_sees_only_the_planned_root():
     iso = sb.probe_isolation()
     if not iso.namespaces:
         pytest.skip(f"no mount namespace on this machine: {iso.describe()}")
-    plan = isolation.root_plan(isolation.interpreter(iso))
+    plan = isolation.root_plan(isolation.interpreter())
     code = ("import os\n"
             "def walk(skip):\n"
             "    out = []\n"

@@ -31,6 +31,7 @@ from grpolab.sandbox.isolation import (
     Isolation,
     SandboxUnavailable,
     check_isolation,
+    exec_interpreter,
     interpreter,
     probe_isolation,
     root_plan,
@@ -64,10 +65,9 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
         rl = cfg.rlimits()
         if uid is None and os.geteuid() != 0:
             rl["nproc"] += len(pids_of_uid(os.getuid()))  # NPROC counts all our processes
-        python = interpreter(iso)
         r_fd, w_fd = os.pipe()
         lcfg = launcher.launcher_config(
-            python=python, plan=root_plan(python) if iso.namespaces else None, uid=uid, workdir=workdir,
+            exec_python=exec_interpreter(iso), plan=root_plan(interpreter()) if iso.namespaces else None, uid=uid, workdir=workdir,
             limits=rl, res_fd=w_fd, wall_s=cfg.timeout_s + launcher.WATCHDOG_GRACE_S,
             cgroups=limits.slot_cgroup(slot, cfg, iso.cgroup) if uid not in (None, NOBODY) else [],
             seccomp=limits.seccomp_program() if iso.seccomp else None, tmpfs_mb=cfg.tmpfs_mb,

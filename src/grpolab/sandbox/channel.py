@@ -2,7 +2,8 @@
 
 Inside the sandbox two processes run as the slot uid:
 
-- the *candidate* (`_harness_main`, a fresh `python -I -S -B`) loads the model's code and serves
+- the *candidate* (`_harness_main`, forked from the launcher before it read the job, `-I -S`:
+  standard library only, no site, no environment) loads the model's code and serves
   calls: it reads a request frame (function name, plain-data arguments) on fd 3 and answers with
   one reply frame (the plain-data result, or the exception) on fd 4. It never learns how many
   tests there are, what is expected, or how the reply is judged;

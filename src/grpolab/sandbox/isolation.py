@@ -90,6 +90,11 @@ def unshare_cmd(user_ns: bool) -> list[str]:
 # ============================================================================ the candidate's file system
 
 
+def interpreter() -> str:
+    """The interpreter of the launcher, and so of the candidate (forked from it): this Python."""
+    return os.path.realpath(sys.executable)
+
+
 def world_reachable(path: str) -> bool:
     """True if every directory above `path` is traversable by others and the file is executable."""
     path = os.path.realpath(path)
@@ -109,11 +114,12 @@ def world_reachable(path: str) -> bool:
         return False
 
 
-def interpreter(iso: Isolation) -> str:
-    """The Python the candidate runs on (without namespaces: one the slot uid can reach)."""
-    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    if iso.namespaces or not iso.drop_uid or world_reachable(exe):
-        return exe
+def exec_interpreter(iso: Isolation) -> str | None:
+    """Without namespaces, a slot uid may not reach this Python's standard library (e.g. under
+    /root): then the candidate execs a world-reachable python3 instead. None: fork is enough."""
+    exe = interpreter()
+    if iso.namespaces or not iso.drop_uid or world_reachable(exe) and world_reachable(os.__file__):
+        return None
     for cand in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
         if os.path.exists(cand) and world_reachable(cand):
             return os.path.realpath(cand)
@@ -291,5 +297,5 @@ def check_isolation(mode: str) -> Isolation:
     return iso
 
 
-__all__ = ["Isolation", "SandboxUnavailable", "check_isolation", "interpreter", "probe_isolation", "root_plan",
-           "unshare_cmd", "world_reachable"]
+__all__ = ["Isolation", "SandboxUnavailable", "check_isolation", "exec_interpreter", "interpreter", "probe_isolation",
+           "root_plan", "unshare_cmd", "world_reachable"]

@@ -9,9 +9,11 @@ launcher is the PID namespace's init and stays the trusted root of the run:
    empty working directory, the interpreter, its standard library and the shared libraries these
    load, /dev/null-like devices, and a private tmpfs on /tmp; nothing of the host (no /proc, no
    repository, no datasets, no site-packages);
-3. forks the *candidate* (drops to the slot uid, rlimits, PR_SET_PDEATHSIG re-armed after the uid
-   change, no_new_privs, seccomp, exec of a fresh `python -I -S -B`) and the *checker* (same uid, not
-   dumpable, holds the result pipe), see grpolab.sandbox.channel;
+3. forks the *candidate* before it reads the job (so no test is in its memory): it drops to the
+   slot uid, sets rlimits, re-arms PR_SET_PDEATHSIG after the uid change, sets no_new_privs and
+   the seccomp filter, and runs the harness in this interpreter (no second Python start-up); then
+   reads the job and forks the *checker* (same uid, not dumpable, holds the result pipe), see
+   grpolab.sandbox.channel;
 4. is the watchdog: it kills every process of the namespace when the checker is done, when the
    wall-clock bound passes, or when stdin ends (the trainer died, even by SIGKILL), then exits,
    which takes the namespace down. The parent also SIGKILLs the process group at its own deadline.
@@ -26,7 +28,7 @@ import platform
 import sys
 
 from grpolab.sandbox import channel
-from grpolab.sandbox.channel import _checker_main, _recv  # used by the launcher's source, in the child
+from grpolab.sandbox.channel import _checker_main, _harness_main, _recv  # noqa: F401 - in the child's source
 
 WATCHDOG_GRACE_S = 1.0  # the init's own wall-clock bound is the run's timeout plus this
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
@@ -40,7 +42,8 @@ def _enter(libc, cfg, workdir, parent, checker):
     import ctypes
     import resource
 
-    os.nice(cfg["nice"])
+    if not checker:  # the trainer outranks the candidate for the CPU (timeouts stay prompt)
+        os.nice(cfg["nice"])
     lim = cfg["limits"]
     for name, value in (("RLIMIT_CPU", lim["cpu"]), ("RLIMIT_AS", lim["as"]), ("RLIMIT_FSIZE", lim["fsize"]),
                         ("RLIMIT_NOFILE", lim["nofile"]), ("RLIMIT_NPROC", lim["nproc"]), ("RLIMIT_CORE", 0)):
@@ -131,10 +134,6 @@ def _launcher_main():
     for path in cfg["cgroups"]:
         with open(path, "w") as f:
             f.write("0")  # this process; children inherit the cgroup
-    try:
-        job = _recv(0, 1 << 27)
-    except (EOFError, OSError, ValueError):
-        os._exit(0)  # the trainer went away before sending the job
     workdir = _build_root(libc, cfg) if cfg["mounts"] else cfg["workdir"]
     me = os.getpid()
     req_r, req_w = os.pipe()
@@ -142,6 +141,8 @@ def _launcher_main():
     done_r, done_w = os.pipe()  # held by the checker only: its end wakes the watchdog
     res_fd = cfg["res_fd"]
     devnull = os.open("/dev/null", os.O_RDWR)
+    # The candidate is forked before the job is read: nothing of the tests is in its memory. It runs
+    # the harness in this (fresh, trusted) interpreter after dropping everything, without an exec.
     cand = os.fork()
     if cand == 0:
         try:
@@ -149,14 +150,23 @@ def _launcher_main():
             os.dup2(hi_r, 3)
             os.dup2(hi_w, 4)
             os.dup2(devnull, 0)
-            os.closerange(5, 1 << 16)  # the result pipe and everything else of the launcher
+            os.closerange(5, 1 << 16)  # the result pipe, stdin's pipe, everything else of the launcher
             _enter(libc, cfg, workdir, me, checker=False)
-            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-            exe = cfg["python"]
-            os.execve(exe, [exe, "-I", "-S", "-B", "-X", "utf8", "-c", cfg["harness"]], env)
+            os.environ.clear()
+            os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
+            sys.argv[:] = ["solution.py"]
+            if cfg["exec_python"]:  # no mount namespace and this Python is unreachable for the uid
+                exe = cfg["exec_python"]
+                os.execve(exe, [exe, "-I", "-S", "-B", "-c", cfg["harness"]], dict(os.environ))
+            del cfg
+            _harness_main()
         finally:
-            os._exit(97)
-    chk = os.fork()
+            os._exit(0)
+    try:
+        job = _recv(0, 1 << 27)
+    except (EOFError, OSError, ValueError):
+        job = None  # the trainer went away before sending the job
+    chk = os.fork() if job is not None else -1
     if chk == 0:
         try:
             for fd in (req_r, rep_w, done_r):
@@ -169,7 +179,7 @@ def _launcher_main():
             os._exit(0)
     for fd in (req_r, req_w, rep_r, rep_w, done_w, res_fd, devnull):
         os.close(fd)
-    while True:
+    while job is not None:
         left = wall_end - time.monotonic()
         if left <= 0:
             break
@@ -187,6 +197,7 @@ def _launcher_main():
         for pid in (cand, chk):
             try:
                 os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             except OSError:
                 pass
     os._exit(0)
@@ -201,7 +212,7 @@ def _source(main, *helpers) -> str:
 
 HARNESS_SRC = _source(channel._harness_main, channel._plain, channel._unplain, channel._send, channel._recv)
 LAUNCHER_SRC = _source(_launcher_main, channel._plain, channel._unplain, channel._send, channel._recv,
-                       channel._checker_main, _enter, _build_root)
+                       channel._harness_main, channel._checker_main, _enter, _build_root)
 
 
 # ============================================================================ parent side
@@ -213,16 +224,16 @@ def launcher_command(cfg: dict, unshare: list[str] | None) -> list[str]:
     return (unshare or []) + cmd
 
 
-def launcher_config(*, python: str, plan: dict | None, uid: int | None, workdir: str | None, limits: dict,
+def launcher_config(*, exec_python: str | None, plan: dict | None, uid: int | None, workdir: str | None, limits: dict,
                     res_fd: int, wall_s: float, cgroups: list[str], seccomp: bytes | None, tmpfs_mb: int,
                     tmpfs_inodes: int) -> dict:
     """What the launcher is told (JSON on its command line; the job itself comes on stdin)."""
     return {
-        "python": python, "plan": plan, "mounts": plan is not None, "uid": uid, "workdir": workdir,
+        "exec_python": exec_python, "harness": HARNESS_SRC if exec_python else "", "plan": plan, "mounts": plan is not None, "uid": uid, "workdir": workdir,
         "limits": limits, "res_fd": res_fd, "wall_s": wall_s, "cgroups": cgroups, "nice": 10,
         "seccomp": seccomp.hex() if seccomp else "", "tmpfs_mb": tmpfs_mb, "tmpfs_inodes": tmpfs_inodes,
-        "harness": HARNESS_SRC, "sys_pivot_root": _SYS_PIVOT_ROOT.get(platform.machine(), -1),
+        "sys_pivot_root": _SYS_PIVOT_ROOT.get(platform.machine(), -1),
     }
 
 
-__all__ = ["HARNESS_SRC", "LAUNCHER_SRC", "WATCHDOG_GRACE_S", "launcher_command", "launcher_config"]
+__all__ = ["LAUNCHER_SRC", "WATCHDOG_GRACE_S", "launcher_command", "launcher_config"]

@@ -1,0 +1,54 @@
+"""Sandbox throughput: candidates per second through grpolab.sandbox.run_many, and one run's latency.
+
+Candidates are the reference solutions of the built-in code problems (2-5 tests each), twice over.
+The machine's load average is printed with each measurement: other jobs on the same cores lower
+the numbers (docs/security.md quotes ~40 candidates/s on 2 idle cores).
+
+    python benchmarks/bench_sandbox.py [--repeats 3] [--sequential 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+from grpolab import sandbox as sb  # noqa: E402
+from grpolab.rewards.code import convert_tests  # noqa: E402
+from grpolab.tasks.code import load_problems  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sequential", type=int, default=20, help="runs for the single-candidate latency")
+    args = ap.parse_args(argv)
+    iso = sb.check_isolation("best_effort")
+    print(f"isolation: {iso.describe()}; MAX_PARALLEL = {sb.MAX_PARALLEL}; cpus = {os.cpu_count()}")
+    jobs = [(p["solution"], convert_tests(p["tests"], p["entry_point"])) for p in load_problems(None)] * 2
+    sb.run_many(jobs[:4])  # warm up (lease uids, create cgroups, compute the root plan)
+    lat = []
+    for code, tests in jobs[: args.sequential]:
+        t = time.monotonic()
+        assert sb.run_tests(code, tests).fraction == 1.0
+        lat.append(time.monotonic() - t)
+    lat.sort()
+    print(f"latency of one candidate, sequential ({len(lat)} runs): median {statistics.median(lat):.3f} s, "
+          f"p90 {lat[int(0.9 * (len(lat) - 1))]:.3f} s  (load average {os.getloadavg()[0]:.2f})")
+    for _ in range(args.repeats):
+        load = os.getloadavg()[0]
+        t = time.monotonic()
+        res = sb.run_many(jobs)
+        wall = time.monotonic() - t
+        assert all(r.fraction == 1.0 for r in res), [r.details for r in res if r.fraction != 1.0][:3]
+        print(f"run_many: {len(jobs)} candidates in {wall:.2f} s = {len(jobs) / wall:.1f} candidates/s "
+              f"(load average before {load:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
