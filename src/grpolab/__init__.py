@@ -1,3 +1,41 @@
-"""grpolab: reinforcement learning from verifiable rewards, from REINFORCE to GRPO and its refinements."""
+"""grpolab: reinforcement learning from verifiable rewards, from REINFORCE to GRPO and its refinements.
+
+    import grpolab
+    summary = grpolab.train("recipes/demo.yaml", steps=5, out="runs/try", rewards=[my_reward_fn])
+    grpolab.evaluate("runs/try")
+
+`import grpolab` is cheap: the attributes below load their modules (and torch) on first use.
+See grpolab.api for the arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "train": "grpolab.api:train",
+    "evaluate": "grpolab.api:evaluate",
+    "build_config": "grpolab.config:build_config",
+    "Config": "grpolab.config:Config",
+    "ConfigError": "grpolab.types:ConfigError",
+    "Example": "grpolab.types:Example",
+    "REWARDS": "grpolab.rewards:REWARDS",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'grpolab' has no attribute {name!r}")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
