@@ -17,9 +17,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from grpolab import sandbox as sb  # noqa: E402
-from grpolab.rewards.code import convert_tests  # noqa: E402
-from grpolab.tasks.code import load_problems  # noqa: E402
+from grpolab import sandbox as sb
+from grpolab.rewards.code import convert_tests
+from grpolab.tasks.code import load_problems
 
 
 def main(argv: list[str] | None = None) -> int:

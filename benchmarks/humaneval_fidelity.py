@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from grpolab.rewards.code import code_score, convert_tests  # noqa: E402
-from grpolab.sandbox import MAX_PARALLEL, SandboxConfig, run_tests  # noqa: E402
-from grpolab.tasks.code import normalize_record  # noqa: E402
-from grpolab.types import Example  # noqa: E402
+from grpolab.rewards.code import code_score, convert_tests
+from grpolab.sandbox import MAX_PARALLEL, SandboxConfig, run_tests
+from grpolab.tasks.code import normalize_record
+from grpolab.types import Example
 
 # task_id -> why a `pass` stub legitimately scores above 0 (some tests expect None / falsy output)
 KNOWN_EXCEPTIONS: dict[str, str] = {

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from grpolab.rewards import build_rewards
-from grpolab.rewards.code import UnconvertibleTest, code_score, convert_assert, convert_tests
+from grpolab.rewards.code import (
+    UnconvertibleTest,
+    code_score,
+    convert_assert,
+    convert_tests,
+)
 from grpolab.sandbox import SandboxConfig
 from grpolab.types import ConfigError, Example
 

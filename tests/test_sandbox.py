@@ -11,7 +11,16 @@ import time
 import pytest
 
 from grpolab import sandbox as sb
-from grpolab.sandbox import SandboxConfig, TestCase, channel, grading, isolation, literal_test, run_many, run_tests
+from grpolab.sandbox import (
+    SandboxConfig,
+    TestCase,
+    channel,
+    grading,
+    isolation,
+    literal_test,
+    run_many,
+    run_tests,
+)
 from grpolab.types import ConfigError
 from grpolab.values import plain_equal
 

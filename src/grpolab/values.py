@@ -20,7 +20,7 @@ from typing import Any
 class PlainSet:
     """A set (or frozenset) decoded from untrusted data: its items, unhashed, in the order received."""
 
-    __slots__ = ("items", "frozen")
+    __slots__ = ("frozen", "items")
 
     def __init__(self, items: tuple, frozen: bool = False) -> None:
         self.items = tuple(items)

@@ -38,7 +38,14 @@ from dataclasses import replace
 from functools import lru_cache
 
 from grpolab.rewards.extract import last_python_block
-from grpolab.sandbox import ISOLATION_MODES, MAX_PARALLEL, SandboxConfig, TestCase, check_isolation, run_tests
+from grpolab.sandbox import (
+    ISOLATION_MODES,
+    MAX_PARALLEL,
+    SandboxConfig,
+    TestCase,
+    check_isolation,
+    run_tests,
+)
 from grpolab.types import ConfigError, Example
 
 

@@ -21,8 +21,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 from grpolab.procs import kill_process_group
 from grpolab.sandbox import channel, grading, launcher, limits, slots
@@ -142,7 +142,18 @@ def run_many(jobs: Sequence[tuple[str, Sequence[TestCase]]], config: SandboxConf
 
 
 __all__ = [
-    "ISOLATION_MODES", "Isolation", "MAX_PARALLEL", "SandboxConfig", "SandboxResult", "SandboxUnavailable",
-    "TestCase", "check_isolation", "literal_test", "plain_equal", "probe_isolation", "run_many", "run_tests",
+    "ISOLATION_MODES",
+    "MAX_PARALLEL",
+    "Isolation",
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "TestCase",
+    "check_isolation",
+    "literal_test",
+    "plain_equal",
+    "probe_isolation",
+    "run_many",
+    "run_tests",
     "sandbox_uids",
 ]

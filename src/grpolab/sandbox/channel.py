@@ -398,4 +398,4 @@ def frame(obj_json: bytes) -> bytes:
     return len(obj_json).to_bytes(4, "big") + obj_json
 
 
-__all__ = ["Budget", "MAX_RESULT_BYTES", "Tampered", "decode", "frame", "pump"]
+__all__ = ["MAX_RESULT_BYTES", "Budget", "Tampered", "decode", "frame", "pump"]

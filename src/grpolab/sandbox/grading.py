@@ -15,8 +15,9 @@ from __future__ import annotations
 import ast
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from grpolab.sandbox import channel
 from grpolab.values import plain_equal, short_repr

@@ -58,7 +58,7 @@ class SandboxConfig:
     tmpfs_inodes: int = 2048
     isolation: str = "best_effort"
 
-    def validate(self) -> "SandboxConfig":
+    def validate(self) -> SandboxConfig:
         """Raise ConfigError naming the first bad field."""
         if self.isolation not in ISOLATION_MODES:
             raise ConfigError(f"sandbox.isolation: expected require|best_effort, got {self.isolation!r}")
@@ -326,5 +326,12 @@ def _remove_cgroups() -> None:
             pass
 
 
-__all__ = ["CgroupSupport", "ISOLATION_MODES", "SandboxConfig", "cgroup_support", "detect_cgroups",
-           "seccomp_program", "slot_cgroup"]
+__all__ = [
+    "ISOLATION_MODES",
+    "CgroupSupport",
+    "SandboxConfig",
+    "cgroup_support",
+    "detect_cgroups",
+    "seccomp_program",
+    "slot_cgroup",
+]

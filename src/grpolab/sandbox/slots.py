@@ -141,5 +141,14 @@ def sandbox_uids() -> list[int]:
     return SLOTS.leased()
 
 
-__all__ = ["LEASE_DIR", "MAX_PARALLEL", "NOBODY", "SLOTS", "Slots", "UID_BASE", "pids_of_uid", "sandbox_uids",
-           "uid_is_unused"]
+__all__ = [
+    "LEASE_DIR",
+    "MAX_PARALLEL",
+    "NOBODY",
+    "SLOTS",
+    "UID_BASE",
+    "Slots",
+    "pids_of_uid",
+    "sandbox_uids",
+    "uid_is_unused",
+]
