@@ -230,3 +230,38 @@ def test_registered_factory_may_return_the_trl_form():
         del REWARDS["long_test"]
     assert rf.batch
     assert score_completions([rf], ["abc", "ab"], [EX_A, EX_A]).per_fn["long_test"] == [1.0, 0.0]
+
+
+CLI_REWARD = '''
+def varied(completions, prompts=None, **kwargs):
+    """A TRL reward as TRL users write it: one score per completion."""
+    return [(sum(map(ord, c)) % 5) / 4 for c in completions]
+
+def broken(completions, **kwargs):
+    return [float("nan")] * len(completions)
+'''
+
+
+def test_cli_trains_two_steps_with_a_reward_named_by_file(tiny_model_dir, tmp_path, capsys, caplog):
+    """End to end, as a user would: a TRL-style function in a .py file, named by path on the command line."""
+    from grpolab.cli import main
+    from grpolab.fileio import read_jsonl
+
+    path = tmp_path / "rewards.py"
+    path.write_text(CLI_REWARD)
+    out = tmp_path / "run"
+    rc = main(["train", f"model={tiny_model_dir}", f"out={out}", "steps=2", "batch_size=8", "G=4",
+               "max_new_tokens=8", "micro_batch=4", "eval_size=2", "progress=false", "tensorboard=false",
+               "save_every=0", f'rewards=[{{name: "{path}:varied"}}, {{name: "{path}:broken", weight: 0.5}}]'])
+    assert rc == 0, capsys.readouterr().err
+    metrics = read_jsonl(out / "metrics.jsonl", strict=True)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert 0 <= m["reward/varied/mean"] <= 1
+        assert m["reward/broken/mean"] == 0.0 and m["reward/errors"] == 8  # NaN: an error, never a number
+        assert m["reward/mean"] == pytest.approx(m["reward/varied/mean"])
+    assert any(m["reward/std"] > 0 for m in metrics)  # the file's reward drove real advantages
+    samples = read_jsonl(out / "samples.jsonl", strict=True)
+    assert samples and all(set(s["rewards"]) == {"varied", "broken"} for s in samples)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "grpolab.rewards.scoring"]
+    assert len([w for w in warnings if "reward 'broken' returned NaN" in w]) == 1  # once per run, named
