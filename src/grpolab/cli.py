@@ -113,7 +113,33 @@ def _lab(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval, "lab": _lab}
+def _report(argv: list[str]) -> int:
+    """One self-contained HTML page (plots, samples, token-level credit) of one run or several overlaid."""
+    ap = argparse.ArgumentParser(prog="grpolab report", description="Write one self-contained HTML report "
+                                 "(and a PNG per plot beside it) of a run, or of several runs overlaid.")
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (several: their curves overlay)")
+    ap.add_argument("-o", "--output", metavar="FILE", help="the HTML file (default: RUN_DIR/report.html for "
+                    "one run, ./report.html for several)")
+    ns = ap.parse_args(argv)
+    from grpolab.report import load_runs, write_report
+    from grpolab.report.plots import MissingPlotting
+
+    out = Path(ns.output) if ns.output else (Path(ns.runs[0]) / "report.html" if len(ns.runs) == 1
+                                             else Path("report.html"))
+    try:
+        path = write_report(ns.runs, out)
+    except MissingPlotting as e:
+        print(f"grpolab report: {e}", file=sys.stderr)
+        return 1
+    for run in load_runs(ns.runs):
+        for name, places in run.skipped.items():
+            print(f"grpolab report: {run.path}/{name}: skipped {len(places)} line(s) that are not complete "
+                  f"JSON objects: {', '.join(places[:3])}", file=sys.stderr)
+    print(f"wrote {path} (PNGs in {path.with_name(path.stem + '_plots')})")
+    return 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,9 +87,12 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                ref=ref, log=log, components=components)
 
 
-def sample_records(batch: Batch, step: int, k: int) -> list[dict]:
+def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
     """The first `k` completions of the step: prompt, answer, the verifiers' reward (`reward`, and per
-    function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`)."""
+    function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`).
+    With `run` (and run.cfg.sample_tokens > 0), each also gets `tokens`: the per-token advantage,
+    log-prob, ratio and clip decision, entropy and KL of its first sample_tokens tokens
+    (grpolab.report.tokens, for the report's credit view)."""
     rollout = batch.rollout
     out = []
     for i in range(min(k, len(rollout.texts))):
@@ -99,6 +102,12 @@ def sample_records(batch: Batch, step: int, k: int) -> list[dict]:
                     "reward_shaped": float(batch.reward[i]),
                     "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
                     "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])})
+    limit = run.cfg.sample_tokens if run is not None else 0
+    if out and limit > 0 and batch.adv is not None:
+        from grpolab.report.tokens import token_credit
+
+        for rec, tokens in zip(out, token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit)):
+            rec["tokens"] = tokens
     return out
 
 
@@ -171,7 +180,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
             m, batch = train_step(run, step)
             logger.log(m)
             if cfg.samples_per_step and not batch.empty:
-                for rec in sample_records(batch, step, cfg.samples_per_step):
+                for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
                     samples.write(rec)
             progress.advance(m)
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
@@ -184,6 +193,13 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
     history = read_jsonl(run.out / "metrics.jsonl")
     summary = summarise(history, before, after, run.out)
     _write_summary(summary_path, summary)
+    if cfg.report:  # OUT/report.html; a report that fails costs a warning, never the run
+        try:
+            from grpolab.report import machine_info, write_report
+
+            write_report([run.out], run.out / "report.html", machine=machine_info(run.device))
+        except Exception as e:  # noqa: BLE001 (matplotlib missing, a plotting bug, a full disk...)
+            log(f"warning: report.html not written: {e}")
     print_summary(summary, console=console)
     return summary
 

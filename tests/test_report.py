@@ -1,0 +1,406 @@
+"""grpolab report: the per-token values `grpolab train` saves, the page it writes at the end of a run,
+`grpolab report` on one run, on two (overlaid) and on bad input, and the page in a real browser
+(headless Chromium driven over the DevTools protocol on a pipe: plots visible, no console error, no
+network request).
+
+Runs are shared through module fixtures (tiny random model, a few seconds each on 2 cores).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import math
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpolab import rewards as rewards_mod
+from grpolab.algos import AlgoConfig
+from grpolab.cli import main
+from grpolab.kl import kl_per_token
+from grpolab.report.tokens import token_credit
+from grpolab.rollout import Rollout
+from grpolab.step import Batch
+
+from e2e_helpers import read_jsonl, varied_score
+
+SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "progress=false", "tensorboard=false",
+         "save_every=0", "rewards=[{name: test_varied}, {name: format, weight: 0.5}]"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def test_rewards():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
+        yield
+
+
+def train(model: Path, out: Path, *args: str) -> Path:
+    assert main(["train", f"model={model}", f"out={out}", *SMALL, *args]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_a(tiny_model_dir, tmp_path_factory) -> Path:
+    """GRPO with its reference (beta 0.04), two epochs per rollout (ratios move), 6 tokens saved of 8."""
+    return train(tiny_model_dir, tmp_path_factory.mktemp("report") / "grpo", "steps=3", "eval_size=4",
+                 "algo.mu=2", "lr=1e-3", "sample_tokens=6")
+
+
+@pytest.fixture(scope="module")
+def run_b(tiny_model_dir, tmp_path_factory) -> Path:
+    """Dr. GRPO without a report and without per-token values."""
+    return train(tiny_model_dir, tmp_path_factory.mktemp("report") / "drgrpo", "steps=2", "eval_size=0",
+                 "algo=dr_grpo", "report=false", "sample_tokens=0")
+
+
+# -- the per-token values -------------------------------------------------------------------------
+
+
+def toy_batch(adv: list[float], ref: bool) -> Batch:
+    """Two groups of G = 2, 3 tokens each (row 1 has 2). Row 0: ratios 1.5, 1.1, 0.5; row 1: 0.5, 1.1.
+    Group 1 has zero advantage: the update skipped it, its old/last log-probs and entropy are 0."""
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -2.0, 0.0], [0.0] * 3, [0.0] * 3])
+    ratio = torch.tensor([[1.5, 1.1, 0.5], [0.5, 1.1, 1.0], [1.0] * 3, [1.0] * 3])
+    rollout = Rollout(prompt_ids=torch.ones(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.long),
+                      completion_ids=torch.arange(12).view(4, 3), completion_mask=mask, sample_logp=-mask,
+                      truncated=torch.tensor([False, False, True, True]), texts=list("abcd"), G=2)
+    batch = Batch([SimpleNamespace(id=f"p{i}", prompt=f"q{i}", answer=str(i)) for i in range(2)], rollout,
+                  torch.tensor([1.0, 0.0, 0.5, 0.5]), {"math": [1.0, 0.0, 0.5, 0.5]})
+    batch.reward, batch.adv = batch.raw_reward.clone(), torch.tensor(adv)
+    batch.old_logp, batch.last_logp = old, old + ratio.log()
+    batch.entropy = torch.tensor([[0.3, 0.2, 0.1], [0.4, 0.5, 0.0], [0.0] * 3, [0.0] * 3])
+    batch.ref_logp = torch.full((4, 3), -1.5) if ref else None
+    return batch
+
+
+TOK = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: f"<{ids[0]}>")
+
+
+def algo(**kw) -> AlgoConfig:
+    return dataclasses.replace(AlgoConfig(), **kw)
+
+
+def test_token_values_of_a_computed_row_and_of_a_skipped_one():
+    batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
+    recs = token_credit(batch, [0, 1, 2], TOK, algo(), max_tokens=10)
+    a, b, skipped = recs
+    assert a["computed"] and a["n"] == 3 and a["shown"] == 3 and a["text"] == ["<0>", "<1>", "<2>"]
+    assert a["adv"] == [1.0] * 3 and a["logp"] == [-1.0, -2.0, -0.5] and a["entropy"] == [0.3, 0.2, 0.1]
+    assert a["ratio"] == pytest.approx([1.5, 1.1, 0.5], abs=1e-4)
+    assert a["clip"] == [1, 0, 0]  # A > 0: only a ratio above 1 + eps_high is clipped
+    assert b["clip"] == [-1, 0] and b["n"] == 2 and b["kl"] is None  # A < 0: only below 1 - eps_low; no ref
+    assert skipped == {"n": 3, "shown": 3, "computed": False, "text": ["<6>", "<7>", "<8>"], "adv": [0.0] * 3,
+                       "logp": None, "ratio": None, "entropy": None, "kl": None, "clip": None}
+
+
+def test_token_values_are_bounded_and_carry_the_kl_to_the_reference():
+    batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=True)  # KL in the loss: every group is computed
+    recs = token_credit(batch, [0, 2], TOK, algo(kl_estimator="k3"), max_tokens=2)
+    assert [r["shown"] for r in recs] == [2, 2] and all(len(r["text"]) == 2 == len(r["adv"]) for r in recs)
+    assert recs[1]["computed"]  # zero advantage, but the KL term needs the pass
+    want = kl_per_token(batch.old_logp[:1, :2], batch.ref_logp[:1, :2], batch.rollout.completion_mask[:1, :2], "k3")
+    assert recs[0]["kl"] == pytest.approx(want[0].tolist(), abs=1e-4)
+    d = -1.5 - (-1.0)  # k3 = exp(ref - logp) - (ref - logp) - 1, by hand
+    assert recs[0]["kl"][0] == pytest.approx(math.exp(d) - d - 1, abs=1e-4)
+
+
+@pytest.mark.parametrize("objective,row0,row1", [("pg", [0, 0, 0], [0, 0]), ("cispo", [1, 0, -1], [-1, 0]),
+                                                  ("gspo", [0, 0, 0], [-1, -1])])
+def test_the_clip_decision_follows_the_objective(objective, row0, row1):
+    batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
+    recs = token_credit(batch, [0, 1], TOK, algo(objective=objective), max_tokens=10)
+    assert [recs[0]["clip"], recs[1]["clip"]] == [row0, row1]
+    if objective == "gspo":  # one sequence ratio for every token: exp(mean log ratio); row 1: 0.74 < 0.8
+        s = math.exp((math.log(1.5) + math.log(1.1) + math.log(0.5)) / 3)
+        assert recs[0]["ratio"] == pytest.approx([s] * 3, abs=1e-4)
+
+
+def test_dual_clip_is_marked():
+    batch = toy_batch([-1.0, -1.0, 0.0, 0.0], ref=False)
+    batch.last_logp[0, 0] = batch.old_logp[0, 0] + math.log(4.0)  # ratio 4 > c = 3 with A < 0
+    assert token_credit(batch, [0], TOK, algo(dual_clip=3.0), max_tokens=10)[0]["clip"] == [2, 0, -1]
+
+
+def test_samples_jsonl_holds_bounded_per_token_values(run_a, run_b):
+    recs = read_jsonl(run_a / "samples.jsonl")
+    assert len(recs) == 3 * 4
+    computed = [r["tokens"] for r in recs if r["tokens"]["computed"]]
+    assert computed, "no written sample was computed by the update"
+    for r in recs:
+        t = r["tokens"]
+        assert t["n"] == r["length"] == 8 and t["shown"] == 6 and len(t["text"]) == len(t["adv"]) == 6
+        assert all(isinstance(a, float) for a in t["adv"])
+        for key in ("logp", "ratio", "entropy", "kl", "clip"):
+            assert (t[key] is None) == (not t["computed"]) and (t[key] is None or len(t[key]) == 6), key
+    assert all(x <= 0 for t in computed for x in t["logp"]) and all(x >= 0 for t in computed for x in t["kl"])
+    assert any(abs(x - 1) > 1e-4 for t in computed for x in t["ratio"])  # mu = 2: the last epoch moved
+    assert all(c in (-1, 0, 1) for t in computed for c in t["clip"])
+    assert all("tokens" not in r for r in read_jsonl(run_b / "samples.jsonl"))  # sample_tokens=0
+    per_step = (run_a / "samples.jsonl").stat().st_size / 3
+    assert per_step < 4 * (1000 + 60 * 6), per_step  # the documented bound
+
+
+# -- the page --------------------------------------------------------------------------------------
+
+
+EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*(?!["']?(?:data:|#))|url\(\s*(?!["']?data:)|@import|<link\b""",
+                      re.I)
+
+
+def test_train_writes_a_self_contained_report(run_a, run_b):
+    html = (run_a / "report.html").read_text()
+    pngs = sorted(p.name for p in (run_a / "report_plots").glob("*.png"))
+    for name in ("reward", "length", "eval", "kl", "entropy", "clip", "zero_std", "grad_norm", "lr", "time"):
+        assert f"{name}.png" in pngs
+    assert html.count('src="data:image/png;base64,') == len(pngs)
+    assert not EXTERNAL.search(html), EXTERNAL.search(html)
+    assert "Token-level credit" in html and 'class="tok' in html and "finished: 3 steps" in html
+    assert 'alt="Reward (verifiers, before shaping): total, format, test_varied"' in html  # per verifier
+    machine = json.loads((run_a / "machine.json").read_text())
+    assert machine["device"] == "cpu" and machine["torch"] == torch.__version__
+    assert not (run_b / "report.html").exists() and not (run_b / "report_plots").exists()  # report=false
+
+
+def test_a_comparison_overlays_the_runs(run_a, run_b, tmp_path, capsys):
+    out = tmp_path / "cmp.html"
+    assert main(["report", str(run_a), str(run_b), "-o", str(out)]) == 0
+    html = out.read_text()
+    assert "grpo vs drgrpo" in html and "Config differences" in html and "<th>algo.name</th>" in html
+    alt = re.search(r'alt="(Reward[^"]*)"', html).group(1)
+    assert "grpo: total" in alt and "drgrpo: total" in alt
+    assert (tmp_path / "cmp_plots" / "reward.png").exists() and str(out) in capsys.readouterr().out
+    assert "No token-level view: this run's samples.jsonl has no per-token values" in html  # run b
+
+
+def test_not_a_run_exits_2_naming_it(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert f"{tmp_path / 'empty'}: not a grpolab run directory" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert str(tmp_path / "missing") in capsys.readouterr().err
+
+
+def test_a_run_in_progress_with_a_cut_line(run_a, tmp_path, capsys):
+    """Up to the last complete line: a cut line inside is skipped and counted, the unfinished last one too."""
+    run = tmp_path / "live"
+    run.mkdir()
+    for name in ("config.yaml", "samples.jsonl"):
+        shutil.copy(run_a / name, run / name)
+    lines = (run_a / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(f"{lines[0]}\n{lines[1][:40]}\n{lines[2]}\n{lines[2][:30]}")
+    assert main(["report", str(run)]) == 0
+    err, html = capsys.readouterr().err, (run / "report.html").read_text()
+    assert "skipped 2 line(s)" in err and "metrics.jsonl:2" in err
+    assert "in progress or stopped: 2 of 3 steps" in html
+    assert "metrics.jsonl: 2 (line 2, 4 (incomplete last line))" in html
+    assert "no held-out evaluation recorded" in html  # no summary.json yet
+
+
+def test_without_matplotlib_the_report_says_what_to_install(run_a, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["report", str(run_a), "-o", str(tmp_path / "r.html")]) == 1
+    assert "pip install 'grpolab[report]'" in capsys.readouterr().err and not (tmp_path / "r.html").exists()
+
+
+def test_a_failing_report_never_fails_the_run(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    from grpolab.report import plots
+
+    def broken():
+        raise plots.MissingPlotting("no plotting here")
+
+    monkeypatch.setattr(plots, "_pyplot", broken)
+    out = train(tiny_model_dir, tmp_path / "run", "steps=1", "eval_size=0")
+    assert (out / "summary.json").exists() and not (out / "report.html").exists()
+    assert "report.html not written: no plotting here" in capsys.readouterr().out
+
+
+# -- in a real browser -----------------------------------------------------------------------------
+
+
+class Chromium:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: it reads
+    commands on fd 3 and writes on fd 4, NUL-separated JSON), one page target, every event kept."""
+
+    def __init__(self, exe: str, profile: Path):
+        import fcntl
+
+        to_r, to_w = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in os.pipe())
+        from_r, from_w = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in os.pipe())
+
+        def child_fds():  # Python's own descriptors are close-on-exec: only these two reach chromium
+            os.dup2(to_r, 3)
+            os.dup2(from_w, 4)
+
+        self.log = open(profile.parent / "chromium.log", "wb")
+        self.proc = subprocess.Popen(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
+            preexec_fn=child_fds, close_fds=False, stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        os.close(to_r)
+        os.close(from_w)
+        self.out, self.inbox, self.events, self.next_id = os.fdopen(to_w, "wb"), queue.Queue(), [], 0
+        threading.Thread(target=self._read, args=(os.fdopen(from_r, "rb"),), daemon=True).start()
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.send(f"{domain}.enable", session=True)
+
+    def _read(self, f):
+        buf = b""
+        while chunk := f.read1(65536):
+            buf += chunk
+            *msgs, buf = buf.split(b"\0")
+            for m in msgs:
+                self.inbox.put(json.loads(m))
+        self.inbox.put(None)
+
+    def _next(self, timeout: float = 60) -> dict:
+        msg = self.inbox.get(timeout=timeout)
+        if msg is None:
+            raise RuntimeError(f"chromium closed the pipe: {(Path(self.log.name)).read_text()[-2000:]}")
+        if "id" not in msg:
+            self.events.append(msg)
+        return msg
+
+    def send(self, method: str, session: bool = False, **params) -> dict:
+        self.next_id += 1
+        msg = {"id": self.next_id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = self.session
+        self.out.write(json.dumps(msg).encode() + b"\0")
+        self.out.flush()
+        while True:
+            reply = self._next()
+            if reply.get("id") == self.next_id:
+                assert "error" not in reply, (method, reply["error"])
+                return reply["result"]
+
+    def open(self, url: str, width: int = 1340) -> None:
+        self.send("Emulation.setDeviceMetricsOverride", session=True, width=width, height=900,
+                  deviceScaleFactor=1, mobile=False)
+        self.events.clear()
+        self.send("Page.navigate", session=True, url=url)
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            self._next()
+
+    def js(self, expr: str):
+        res = self.send("Runtime.evaluate", session=True, expression=expr, returnByValue=True, awaitPromise=True)
+        assert "exceptionDetails" not in res, res
+        return res["result"].get("value")
+
+    def screenshot(self):
+        from PIL import Image
+
+        height = min(int(self.js("document.documentElement.scrollHeight")), 16000)
+        self.send("Emulation.setDeviceMetricsOverride", session=True, width=self.js("window.innerWidth"),
+                  height=height, deviceScaleFactor=1, mobile=False)
+        data = self.send("Page.captureScreenshot", session=True, format="png")["data"]
+        return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
+
+    def problems(self, page_url: str) -> tuple[list[str], list[str]]:
+        """(console errors and exceptions, requests to anything but the page itself and data: URLs)."""
+        errors, requests = [], []
+        for e in self.events:
+            m, p = e.get("method"), e.get("params", {})
+            if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert", "warning"):
+                errors.append(" ".join(str(a.get("value", a.get("description"))) for a in p.get("args", [])))
+            elif m == "Runtime.exceptionThrown":
+                errors.append(p["exceptionDetails"].get("exception", {}).get("description", "exception"))
+            elif m == "Log.entryAdded" and p["entry"]["level"] == "error":
+                errors.append(p["entry"]["text"])
+            elif m == "Network.requestWillBeSent":
+                url = p["request"]["url"]
+                if url != page_url and not url.startswith("data:"):
+                    requests.append(url)
+        return errors, requests
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close")
+        except Exception:  # noqa: BLE001 (already gone)
+            pass
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session only
+            self.proc.wait()
+        self.log.close()
+
+
+def drawn(image, rect: dict) -> float:
+    """Fraction of the pixels inside rect that are not the white background."""
+    box = image.crop((int(rect["x"]) + 2, int(rect["y"]) + 2, int(rect["x"] + rect["w"]) - 2,
+                      int(rect["y"] + rect["h"]) - 2))
+    import numpy as np
+
+    px = np.asarray(box)  # (h, w, 3)
+    return float((px.min(axis=-1) < 235).mean()) if px.size else 0.0
+
+
+RECTS = """JSON.stringify([...document.querySelectorAll('img.plot')].map(i => { const r = i.getBoundingClientRect();
+  return {alt: i.alt, x: r.x + scrollX, y: r.y + scrollY, w: r.width, h: r.height, ok: i.complete && i.naturalWidth > 0}; }))"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("chromium is not installed and could not be installed here (make test installs Debian's "
+                    "chromium with apt-get when it is missing and apt-get is available as root)")
+    b = Chromium(exe, tmp_path_factory.mktemp("chromium") / "profile")
+    yield b
+    b.close()
+
+
+def test_the_browser_check_catches_errors_requests_and_blank_plots(browser, tmp_path):
+    """The checks below can fail: a page with a console error, an external image and a blank plot."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 150), "white").save(buf, format="PNG")
+    blank = base64.b64encode(buf.getvalue()).decode()
+    page = tmp_path / "bad.html"
+    page.write_text(f'<html><body><img class="plot" src="data:image/png;base64,{blank}">'
+                    '<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script></body></html>')
+    browser.open(page.as_uri())
+    rects = json.loads(browser.js(RECTS))
+    errors, requests = browser.problems(page.as_uri())
+    assert any("boom" in e for e in errors) and requests == ["http://127.0.0.1:9/x.png"]
+    assert drawn(browser.screenshot(), rects[0]) < 0.01
+
+
+def test_the_report_in_a_real_browser(run_a, browser, tmp_path):
+    page = run_a / "report.html"
+    browser.open(page.as_uri())
+    rects = json.loads(browser.js(RECTS))
+    assert len(rects) == len(list((run_a / "report_plots").glob("*.png"))) >= 10
+    assert all(r["ok"] and r["w"] > 300 and r["h"] > 150 for r in rects), rects
+    shot = browser.screenshot()
+    shot.save(tmp_path / "report.png")  # to look at: pytest --basetemp=DIR keeps it
+    for r in rects:
+        assert drawn(shot, r) > 0.03, (r["alt"], drawn(shot, r))  # axes, curves and text are there
+    tokens = browser.js("document.querySelectorAll('.creditview .tok').length")
+    assert tokens > 0
+    before = browser.js("getComputedStyle(document.querySelector('.tok:not(.skip)')).backgroundColor")
+    browser.js("document.querySelector('.modes button[data-mode=entropy]').click()")
+    after = browser.js("getComputedStyle(document.querySelector('.tok:not(.skip)')).backgroundColor")
+    assert before != after  # the colour switch works (its script ran without an error)
+    errors, requests = browser.problems(page.as_uri())
+    assert errors == [] and requests == []
