@@ -213,10 +213,12 @@ def code_score(completion: str, example: Example, cfg: SandboxConfig, *, allow_u
 
 
 def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, nproc: int = 8,
-              isolation: str = "best_effort", allow_untagged: bool = False, max_code_chars: int = 20_000):
+              isolation: str = "best_effort", allow_untagged: bool = False, max_code_chars: int = 20_000,
+              slot_memory_mb: int = 1024):
     """Build the `code` reward (fraction of tests passed; see the module docstring).
 
     timeout_s: wall clock per candidate (all its tests).  cpu_s, memory_mb, nproc: rlimits.
+    slot_memory_mb: memory of a whole run (all its processes), where a cgroup per slot is available.
     isolation: "require" refuses to run without namespaces; "best_effort" warns once and runs.
     allow_untagged: also accept a ``` block without a language tag.  max_code_chars: longer code
     scores 0.
@@ -224,7 +226,7 @@ def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, npro
     if isolation not in ISOLATION_MODES:
         raise ConfigError(f"code: isolation must be require or best_effort, got {isolation!r}")
     cfg = SandboxConfig(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, nproc=nproc,
-                        isolation=isolation).validate()
+                        slot_memory_mb=slot_memory_mb, isolation=isolation).validate()
     if not isinstance(max_code_chars, int) or max_code_chars <= 0:
         raise ConfigError(f"code: max_code_chars must be a positive integer, got {max_code_chars!r}")
     check_isolation(isolation)  # probe now: refuse at config time, or warn once, before training
