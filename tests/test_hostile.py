@@ -6,7 +6,8 @@ process of a sandbox uid, none carrying the case's marker), nothing written outs
 temporary directory (marker files searched for), and that the next verification still works.
 
 SAFETY: these cases include fork bombs and attempts to kill the parent. They only run after a
-harmless probe proves containment (own PID namespace and an unprivileged uid with RLIMIT_NPROC);
+harmless probe proves containment (the candidate's parent is PID 1 of its own PID namespace, and
+it runs as an unprivileged uid with RLIMIT_NPROC);
 otherwise the module fails loudly (as root) or is skipped with the reason (non-root without
 namespaces, where the OS cannot contain them). Never run these bare.
 """
