@@ -139,7 +139,21 @@ def _report(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report}
+def _chat(argv: list[str]) -> int:
+    """Talk to a model or a run's newest checkpoint in the terminal (grpolab chat --help)."""
+    from grpolab.chat import chat_main
+
+    return chat_main(argv)
+
+
+def _sample(argv: list[str]) -> int:
+    """k samples of one prompt with their rewards (grpolab sample --help)."""
+    from grpolab.chat import sample_main
+
+    return sample_main(argv)
+
+
+COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample}
 
 
 def main(argv: list[str] | None = None) -> int:
