@@ -89,8 +89,8 @@ def test_csv_and_parquet(tmp_path):
     assert [(e.prompt, e.answer, e.meta["level"]) for e in t._train][:2] == [("What is 0 + 0?", "0", "0"),
                                                                              ("What is 1 + 1?", "2", "1")]
     assert t._train[0].id == "d.csv:2"  # line 2: after the header
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
+    import pyarrow as pa  # the parquet extra (make test installs it)
+    import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist([{"prompt": MESSAGES, "answer": "4", "k": 1}] * 2), tmp_path / "d.parquet")
     t = task(tmp_path / "d.parquet", eval_size=0)
@@ -110,7 +110,7 @@ def test_split_column_is_the_held_out_split(tmp_path):
 
 
 def test_datasets_directory(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # in the test extra (make test installs it)
     rows = [{"prompt": f"P{i}", "solution": str(i), "difficulty": i} for i in range(10)]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
     t = task(tmp_path / "one", eval_size=2)
@@ -164,7 +164,6 @@ def test_bad_options_and_files(tmp_path):
     with pytest.raises(ConfigError, match="task_args: .*unexpected keyword argument 'colum'"):
         task(path, colum="q")
     (tmp_path / "notds").mkdir()
-    pytest.importorskip("datasets")
     with pytest.raises(ConfigError, match="notds"):
         task(tmp_path / "notds")
 
