@@ -349,3 +349,32 @@ def test_seccomp_program_shape():
     assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 4096
     assert sb.limits.seccomp_program("riscv64") is None  # unsupported: no filter, said by Isolation
     assert sb.probe_isolation().seccomp == (sb.limits.seccomp_program() is not None)
+
+
+def test_non_root_trainer_gets_a_user_namespace_without_capabilities():
+    """The non-root path: run a trainer as an unprivileged uid (setpriv, the system python3)."""
+    import shutil
+
+    py, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv or not os.path.exists(py):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to start an unprivileged trainer")
+    src = str(sb.__file__).rsplit("/grpolab/", 1)[0]
+    script = (
+        f"import json, sys\nsys.path.insert(0, {src!r})\n"
+        "from grpolab import sandbox as sb\n"
+        "iso = sb.probe_isolation()\n"
+        "add = [sb.literal_test('add(1, 2)', '3')]\n"
+        "good = sb.run_tests('def add(a, b):\\n    return a + b\\n', add).fraction\n"
+        "caps = sb.run_tests('import socket\\ndef add(a, b):\\n    socket.sethostname(\"x\")\\n    return 3\\n', add).fraction\n"
+        "r, v = sb._run('import os\\ndef f():\\n    return [sorted(os.listdir(\"/\")), os.getppid()]\\n',\n"
+        "               [sb.TestCase('call', fn='f')], sb.SandboxConfig(), iso, want_values=True)\n"
+        "print(json.dumps([iso.namespaces, iso.user_ns, good, caps, v[0]]))\n")
+    out = subprocess.run([setpriv, "--reuid=65533", "--regid=65533", "--clear-groups", py, "-c", script],
+                         capture_output=True, text=True, timeout=120, cwd="/tmp", env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    namespaces, user_ns, good, caps, seen = json.loads(out.stdout.strip().splitlines()[-1])
+    if not (namespaces and user_ns):
+        pytest.skip(f"unprivileged user namespaces are not available here: {out.stderr[-300:]}")
+    assert good == 1.0
+    assert caps == 0.0  # no CAP_SYS_ADMIN left in its user namespace (sethostname fails)
+    assert seen[1] == 1 and "work" not in seen[0] and "root" not in seen[0] and "proc" not in seen[0]

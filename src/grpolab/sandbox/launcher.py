@@ -55,6 +55,15 @@ def _enter(libc, cfg, workdir, parent, checker):
         os.setuid(uid)
         if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
             os._exit(97)
+    elif os.geteuid() == 0 and cfg["mounts"]:  # root of a user namespace: give up every capability
+        if libc.prctl(28, 0x2F, 0, 0, 0) != 0:  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP (locked)
+            os._exit(95)
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability)
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable = 0 (two words each)
+        if libc.capset(header, data) != 0:
+            os._exit(95)
     libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL; the uid change cleared it, so re-arm it
     if os.getppid() != parent:
         os._exit(97)  # the launcher died before the death signal was armed
