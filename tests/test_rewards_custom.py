@@ -265,3 +265,45 @@ def test_cli_trains_two_steps_with_a_reward_named_by_file(tiny_model_dir, tmp_pa
     assert samples and all(set(s["rewards"]) == {"varied", "broken"} for s in samples)
     warnings = [r.getMessage() for r in caplog.records if r.name == "grpolab.rewards.scoring"]
     assert len([w for w in warnings if "reward 'broken' returned NaN" in w]) == 1  # once per run, named
+
+
+def doc_blocks(lang: str = "python") -> list[str]:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rewards.md").read_text()
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def test_docs_sandboxed_code_reward_runs_as_written(tmp_path):
+    (block,) = [b for b in doc_blocks() if b.startswith("# code_rewards.py")]
+    path = tmp_path / "code_rewards.py"
+    path.write_text(block)
+    (rf,) = build_rewards([{"name": f"{path}:tests_passed"}])
+    assert not rf.batch and rf.fn.max_concurrency >= 1
+    ex = Example(prompt="Write add(a, b).", answer="", id="m1",
+                 meta={"entry_point": "add", "test_list": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]})
+    good = "```python\ndef add(a, b):\n    return a + b\n```"
+    half = "```python\ndef add(a, b):\n    return 3\n```"
+    s = score_completions([rf], [good, half, "no code"], [ex] * 3, timeout_s=30)
+    assert s.per_fn["tests_passed"] == [1.0, 0.5, 0.0] and s.metrics["reward/errors"] == 0
+
+
+def test_docs_trl_examples_and_factory_run_as_written():
+    blocks = doc_blocks()
+    ns: dict = {}
+    exec(blocks[0], ns)  # TRL form
+    assert ns["exact_answer"](["so 4", "5"], answer=["4", "4"], prompts=["p", "p"]) == [1.0, 0.0]
+    ns2: dict = {}
+    exec(blocks[1], ns2)  # per-sample form
+    assert ns2["exact_answer"]("so 4", EX_A) == 1.0
+    (factory_block,) = [b for b in blocks if "REWARDS[\"brevity\"]" in b]
+    before = dict(REWARDS)
+    try:
+        exec(factory_block, {})
+        (rf,) = build_rewards([{"name": "brevity", "max_words": 2}])
+        assert rf.batch
+        assert score_completions([rf], ["one two", "one two three"], [EX_A, EX_A]).per_fn["brevity"] == [1.0, 0.0]
+    finally:
+        REWARDS.clear()
+        REWARDS.update(before)
