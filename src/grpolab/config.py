@@ -93,7 +93,7 @@ class Config:
     report: bool = True
     """Write OUT/report.html (plots, samples, the token-level credit view; see docs/report.md) at the end of the run; needs the `report` extra (matplotlib)."""
     sample_tokens: int = 64
-    """Per-token values (advantage, log-prob, ratio and clip, entropy, KL) saved in samples.jsonl for the first sample_tokens tokens of each written sample; 0 saves none. Bounds samples.jsonl to about samples_per_step x (text + 60 bytes x sample_tokens) per step."""
+    """Per-token values (advantage, log-prob, ratio and clip, entropy, KL) saved in samples.jsonl for the first sample_tokens tokens of each written sample; 0 saves none. Bounds samples.jsonl to about samples_per_step x (the texts + 70 bytes x sample_tokens) per step."""
 
 
 

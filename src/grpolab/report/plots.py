@@ -128,7 +128,8 @@ def _png(fig) -> bytes:
 
 def _figure(title: str, ylabel: str, xlabel: str = "step"):
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig.subplots_adjust(left=0.12, right=0.98, bottom=0.15, top=0.9)  # fixed: one draw per figure
     ax.set_title(title, fontsize=11)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
