@@ -211,6 +211,28 @@ def test_a_run_in_progress_with_a_cut_line(run_a, tmp_path, capsys):
     assert "no held-out evaluation recorded" in html  # no summary.json yet
 
 
+def test_aha_metrics_and_alerts_get_their_panels(tmp_path, capsys):
+    """A run that logs the aha metrics (issue "aha") gets its reflection and correlation panels, the
+    correct/incorrect length split and its alerts; written here by hand, no training needed."""
+    run = tmp_path / "aha"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 3\nmodel: m\n")
+    rows = [{"step": s, "reward/mean": 0.1 * s, "completion/length_mean": 9.0, "aha/length_correct": 5.0 + s,
+             "aha/length_incorrect": 9.0, "aha/reflection_count": 2.0 * s, "aha/reflection_frac": s / 10,
+             "aha/length_reward_corr": 0.1 * s, "aha/length_reward_corr_rolling": None if s == 1 else 0.2,
+             "alert/entropy": float(s == 3), "alert/count": float(s == 3)} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(run)]) == 0
+    html = (run / "report.html").read_text()
+    alts = re.findall(r'alt="([^"]*)"', html)
+    assert "Completion length: mean, aha/length_correct, aha/length_incorrect" in alts
+    assert "Reflection phrases: aha/reflection_count" in alts
+    assert "Completions with a reflection phrase: aha/reflection_frac" in alts
+    assert "Length-reward correlation: aha/length_reward_corr, aha/length_reward_corr_rolling" in alts
+    assert "<th>alerts (steps)</th><td>entropy: 3</td>" in html
+    assert "No token-level view: this run has no samples yet" in html
+
+
 def test_without_matplotlib_the_report_says_what_to_install(run_a, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert main(["report", str(run_a), "-o", str(tmp_path / "r.html")]) == 1

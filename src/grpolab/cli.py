@@ -126,12 +126,13 @@ def _report(argv: list[str]) -> int:
 
     out = Path(ns.output) if ns.output else (Path(ns.runs[0]) / "report.html" if len(ns.runs) == 1
                                              else Path("report.html"))
+    runs = load_runs(ns.runs)  # a directory that is not a run: ConfigError, exit 2
     try:
-        path = write_report(ns.runs, out)
+        path = write_report(ns.runs, out, runs=runs)
     except MissingPlotting as e:
         print(f"grpolab report: {e}", file=sys.stderr)
         return 1
-    for run in load_runs(ns.runs):
+    for run in runs:
         for name, places in run.skipped.items():
             print(f"grpolab report: {run.path}/{name}: skipped {len(places)} line(s) that are not complete "
                   f"JSON objects: {', '.join(places[:3])}", file=sys.stderr)

@@ -30,11 +30,13 @@ def machine_info(device) -> dict:
     return info
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path, *, machine: dict | None = None) -> Path:
+def write_report(run_dirs: list[str | Path], out: str | Path, *, machine: dict | None = None,
+                 runs: list[RunData] | None = None) -> Path:
     """Write the report of `run_dirs` (several: overlaid) to `out` and its PNGs to OUT-STEM_plots/.
 
     `machine` (grpolab train passes machine_info) is saved as machine.json in the single run
-    directory, so that a later `grpolab report` names the machine too. Raises ConfigError for a
+    directory, so that a later `grpolab report` names the machine too. `runs`: the runs already
+    loaded (load_runs(run_dirs)), to read them once. Raises ConfigError for a
     directory that is not a run, MissingPlotting when matplotlib is not installed.
     """
     from grpolab.fileio import atomic_write
@@ -43,7 +45,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path, *, machine: dict |
 
     if machine is not None and len(run_dirs) == 1:
         atomic_write(Path(run_dirs[0]) / "machine.json", json.dumps(machine, indent=2))
-    runs = load_runs(run_dirs)
+    if runs is None or machine is not None:
+        runs = load_runs(run_dirs)
     plots = all_plots(runs)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,15 @@ def _eval(run: RunData, when: str) -> str:
     return f"{100 * e['accuracy']:.1f}%" if isinstance(e.get("accuracy"), (int, float)) else "–"
 
 
+def _alerts(run: RunData) -> str:
+    """alert/NAME metrics (1.0 at a step where the alert fired): the steps of each."""
+    names = sorted({k for m in run.metrics for k in m if k.startswith("alert/") and k != "alert/count"})
+    fired = {n: [m["step"] for m in run.metrics if m.get(n) == 1.0] for n in names}
+    text = "; ".join(f"{n.split('/', 1)[1]}: {', '.join(map(str, s[:8]))}{' ...' if len(s) > 8 else ''}"
+                     for n, s in fired.items() if s)
+    return escape(text) if text else ("none fired" if names else "not logged")
+
+
 def header(runs: list[RunData]) -> str:
     """The table of runs (one column each) and each run's resolved config."""
     def algo(r: RunData) -> str:
@@ -99,6 +108,7 @@ def header(runs: list[RunData]) -> str:
             *(_fmt(x, "{:.1f}") for x in _first_last(r, "completion/length_mean")))),
         ("held-out accuracy, before -> after", lambda r: f"{_eval(r, 'before')} -> {_eval(r, 'after')}"),
         ("peak memory", lambda r: _fmt(max([m.get("memory/peak_mb") or 0 for m in r.metrics] + [0]), "{:.0f} MB")),
+        ("alerts (steps)", _alerts),
         ("lines skipped", lambda r: escape("; ".join(f"{f}: {len(v)} (line {', '.join(x.rsplit(':', 1)[-1] for x in v[:5])})"
                                                       for f, v in r.skipped.items())) or "none"),
     ]

@@ -91,7 +91,7 @@ def reward_keys(runs: list[RunData]) -> list[tuple[str, str]]:
 
 def length_keys(runs: list[RunData]) -> list[tuple[str, str]]:
     base = fixed(("completion/length_mean", "mean"), ("completion/length_max", "max"))(runs)
-    split = matching(lambda k: k.startswith("completion/length") and "correct" in k, "completion/")(runs)
+    split = matching(lambda k: "length" in k and "correct" in k and "corr_" not in k)(runs)  # aha/length_correct
     return base + split
 
 
@@ -111,8 +111,11 @@ PANELS = [
     Panel("zero_std", "Zero-variance groups", "fraction of groups", fixed(("groups/zero_std_frac", "zero std"))),
     Panel("grad_norm", "Gradient norm (before clipping)", "norm", fixed(("grad_norm", "grad norm"))),
     Panel("lr", "Learning rate", "lr", fixed(("lr", "lr"))),
-    Panel("reflection", "Reflection phrases", "count", matching(lambda k: "reflect" in k), core=False),
-    Panel("length_reward_corr", "Length-reward correlation", "correlation", matching(lambda k: "corr" in k),
+    Panel("reflection", "Reflection phrases", "per step", matching(lambda k: "reflect" in k and "frac" not in k),
+          core=False),
+    Panel("reflection_frac", "Completions with a reflection phrase", "fraction",
+          matching(lambda k: "reflect" in k and "frac" in k), core=False),
+    Panel("length_reward_corr", "Length-reward correlation", "correlation", matching(lambda k: "corr" in k and "correct" not in k),
           core=False),
 ]
 
