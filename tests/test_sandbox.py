@@ -161,8 +161,8 @@ def test_isolation_probe_reports_namespaces_here():
 
 def test_require_refuses_reduced_isolation(monkeypatch, capsys):
     reduced = sb.Isolation(namespaces=False, user_ns=False, drop_uid=False, uid_base=None, reason="test")
-    monkeypatch.setattr(isolation, "_probe_result", reduced)
-    monkeypatch.setattr(isolation, "_warned", False)
+    monkeypatch.setattr(sb, "_probe_result", reduced)
+    monkeypatch.setattr(sb, "_warned", False)
     with pytest.raises(sb.SandboxUnavailable, match="REDUCED ISOLATION"):
         sb.check_isolation("require")
     assert sb.check_isolation("best_effort") is reduced
@@ -337,8 +337,8 @@ def test_cgroup_detection(tmp_path):
 def test_missing_layers_are_said_loudly(monkeypatch, capsys):
     weak = sb.Isolation(True, False, True, 61000, cgroup=sb.limits.CgroupSupport("", reason="v2 not delegated"),
                         seccomp=False)
-    monkeypatch.setattr(isolation, "_probe_result", weak)
-    monkeypatch.setattr(isolation, "_warned", False)
+    monkeypatch.setattr(sb, "_probe_result", weak)
+    monkeypatch.setattr(sb, "_warned", False)
     assert sb.check_isolation("require") is weak  # full isolation: accepted, but said
     err = capsys.readouterr().err
     assert "WITHOUT NO cgroup (v2 not delegated) and NO seccomp filter" in err

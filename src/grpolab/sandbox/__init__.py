@@ -3,13 +3,15 @@
 One file per layer (docs/security.md has the table of what each guarantees):
 
 - `slots`     at most MAX_PARALLEL runs at once; machine-wide uid leases; sweeping leftovers.
-- `isolation` what the machine allows (probed once), the minimal root file system, warnings.
+- `isolation` what the machine allows (`Isolation`), the minimal root file system.
 - `limits`    SandboxConfig, rlimits, a cgroup per slot, the seccomp filter.
 - `launcher`  the command the parent starts and the trusted init inside the namespaces.
 - `channel`   candidate <-> checker <-> parent protocol, budgeted decoding, the pipe pump.
 - `grading`   TestCase, SandboxResult, judging results in the parent.
 
-This module ties them into one run (`run_tests`) and a bounded pool (`run_many`).
+This module ties them into one run (`run_tests`), a bounded pool (`run_many`), and the probe of
+what the machine allows (`probe_isolation`, once, with a harmless program; `check_isolation` warns
+or refuses).
 `isolation="require"` refuses to run when namespaces are unavailable; "best_effort" warns once,
 prominently, and runs with reduced isolation.
 """
@@ -19,21 +21,22 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from grpolab.procs import kill_process_group
-from grpolab.sandbox import channel, grading, launcher, limits, slots
+from grpolab.sandbox import channel, grading, isolation, launcher, limits, slots
 from grpolab.sandbox.grading import SandboxResult, TestCase, literal_test
 from grpolab.sandbox.isolation import (
     Isolation,
     SandboxUnavailable,
-    check_isolation,
     exec_interpreter,
     interpreter,
-    probe_isolation,
     root_plan,
     unshare_cmd,
 )
@@ -49,8 +52,6 @@ PARENT_EXTRA_S = 0.0  # the parent kills at timeout_s + this (tests raise it to 
 def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolation, *, setup: str = "",
          check_setup: str = "", want_values: bool = False):
     """One run under a given isolation (internal; run_tests picks the isolation)."""
-    import subprocess
-
     slot = SLOTS.acquire()
     workdir = None
     uid = None
@@ -117,6 +118,103 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
         SLOTS.release(slot)
 
 
+# ============================================================================ probing (needs real runs)
+
+
+_probe_lock = threading.Lock()
+_probe_result: Isolation | None = None
+_warned = False
+
+
+def _probe_candidate(iso: Isolation) -> tuple[bool, str]:
+    """Run a harmless program under `iso`; True if it worked and reported the expected isolation."""
+    code = (
+        "import os, resource, socket\n"
+        "def probe():\n"
+        "    try:\n"
+        "        socket.create_connection(('1.1.1.1', 53), timeout=0.5).close(); net = True\n"
+        "    except OSError:\n"
+        "        net = False\n"
+        "    return [os.getppid(), os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0], net,\n"
+        "            os.path.exists('/proc/1')]\n"
+    )
+    cfg = SandboxConfig(timeout_s=20.0, cpu_s=10)
+    try:
+        res, values = _run(code, [TestCase("call", fn="probe")], cfg, iso, want_values=True)
+    except OSError as e:
+        return False, str(e)
+    if not values or not isinstance(values[0], list):
+        return False, (res.load_error or res.stderr.strip()[-300:] or f"exit code {res.returncode}")
+    ppid, uid, nproc, net, host_proc = values[0]
+    if iso.namespaces and (ppid != 1 or net or host_proc):  # the candidate's parent is the namespace's init
+        return False, (f"namespaces not effective (parent pid {ppid}, network {'reachable' if net else 'cut'}, "
+                       f"host /proc {'visible' if host_proc else 'hidden'})")
+    if iso.drop_uid and uid == 0:
+        return False, "could not drop root"
+    return True, ""
+
+
+def probe_isolation(force: bool = False) -> Isolation:
+    """Find the strongest isolation this machine allows (cached; `force` re-probes)."""
+    global _probe_result
+    with _probe_lock:
+        if _probe_result is not None and not force:
+            return _probe_result
+        root = os.geteuid() == 0
+        have_unshare = shutil.which("unshare") is not None and sys.platform.startswith("linux")
+        cg = limits.cgroup_support() if root else limits.CgroupSupport("", reason="not root: cannot create cgroups")
+        sec = limits.seccomp_program() is not None
+        reasons, candidates = [], []
+        if have_unshare:
+            candidates.append(Isolation(True, not root, root, 61000 if root else None, cgroup=cg, seccomp=sec))
+        else:
+            reasons.append("the `unshare` tool (util-linux) is not installed")
+        if root:
+            candidates.append(Isolation(False, False, True, 61000, cgroup=cg, seccomp=sec))
+            candidates.append(Isolation(False, False, True, 65534, cgroup=cg, seccomp=sec))
+        candidates.append(Isolation(False, False, False, None, seccomp=sec))
+        chosen = candidates[-1]
+        for iso in candidates:
+            ok, why = _probe_candidate(iso)
+            if ok:
+                chosen = iso
+                break
+            reasons.append(f"{iso.describe()}: {why}")
+        _probe_result = Isolation(chosen.namespaces, chosen.user_ns, chosen.drop_uid, chosen.uid_base,
+                                  reason="; ".join(reasons) if not chosen.full else "", cgroup=chosen.cgroup,
+                                  seccomp=chosen.seccomp)
+        return _probe_result
+
+
+def check_isolation(mode: str) -> Isolation:
+    """Probe; raise SandboxUnavailable under "require" if isolation is reduced, else warn once.
+
+    Full isolation without a cgroup or a seccomp filter is accepted under both modes, with the
+    same one-time warning naming what is missing.
+    """
+    global _warned
+    iso = probe_isolation()
+    if iso.full and not iso.missing:
+        return iso
+    if iso.full:
+        msg = ("grpolab sandbox: full isolation, but WITHOUT " + " and ".join(iso.missing) +
+               f": {iso.describe()}. Memory of a run is bounded per process only; see docs/security.md.")
+    else:
+        msg = ("grpolab sandbox: REDUCED ISOLATION. Model-written code will run without "
+               f"PID/network/mount namespaces or without dropping privileges: {iso.describe()}. "
+               "Set sandbox isolation: require to refuse instead.")
+        if mode == "require":
+            raise SandboxUnavailable(msg.replace("Set sandbox isolation: require to refuse instead.",
+                                                 "isolation: require refuses to run code like this."))
+    if not _warned:
+        _warned = True
+        banner = "!" * 100
+        print(f"\n{banner}\n{msg}\n{banner}\n", file=sys.stderr, flush=True)
+        log.warning(msg)
+    return iso
+
+
+
 def run_tests(code: str, tests: Sequence[TestCase], config: SandboxConfig | None = None, *,
               setup: str = "", check_setup: str = "") -> SandboxResult:
     """Run `code` (after `setup`) in the sandbox and grade it against `tests`.
@@ -156,4 +254,6 @@ __all__ = [
     "run_many",
     "run_tests",
     "sandbox_uids",
+    # the layers, for tests and audits
+    "channel", "grading", "isolation", "launcher", "limits", "slots",
 ]

@@ -1,10 +1,10 @@
 """What this machine lets the sandbox do, and the file system a candidate sees.
 
-`probe_isolation()` tries, with a harmless program, the strongest setup first: namespaces (plus an
-own uid per slot when root, a user namespace otherwise), then an own uid without namespaces, then
-`nobody`, then nothing. It checks what it asked for (PID 1 in its namespace, network cut, uid not 0).
-Whether a cgroup per slot and a seccomp filter are in force is part of the answer; anything missing
-is said loudly, once.
+`Isolation` is what the probe (grpolab.sandbox.probe_isolation, which needs a real run) found: the
+strongest setup that works, tried in order: namespaces (plus an own uid per slot when root, a user
+namespace otherwise), then an own uid without namespaces, then `nobody`, then nothing. Whether a
+cgroup per slot and a seccomp filter are in force is part of it; anything missing is said loudly,
+once (grpolab.sandbox.check_isolation).
 
 `root_plan()` lists what the minimal root holds: the interpreter, its standard library (with
 site-packages masked by an empty directory), the shared libraries the interpreter and its
@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -199,103 +198,5 @@ def root_plan(exe: str) -> dict:
             "trees": sorted(plan["trees"]), "masks": sorted(plan["masks"])}
 
 
-# ============================================================================ probing
-
-
-_probe_lock = threading.Lock()
-_probe_result: Isolation | None = None
-_warned = False
-
-
-def _probe_candidate(iso: Isolation) -> tuple[bool, str]:
-    """Run a harmless program under `iso`; True if it worked and reported the expected isolation."""
-    from grpolab.sandbox import TestCase, _run
-
-    code = (
-        "import os, resource, socket\n"
-        "def probe():\n"
-        "    try:\n"
-        "        socket.create_connection(('1.1.1.1', 53), timeout=0.5).close(); net = True\n"
-        "    except OSError:\n"
-        "        net = False\n"
-        "    return [os.getppid(), os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0], net,\n"
-        "            os.path.exists('/proc/1')]\n"
-    )
-    cfg = limits.SandboxConfig(timeout_s=20.0, cpu_s=10)
-    try:
-        res, values = _run(code, [TestCase("call", fn="probe")], cfg, iso, want_values=True)
-    except OSError as e:
-        return False, str(e)
-    if not values or not isinstance(values[0], list):
-        return False, (res.load_error or res.stderr.strip()[-300:] or f"exit code {res.returncode}")
-    ppid, uid, nproc, net, host_proc = values[0]
-    if iso.namespaces and (ppid != 1 or net or host_proc):  # the candidate's parent is the namespace's init
-        return False, (f"namespaces not effective (parent pid {ppid}, network {'reachable' if net else 'cut'}, "
-                       f"host /proc {'visible' if host_proc else 'hidden'})")
-    if iso.drop_uid and uid == 0:
-        return False, "could not drop root"
-    return True, ""
-
-
-def probe_isolation(force: bool = False) -> Isolation:
-    """Find the strongest isolation this machine allows (cached; `force` re-probes)."""
-    global _probe_result
-    with _probe_lock:
-        if _probe_result is not None and not force:
-            return _probe_result
-        root = os.geteuid() == 0
-        have_unshare = shutil.which("unshare") is not None and sys.platform.startswith("linux")
-        cg = limits.cgroup_support() if root else limits.CgroupSupport("", reason="not root: cannot create cgroups")
-        sec = limits.seccomp_program() is not None
-        reasons, candidates = [], []
-        if have_unshare:
-            candidates.append(Isolation(True, not root, root, 61000 if root else None, cgroup=cg, seccomp=sec))
-        else:
-            reasons.append("the `unshare` tool (util-linux) is not installed")
-        if root:
-            candidates.append(Isolation(False, False, True, 61000, cgroup=cg, seccomp=sec))
-            candidates.append(Isolation(False, False, True, 65534, cgroup=cg, seccomp=sec))
-        candidates.append(Isolation(False, False, False, None, seccomp=sec))
-        chosen = candidates[-1]
-        for iso in candidates:
-            ok, why = _probe_candidate(iso)
-            if ok:
-                chosen = iso
-                break
-            reasons.append(f"{iso.describe()}: {why}")
-        _probe_result = Isolation(chosen.namespaces, chosen.user_ns, chosen.drop_uid, chosen.uid_base,
-                                  reason="; ".join(reasons) if not chosen.full else "", cgroup=chosen.cgroup,
-                                  seccomp=chosen.seccomp)
-        return _probe_result
-
-
-def check_isolation(mode: str) -> Isolation:
-    """Probe; raise SandboxUnavailable under "require" if isolation is reduced, else warn once.
-
-    Full isolation without a cgroup or a seccomp filter is accepted under both modes, with the
-    same one-time warning naming what is missing.
-    """
-    global _warned
-    iso = probe_isolation()
-    if iso.full and not iso.missing:
-        return iso
-    if iso.full:
-        msg = ("grpolab sandbox: full isolation, but WITHOUT " + " and ".join(iso.missing) +
-               f": {iso.describe()}. Memory of a run is bounded per process only; see docs/security.md.")
-    else:
-        msg = ("grpolab sandbox: REDUCED ISOLATION. Model-written code will run without "
-               f"PID/network/mount namespaces or without dropping privileges: {iso.describe()}. "
-               "Set sandbox isolation: require to refuse instead.")
-        if mode == "require":
-            raise SandboxUnavailable(msg.replace("Set sandbox isolation: require to refuse instead.",
-                                                 "isolation: require refuses to run code like this."))
-    if not _warned:
-        _warned = True
-        banner = "!" * 100
-        print(f"\n{banner}\n{msg}\n{banner}\n", file=sys.stderr, flush=True)
-        log.warning(msg)
-    return iso
-
-
-__all__ = ["Isolation", "SandboxUnavailable", "check_isolation", "exec_interpreter", "interpreter", "probe_isolation",
-           "root_plan", "unshare_cmd", "world_reachable"]
+__all__ = ["Isolation", "SandboxUnavailable", "exec_interpreter", "interpreter", "root_plan", "unshare_cmd",
+           "world_reachable"]
