@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -32,13 +33,21 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(p["solution"], convert_tests(p["tests"], p["entry_point"])) for p in load_problems(None)] * 2
     sb.run_many(jobs[:4])  # warm up (lease uids, create cgroups, compute the root plan)
     lat = []
+    c0, s0 = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     for code, tests in jobs[: args.sequential]:
         t = time.monotonic()
         assert sb.run_tests(code, tests).fraction == 1.0
         lat.append(time.monotonic() - t)
+    c1, s1 = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     lat.sort()
     print(f"latency of one candidate, sequential ({len(lat)} runs): median {statistics.median(lat):.3f} s, "
           f"p90 {lat[int(0.9 * (len(lat) - 1))]:.3f} s  (load average {os.getloadavg()[0]:.2f})")
+    # CPU time of every process of a run (the kernel adds the namespace's processes to its init's
+    # children, and the init to unshare's): what bounds throughput on idle cores, whatever the load
+    cpu = sum(getattr(c1, f) - getattr(c0, f) + getattr(s1, f) - getattr(s0, f) for f in ("ru_utime", "ru_stime"))
+    per = cpu / len(lat)
+    print(f"CPU per candidate (all its processes and the trainer's share): {per * 1000:.1f} ms, so at most "
+          f"{os.cpu_count() / per:.0f} candidates/s on {os.cpu_count()} idle cores")
     for _ in range(args.repeats):
         load = os.getloadavg()[0]
         t = time.monotonic()
