@@ -164,6 +164,8 @@ def _launcher_main():
             os.environ.clear()
             os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
             sys.argv[:] = ["solution.py"]
+            if cfg["mounts"]:  # the interpreter's own path in the new root (a venv's link is not there)
+                sys.executable = sys._base_executable = cfg["exe"]
             if cfg["exec_python"]:  # no mount namespace and this Python is unreachable for the uid
                 exe = cfg["exec_python"]
                 os.execve(exe, [exe, "-I", "-S", "-B", "-c", cfg["harness"]], dict(os.environ))
@@ -238,7 +240,8 @@ def launcher_config(*, exec_python: str | None, plan: dict | None, uid: int | No
                     tmpfs_inodes: int) -> dict:
     """What the launcher is told (JSON on its command line; the job itself comes on stdin)."""
     return {
-        "exec_python": exec_python, "harness": HARNESS_SRC if exec_python else "", "plan": plan, "mounts": plan is not None, "uid": uid, "workdir": workdir,
+        "exec_python": exec_python, "harness": HARNESS_SRC if exec_python else "", "plan": plan,
+        "exe": os.path.realpath(sys.executable), "mounts": plan is not None, "uid": uid, "workdir": workdir,
         "limits": limits, "res_fd": res_fd, "wall_s": wall_s, "cgroups": cgroups, "nice": 10,
         "seccomp": seccomp.hex() if seccomp else "", "tmpfs_mb": tmpfs_mb, "tmpfs_inodes": tmpfs_inodes,
         "sys_pivot_root": _SYS_PIVOT_ROOT.get(platform.machine(), -1),
