@@ -378,3 +378,17 @@ def test_non_root_trainer_gets_a_user_namespace_without_capabilities():
     assert good == 1.0
     assert caps == 0.0  # no CAP_SYS_ADMIN left in its user namespace (sethostname fails)
     assert seen[1] == 1 and "work" not in seen[0] and "root" not in seen[0] and "proc" not in seen[0]
+
+
+def test_python_subprocesses_run_sandboxed_alike():
+    iso = sb.probe_isolation()
+    if not iso.namespaces:
+        pytest.skip(f"no mount namespace on this machine: {iso.describe()}")
+    code = ("import os, subprocess, sys\n"
+            "def f():\n"
+            "    out = subprocess.run([sys.executable, '-c', 'import os; print(os.getuid(), os.path.exists(\"/work\"))'],\n"
+            "                         capture_output=True, text=True)\n"
+            "    return [out.returncode, out.stdout.split(), os.getuid()]\n")
+    _, values = sb._run(code, [TestCase("call", fn="f")], FAST, iso, want_values=True)
+    rc, (child_uid, child_sees_work), uid = values[0]
+    assert rc == 0 and int(child_uid) == uid and child_sees_work == "False"
