@@ -166,11 +166,11 @@ def probe_isolation(force: bool = False) -> Isolation:
         sec = limits.seccomp_program() is not None
         reasons, candidates = [], []
         if have_unshare:
-            candidates.append(Isolation(True, not root, root, 61000 if root else None, cgroup=cg, seccomp=sec))
+            candidates.append(Isolation(True, not root, root, slots.UID_BASE if root else None, cgroup=cg, seccomp=sec))
         else:
             reasons.append("the `unshare` tool (util-linux) is not installed")
         if root:
-            candidates.append(Isolation(False, False, True, 61000, cgroup=cg, seccomp=sec))
+            candidates.append(Isolation(False, False, True, slots.UID_BASE, cgroup=cg, seccomp=sec))
             candidates.append(Isolation(False, False, True, 65534, cgroup=cg, seccomp=sec))
         candidates.append(Isolation(False, False, False, None, seccomp=sec))
         chosen = candidates[-1]
