@@ -392,3 +392,13 @@ def test_python_subprocesses_run_sandboxed_alike():
     _, values = sb._run(code, [TestCase("call", fn="f")], FAST, iso, want_values=True)
     rc, (child_uid, child_sees_work), uid = values[0]
     assert rc == 0 and int(child_uid) == uid and child_sees_work == "False"
+
+
+def test_slot_cgroups_of_dead_trainers_are_removed(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid(), 1):
+        (tmp_path / f"grpolab-{pid}-slot0").mkdir()
+    (tmp_path / "other").mkdir()
+    sb.limits._remove_stale(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"grpolab-{os.getpid()}-slot0", "grpolab-1-slot0", "other"])

@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import platform
+import re
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -278,6 +279,29 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
+def _remove_stale(parent: str) -> None:
+    """rmdir the slot cgroups of grpolab processes that died without cleaning up (empty ones only)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"grpolab-(\d+)-slot\d+", name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # its owner is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.rmdir(os.path.join(parent, name))
+        except OSError:
+            pass
+
+
 def slot_cgroup(slot: int, cfg: SandboxConfig, support: CgroupSupport) -> list[str]:
     """The cgroup.procs files the launcher joins for a run in `slot` (created and limited here)."""
     if not support.kind:
@@ -290,6 +314,8 @@ def slot_cgroup(slot: int, cfg: SandboxConfig, support: CgroupSupport) -> list[s
             key = (slot, ctrl)
             d = _cg_made.get(key)
             if d is None:
+                if not any(c == ctrl for _, c in _cg_made):
+                    _remove_stale(parent)
                 d = os.path.join(parent, f"grpolab-{os.getpid()}-slot{slot}")
                 os.makedirs(d, exist_ok=True)
                 _cg_made[key] = d
