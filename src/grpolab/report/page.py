@@ -184,11 +184,11 @@ def render(runs: list[RunData], plots: list[Plot]) -> str:
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [f"<h1>{escape(title)}</h1><p>Written {when} by <code>grpolab report</code>. Every curve: "
              "thin per step, bold smoothed. Keys are defined in docs/metrics.md.</p>",
-             "<h2>Runs</h2>", header(runs), "<h2>Curves</h2>", plots_section(plots)]
+             "<h2 id=\"runs\">Runs</h2>", header(runs), "<h2 id=\"curves\">Curves</h2>", plots_section(plots)]
     for i, r in enumerate(runs):
         suffix = f" of {escape(r.label)}" if len(runs) > 1 else ""
-        parts += [f"<h2>Token-level credit{suffix}</h2>", credit_section(r, i),
-                  f"<h2>Samples{suffix}</h2>", samples_section(r)]
+        parts += [f"<h2 id=\"{'credit' if i == 0 else f'credit-{i}'}\">Token-level credit{suffix}</h2>", credit_section(r, i),
+                  f"<h2 id=\"{'samples' if i == 0 else f'samples-{i}'}\">Samples{suffix}</h2>", samples_section(r)]
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>{''.join(parts)}"
