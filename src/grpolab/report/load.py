@@ -35,8 +35,11 @@ class RunData:
 
     @property
     def finished(self) -> bool:
-        """summary.json has its final form (grpolab train writes `steps` only at the very end)."""
-        return "steps" in self.summary
+        """summary.json has its final form (grpolab train writes `steps` only at the very end) for
+        every step there is, and every planned step is there (a resumed run with more steps is not)."""
+        planned = self.steps_planned
+        return (self.summary.get("steps") == len(self.metrics) > 0
+                and (planned is None or len(self.metrics) >= planned))
 
     @property
     def steps_planned(self) -> int | None:

@@ -98,8 +98,9 @@ def header(runs: list[RunData]) -> str:
         ("status", lambda r: escape(_status(r))),
         ("model", lambda r: escape(str(r.config.get("model", "?")))),
         ("task / algorithm", lambda r: escape(f"{r.config.get('task', '?')} / {algo(r)}")),
-        ("G x prompts, max tokens", lambda r: escape(
-            f"G={r.config.get('G', '?')}, batch {r.config.get('batch_size', '?')}, {r.config.get('max_new_tokens', '?')}")),
+        ("group, batch, completion limit", lambda r: escape(
+            f"G={r.config.get('G', '?')}, batch_size={r.config.get('batch_size', '?')}, "
+            f"max_new_tokens={r.config.get('max_new_tokens', '?')}")),
         ("machine", _machine),
         ("time in training steps", lambda r: _dur(sum(float(m.get("time/step_s") or 0) for m in r.metrics))),
         ("wall time (config.yaml to last write)", lambda r: _dur(r.wall_s)),
