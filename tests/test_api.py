@@ -203,3 +203,53 @@ def test_resume_through_the_api(api_run, tmp_path):
     finally:
         sys.path.remove(str(api_run["root"]))
 
+
+
+def readme_section(title: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    body = text.split(f"### {title}\n", 1)[1]
+    return body.split("\n### ", 1)[0].split("\n## ", 1)[0]
+
+
+def test_readme_your_own_reward_runs_as_written(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The README's "Your own reward" example, from an empty directory: my_rewards.py, the Python script,
+    the command line (split as the shell does), and loading the checkpoint in plain transformers, in
+    this process (each subprocess would import torch again). One substitution: the tiny test model
+    instead of the bundled one (the bundled model takes minutes per step on this machine; the README
+    gives the numbers it printed there)."""
+    import re
+    import runpy
+    import shlex
+
+    section = readme_section("Your own reward")
+    py = re.findall(r"```python\n(.*?)```", section, re.S)
+    (sh,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    files, script = py[0], py[1]
+    assert files.startswith("# my_rewards.py") and script.startswith("# train_mine.py")
+    (tmp_path / "my_rewards.py").write_text(files)
+    marker = 'out="runs/own-reward",'
+    assert script.count(marker) == 1
+    (tmp_path / "train_mine.py").write_text(script.replace(marker, f'{marker} model={str(tiny_model_dir)!r},'))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    before = dict(REWARDS)
+    runpy.run_path("train_mine.py", run_name="__main__")
+    out = capsys.readouterr().out
+    assert re.search(r"^reward \d\.\d{3} -> \d\.\d{3}$", out, re.M), out
+    assert out.count("grpolab run summary") == 1
+    argv = shlex.split(sh.replace("\\\n", " "))
+    assert argv[0] == "grpolab"
+    assert main(argv[1:] + [f"model={tiny_model_dir}"]) == 0
+    assert dict(REWARDS) == before
+    for run in ("runs/own-reward", "runs/own-reward-cli"):
+        metrics = read_jsonl(tmp_path / run / "metrics.jsonl")
+        assert len(metrics) == 2 and all("reward/brevity/mean" in m and "reward/math/mean" in m for m in metrics)
+    cfg = yaml.safe_load((tmp_path / "runs/own-reward/config.yaml").read_text())
+    assert cfg["rewards"][1] == {"name": "my_rewards:brevity", "weight": 0.2}
+    # the checkpoint loads in plain transformers with the README's lines
+    checkpoint = next(b for b in re.findall(r"```python\n(.*?)```", readme_section("What a run leaves"), re.S)
+                      if "from_pretrained" in b)
+    ns: dict = {}
+    exec(checkpoint, ns)
+    assert type(ns["model"]).__name__ == "LlamaForCausalLM" and ns["tokenizer"].eos_token == "<|im_end|>"
