@@ -231,6 +231,8 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     metrics.update(update(run, batch))
     if "kl" in metrics:  # measured (in the loss or in the reward): the adaptive controller's input
         run.kl.update(metrics["kl"], len(batch.reward))
+    from grpolab.diagnostics import aha_metrics  # per-step aha metrics (docs/metrics.md)
+    metrics.update(aha_metrics(batch, max(run.reward_fns, key=lambda f: f.weight).name, run.cfg.reflection_phrases))
     lengths = batch.rollout.lengths  # (N,)
     metrics = {"step": step, "kl": 0.0, "clip/frac": 0.0, "entropy": float("nan"), **metrics,
                "time/update_s": time.perf_counter() - t_update,

@@ -175,9 +175,12 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         before = evaluate(run, eval_set)
         _write_summary(summary_path, {"eval_before": before})
     progress = Progress(cfg.steps, start, enabled=cfg.progress, console=console)
+    from grpolab.diagnostics import CollapseWatcher
+    watcher = CollapseWatcher(cfg, log)
     try:
         for step in range(start + 1, cfg.steps + 1):
             m, batch = train_step(run, step)
+            watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
             logger.log(m)
             if cfg.samples_per_step and not batch.empty:
                 for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
