@@ -154,7 +154,14 @@ def _sample(argv: list[str]) -> int:
     return sample_main(argv)
 
 
-COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample}
+def _audit(argv: list[str]) -> int:
+    """Pre-flight check of a task, model and config (grpolab.audit); exit 1 when a run would learn nothing."""
+    from grpolab.audit import main
+
+    return main(argv)
+
+
+COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ TASKS: dict[str, str] = {
     "code": "grpolab.tasks.code:CodeTask",
     "tools": "grpolab.tasks.tools:ToolsTask",
     "dataset": "grpolab.tasks.dataset:DatasetTask",
+    "longsum": "grpolab.tasks.longsum:LongSumTask",
 }
 
 
