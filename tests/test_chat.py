@@ -129,21 +129,21 @@ def test_chat_scripted_conversation(lively_dir):
     assert second.strip() == want2.strip()  # the second turn saw the whole conversation
 
 
-def test_chat_ends_on_eof_and_refuses_a_bad_target(tiny_model_dir, tmp_path, capsys):
-    term = Terminal([sys.executable, "-c", CLI, "chat", str(tiny_model_dir), "--max-new-tokens", "2"])
-    try:
-        term.read_until("you> ")
-        os.write(term.master, b"\x04")  # Ctrl-D
-        assert term.close() == 0
-    finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
+def test_chat_ends_on_eof_and_refuses_a_bad_target(lively_dir, tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello there\n"))  # then end of input (Ctrl-D)
+    assert main(["chat", str(lively_dir), "--temperature", "0", "--max-new-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    want = greedy_reply(lively_dir, [{"role": "user", "content": "Hello there"}], 6)
+    assert out.startswith("grpolab chat: ") and f"model> {want}\n" in out.replace("you> ", "")
     assert main(["chat", str(tmp_path / "nothing")]) == 2
     assert "is not a local directory or .gguf file" in capsys.readouterr().err
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("steps: 1\n")
     assert main(["chat", str(tmp_path / "run")]) == 2
     assert "the run has no checkpoint yet" in capsys.readouterr().err
+    assert main(["chat", str(lively_dir), "--max-new-tokens", "0"]) == 2
 
 
 @pytest.fixture(scope="module")
