@@ -307,3 +307,16 @@ def test_docs_trl_examples_and_factory_run_as_written():
     finally:
         REWARDS.clear()
         REWARDS.update(before)
+
+
+def test_every_column_reaches_kwargs_even_with_odd_names():
+    def fn(completions, **kwargs):
+        return [float(v) for v in kwargs["my col"]]
+
+    REWARDS["odd_cols_test"] = as_factory(fn)
+    try:
+        (rf,) = build_rewards([{"name": "odd_cols_test"}])
+    finally:
+        del REWARDS["odd_cols_test"]
+    ex = Example(prompt="p", answer="a", meta={"my col": 2, "completions": "shadow"}, id="x")
+    assert score_completions([rf], ["c"], [ex]).per_fn["odd_cols_test"] == [2.0]

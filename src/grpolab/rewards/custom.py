@@ -134,7 +134,7 @@ def columns(examples: list[Example]) -> dict[str, list]:
     if examples:
         keys = [k for k in examples[0].meta if all(k in e.meta for e in examples[1:])]
         for k in keys:
-            if k not in RESERVED and k != "answer" and isinstance(k, str) and k.isidentifier():
+            if k not in RESERVED and k != "answer" and isinstance(k, str):
                 out[k] = [e.meta[k] for e in examples]
     return out
 
