@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from grpolab.lab import baseline, curves, g1, memory, scale
+from grpolab.lab import aha, baseline, critic_claim, curves, g1, kl_claim, memory, scale
 
 LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
     "baseline": (baseline.CLAIM, baseline.run),
@@ -20,6 +20,9 @@ LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
     "scale": (scale.CLAIM, scale.run),
     "memory": (memory.CLAIM, memory.run),
     "curves": (curves.CLAIM, curves.run),
+    "aha": (aha.CLAIM, aha.run),
+    "critic": (critic_claim.CLAIM, critic_claim.run),
+    "kl": (kl_claim.CLAIM, kl_claim.run),
 }
 
 last_result: dict = {}
