@@ -25,8 +25,12 @@ dataset: a file or `datasets` directory (task=dataset, task_args.path), or rows 
 dicts, or a `datasets.Dataset`), which are written to OUT/dataset.jsonl so that the run can be
 resumed. task: a task name.
 
-Output: the same progress and summary as the CLI, on one rich Console (in Jupyter, rich renders to
-the cell; each line is printed once). Hugging Face progress bars are off during the call.
+Output: the CLI's progress and summary, all through one rich Console (`console=`, default a new one
+on stdout), so each step line, the evaluation notes and the summary table appear once, and the
+summary comes back as the return value, not printed again. Outside a terminal (a notebook, a log
+file) the progress is one plain line per step; rich renders in Jupyter cells itself (not tested
+here: no Jupyter on the development machine). Hugging Face progress bars are off during the call
+and restored after it.
 """
 
 from __future__ import annotations
