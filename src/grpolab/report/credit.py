@@ -147,6 +147,10 @@ SCRIPT = """
 """
 
 
+def _missing(mode: str) -> str:
+    return "no reference model in this run (beta = 0)" if mode == "kl" else "not measured for these samples"
+
+
 def credit_section(run: RunData, index: int) -> str:
     """The credit view of one run (HTML), or a note saying why there is none."""
     chosen = pick(run)
@@ -156,11 +160,15 @@ def credit_section(run: RunData, index: int) -> str:
         return f'<p class="note">No token-level view: {why}.</p>'
     scale = max([abs(a) for _, s in chosen for a in s["tokens"].get("adv") or [] if isinstance(a, (int, float))]
                 + [0.0]) or 1.0
-    buttons = "".join(f'<button data-mode="{k}"{" class=on" if k == "adv" else ""}>{escape(lab)}</button>'
-                      for k, lab in MODES)
-    legend = ("Colour: <b>advantage</b> (green: the update pushed this token up, red: down; stronger = larger "
-              "|A|); the other buttons colour by entropy, surprise (-log p), |log ratio| or KL. A black outline "
-              "marks a clipped token; grey tokens were not computed. Hover a token for its values.")
+    has = {k for _, smp in chosen for k, _ in MODES if any(isinstance(v, (int, float))
+                                                            for v in smp["tokens"].get(k) or [])}
+    buttons = "".join(f'<button data-mode="{k}"{" class=on" if k == "adv" else ""}'
+                      f'{"" if k in has else " disabled title=" + chr(34) + escape(_missing(k)) + chr(34)}>'
+                      f'{escape(lab)}</button>' for k, lab in MODES)
+    legend = ("<b>advantage</b>: green where the update pushed the token up, red where it pushed it down, "
+              "stronger with |A|; <b>entropy</b>, <b>log-prob</b> (as surprise, -log p) and <b>KL</b>: darker "
+              "= larger; <b>ratio</b>: blue above 1, orange below. A black outline marks a clipped token; grey "
+              "tokens were not computed. Hover a token for its values.")
     views = "".join(sample_view(s, phase, scale, f"credit-{index}-{j}") for j, (phase, s) in enumerate(chosen))
     return f'<div class="creditview"><div class="modes">colour by {buttons}</div><p class="legend">{legend}</p>{views}</div>'
 

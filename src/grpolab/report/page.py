@@ -35,7 +35,7 @@ figure img { width: 100%; height: auto; display: block; } figcaption { font-size
 .tok { border-radius: 3px; padding: 1px 0; margin: 0 1px; } .tok.clip { outline: 2px solid #000; } .tok:hover { outline: 2px solid #0969da; }
 .tok.skip { background: repeating-linear-gradient(45deg, #eaeef2, #eaeef2 4px, #f6f8fa 4px, #f6f8fa 8px); color: #6e7781; }
 .modes button { margin: 0 2px; border: 1px solid #d0d7de; background: #f6f8fa; border-radius: 4px; cursor: pointer; }
-.modes button.on { background: #0969da; color: #fff; } .legend { font-size: 12px; color: #57606a; }
+.modes button.on { background: #0969da; color: #fff; } .modes button:disabled { color: #8c959f; cursor: default; } .legend { font-size: 12px; color: #57606a; }
 .toktable td { font-size: 12px; padding: 1px 6px; } details { margin: 4px 0; } summary { cursor: pointer; color: #0969da; }
 """
 
