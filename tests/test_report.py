@@ -247,7 +247,7 @@ def test_a_failing_report_never_fails_the_run(tiny_model_dir, tmp_path, capsys, 
     def broken():
         raise plots.MissingPlotting("no plotting here")
 
-    monkeypatch.setattr(plots, "_pyplot", broken)
+    monkeypatch.setattr(plots, "_matplotlib", broken)
     out = train(tiny_model_dir, tmp_path / "run", "steps=1", "eval_size=0")
     assert (out / "summary.json").exists() and not (out / "report.html").exists()
     assert "report.html not written: no plotting here" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The report's plots: matplotlib (Agg) figures saved as PNG bytes, one per panel.
+"""The report's plots: matplotlib figures (object API, Agg canvas) saved as PNG bytes, one per panel.
 
 Every curve is drawn twice: the per-step values thin and faint, and a trailing mean over
 `window(n)` steps bold on top. One run: one colour per series. Several runs: one colour per run and
@@ -21,16 +21,16 @@ class MissingPlotting(RuntimeError):
     """matplotlib is not installed (it is the `report` extra)."""
 
 
-def _pyplot():
+def _matplotlib():
+    """matplotlib, used through its object API (Figure + the Agg canvas savefig picks for PNG): no
+    pyplot, so the caller's backend and figures (a notebook's, say) are left alone."""
     try:
         import matplotlib
+        from matplotlib.figure import Figure  # noqa: F401 (checked here: the message below)
     except ImportError as e:
         raise MissingPlotting("grpolab report needs matplotlib: pip install 'grpolab[report]' "
                               "(or pip install 'matplotlib>=3.7')") from e
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    return matplotlib
 
 
 def window(n: int) -> int:
@@ -125,13 +125,15 @@ TIME_KEYS = [("time/generate_s", "generate"), ("time/score_s", "score"), ("time/
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    _pyplot().close(fig)
     return buf.getvalue()
 
 
 def _figure(title: str, ylabel: str, xlabel: str = "step"):
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    _matplotlib()  # MissingPlotting, with what to install, before any matplotlib import
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.4))
+    ax = fig.add_subplot()
     fig.subplots_adjust(left=0.12, right=0.98, bottom=0.15, top=0.9)  # fixed: one draw per figure
     ax.set_title(title, fontsize=11)
     ax.set_xlabel(xlabel)
@@ -150,8 +152,7 @@ def curve_panel(panel: Panel, runs: list[RunData]) -> Plot:
     lines = [(r, k, lab) for r in runs for k, lab in pairs if any(k in m for m in r.metrics)]
     if not lines:
         return Plot(panel.slug, panel.title, None, "no run recorded these metrics", [])
-    plt = _pyplot()
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = _matplotlib().rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = _figure(panel.title, panel.ylabel)
     n = max(len(r.metrics) for r in runs)
     w = window(n)
