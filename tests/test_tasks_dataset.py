@@ -172,3 +172,30 @@ def test_no_answer_column(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "write a haiku"}] * 3)
     t = task(path, answer_column=None, eval_size=1)
     assert t.eval_set()[0].answer == "" and len(t._train) == 2
+
+
+def test_cli_trains_on_a_datasets_directory(tiny_model_dir, tmp_path):
+    """End to end: a DatasetDict saved with save_to_disk, chat prompts, a TRL reward that reads a column."""
+    import datasets
+
+    from grpolab.cli import main
+    from grpolab.fileio import read_jsonl
+
+    rows = [{"prompt": [{"role": "user", "content": f"Say {i}."}], "solution": str(i), "bonus": i % 2}
+            for i in range(8)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:6]),
+                          "test": datasets.Dataset.from_list(rows[6:])}).save_to_disk(str(tmp_path / "ds"))
+    (tmp_path / "r.py").write_text(
+        "def bonus(completions, bonus, **kwargs):\n"
+        "    assert isinstance(completions[0], list) and completions[0][0]['role'] == 'assistant'\n"
+        "    return [float(b) for b in bonus]\n")
+    out = tmp_path / "run"
+    assert main(["train", f"model={tiny_model_dir}", f"out={out}", "task=dataset", f"task_args.path={tmp_path / 'ds'}",
+                 f'rewards=[{{name: "{tmp_path / "r.py"}:bonus"}}]', "steps=1", "batch_size=8", "G=4",
+                 "max_new_tokens=4", "micro_batch=8", "progress=false", "tensorboard=false"]) == 0
+    (m,) = read_jsonl(out / "metrics.jsonl", strict=True)
+    assert m["reward/errors"] == 0 and m["reward/bonus/mean"] in (0.0, 0.5, 1.0)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_before"]["n"] == 2  # the directory's own test split
+    samples = read_jsonl(out / "samples.jsonl", strict=True)
+    assert samples[0]["prompt"][0]["role"] == "user"
