@@ -215,6 +215,8 @@ def test_a_hanging_batch_function_times_out():
     release.set()
     assert s.per_fn["hang_test"] == [0.0, 0.0]
     assert s.metrics["reward/timeouts"] == 2 and s.metrics["reward/errors"] == 0
+    assert "reward 'hang_test' timed out on completion 0" in s.messages[0]
+    assert rf.warned == {"timeout"}  # logged once for the run
 
 
 def test_registered_factory_may_return_the_trl_form():

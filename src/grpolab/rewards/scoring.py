@@ -280,8 +280,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
             else:
                 errors += 1
             kind, message = _describe(rf.name, j, status, value)
-            if status == _ERROR:
-                _warn_once(rf, kind, message)
+            _warn_once(rf, kind, message)
             if len(messages) < MAX_MESSAGES:
                 messages.append(message)
             scores.append(fail_value)
