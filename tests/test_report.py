@@ -9,6 +9,7 @@ Runs are shared through module fixtures (tiny random model, a few seconds each o
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import io
 import json
@@ -26,6 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from e2e_helpers import read_jsonl, varied_score
 
 from grpolab import rewards as rewards_mod
 from grpolab.algos import AlgoConfig
@@ -34,8 +36,6 @@ from grpolab.kl import kl_per_token
 from grpolab.report.tokens import token_credit
 from grpolab.rollout import Rollout
 from grpolab.step import Batch
-
-from e2e_helpers import read_jsonl, varied_score
 
 SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "progress=false", "tensorboard=false",
          "save_every=0", "rewards=[{name: test_varied}, {name: format, weight: 0.5}]"]
@@ -161,7 +161,7 @@ def test_samples_jsonl_holds_bounded_per_token_values(run_a, run_b):
 
 
 EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*(?!["']?(?:data:|#))|url\(\s*(?!["']?data:)|@import|<link\b""",
-                      re.I)
+                      re.IGNORECASE)
 
 
 def test_train_writes_a_self_contained_report(run_a, run_b):
@@ -263,20 +263,23 @@ class Chromium:
     def __init__(self, exe: str, profile: Path):
         import fcntl
 
-        to_r, to_w = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in os.pipe())
-        from_r, from_w = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in os.pipe())
+        # close-on-exec, and above 9 so that they cannot be 3 or 4; pass_fds hands only to_r and from_w
+        # to the child, where bash moves them onto the descriptors chromium reads (3) and writes (4)
+        def high(fd: int) -> int:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+            os.close(fd)
+            return moved
 
-        def child_fds():  # Python's own descriptors are close-on-exec: only these two reach chromium
-            os.dup2(to_r, 3)
-            os.dup2(from_w, 4)
-
-        self.log = open(profile.parent / "chromium.log", "wb")
+        to_r, to_w = map(high, os.pipe())
+        from_r, from_w = map(high, os.pipe())
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--hide-scrollbars", f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"]
+        self.log = (profile.parent / "chromium.log").open("wb")  # closed in close()
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--hide-scrollbars", f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
-            preexec_fn=child_fds, close_fds=False, stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            ["/bin/bash", "-c", f'exec "$@" 3<&{to_r} 4>&{from_w} {to_r}<&- {from_w}>&-', "bash", exe, *flags],
+            pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         os.close(to_r)
         os.close(from_w)
         self.out, self.inbox, self.events, self.next_id = os.fdopen(to_w, "wb"), queue.Queue(), [], 0
@@ -356,10 +359,8 @@ class Chromium:
         return errors, requests
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self.send("Browser.close")
-        except Exception:  # noqa: BLE001 (already gone)
-            pass
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:

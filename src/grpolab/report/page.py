@@ -47,15 +47,15 @@ def _fmt(x, fmt: str = "{:.3f}") -> str:
 def _dur(s) -> str:
     if not isinstance(s, (int, float)) or not math.isfinite(s):
         return "–"
-    m, sec = divmod(int(round(s)), 60)
+    m, sec = divmod(round(s), 60)
     return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min {sec} s" if m else f"{sec} s"
 
 
 def _first_last(run: RunData, key: str, k: int = 5) -> tuple[float, float]:
     vals = [m.get(key) for m in run.metrics]
     vals = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
-    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    return mean(vals[:k]), mean(vals[-k:])
+    first, last = vals[:k], vals[-k:]
+    return (sum(first) / len(first) if first else float("nan"), sum(last) / len(last) if last else float("nan"))
 
 
 def _status(run: RunData) -> str:
@@ -183,9 +183,9 @@ def samples_section(run: RunData, per_phase: int = 4) -> str:
 def render(runs: list[RunData], plots: list[Plot]) -> str:
     title = "grpolab report: " + (runs[0].label if len(runs) == 1 else " vs ".join(r.label for r in runs))
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [f"<h1>{escape(title)}</h1><p>Written {when} by <code>grpolab report</code>. Every curve: "
-             "thin per step, bold smoothed. Keys are defined in docs/metrics.md.</p>",
-             "<h2 id=\"runs\">Runs</h2>", header(runs), "<h2 id=\"curves\">Curves</h2>", plots_section(plots)]
+    intro = (f"<h1>{escape(title)}</h1><p>Written {when} by <code>grpolab report</code>. Every curve: "
+             "thin per step, bold smoothed. Keys are defined in docs/metrics.md.</p>")
+    parts = [intro, "<h2 id=\"runs\">Runs</h2>", header(runs), "<h2 id=\"curves\">Curves</h2>", plots_section(plots)]
     for i, r in enumerate(runs):
         suffix = f" of {escape(r.label)}" if len(runs) > 1 else ""
         parts += [f"<h2 id=\"{'credit' if i == 0 else f'credit-{i}'}\">Token-level credit{suffix}</h2>", credit_section(r, i),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from grpolab.report.load import RunData
 
@@ -236,4 +236,4 @@ def all_plots(runs: list[RunData]) -> list[Plot]:
     return out + [time_panel(runs)]
 
 
-__all__ = ["MissingPlotting", "PANELS", "Plot", "all_plots", "smooth", "window"]
+__all__ = ["PANELS", "MissingPlotting", "Plot", "all_plots", "smooth", "window"]
