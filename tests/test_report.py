@@ -233,6 +233,13 @@ def test_aha_metrics_and_alerts_get_their_panels(tmp_path, capsys):
     assert "Length-reward correlation: aha/length_reward_corr, aha/length_reward_corr_rolling" in alts
     assert "<th>alerts (steps)</th><td>entropy: 3</td>" in html
     assert "No token-level view: this run has no samples yet" in html
+    for r in rows:  # a metric that is null at every step: a note, not an empty plot
+        r["aha/length_reward_corr"] = r["aha/length_reward_corr_rolling"] = None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(run)]) == 0
+    html = (run / "report.html").read_text()
+    assert "Length-reward correlation: logged, but null (not a finite number) at every step" in html
+    assert "alt=\"Length-reward correlation" not in html
 
 
 def test_without_matplotlib_the_report_says_what_to_install(run_a, tmp_path, capsys, monkeypatch):

@@ -152,6 +152,9 @@ def curve_panel(panel: Panel, runs: list[RunData]) -> Plot:
     lines = [(r, k, lab) for r in runs for k, lab in pairs if any(k in m for m in r.metrics)]
     if not lines:
         return Plot(panel.slug, panel.title, None, "no run recorded these metrics", [])
+    if not any(math.isfinite(y) for r, k, _ in lines for y in r.series(k)[1]):
+        return Plot(panel.slug, panel.title, None, "logged, but null (not a finite number) at every step, e.g. a "
+                    "correlation when every completion had the same length", [k for _, k, _ in lines])
     colours = _matplotlib().rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = _figure(panel.title, panel.ylabel)
     n = max(len(r.metrics) for r in runs)
@@ -232,7 +235,7 @@ def eval_panel(runs: list[RunData]) -> Plot:
 def all_plots(runs: list[RunData]) -> list[Plot]:
     """Every panel in page order; the optional ones (aha metrics) only when a run has them."""
     out = [curve_panel(p, runs) for p in PANELS[:2]] + [eval_panel(runs)]
-    out += [plot for p in PANELS[2:] if (plot := curve_panel(p, runs)).png is not None or p.core]
+    out += [plot for p in PANELS[2:] if (plot := curve_panel(p, runs)).series or p.core]
     return out + [time_panel(runs)]
 
 
