@@ -69,7 +69,7 @@ def run(argv: list[str]) -> dict:
     ap.add_argument("--steps", type=int, help="steps per arm (default 30; 6 with --quick)")
     ap.add_argument("--model", help="model for both arms (default: the aha miniature's pre-trained model)")
     ap.add_argument("--task", default=None, help="task (default longsum with the miniature, else arithmetic)")
-    ap.add_argument("--lr", type=float, help="learning rate (default 1e-3 with the miniature, 2e-5 otherwise)")
+    ap.add_argument("--lr", type=float, help="learning rate (default 2e-4 with the miniature, 2e-5 otherwise)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/lab/critic")
     ns = ap.parse_args(argv)
@@ -79,7 +79,7 @@ def run(argv: list[str]) -> dict:
         from grpolab.lab.aha import MODES, pretrained_model
 
         model = str(pretrained_model("full", MODES["full"]["pretrain_steps"], ns.seed)[0])
-        task, lr = ns.task or "longsum", ns.lr or 1e-3
+        task, lr = ns.task or "longsum", ns.lr or 2e-4
         extra = ["max_new_tokens=64"]
     else:
         model, task, lr = ns.model, ns.task or "arithmetic", ns.lr or 2e-5

@@ -126,7 +126,7 @@ def run(argv: list[str]) -> dict:
     ap.add_argument("--quick", action="store_true", help="10 steps per arm (for the tests)")
     ap.add_argument("--steps", type=int, help="steps per arm (default 60; 10 with --quick)")
     ap.add_argument("--beta", type=float, default=0.1, help="the KL arm's algo.beta (default 0.1)")
-    ap.add_argument("--lr", type=float, help="learning rate (default 3e-3 with the miniature: high, to drift)")
+    ap.add_argument("--lr", type=float, help="learning rate (default 1e-3 with the miniature: 5x the aha lab, to drift)")
     ap.add_argument("--model", help="model (default: the aha miniature's pre-trained model)")
     ap.add_argument("--task", help="task (default longsum with the miniature, else arithmetic)")
     ap.add_argument("--seed", type=int, default=0)
@@ -140,7 +140,7 @@ def run(argv: list[str]) -> dict:
         from grpolab.lab.aha import MODES, pretrained_model
 
         model = str(pretrained_model("full", MODES["full"]["pretrain_steps"], ns.seed)[0])
-        task, lr, mnt = ns.task or "longsum", ns.lr or 3e-3, 64
+        task, lr, mnt = ns.task or "longsum", ns.lr or 1e-3, 64
     else:
         model, task, lr, mnt = ns.model, ns.task or "arithmetic", ns.lr or 2e-5, 32
     out = Path(ns.out)
