@@ -53,7 +53,7 @@ USAGE_ERRORS = {
     "bad_task_args": (["task_args.bogus=1"], ["task_args", "bogus"]),
     "unknown_reward": (["rewards=[{name: nope}]"], ["rewards", "'nope'", "format"]),
     "not_key_value": (["steps=2", "oops"], ["oops", "KEY=VALUE"]),
-    "resume_not_a_run": (["--resume", "nowhere"], ["nowhere", "config.yaml"]),
+    "resume_not_a_run": (["--resume", "nowhere"], ["nowhere", "no such directory", "grpolab train [RECIPE] out=nowhere"]),
 }
 
 

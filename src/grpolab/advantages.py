@@ -167,7 +167,7 @@ def compute_advantages(r: Tensor, G: int, algo: AlgoConfig) -> Tensor:
 class GroupBaseline:
     """Advantages of every method without a value model: compute_advantages of the shaped sequence
     rewards. It has no parameters and no state, so the step treats it exactly like a critic
-    (grpolab.critic.Critic: targets, add_loss, step, state_dict) without a branch for either."""
+    (grpolab.critic.Critic: targets, add_loss, step, discard, state_dict) without a branch for either."""
 
     computes_every_group = False
     """A group whose advantages are all 0 adds nothing to the loss and need not be computed."""
@@ -185,6 +185,9 @@ class GroupBaseline:
 
     def step(self, max_grad_norm: float) -> None:
         """No optimiser to step."""
+
+    def discard(self) -> None:
+        """Nothing to discard when an update is skipped."""
 
     def trained_params(self) -> int:
         return 0

@@ -10,7 +10,8 @@ Layout, under the run directory `out/`:
             scheduler.pt             torch.save(scheduler.state_dict()), when a scheduler is given
             rng.pt                   python `random`, numpy (if installed), torch CPU and CUDA states
             NAME.pt                  torch.save(component.state_dict()) for each component (critic.pt)
-            trainer_state.json       {"step": 10, "format": 1, ...the trainer's dict}
+            trainer_state.json       {"step": 10, "format": 2, ...the trainer's dict}
+            manifest.json            {file: {"size": bytes, "sha256": hex}} of every other file, written last
         step-000020/
         latest                       text file: "step-000020"
 
@@ -20,10 +21,15 @@ file system). Only then is `latest` rewritten, itself through a temporary file +
 crash at any point leaves `latest` naming a complete checkpoint (or absent), and a `step-*` directory
 only ever appears complete. Leftover temporary directories from a crash are ignored by
 `latest_checkpoint` and removed by the next `save_checkpoint`.
+
+Integrity: the manifest lists the size and sha256 of every file. `verify_checkpoint` re-checks them,
+and `latest_good_checkpoint` (what resume uses) walks back from the newest checkpoint to the first
+one that verifies, naming each bad file it skips: a truncated or bit-flipped file never loads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -39,7 +45,8 @@ from grpolab.fileio import atomic_write, fsync_dir
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
 
@@ -107,11 +114,48 @@ def _step_dirs(ckpt_root: Path) -> list[tuple[int, Path]]:
 
 
 def _is_complete(path: Path) -> bool:
-    return (path / "trainer_state.json").is_file() and (
+    return (path / "trainer_state.json").is_file() and (path / MANIFEST).is_file() and (
         (path / "model.safetensors").is_file()
         or (path / "model.safetensors.index.json").is_file()
         or (path / "adapter_model.safetensors").is_file()
     )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(ckpt_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(ckpt_dir)) for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def _write_manifest(ckpt_dir: Path) -> None:
+    manifest = {name: {"size": (ckpt_dir / name).stat().st_size, "sha256": _sha256(ckpt_dir / name)}
+                for name in _files(ckpt_dir)}
+    (ckpt_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def verify_checkpoint(ckpt_dir: Path) -> str | None:
+    """None if every file of the checkpoint matches its manifest, else what is wrong (naming the file)."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        manifest = json.loads((ckpt_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{ckpt_dir / MANIFEST}: unreadable manifest ({e})"
+    for name, want in sorted(manifest.items()):
+        path = ckpt_dir / name
+        if not path.is_file():
+            return f"{path}: missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return f"{path}: {size} bytes, the manifest says {want['size']} (truncated?)"
+        if _sha256(path) != want["sha256"]:
+            return f"{path}: sha256 differs from the manifest (corrupted)"
+    return None
 
 
 def _remove_stale_tmp(ckpt_root: Path) -> None:
@@ -173,7 +217,8 @@ def save_checkpoint(
         for name, component in (components or {}).items():
             torch.save(component.state_dict(), tmp / f"{name}.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")  # written last
+        (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")
+        _write_manifest(tmp)  # last: it vouches for everything above
         _fsync_tree(tmp)
         if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
             old = root / f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}"
@@ -210,6 +255,34 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
         return root / name
     dirs = _step_dirs(root)
     return dirs[-1][1] if dirs else None
+
+
+def is_write_failure(e: BaseException) -> bool:
+    """True when `e` says the file system refused a write (full disk, file size limit, I/O error):
+    OSError itself, safetensors' SafetensorError wrapping an I/O error, torch.save's failed stream."""
+    if isinstance(e, OSError):
+        return True
+    text = str(e)
+    return type(e).__name__ == "SafetensorError" and "I/O error" in text or (
+        isinstance(e, RuntimeError) and ("failed writing" in text or "No space left" in text or "File too large" in text))
+
+
+def latest_good_checkpoint(out_dir: Path, log=print) -> Path | None:
+    """The newest checkpoint whose files all match its manifest, or None. Each newer checkpoint that
+    fails verification is skipped with a message naming the bad file."""
+    root = Path(out_dir) / CHECKPOINTS
+    candidates = [p for _, p in reversed(_step_dirs(root))]
+    newest = latest_checkpoint(out_dir)
+    if newest is not None and newest in candidates:  # `latest` first, then by step
+        candidates.remove(newest)
+        candidates.insert(0, newest)
+    for i, ckpt in enumerate(candidates):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            return ckpt
+        after = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older checkpoint left"
+        log(f"checkpoint {ckpt.name} is damaged: {problem}; {after}")
+    return None
 
 
 def _load_model_weights(ckpt_dir: Path, model) -> None:

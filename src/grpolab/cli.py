@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from grpolab.stops import RunStopped, StopNow
 from grpolab.types import ConfigError
 
 USAGE_TRAIN = """grpolab train [RECIPE.yaml | RECIPE_NAME] [KEY=VALUE ...]
@@ -76,10 +77,10 @@ def _eval(argv: list[str]) -> int:
         args.insert(0, target)
         target = None
     if target and Path(target, "config.yaml").exists():
-        from grpolab.checkpoint import latest_checkpoint
+        from grpolab.checkpoint import latest_good_checkpoint
 
         recipe = config_from_run(Path(target))
-        ck = latest_checkpoint(Path(target))
+        ck = latest_good_checkpoint(Path(target), log=lambda msg: print(f"grpolab: {msg}", file=sys.stderr))
         if ck is None:
             raise ConfigError(f"{target}: the run has no checkpoint yet")
         recipe["model"] = str(ck)
@@ -180,7 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except RunStopped as e:  # a signal (after a checkpoint), repeated non-finite updates, a full disk
+        print(f"grpolab: {e}", file=sys.stderr)
+        return e.exit_code
+    except StopNow as e:  # a second signal: out at once; checkpoints are atomic, the last complete one stands
+        print(f"grpolab: {e}; the last complete checkpoint is intact: continue with --resume OUT", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:  # before training started (loading the model, ...)
         print("grpolab: interrupted; continue with --resume OUT (checkpoints are written every save_every steps)",
               file=sys.stderr)
         return 130

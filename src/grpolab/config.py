@@ -66,6 +66,8 @@ class Config:
     """AdamW (beta1, beta2)."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables it."""
+    max_nonfinite_updates: int = 3
+    """An optimizer update whose loss or gradient norm is NaN/inf is skipped (the weights stay as they were) and counted in update/nonfinite_skipped; this many in a row stop the run, keeping the last good checkpoint."""
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, or cuda."""
     precision: str = "auto"
@@ -94,7 +96,6 @@ class Config:
     """Write OUT/report.html (plots, samples, the token-level credit view; see docs/report.md) at the end of the run; needs the `report` extra (matplotlib)."""
     sample_tokens: int = 64
     """Per-token values (advantage, log-prob, ratio and clip, entropy, KL) saved in samples.jsonl for the first sample_tokens tokens of each written sample; 0 saves none. Bounds samples.jsonl to about samples_per_step x (the texts + 70 bytes x sample_tokens) per step."""
-
     reflection_phrases: list = field(default_factory=lambda: list(_default_reflection_phrases()))
     """Phrases counted as reflection in aha/reflection_count and aha/reflection_frac (whole words, case-insensitive); the default holds English and Spanish ones (wait, let me check, verify, espera, revisemos, ...; grpolab.diagnostics)."""
     alert_entropy_min: float = 0.02
@@ -241,6 +242,10 @@ def validate(cfg: Config) -> None:
         (cfg.lr > 0, "lr", "must be > 0"),
         (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
         (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
+        (cfg.max_nonfinite_updates >= 1, "max_nonfinite_updates", "must be >= 1"),
+        (cfg.algo.overlong_buffer <= cfg.max_new_tokens, "algo.overlong_buffer",
+         f"{cfg.algo.overlong_buffer} tokens is longer than max_new_tokens={cfg.max_new_tokens}: every completion "
+         f"would be punished; lower it (DAPO used 20% of the limit)"),
         (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
         (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
@@ -281,8 +286,18 @@ def config_from_run(out_dir: Path) -> dict:
     """The resolved config.yaml of an existing run, as a recipe dict."""
     p = Path(out_dir) / "config.yaml"
     if not p.exists():
-        raise ConfigError(f"--resume {out_dir}: no config.yaml there; is it a grpolab run directory?")
+        raise ConfigError(not_a_run_message(Path(out_dir)))
     return yaml.safe_load(p.read_text())
+
+
+def not_a_run_message(out_dir: Path) -> str:
+    """What to do with a --resume target that holds no config.yaml."""
+    if not out_dir.exists():
+        return (f"--resume {out_dir}: no such directory. Start the run with "
+                f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]`")
+    return (f"--resume {out_dir}: it holds no config.yaml, so the run stopped before recording its settings and "
+            f"trained no step: there is nothing to resume. Start it again with the same settings: "
+            f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]` (that directory is accepted as it is)")
 
 
 def help_text() -> str:

@@ -256,10 +256,16 @@ class Critic:
         return loss + self.algo.vf_coef * vl, info
 
     def step(self, max_grad_norm: float) -> None:
-        """Clip the critic's gradients (when max_grad_norm > 0), step its optimiser, zero its grads."""
-        if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
-        self.optimizer.step()
+        """Clip the critic's gradients (when max_grad_norm > 0), step its optimiser, zero its grads.
+        A non-finite gradient norm skips the critic's update (its weights stay as they were)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                              max_grad_norm if max_grad_norm > 0 else float("inf"))
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def discard(self) -> None:
+        """The policy's update was skipped: drop the critic's gradients too."""
         self.optimizer.zero_grad(set_to_none=True)
 
     def trained_params(self) -> int:

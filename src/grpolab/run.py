@@ -43,6 +43,8 @@ class Run:
     log: Callable[[str], None] = print
     components: dict[str, Any] = field(default_factory=dict)
     """Stateful parts besides the policy (e.g. {"critic": Critic}), saved as NAME.pt in each checkpoint."""
+    nonfinite_streak: int = 0
+    """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
 
     def autocast(self):
         """The autocast context of the model passes (a no-op in fp32)."""

@@ -16,6 +16,7 @@ The loop around the step (setup, evaluation, checkpoints, summary) is grpolab.tr
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from dataclasses import dataclass, field
@@ -161,7 +162,9 @@ def update(run: Run, batch: Batch) -> dict:
     """`algo.mu` optimizer updates on the batch. batch.adv: (N,) or (N, C).
 
     The first pass of the first update records log pi_old = log pi_theta (detached): the weights have
-    not moved yet, so no separate old-log-prob pass is needed. Micro-batches hold whole groups (the
+    not moved yet, so no separate old-log-prob pass is needed. An update whose loss or gradient norm is
+    not finite is skipped (the weights stay as they were) and counted: update/nonfinite_skipped, and
+    run.nonfinite_streak for the loop's stop rule. Micro-batches hold whole groups (the
     prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
     the policy gradient and is not computed at all (unless a KL term in the loss or a critic needs it);
     the normalisers n_seq / n_tok still count it, so the loss is unchanged.
@@ -180,7 +183,9 @@ def update(run: Run, batch: Batch) -> dict:
     entropy_infos: list[tuple[dict, float]] = []
     grad_norms = []
     beta = run.kl.value
+    n_nonfinite = 0
     for epoch in range(algo.mu if batches else 0):
+        loss_sum = 0.0
         for rows in batches:
             part = slice_groups(rollout, rows, run.device)
             width, part_mask = part.width, part.completion_mask
@@ -198,18 +203,30 @@ def update(run: Run, batch: Batch) -> dict:
                 n_seq=N, n_tok=batch.n_tokens, max_len=cfg.max_new_tokens)
             loss, value_info = run.advantage.add_loss(loss, run, part, batch)
             loss.backward()
+            loss_sum += float(loss.detach())
             loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
+        # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
+        norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(),
+                                                    cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
+        if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+            run.optimizer.zero_grad(set_to_none=True)
+            run.advantage.discard()
+            n_nonfinite += 1
+            run.nonfinite_streak += 1
+            continue
         if cfg.max_grad_norm > 0:
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), cfg.max_grad_norm)))
+            grad_norms.append(norm)
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()  # warm-up counts optimizer updates actually made
         run.advantage.step(cfg.max_grad_norm)
+        run.nonfinite_streak = 0
     batch.old_logp, batch.last_logp, batch.entropy = old_logp, last_logp, entropy_tok  # rows not computed: 0
     metrics = weighted_mean(loss_infos)
     metrics.update(weighted_mean(entropy_infos))
     n_rows = sum(len(b) for b in batches)
     metrics.update({"update/seqs_computed": float(n_rows), "update/skipped": float(n_rows == 0),
+                    "update/nonfinite_skipped": float(n_nonfinite),
                     "lr": run.scheduler.get_last_lr()[0], "kl/beta": beta})
     if grad_norms:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)

@@ -21,6 +21,7 @@ import torch
 
 from grpolab.advantages import GroupBaseline
 from grpolab.config import Config, save_config
+from grpolab.diagnostics import CollapseWatcher
 from grpolab.fileio import atomic_write, read_jsonl
 from grpolab.kl import AdaptiveKL
 from grpolab.metrics import JsonlWriter, MetricsLogger
@@ -29,6 +30,7 @@ from grpolab.rewards import build_rewards
 from grpolab.rollout import eos_token_ids
 from grpolab.run import Run
 from grpolab.step import Batch, rollout_examples, score, train_step
+from grpolab.stops import RunStopped, StopSignals
 from grpolab.tasks import build_task
 from grpolab.types import ConfigError, Example
 
@@ -37,7 +39,9 @@ def check_out_dir(out: Path, resume: bool) -> None:
     """Refuse to overwrite an existing run (exit 2) unless resuming it."""
     if resume:
         if not (out / "config.yaml").exists():
-            raise ConfigError(f"--resume {out}: not a grpolab run directory (no config.yaml)")
+            from grpolab.config import not_a_run_message
+
+            raise ConfigError(not_a_run_message(out))
         return
     if out.exists() and any((out / n).exists() for n in ("metrics.jsonl", "config.yaml", "checkpoints")):
         raise ConfigError(f"out: {out} already holds a run; continue it with `grpolab train --resume {out}` "
@@ -140,10 +144,11 @@ def save(run: Run, step: int) -> Path:
 
 
 def resume_state(run: Run) -> int:
-    """Load the newest checkpoint of run.out (components included); returns its step (0 if none)."""
-    from grpolab.checkpoint import latest_checkpoint, load_checkpoint
+    """Load the newest checkpoint of run.out that verifies against its manifest (components included;
+    a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none)."""
+    from grpolab.checkpoint import latest_good_checkpoint, load_checkpoint
 
-    ck = latest_checkpoint(run.out)
+    ck = latest_good_checkpoint(run.out, log=run.log)
     if ck is None:
         return 0
     state = load_checkpoint(ck, run.policy, run.optimizer, run.scheduler, components=run.components)
@@ -175,19 +180,24 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         before = evaluate(run, eval_set)
         _write_summary(summary_path, {"eval_before": before})
     progress = Progress(cfg.steps, start, enabled=cfg.progress, console=console)
-    from grpolab.diagnostics import CollapseWatcher
     watcher = CollapseWatcher(cfg, log)
     try:
-        for step in range(start + 1, cfg.steps + 1):
-            m, batch = train_step(run, step)
-            watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
-            logger.log(m)
-            if cfg.samples_per_step and not batch.empty:
-                for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
-                    samples.write(rec)
-            progress.advance(m)
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-                save(run, step)
+        with StopSignals(log=log) as signals:
+            for step in range(start + 1, cfg.steps + 1):
+                m, batch = train_step(run, step)
+                watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
+                logger.log(m)
+                if cfg.samples_per_step and not batch.empty:
+                    for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
+                        samples.write(rec)
+                progress.advance(m)
+                check_nonfinite(run, step)
+                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or signals.requested:
+                    save_or_stop(run, step)
+                if signals.requested:
+                    write_run_report(run, log)
+                    raise RunStopped(f"stopped by {signals.name} after step {step}; checkpoint written. "
+                                     f"Continue with: {resume_command(run)}", signals.exit_code)
     finally:
         progress.close()
         logger.close()
@@ -196,15 +206,56 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
     history = read_jsonl(run.out / "metrics.jsonl")
     summary = summarise(history, before, after, run.out)
     _write_summary(summary_path, summary)
-    if cfg.report:  # OUT/report.html; a report that fails costs a warning, never the run
-        try:
-            from grpolab.report import machine_info, write_report
-
-            write_report([run.out], run.out / "report.html", machine=machine_info(run.device))
-        except Exception as e:  # noqa: BLE001 (matplotlib missing, a plotting bug, a full disk...)
-            log(f"warning: report.html not written: {e}")
+    write_run_report(run, log)
     print_summary(summary, console=console)
     return summary
+
+
+def write_run_report(run: Run, log) -> None:
+    """OUT/report.html (cfg.report), at the end and on a graceful stop; a report that fails costs a
+    warning, never the run."""
+    if not run.cfg.report:
+        return
+    try:
+        from grpolab.report import machine_info, write_report
+
+        write_report([run.out], run.out / "report.html", machine=machine_info(run.device))
+    except Exception as e:  # noqa: BLE001 (matplotlib missing, a plotting bug, a full disk...)
+        log(f"warning: report.html not written: {e}")
+
+
+def resume_command(run: Run) -> str:
+    return f"grpolab train --resume {run.out}"
+
+
+def check_nonfinite(run: Run, step: int) -> None:
+    """Stop (RunStopped, exit 1) after cfg.max_nonfinite_updates non-finite updates in a row."""
+    from grpolab.checkpoint import latest_checkpoint
+
+    if run.nonfinite_streak >= run.cfg.max_nonfinite_updates:
+        last = latest_checkpoint(run.out)
+        kept = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+        raise RunStopped(f"step {step}: {run.nonfinite_streak} optimizer updates in a row had a non-finite loss or "
+                         f"gradient norm (each was skipped, update/nonfinite_skipped); stopping. The weights were "
+                         f"never updated with them and {kept}. Check the rewards and log-probs for NaN/inf, or "
+                         f"lower lr; continue with: {resume_command(run)}", 1)
+
+
+def save_or_stop(run: Run, step: int) -> Path:
+    """save(), or RunStopped (exit 1) naming the intact previous checkpoint when the disk refuses it."""
+    from grpolab.checkpoint import is_write_failure, latest_checkpoint
+
+    try:
+        return save(run, step)
+    except Exception as e:
+        if not is_write_failure(e):
+            raise
+        last = latest_checkpoint(run.out)
+        kept = f"the previous checkpoint {last} is intact" if last else "no earlier checkpoint exists"
+        reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+        raise RunStopped(f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
+                         f"nothing partial was left and {kept}. Free space, then continue with: "
+                         f"{resume_command(run)}", 1) from e
 
 
 def _write_summary(path: Path, data: dict) -> None:

@@ -1,0 +1,7 @@
+"""`python -m grpolab ...` (and `torchrun -m grpolab ...`): the same command line as `grpolab`."""
+
+import sys
+
+from grpolab.cli import main
+
+sys.exit(main())
