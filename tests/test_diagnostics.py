@@ -83,11 +83,31 @@ def test_watcher_reward_falling_while_kl_rises():
                    for s in range(1, 7))
 
 
-def test_watcher_rolling_correlation_pools_the_window():
-    cfg = build_config({}, ["alert_window=2"])
+def test_watcher_rolling_correlation_across_the_window():
+    cfg = build_config({}, ["alert_window=3"])
     w = CollapseWatcher(cfg, lambda _: None)
-    m = {}
-    w.update(m, fake_batch(["a"] * 2, [2, 10], main=[0.0, 1.0]))
-    assert m["aha/length_reward_corr_rolling"] > 0.99
-    w.update(m, fake_batch(["a"] * 2, [10, 2], main=[0.0, 1.0]))
-    assert abs(m["aha/length_reward_corr_rolling"]) < 1e-9  # the two steps cancel
+    ms = [step_metrics(s, **{"reward/mean": r, "completion/length_mean": n})
+          for s, (r, n) in enumerate([(0.1, 5), (0.2, 9), (0.3, 12), (0.4, 4), (0.5, 3)], 1)]
+    for m in ms:
+        w.update(m)
+    assert math.isnan(ms[1]["aha/length_reward_corr_rolling"])  # fewer than 3 steps
+    assert ms[2]["aha/length_reward_corr_rolling"] > 0.9  # length and reward rose together
+    assert ms[4]["aha/length_reward_corr_rolling"] < -0.7  # the window moved on: length falls as reward rises
+
+
+def test_a_resumed_watcher_continues_exactly():
+    cfg = build_config({}, ["alert_window=3", "alert_zero_var_steps=2"])
+    seq = [step_metrics(s, **{"reward/mean": 0.1 * s, "completion/length_mean": 3.0 + s,
+                              "groups/zero_std_frac": 1.0 if s >= 3 else 0.5, "entropy": 0.001 if s == 4 else 1.0})
+           for s in range(1, 7)]
+    straight = CollapseWatcher(cfg, lambda _: None)
+    done = []
+    for m in seq:
+        m = dict(m)
+        straight.update(m)
+        done.append(m)
+    resumed = CollapseWatcher(cfg, lambda _: None, history=done[:4])
+    for m_ref in done[4:]:
+        m = {k: v for k, v in m_ref.items() if not k.startswith(("alert/", "aha/"))}
+        resumed.update(m)
+        assert m == m_ref

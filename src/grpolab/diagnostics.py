@@ -84,8 +84,9 @@ ALERTS = ("entropy", "zero_variance", "truncated", "reward_down_kl_up")
 class CollapseWatcher:
     """Watches the step metrics for the four collapse signs; `update` adds to the metrics:
 
-        aha/length_reward_corr_rolling  Pearson of length and reward over the last `alert_window`
-                                        steps' completions pooled
+        aha/length_reward_corr_rolling  Pearson correlation across the last `alert_window` steps of
+                                        completion/length_mean and reward/mean (do length and reward
+                                        move together over the run?); null for fewer than 3 steps
         alert/<name>                    1.0 when the alert fires at this step, else 0.0
         alert/count                     alerts fired so far in the run (all kinds)
 
@@ -96,42 +97,64 @@ class CollapseWatcher:
     it lasts it is counted in alert/count at every step but not printed again.
     """
 
-    def __init__(self, cfg, log: Callable[[str], None] = print):
+    def __init__(self, cfg, log: Callable[[str], None] = print, history: Sequence[dict] = ()):
+        """history: the metrics already logged by this run (a resumed run), so that the rolling
+        window, the consecutive-step counts and alert/count continue exactly where they stopped."""
         self.cfg = cfg
         self.log = log
         w = max(2, int(getattr(cfg, "alert_window", 10)))
         self.window = w
-        self.pooled: deque[tuple[list[float], list[float]]] = deque(maxlen=w)
+        self.lengths: deque[float] = deque(maxlen=w)
         self.rewards: deque[float] = deque(maxlen=w)
         self.kls: deque[float] = deque(maxlen=w)
         self.zero_var_run = 0
         self.count = 0
         self.active: set[str] = set()
+        for m in history:
+            self._record(m)
+            self.count = int(m.get("alert/count", self.count) or 0)
+            self.active = {a for a in ALERTS if m.get(f"alert/{a}")}
+
+    @classmethod
+    def for_run(cls, cfg, log, metrics_path, start: int) -> "CollapseWatcher":
+        """A watcher for a run continuing after step `start` (0: a new run), restored from the steps
+        <= start already in metrics_path."""
+        from pathlib import Path
+
+        from grpolab.fileio import read_jsonl
+
+        path = Path(metrics_path)
+        history = [m for m in read_jsonl(path) if int(m.get("step", 0)) <= start] if start and path.exists() else []
+        return cls(cfg, log, history)
+
+    def _record(self, m: dict) -> None:
+        zs = m.get("groups/zero_std_frac")
+        self.zero_var_run = self.zero_var_run + 1 if (zs is not None and zs >= 1.0) else 0
+        if isinstance(m.get("reward/mean"), (int, float)):
+            self.rewards.append(float(m["reward/mean"]))
+            self.kls.append(float(m.get("kl", 0.0) or 0.0))
+            ln = m.get("completion/length_mean")
+            self.lengths.append(float(ln) if isinstance(ln, (int, float)) else float("nan"))
 
     def update(self, m: dict, batch=None) -> dict:
-        """Add the rolling correlation and the alert flags to `m` (in place); returns the alerts fired."""
+        """Add the rolling correlation and the alert flags to `m` (in place); returns the alerts fired.
+        `batch` is not read (the watcher works from the logged metrics alone, so a resumed run can
+        restore it from metrics.jsonl)."""
         cfg = self.cfg
-        if batch is not None and not batch.empty:
-            self.pooled.append(([float(x) for x in batch.rollout.lengths.tolist()],
-                                [float(r) for r in batch.raw_reward.tolist()]))
-        lens = [x for ls, _ in self.pooled for x in ls]
-        rews = [r for _, rs in self.pooled for r in rs]
-        m["aha/length_reward_corr_rolling"] = pearson(lens, rews)
+        self._record(m)
+        lens = list(self.lengths)
+        ok = len(lens) >= 3 and not any(math.isnan(x) for x in lens)
+        m["aha/length_reward_corr_rolling"] = pearson(lens, list(self.rewards)) if ok else float("nan")
         fired: dict[str, str] = {}
         ent = m.get("entropy")
         if isinstance(ent, (int, float)) and not math.isnan(ent) and ent < cfg.alert_entropy_min:
             fired["entropy"] = f"policy entropy {ent:.3g} < {cfg.alert_entropy_min:g}: sampling has become nearly deterministic"
-        zs = m.get("groups/zero_std_frac")
-        self.zero_var_run = self.zero_var_run + 1 if (zs is not None and zs >= 1.0) else 0
         if self.zero_var_run >= cfg.alert_zero_var_steps:
             fired["zero_variance"] = (f"every group had equal rewards for {self.zero_var_run} steps: no learning "
                                       "signal (raise G, change the task's difficulty or the temperature)")
         tr = m.get("completion/truncated_frac")
         if isinstance(tr, (int, float)) and tr > cfg.alert_truncated_frac:
             fired["truncated"] = f"{tr:.0%} of completions hit max_new_tokens={cfg.max_new_tokens} (raise it)"
-        if isinstance(m.get("reward/mean"), (int, float)):
-            self.rewards.append(float(m["reward/mean"]))
-            self.kls.append(float(m.get("kl", 0.0) or 0.0))
         if len(self.rewards) >= self.window:
             steps = list(range(len(self.rewards)))
             cr, ck = pearson(steps, list(self.rewards)), pearson(steps, list(self.kls))
@@ -148,4 +171,3 @@ class CollapseWatcher:
                 self.log(f"warning: step {step}: {name}: {msg}")
         self.active = set(fired)
         return fired
-

@@ -180,7 +180,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         before = evaluate(run, eval_set)
         _write_summary(summary_path, {"eval_before": before})
     progress = Progress(cfg.steps, start, enabled=cfg.progress, console=console)
-    watcher = CollapseWatcher(cfg, log)
+    watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
     try:
         with StopSignals(log=log) as signals:
             for step in range(start + 1, cfg.steps + 1):
