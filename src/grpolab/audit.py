@@ -8,7 +8,7 @@ and verifiers:
                score is below 1 is an error, printed with its example);
   * pass@1 and pass@G of the base model (sampled, as in training);
   * the share of groups whose rewards are all equal (no learning signal), observed, and expected at
-    other G from each prompt's observed success rate;
+    other G from each prompt's success rate, smoothed as (k + 1/2) / (G + 1);
   * the truncation rate at max_new_tokens;
   * the point-biserial correlation of completion length with the main verifier's score (a positive one
     says longer answers are more often right: length can be expected to rise);
@@ -124,16 +124,19 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     groups_ok = [oks[i:i + G] for i in range(0, len(oks), G)]
     groups_tot = [totals[i:i + G] for i in range(0, len(totals), G)]
     ps = [sum(g) / len(g) for g in groups_ok]
+    # each prompt's success rate for the expectations at other G: (k + 1/2) / (G + 1), so that 0 right
+    # out of G samples reads as "rare", not "impossible" (a raw 0 would make every G look hopeless)
+    ps_s = [(sum(g) + 0.5) / (len(g) + 1) for g in groups_ok]
     zero_var = sum(max(g) - min(g) < 1e-9 for g in groups_tot) / len(groups_tot)
     truncated = sum(trunc) / len(trunc)
     corr = point_biserial(lengths, oks)
-    g_sug, g_why = suggest_G(ps, G)
+    g_sug, g_why = suggest_G(ps, G) if all(p == 0 for p in ps) or all(p == 1 for p in ps) else suggest_G(ps_s, G)
     t_sug, t_why = suggest_max_new_tokens(lengths, truncated, cfg.max_new_tokens)
     res = {
         "task": cfg.task, "model": cfg.model, "G": G, "max_new_tokens": cfg.max_new_tokens, "prompts": len(examples),
         "main_reward": main, "gold_failures": failures, "gold_renderings": renderings,
         "pass@1": sum(oks) / len(oks), f"pass@{G}": sum(max(g) for g in groups_ok) / len(groups_ok),
-        "zero_var_frac": zero_var, "expected_zero_var": {g: expected_zero_var(ps, g) for g in (4, 8, 16, 32)},
+        "zero_var_frac": zero_var, "expected_zero_var": {g: expected_zero_var(ps_s, g) for g in (4, 8, 16, 32)},
         "truncated_frac": truncated, "length_mean": sum(lengths) / len(lengths), "length_reward_corr": corr,
         "suggested_G": g_sug, "suggested_G_reason": g_why, "suggested_max_new_tokens": t_sug,
         "suggested_max_new_tokens_reason": t_why,
@@ -153,7 +156,7 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
          "via " + ", ".join(renderings) if renderings else "none passed"],
         ["pass@1", res["pass@1"], f"{len(oks)} sampled completions, T={cfg.temperature:g}"],
         [f"pass@{G}", res[f"pass@{G}"], "share of prompts with a right completion"],
-        ["zero-variance groups", zero_var, "observed; expected at G=4/8/16/32: " +
+        ["zero-variance groups", zero_var, "observed; expected at G=4/8/16/32 (rates smoothed): " +
          "/".join(f"{v:.2f}" for v in res["expected_zero_var"].values())],
         ["truncated", truncated, f"at max_new_tokens={cfg.max_new_tokens}; mean length {res['length_mean']:.1f}"],
         ["length~correct corr", corr, "point-biserial; > 0: longer answers are more often right"],
