@@ -89,3 +89,15 @@ def test_quick_kl_claim_direction(tmp_path):
     assert res["beta0"]["kl"] > res["beta"]["kl"]  # without the KL term the policy ends further from pi_ref
     assert res["beta0"]["text_logp_ref"] == res["beta"]["text_logp_ref"]  # the same reference
     assert res["verdict"].startswith(("holds here", "does not hold here"))
+
+
+def test_bad_budgets_are_usage_errors():
+    import pytest
+
+    from grpolab.cli import main
+
+    for argv in (["lab", "aha", "--steps", "0"], ["lab", "aha", "--pretrain-steps", "0"], ["lab", "critic", "--steps", "0"],
+                 ["lab", "kl", "--steps", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2

@@ -239,6 +239,9 @@ def run(argv: list[str]) -> dict:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: a 0.3M-parameter model runs fastest on one core)")
     ns = ap.parse_args(argv)
+    for name in ("steps", "pretrain_steps", "threads"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
     import torch
 
     torch.set_num_threads(ns.threads)

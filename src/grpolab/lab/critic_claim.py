@@ -73,6 +73,8 @@ def run(argv: list[str]) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/lab/critic")
     ns = ap.parse_args(argv)
+    if ns.steps is not None and ns.steps < 1:
+        ap.error("--steps must be >= 1")
     steps = ns.steps or (6 if ns.quick else 30)
     extra: list[str] = []
     if ns.model is None:

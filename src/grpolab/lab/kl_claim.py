@@ -132,6 +132,8 @@ def run(argv: list[str]) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/lab/kl")
     ns = ap.parse_args(argv)
+    if ns.steps is not None and ns.steps < 1:
+        ap.error("--steps must be >= 1")
     import torch
 
     torch.set_num_threads(1)
