@@ -97,7 +97,7 @@ class Config:
     sample_tokens: int = 64
     """Per-token values (advantage, log-prob, ratio and clip, entropy, KL) saved in samples.jsonl for the first sample_tokens tokens of each written sample; 0 saves none. Bounds samples.jsonl to about samples_per_step x (the texts + 70 bytes x sample_tokens) per step."""
     reflection_phrases: list = field(default_factory=lambda: list(_default_reflection_phrases()))
-    """Phrases counted as reflection in aha/reflection_count and aha/reflection_frac (whole words, case-insensitive); the default holds English and Spanish ones (wait, let me check, verify, espera, revisemos, ...; grpolab.diagnostics)."""
+    """Phrases counted as reflection in aha/reflection_count and aha/reflection_frac (whole words, ignoring case); the default holds English and Spanish ones (wait, let me check, verify, espera, revisemos, ...; grpolab.diagnostics)."""
     alert_entropy_min: float = 0.02
     """Collapse alert: warn (and count alert/entropy) when the mean policy entropy of a step falls below this (nats)."""
     alert_zero_var_steps: int = 5
@@ -105,7 +105,7 @@ class Config:
     alert_truncated_frac: float = 0.5
     """Collapse alert: warn (alert/truncated) when more than this share of a step's completions hit max_new_tokens."""
     alert_window: int = 10
-    """Steps in the rolling window of aha/length_reward_corr_rolling and of the reward-falling-while-KL-rises alert."""
+    """Steps in the rolling window of aha/length_reward_corr_rolling and of the alert for a reward falling while the KL rises."""
 
 
 def _default_reflection_phrases() -> list[str]:
