@@ -43,6 +43,8 @@ class Run:
     log: Callable[[str], None] = print
     components: dict[str, Any] = field(default_factory=dict)
     """Stateful parts besides the policy (e.g. {"critic": Critic}), saved as NAME.pt in each checkpoint."""
+    dist: Any = None
+    """grpolab.distributed.Dist: this process's rank and the world size (None: one process)."""
     nonfinite_streak: int = 0
     """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
 
@@ -58,16 +60,17 @@ class Run:
         return own + self.advantage.trained_params()
 
 
-def step_rng(seed: int, step: int, device: torch.device) -> tuple[random.Random, torch.Generator]:
+def step_rng(seed: int, step: int, device: torch.device, rank: int = 0) -> tuple[random.Random, torch.Generator]:
     """Per-step generators derived from (seed, step): a resumed run draws exactly what it would have.
 
-    The torch generator lives on `device` (sampling draws its uniforms there) and is made once per
-    step, so every rollout call of the step (DAPO's refill rounds included) continues its stream
-    instead of restarting it.
+    The python generator (prompts) is the same on every data-parallel rank: each rank draws the global
+    step's prompts and keeps its slice. The torch generator (sampling) lives on `device` and differs per
+    rank (rank 0 is the single-process stream); it is made once per step, so every rollout call of the
+    step (DAPO's refill rounds included) continues its stream instead of restarting it.
     """
     s = (seed * 1_000_003 + step) % (2**63)
     g = torch.Generator(device=device)
-    g.manual_seed(s)
+    g.manual_seed((s + rank * 0x9E3779B97F4A7C15) % (2**63))
     return random.Random(s), g
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from grpolab.distributed import SINGLE, global_counts, rank_slice, reduce_metrics, sum_gradients
 from grpolab.losses import policy_loss
 from grpolab.metrics import weighted_mean
 from grpolab.microbatch import logp_without_grad, micro_batches, sampled_token_logp, slice_groups, slice_logp
@@ -96,7 +97,8 @@ def collect(run: Run, step: int) -> Batch:
     the reward metrics cover every sampled completion, the batch only the kept ones."""
     cfg, algo = run.cfg, run.cfg.algo
     prompts_per_step = cfg.batch_size // cfg.G
-    rng, generator = step_rng(cfg.seed, step, run.device)
+    d = run.dist or SINGLE
+    rng, generator = step_rng(cfg.seed, step, run.device, d.rank)
     rounds = 1 + (algo.max_resample_rounds if algo.dynamic_sampling else 0)
     kept: list[Batch] = []
     round_metrics: list[tuple[dict, float]] = []
@@ -107,7 +109,7 @@ def collect(run: Run, step: int) -> Batch:
         need = prompts_per_step - sum(len(b.examples) for b in kept)
         if need <= 0:
             break
-        examples = run.task.sample(need, rng)
+        examples = run.task.sample(need * d.world, rng)[rank_slice(need * d.world, d)]  # this rank's share
         t0 = time.perf_counter()
         rollout = rollout_examples(run, examples, G=cfg.G, generator=generator)
         t1 = time.perf_counter()
@@ -179,12 +181,14 @@ def update(run: Run, batch: Batch) -> dict:
     groups = (has_signal.view(-1, rollout.G).any(-1) | compute_all).nonzero().squeeze(-1)  # (g,)
     batches = micro_batches(rollout, groups, cfg.micro_batch)
     old_logp, last_logp, entropy_tok = torch.zeros((N, C)), torch.zeros((N, C)), torch.zeros((N, C))
+    d = run.dist or SINGLE
+    n_seq, n_tok, n_batches = (int(x) for x in global_counts(d, N, batch.n_tokens, len(batches)))  # global batch
     loss_infos: list[tuple[dict, float]] = []
     entropy_infos: list[tuple[dict, float]] = []
     grad_norms = []
     beta = run.kl.value
     n_nonfinite = 0
-    for epoch in range(algo.mu if batches else 0):
+    for epoch in range(algo.mu if n_batches else 0):  # every rank runs the same updates
         loss_sum = 0.0
         for rows in batches:
             part = slice_groups(rollout, rows, run.device)
@@ -200,11 +204,13 @@ def update(run: Run, batch: Batch) -> dict:
             loss, info = policy_loss(
                 logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
                 beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
-                n_seq=N, n_tok=batch.n_tokens, max_len=cfg.max_new_tokens)
+                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_new_tokens)
             loss, value_info = run.advantage.add_loss(loss, run, part, batch)
             loss.backward()
             loss_sum += float(loss.detach())
             loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
+        sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
+        loss_sum = global_counts(d, loss_sum)[0]
         # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
         norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(),
                                                     cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
@@ -246,8 +252,7 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     batch.adv = run.advantage.targets(run, batch)  # (N,) or (N, C)
     metrics = {**batch.metrics, "adv/abs_mean": float(batch.adv.abs().mean())}
     metrics.update(update(run, batch))
-    if "kl" in metrics:  # measured (in the loss or in the reward): the adaptive controller's input
-        run.kl.update(metrics["kl"], len(batch.reward))
+    kl_measured = "kl" in metrics  # in the loss or in the reward: the adaptive controller's input
     from grpolab.diagnostics import aha_metrics  # per-step aha metrics (docs/metrics.md)
     metrics.update(aha_metrics(batch, max(run.reward_fns, key=lambda f: f.weight).name, run.cfg.reflection_phrases))
     lengths = batch.rollout.lengths  # (N,)
@@ -260,6 +265,9 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
                "memory/peak_mb": peak_memory_mb(run.device),
                "params/trained": float(run.trained_params()),
                "time/step_s": time.perf_counter() - t_start}
+    metrics = reduce_metrics(run.dist or SINGLE, metrics)  # data parallel: over ranks; one process: as is
+    if kl_measured:
+        run.kl.update(metrics["kl"], len(batch.reward) * (run.dist or SINGLE).world)
     return metrics, batch
 
 

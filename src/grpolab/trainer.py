@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from grpolab import distributed
 from grpolab.advantages import GroupBaseline
 from grpolab.config import Config, save_config
 from grpolab.diagnostics import CollapseWatcher
@@ -54,7 +55,7 @@ def warmup_lambda(warmup: int) -> Callable[[int], float]:
 
 
 def setup(cfg: Config, *, resume: bool = False, training: bool = True,
-          log: Callable[[str], None] = print) -> Run:
+          log: Callable[[str], None] = print, dist=None) -> Run:
     """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
 
     training=False (evaluation) writes nothing and loads neither a reference model nor a critic.
@@ -88,7 +89,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     return Run(cfg=cfg, out=out, device=device, amp_dtype=amp_dtype, tokenizer=tokenizer, policy=policy,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
                eos_ids=eos_token_ids(policy, tokenizer), advantage=advantage, kl=AdaptiveKL.from_algo(algo),
-               ref=ref, log=log, components=components)
+               ref=ref, log=log, components=components, dist=dist)
 
 
 def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
@@ -136,7 +137,7 @@ def save(run: Run, step: int) -> Path:
     """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt)."""
     from grpolab.checkpoint import save_checkpoint
 
-    state = {"step": step}
+    state = {"step": step, "world_size": (run.dist or distributed.SINGLE).world}
     if run.kl.adaptive:
         state["kl_beta"] = run.kl.value
     return save_checkpoint(run.out, step, run.policy, run.tokenizer, run.optimizer, run.scheduler, state,
@@ -152,6 +153,11 @@ def resume_state(run: Run) -> int:
     if ck is None:
         return 0
     state = load_checkpoint(ck, run.policy, run.optimizer, run.scheduler, components=run.components)
+    world = (run.dist or distributed.SINGLE).world
+    if int(state.get("world_size", 1)) != world:
+        raise ConfigError(f"--resume {run.out}: {ck.name} was written by {state.get('world_size', 1)} processes and "
+                          f"this run has {world}; resume with the same number (torchrun --nproc_per_node "
+                          f"{state.get('world_size', 1)}): each rank's share of the batch depends on it")
     if run.kl.adaptive and "kl_beta" in state:
         run.kl.value = state["kl_beta"]
     return int(state["step"])
@@ -161,25 +167,31 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
     """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary."""
     from grpolab.progress import Progress, print_summary
 
-    log = console.print if console is not None else print
-    run = setup(cfg, resume=resume, log=log)
-    run.out.mkdir(parents=True, exist_ok=True)
+    d = distributed.from_environment(cfg.device)  # torchrun: this process's rank; else one process
+    distributed.check_supported(cfg, d)
+    log = (console.print if console is not None else print) if d.main else _quiet
+    run = setup(cfg, resume=resume, log=log, dist=d)
+    distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
     start = resume_state(run) if resume else 0
-    if not resume or start < cfg.steps:  # a resumed run records its new steps= (and other overrides)
+    main = d.main  # only rank 0 writes files, evaluates and shows progress
+    if main:
+        run.out.mkdir(parents=True, exist_ok=True)
+    if main and (not resume or start < cfg.steps):  # a resumed run records its new steps= (and other overrides)
         save_config(cfg, run.out / "config.yaml")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
-    logger = MetricsLogger(run.out, cfg.tensorboard, resume_step=start if resume else None)
-    samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None)
+    logger = MetricsLogger(run.out, cfg.tensorboard, resume_step=start if resume else None) if main else _NoFile()
+    samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else _NoFile()
     summary_path = run.out / "summary.json"
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
-    eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size else []
+    eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
     before = prior.get("eval_before") if resume else None
     if before is None and eval_set:
         log(f"evaluating {len(eval_set)} held-out prompts before training (greedy)...")
         before = evaluate(run, eval_set)
         _write_summary(summary_path, {"eval_before": before})
-    progress = Progress(cfg.steps, start, enabled=cfg.progress, console=console)
+    distributed.barrier(d)
+    progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
     watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
     try:
         with StopSignals(log=log) as signals:
@@ -192,23 +204,47 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
                         samples.write(rec)
                 progress.advance(m)
                 check_nonfinite(run, step)
-                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or signals.requested:
+                stop = distributed.global_counts(d, float(signals.requested or 0))[0]  # any rank signalled
+                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop:
                     save_or_stop(run, step)
-                if signals.requested:
-                    write_run_report(run, log)
-                    raise RunStopped(f"stopped by {signals.name} after step {step}; checkpoint written. "
-                                     f"Continue with: {resume_command(run)}", signals.exit_code)
+                if stop:
+                    if main:
+                        write_run_report(run, log)
+                    name, code = signals.name or "a signal to another rank", signals.exit_code if signals.requested else 143
+                    raise RunStopped(f"stopped by {name} after step {step}; checkpoint written. "
+                                     f"Continue with: {resume_command(run)}", code)
     finally:
         progress.close()
         logger.close()
         samples.close()
+    if not main:  # the other ranks are done: rank 0 evaluates and writes the summary
+        distributed.barrier(d)
+        return {}
     after = evaluate(run, eval_set) if eval_set else None
     history = read_jsonl(run.out / "metrics.jsonl")
     summary = summarise(history, before, after, run.out)
     _write_summary(summary_path, summary)
     write_run_report(run, log)
     print_summary(summary, console=console)
+    distributed.barrier(d)
     return summary
+
+
+def _quiet(*args, **kwargs) -> None:
+    """The console of a rank other than 0: says nothing."""
+
+
+class _NoFile:
+    """metrics.jsonl / samples.jsonl of a rank other than 0: written by rank 0 only."""
+
+    def log(self, record: dict) -> None:
+        pass
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def write_run_report(run: Run, log) -> None:
@@ -241,21 +277,27 @@ def check_nonfinite(run: Run, step: int) -> None:
                          f"lower lr; continue with: {resume_command(run)}", 1)
 
 
-def save_or_stop(run: Run, step: int) -> Path:
-    """save(), or RunStopped (exit 1) naming the intact previous checkpoint when the disk refuses it."""
+def save_or_stop(run: Run, step: int) -> None:
+    """save() on rank 0, or RunStopped (exit 1, on every rank) naming the intact previous checkpoint when
+    the disk refuses it."""
     from grpolab.checkpoint import is_write_failure, latest_checkpoint
 
-    try:
-        return save(run, step)
-    except Exception as e:
-        if not is_write_failure(e):
-            raise
+    d = run.dist or distributed.SINGLE
+    error = None
+    if d.main:
+        try:
+            save(run, step)
+        except Exception as e:
+            if not is_write_failure(e):
+                raise
+            error = e
+    if distributed.global_counts(d, 1.0 if error is not None else 0.0)[0]:
         last = latest_checkpoint(run.out)
         kept = f"the previous checkpoint {last} is intact" if last else "no earlier checkpoint exists"
-        reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+        reason = (getattr(error, "strerror", None) or str(error).strip().splitlines()[-1]) if error else "on rank 0"
         raise RunStopped(f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
                          f"nothing partial was left and {kept}. Free space, then continue with: "
-                         f"{resume_command(run)}", 1) from e
+                         f"{resume_command(run)}", 1) from error
 
 
 def _write_summary(path: Path, data: dict) -> None:

@@ -1,0 +1,58 @@
+"""Run by tests/test_distributed.py, as one process or under torchrun: `grpolab train` with a rollout
+that is a fixed function of (prompt, sample index), so that one process with 2k prompts and two
+processes with k prompts each see exactly the same completions and rewards.
+
+    python tests/ddp_worker.py OUT MODEL_DIR PROMPTS_PER_STEP [KEY=VALUE ...]
+    python tests/ddp_worker.py --resume OUT [KEY=VALUE ...]
+"""
+
+import hashlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grpolab import rewards, step  # noqa: E402
+from grpolab.cli import main  # noqa: E402
+from grpolab.rollout import Rollout, left_pad  # noqa: E402
+
+from e2e_helpers import varied_score  # noqa: E402
+
+
+def fixed_generate(model, tokenizer, prompt_ids, *, G, max_new_tokens, eos_ids=None, **kw):
+    """Completions that depend only on the prompt's tokens and the sample's index within its group."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids, mask = left_pad(prompt_ids, pad)
+    rows, lengths = [], []
+    for p in prompt_ids:
+        for j in range(G):
+            seed = int.from_bytes(hashlib.sha256(f"{p}|{j}".encode()).digest()[:8], "little")
+            g = torch.Generator().manual_seed(seed)
+            n = int(torch.randint(1, max_new_tokens + 1, (1,), generator=g))
+            rows.append(torch.randint(100, 5000, (n,), generator=g))
+            lengths.append(n)
+    C = max(lengths)
+    comp = torch.full((len(rows), C), pad, dtype=torch.long)
+    cmask = torch.zeros((len(rows), C))
+    for i, r in enumerate(rows):
+        comp[i, :len(r)] = r
+        cmask[i, :len(r)] = 1.0
+    texts = tokenizer.batch_decode([r.tolist() for r in rows], skip_special_tokens=True)
+    return Rollout(ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), comp, cmask, torch.zeros_like(cmask),
+                   torch.tensor([n == max_new_tokens for n in lengths]), texts, G)
+
+
+if __name__ == "__main__":
+    step.generate = fixed_generate
+    rewards.REWARDS["test_varied"] = lambda: varied_score
+    if sys.argv[1] == "--resume":  # python tests/ddp_worker.py --resume OUT [KEY=VALUE ...]
+        sys.exit(main(["train", *sys.argv[1:]]))
+    out, model, prompts, *extra = sys.argv[1:]
+    G = 4
+    sys.exit(main(["train", f"model={model}", f"out={out}", f"batch_size={int(prompts) * G}", f"G={G}",
+                   "max_new_tokens=6", "micro_batch=4", "eval_size=0", "progress=false", "tensorboard=false",
+                   "samples_per_step=0", "report=false", "lr=1e-3", "rewards=[{name: test_varied}]", "threads=1",
+                   *extra]))
