@@ -290,6 +290,15 @@ def run(argv: list[str]) -> dict:
                     [[n, a["first"]["reward"], a["last"]["reward"], a["first"]["length"], a["last"]["length"],
                       a["first"]["length_incorrect"], a["last"]["length_incorrect"], a["first"]["steps_share"],
                       a["last"]["steps_share"]] for n, a in res["arms"].items()]))
+        ns_, dr, g = res["arms"]["no_steps_pretraining"], res["arms"]["dr_grpo"], main
+        dl = ns_["last"]["length"] - ns_["first"]["length"]
+        res["ablation_verdict"] = (
+            f"ablation: without step-by-step pre-training the length {'does not rise' if dl <= 1.0 else 'rises'} "
+            f"({ns_['first']['length']:.1f} -> {ns_['last']['length']:.1f} tokens; reward {ns_['first']['reward']:.2f} -> "
+            f"{ns_['last']['reward']:.2f}) against {g['first']['length']:.1f} -> {g['last']['length']:.1f} with it; "
+            f"incorrect completions in the last block: {g['last']['length_incorrect']:.1f} tokens under grpo, "
+            f"{dr['last']['length_incorrect']:.1f} under dr_grpo")
+        print(res["ablation_verdict"])
     note = plot(rows_by_arm, out / "aha.png")
     res["png"] = None if note else str(out / "aha.png")
     if note:
