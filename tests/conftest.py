@@ -81,3 +81,15 @@ def liven(model, seed: int = 0, std: float = 0.3, sharpen: float = 50.0):
 def lively_model(tiny_model):
     """The tiny model, made to produce varied, peaked next-token distributions (see `liven`)."""
     return liven(tiny_model)
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """A run with `threads=N` (or a lab claim) sets torch's process-wide thread count; put it back, so
+    that no test's float summation order (and so its exact numbers: tests/test_golden.py) depends on
+    which tests ran before it."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval, lab.
+"""grpolab command line: train, eval, lab, report, chat, sample, audit.
 
 Exit codes: 0 success, 1 a failure during the run, 2 a usage error (bad key, type, value, path).
 """
@@ -168,9 +168,14 @@ COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "cha
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpolab {train,eval,lab} ...\n\n  train   train a policy (grpolab train --help lists every option)\n"
+        print("usage: grpolab {" + ",".join(COMMANDS) + "} ...\n\n"
+              "  train   train a policy (grpolab train --help lists every option)\n"
               "  eval    score a model or a run on held-out prompts\n"
-              "  lab     measure one of the lesson's claims (grpolab lab lists them)")
+              "  lab     measure one of the lesson's claims (grpolab lab lists them)\n"
+              "  report  one self-contained HTML page of a run, or several overlaid\n"
+              "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"
+              "  sample  print k samples of a prompt with their rewards\n"
+              "  audit   pre-flight check of a task, model and config before a long run")
         return 0 if argv else 2
     cmd = COMMANDS.get(argv[0])
     if cmd is None:

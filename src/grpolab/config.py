@@ -37,7 +37,7 @@ class Config:
     model: str = "smollm2-135m"
     """Policy model: `smollm2-135m` (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face model directory, or a local .gguf file. Never downloaded."""
     task: str = "arithmetic"
-    """Task: arithmetic, countdown, qa (local JSONL/parquet), code, tools."""
+    """Task: arithmetic, countdown, qa (local JSONL/parquet), code, tools, dataset (your own files: JSONL, CSV, parquet, a datasets directory), longsum (the lab aha miniature)."""
     task_args: dict = field(default_factory=dict)
     """Options of the task, e.g. `task_args.digits=2` (see the Tasks section of README.md)."""
     rewards: list = field(default_factory=list)
