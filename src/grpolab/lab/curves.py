@@ -11,18 +11,9 @@ import argparse
 import math
 from pathlib import Path
 
+from grpolab.diagnostics import pearson  # one Pearson correlation for the lab and the run metrics
+
 CLAIM = "response length rises with reward (the R1-Zero aha)"
-
-
-def pearson(x: list[float], y: list[float]) -> float:
-    n = len(x)
-    if n < 2:
-        return float("nan")
-    mx, my = sum(x) / n, sum(y) / n
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = sum((a - mx) ** 2 for a in x)
-    syy = sum((b - my) ** 2 for b in y)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
 
 
 def run(argv: list[str]) -> dict:

@@ -120,3 +120,11 @@ def split_held_out(items: list[T], seed: int, eval_size: int | None) -> tuple[li
     held_out = [items[i] for i in sorted(order[:n])]
     train = [items[i] for i in sorted(order[n:])] or list(items)
     return train, held_out
+
+
+def draw(items: list[T], n: int, rng: random.Random) -> list[T]:
+    """`n` items drawn with `rng`: without replacement within one call (when there are at least `n`),
+    with replacement across calls."""
+    if n <= len(items):
+        return [items[i] for i in rng.sample(range(len(items)), n)]
+    return [rng.choice(items) for _ in range(n)]

@@ -51,7 +51,7 @@ import random
 from pathlib import Path
 
 from grpolab.fileio import iter_jsonl
-from grpolab.tasks._args import check_optional_count, check_optional_path, check_optional_str, split_held_out
+from grpolab.tasks._args import check_optional_count, check_optional_path, check_optional_str, draw, split_held_out
 from grpolab.tasks.qa import ANSWER_FORMATS, normalise_answer
 from grpolab.types import ConfigError, Example
 
@@ -308,11 +308,8 @@ class DatasetTask:
         return out
 
     def sample(self, n: int, rng: random.Random) -> list[Example]:
-        """`n` training rows drawn with `rng`: without replacement within one call (when there are at
-        least `n`), with replacement across calls."""
-        if n <= len(self._train):
-            return [self._train[i] for i in rng.sample(range(len(self._train)), n)]
-        return [rng.choice(self._train) for _ in range(n)]
+        """`n` training rows (tasks._args.draw: without replacement within one call when possible)."""
+        return draw(self._train, n, rng)
 
     def eval_set(self) -> list[Example]:
         """The held-out rows, in file order."""

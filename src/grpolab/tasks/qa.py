@@ -42,7 +42,7 @@ from pathlib import Path
 
 from grpolab.fileio import iter_jsonl
 from grpolab.rewards.extract import gsm8k_answer, last_boxed
-from grpolab.tasks._args import check_optional_path, check_optional_str
+from grpolab.tasks._args import check_optional_path, check_optional_str, draw
 from grpolab.types import ConfigError, Example
 
 QUESTION_KEYS = ("question", "problem", "prompt")
@@ -228,11 +228,8 @@ class QATask:
         return out
 
     def sample(self, n: int, rng: random.Random) -> list[Example]:
-        """`n` training records drawn with `rng`: without replacement within one call (when the
-        training split has at least `n` records), with replacement across calls."""
-        if n <= len(self._train):
-            return [self._train[i] for i in rng.sample(range(len(self._train)), n)]
-        return [rng.choice(self._train) for _ in range(n)]
+        """`n` training records (tasks._args.draw: without replacement within one call when possible)."""
+        return draw(self._train, n, rng)
 
     def eval_set(self) -> list[Example]:
         """The held-out records, in file order."""
