@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import importlib
 import json
 from pathlib import Path
