@@ -179,6 +179,7 @@ def test_checkpoint_is_a_hugging_face_model(run_dir, tiny_model_dir):
 def test_summary_json(run_dir, tiny_model_dir, capsys):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == 2
+    assert s["files"]["report.html"] == str(run_dir / "report.html") and (run_dir / "report.html").is_file()
     # the evaluation before training is the untrained model's: `grpolab eval` of that model agrees
     capsys.readouterr()
     assert main(["eval", f"model={tiny_model_dir}", "eval_size=4", "max_new_tokens=8", VARIED]) == 0

@@ -58,5 +58,6 @@ def print_summary(s: dict, console=None) -> None:
         t.add_row(f"held-out accuracy ({b['n']} prompts, greedy, {b['main_reward']})",
                   f"{100 * b['accuracy']:.1f}%", f"{100 * a['accuracy']:.1f}%")
     console.print(t)
+    report = ", report.html (open it in a browser)" if "report.html" in s.get("files", {}) else ""
     console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, tb/ (tensorboard --logdir "
-                  f"{s['out']}/tb), checkpoints/, summary.json")
+                  f"{s['out']}/tb), checkpoints/, summary.json{report}")

@@ -222,7 +222,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         return {}
     after = evaluate(run, eval_set) if eval_set else None
     history = read_jsonl(run.out / "metrics.jsonl")
-    summary = summarise(history, before, after, run.out)
+    summary = summarise(history, before, after, run.out, report=cfg.report)
     _write_summary(summary_path, summary)
     write_run_report(run, log)
     print_summary(summary, console=console)
@@ -309,7 +309,8 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def summarise(history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5) -> dict:
+def summarise(history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5,
+              report: bool = False) -> dict:
     """Start vs end: mean reward and length over the first and last k steps, held-out accuracy."""
     first, last = history[:k], history[-k:]
     return {
@@ -322,5 +323,6 @@ def summarise(history: list[dict], before: dict | None, after: dict | None, out:
         "eval_after": after,
         "time_s": sum(h.get("time/step_s", 0.0) for h in history),
         "out": str(out),
-        "files": {n: str(out / n) for n in ("metrics.jsonl", "samples.jsonl", "config.yaml", "tb", "checkpoints")},
+        "files": {n: str(out / n) for n in ("metrics.jsonl", "samples.jsonl", "config.yaml", "tb", "checkpoints",
+                                            *(("report.html",) if report else ()))},
     }
