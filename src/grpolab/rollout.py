@@ -185,13 +185,27 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
     eos = torch.tensor(sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long, device=device)
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    B = ids.shape[0]
-    N = B * G
+    # One autocast context around the whole decode: autocast caches the low-precision copy of each
+    # weight only while its context is open, so entering it per forward call re-cast every weight at
+    # every token (measured slower than fp32 on the CPU; docs/performance.md).
     amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     was_training = model.training
     model.eval()
-    with amp:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, logits_to_keep=1)
+    try:
+        with amp:
+            return _decode(model, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator,
+                           eos, pad_id)
+    finally:
+        model.train(was_training)
+
+
+def _decode(model, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator, eos,
+            pad_id) -> Rollout:
+    """Prefill once per group, then one token per step for the rows still decoding (see generate)."""
+    device = ids.device
+    B = ids.shape[0]
+    N = B * G
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, logits_to_keep=1)
     cache = cache_of(out)
     logits = out.logits[:, -1]  # (B, V)
     if G > 1:
@@ -221,12 +235,10 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
             active, attn, pos, tok = active[keep_idx], attn[keep_idx], pos[keep_idx], tok[keep_idx]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         pos = pos + 1
-        with amp:
-            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None],
-                        use_cache=True, **with_cache(model, cache))
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None],
+                    use_cache=True, **with_cache(model, cache))
         cache = cache_of(out)
         logits = out.logits[:, -1]
-    model.train(was_training)
     C = int(cmask.sum(0).nonzero().max()) + 1 if cmask.any() else 1
     tokens, lps, cmask = tokens[:, :C], lps[:, :C], cmask[:, :C]
     texts = tokenizer.batch_decode([row[m.bool()].tolist() for row, m in zip(tokens.cpu(), cmask.cpu())],
