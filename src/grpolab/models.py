@@ -192,9 +192,10 @@ def pick_device(setting: str) -> torch.device:
 def pick_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     """Autocast dtype, or None for plain fp32.
 
-    auto: bf16 on a CUDA GPU that supports it, fp32 on the CPU. On this project's AVX512-BF16 CPU,
-    bf16 autocast measured slower than fp32 for both generation (x1.74 the time) and forward+backward
-    (x1.84): benchmarks/bench_cpu.py, docs/performance.md. precision=bf16 still forces it.
+    auto: bf16 on a CUDA GPU that supports it, fp32 on the CPU (a fixed rule, not a measurement: on
+    one AVX512-BF16 CPU bf16 autocast measured x1.74 / x1.84 the fp32 time for generation /
+    forward+backward, on another x0.70 / x0.68; benchmarks/bench_cpu.py, docs/performance.md).
+    precision=bf16 forces it.
     """
     if setting == "fp32":
         return None
