@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from grpolab.diagnostics import aha_metrics
 from grpolab.distributed import SINGLE, global_counts, rank_slice, reduce_metrics, sum_gradients
 from grpolab.losses import policy_loss
 from grpolab.metrics import weighted_mean
@@ -253,8 +254,8 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     metrics = {**batch.metrics, "adv/abs_mean": float(batch.adv.abs().mean())}
     metrics.update(update(run, batch))
     kl_measured = "kl" in metrics  # in the loss or in the reward: the adaptive controller's input
-    from grpolab.diagnostics import aha_metrics  # per-step aha metrics (docs/metrics.md)
-    metrics.update(aha_metrics(batch, max(run.reward_fns, key=lambda f: f.weight).name, run.cfg.reflection_phrases))
+    main_reward = max(run.reward_fns, key=lambda f: f.weight).name
+    metrics.update(aha_metrics(batch, main_reward, run.cfg.reflection_phrases))  # docs/metrics.md, "aha"
     lengths = batch.rollout.lengths  # (N,)
     metrics = {"step": step, "kl": 0.0, "clip/frac": 0.0, "entropy": float("nan"), **metrics,
                "time/update_s": time.perf_counter() - t_update,
