@@ -128,3 +128,22 @@ def draw(items: list[T], n: int, rng: random.Random) -> list[T]:
     if n <= len(items):
         return [items[i] for i in rng.sample(range(len(items)), n)]
     return [rng.choice(items) for _ in range(n)]
+
+
+class FileSplitTask:
+    """What a task read from a file does with its rows once it holds `self._train` and `self._eval`
+    (lists of Example): draw training rows, hand out the held-out ones, count them."""
+
+    _train: list
+    _eval: list
+
+    def sample(self, n: int, rng: random.Random) -> list:
+        """`n` training rows (`draw`: without replacement within one call when possible)."""
+        return draw(self._train, n, rng)
+
+    def eval_set(self) -> list:
+        """The held-out rows, in file order."""
+        return list(self._eval)
+
+    def __len__(self) -> int:
+        return len(self._train)

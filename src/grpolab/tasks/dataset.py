@@ -47,11 +47,10 @@ from __future__ import annotations
 
 import csv
 import math
-import random
 from pathlib import Path
 
 from grpolab.fileio import iter_jsonl
-from grpolab.tasks._args import check_optional_count, check_optional_path, check_optional_str, draw, split_held_out
+from grpolab.tasks._args import FileSplitTask, check_optional_count, check_optional_path, check_optional_str, split_held_out
 from grpolab.tasks.qa import ANSWER_FORMATS, normalise_answer
 from grpolab.types import ConfigError, Example
 
@@ -188,7 +187,7 @@ def parse_answer(value, where: str, column: str, answer_format: str) -> str:
     return answer
 
 
-class DatasetTask:
+class DatasetTask(FileSplitTask):
     name = "dataset"
 
     def __init__(self, seed: int, path=None, format: str = "auto", prompt_column: str | None = None,
@@ -306,14 +305,3 @@ class DatasetTask:
         if not out and not allow_empty:
             raise ConfigError(f"task_args.{key}: no rows in {self.path}")
         return out
-
-    def sample(self, n: int, rng: random.Random) -> list[Example]:
-        """`n` training rows (tasks._args.draw: without replacement within one call when possible)."""
-        return draw(self._train, n, rng)
-
-    def eval_set(self) -> list[Example]:
-        """The held-out rows, in file order."""
-        return list(self._eval)
-
-    def __len__(self) -> int:
-        return len(self._train)

@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import random
 from pathlib import Path
 
 from grpolab.fileio import iter_jsonl
 from grpolab.rewards.extract import gsm8k_answer, last_boxed
-from grpolab.tasks._args import check_optional_path, check_optional_str, draw
+from grpolab.tasks._args import FileSplitTask, check_optional_path, check_optional_str
 from grpolab.types import ConfigError, Example
 
 QUESTION_KEYS = ("question", "problem", "prompt")
@@ -110,7 +109,7 @@ def _field(rec: dict, where: str, key: str | None, defaults: tuple[str, ...], wh
     )
 
 
-class QATask:
+class QATask(FileSplitTask):
     name = "qa"
 
     def __init__(
@@ -226,14 +225,3 @@ class QATask:
         if not out:
             raise ConfigError(f"task_args.{key}: no records in {path}")
         return out
-
-    def sample(self, n: int, rng: random.Random) -> list[Example]:
-        """`n` training records (tasks._args.draw: without replacement within one call when possible)."""
-        return draw(self._train, n, rng)
-
-    def eval_set(self) -> list[Example]:
-        """The held-out records, in file order."""
-        return list(self._eval)
-
-    def __len__(self) -> int:
-        return len(self._train)
