@@ -153,8 +153,10 @@ def _cache_arg(forward_owner: type) -> str:
 
 
 def with_cache(module, cache) -> dict:
-    """Keyword arguments passing a KV cache to `module` under the name its transformers version uses."""
-    return {_cache_arg(type(module)): cache}
+    """Keyword arguments passing a KV cache to `module` under the name its transformers version uses
+    (a peft wrapper passes its keyword arguments through: the name is the wrapped model's)."""
+    inner = module.get_base_model() if hasattr(module, "get_base_model") else module
+    return {_cache_arg(type(inner)): cache}
 
 
 def cache_of(out):
