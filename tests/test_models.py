@@ -189,9 +189,9 @@ def _byte_level_alphabet() -> list[str]:
 
 
 def _write_tiny_gguf(path: Path, hidden: int = 8, ff: int = 16, heads: int = 2, kv: int = 1, seed: int = 0):
-    """A one-layer Llama GGUF (fp32 tensors) with a 260-token byte-level BPE tokenizer and a chat template."""
+    """A one-layer Llama GGUF (fp32 tensors) with a 261-token byte-level BPE tokenizer and a chat template."""
     gguf = pytest.importorskip("gguf")
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _byte_level_alphabet() + ["Ġt"]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _byte_level_alphabet() + ["Ġt", "hi"]
     V = len(tokens)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
@@ -209,7 +209,7 @@ def _write_tiny_gguf(path: Path, hidden: int = 8, ff: int = 16, heads: int = 2, 
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([3, 3, 3] + [1] * (V - 3))
-    w.add_token_merges(["Ġ t"])
+    w.add_token_merges(["Ġ t", "h i"])  # two: transformers 5.17 reads a one-element array as a bare string
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)

@@ -103,13 +103,51 @@ def _drop_gguf_quantization_config(config_json: Path) -> None:
     atomic_write(config_json, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+# GGUFs whose tokenizer grpolab ships (grpolab/data/NAME, converted once by transformers 5.24), by cache
+# key (file name + content hash): transformers 5.17 converts the bundled GGUF's tokenizer with EOS taken
+# from the BOS id and no padding token (grpolab/data/smollm2-tokenizer/NOTICE.md), and that conversion
+# is the part of GGUF support that differs most between transformers versions.
+SHIPPED_TOKENIZERS = {"SmolLM2-135M-Instruct.Q4_1-747cb1f0195582d0": "smollm2-tokenizer"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def shipped_tokenizer(target: Path) -> Path | None:
+    """The tokenizer directory grpolab ships for the GGUF cached at `target`, or None."""
+    name = SHIPPED_TOKENIZERS.get(target.name)
+    return Path(__file__).resolve().parent / "data" / name if name else None
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    """Make dst's tokenizer files byte-equal to src's (each written atomically; equal files untouched)."""
+    for name in TOKENIZER_FILES:
+        data = (src / name).read_bytes()
+        if not (dst / name).is_file() or (dst / name).read_bytes() != data:
+            atomic_write(dst / name, data)
+
+
+def _gguf_tokenizer(gguf: Path, config):
+    """The tokenizer transformers converts from a GGUF, with its EOS and padding ids set to the GGUF's
+    own (its config's) where the conversion lost them (transformers 5.17 takes EOS from the BOS id)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    for attr in ("eos_token", "pad_token"):
+        want = getattr(config, f"{attr}_id", None)
+        if isinstance(want, int) and 0 <= want < len(tok) and getattr(tok, f"{attr}_id") != want:
+            setattr(tok, attr, tok.convert_ids_to_tokens(want))
+    return tok
+
+
 def dequantise_gguf(gguf: Path, log=print) -> Path:
     """Dequantise `gguf` into a cached Hugging Face directory (atomic), return the directory."""
     target = _gguf_cache_path(gguf)
+    shipped = shipped_tokenizer(target)
     if (target / "config.json").exists():
         _drop_gguf_quantization_config(target / "config.json")  # repairs caches written before the fix
+        if shipped:
+            _copy_tokenizer(shipped, target)  # repairs a tokenizer converted by transformers 5.17
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     log(f"dequantising {gguf.name} once (cached in {target})")
@@ -118,8 +156,8 @@ def dequantise_gguf(gguf: Path, log=print) -> Path:
     hf_logging.set_verbosity_error()
     try:
         hf_logging.disable_progress_bar()
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tok = None if shipped else _gguf_tokenizer(gguf, loaded.config)
         fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
         missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:
@@ -128,7 +166,10 @@ def dequantise_gguf(gguf: Path, log=print) -> Path:
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
         try:
             fresh.save_pretrained(tmp, safe_serialization=True)
-            tok.save_pretrained(tmp)
+            if tok is None:
+                _copy_tokenizer(shipped, tmp)
+            else:
+                tok.save_pretrained(tmp)
             _drop_gguf_quantization_config(tmp / "config.json")
             try:
                 os.replace(tmp, target)
