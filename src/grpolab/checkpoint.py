@@ -5,6 +5,8 @@ Layout, under the run directory `out/`:
     out/checkpoints/
         step-000010/                 one complete checkpoint
             config.json, model.safetensors, generation_config.json   (model.save_pretrained)
+              or, for a LoRA run (a peft model): adapter_config.json, adapter_model.safetensors,
+              README.md (the adapter only; grpolab.models.load_policy puts it on its base model)
             tokenizer.json, ...      (tokenizer.save_pretrained, when a tokenizer is given)
             optimizer.pt             torch.save(optimizer.state_dict())
             scheduler.pt             torch.save(scheduler.state_dict()), when a scheduler is given
@@ -291,10 +293,14 @@ def _load_model_weights(ckpt_dir: Path, model) -> None:
     if (ckpt_dir / "adapter_model.safetensors").is_file():  # a PEFT model saved only its adapter
         from peft import set_peft_model_state_dict
 
+        if not hasattr(model, "peft_config"):
+            raise RuntimeError(f"{ckpt_dir}: holds a LoRA adapter, and the model to restore has none (lora.r=0)")
         result = set_peft_model_state_dict(model, load_file(str(ckpt_dir / "adapter_model.safetensors")))
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        if unexpected:
-            raise RuntimeError(f"{ckpt_dir}: adapter weights do not match the model: unexpected {unexpected[:5]}")
+        missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]  # the rest is the base
+        if unexpected or missing:
+            raise RuntimeError(f"{ckpt_dir}: adapter weights do not match the model: unexpected {unexpected[:5]}, "
+                               f"missing {missing[:5]}")
         return
 
     index = ckpt_dir / "model.safetensors.index.json"

@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval, lab, report, chat, sample, audit.
+"""grpolab command line: train, eval, lab, report, chat, sample, audit, export.
 
 Exit codes: 0 success, 1 a failure during the run, 2 a usage error (bad key, type, value, path).
 """
@@ -162,7 +162,15 @@ def _audit(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit}
+def _export(argv: list[str]) -> int:
+    """A run's newest checkpoint as a plain Hugging Face model, LoRA merged (grpolab export --help)."""
+    from grpolab.export import export_main
+
+    return export_main(argv)
+
+
+COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit,
+            "export": _export}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
               "  report  one self-contained HTML page of a run, or several overlaid\n"
               "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"
               "  sample  print k samples of a prompt with their rewards\n"
-              "  audit   pre-flight check of a task, model and config before a long run")
+              "  audit   pre-flight check of a task, model and config before a long run\n"
+              "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)")
         return 0 if argv else 2
     cmd = COMMANDS.get(argv[0])
     if cmd is None:

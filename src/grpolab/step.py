@@ -145,7 +145,8 @@ def collect(run: Run, step: int) -> Batch:
 def reference(run: Run, batch: Batch) -> None:
     """batch.ref_logp (N, C): log pi_ref of the completions, one no-grad pass (only with a reference)."""
     if run.ref is not None:
-        batch.ref_logp = logp_without_grad(run, run.ref, batch.rollout)
+        with run.ref.model() as ref:  # a frozen copy, or the LoRA policy with its adapter off
+            batch.ref_logp = logp_without_grad(run, ref, batch.rollout)
 
 
 def shape(run: Run, batch: Batch) -> None:

@@ -12,6 +12,7 @@ The step itself is grpolab.step; this file owns everything a step does not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -26,7 +27,9 @@ from grpolab.diagnostics import CollapseWatcher
 from grpolab.fileio import atomic_write, read_jsonl
 from grpolab.kl import AdaptiveKL
 from grpolab.metrics import JsonlWriter, MetricsLogger
-from grpolab.models import frozen_copy, load_policy, load_tokenizer, model_dir, pick_device, pick_dtype
+from grpolab.lora import attach, trainable_parameters
+from grpolab.models import load_policy, load_tokenizer, model_dir, pick_device, pick_dtype
+from grpolab.reference import reference_for
 from grpolab.rewards import build_rewards
 from grpolab.rollout import eos_token_ids
 from grpolab.run import Run
@@ -49,6 +52,20 @@ def check_out_dir(out: Path, resume: bool) -> None:
                           f"or choose another out=DIR (nothing was written)")
 
 
+def check_same_lora(out: Path, cfg: Config) -> None:
+    """A resumed run keeps its LoRA settings: its checkpoints hold an adapter of that shape (or a whole model)."""
+    from grpolab.config import config_from_run
+
+    before = (config_from_run(out) or {}).get("lora") or {}
+    now = dataclasses.asdict(cfg.lora)
+    changed = [k for k in now if k in before and before[k] != now[k]] + \
+        (["r"] if not before and now["r"] else [])  # a run from before LoRA existed trained every weight
+    if changed:
+        raise ConfigError(f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
+                          f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
+                          f"or start a new run")
+
+
 def warmup_lambda(warmup: int) -> Callable[[int], float]:
     """Learning-rate multiplier: linear warm-up over `warmup` updates, then 1."""
     return lambda i: min(1.0, (i + 1) / warmup) if warmup > 0 else 1.0
@@ -59,10 +76,14 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
 
     training=False (evaluation) writes nothing and loads neither a reference model nor a critic.
+    With lora.r > 0 the policy is a peft model whose adapter alone is trained; its reference is the
+    same network with the adapter off (grpolab.reference).
     """
     out = Path(cfg.out)
     if training:
         check_out_dir(out, resume)
+        if resume:
+            check_same_lora(out, cfg)
     task = build_task(cfg.task, cfg.seed, cfg.task_args)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
@@ -75,17 +96,21 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     policy = load_policy(path, device)
     policy.train()
     algo = cfg.algo
-    ref = frozen_copy(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
     advantage = GroupBaseline(algo)
     components = {}
-    if training and algo.uses_critic:
+    if training and algo.uses_critic:  # before the adapter: the critic copies the plain backbone
         from grpolab.critic import Critic
 
         advantage = components["critic"] = Critic(policy, algo, lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                                   weight_decay=cfg.weight_decay, device=device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                  weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
+    if training:
+        policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
+    ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
+    optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
+    if training:
+        optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                      weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
     return Run(cfg=cfg, out=out, device=device, amp_dtype=amp_dtype, tokenizer=tokenizer, policy=policy,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
                eos_ids=eos_token_ids(policy, tokenizer), advantage=advantage, kl=AdaptiveKL.from_algo(algo),
