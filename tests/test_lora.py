@@ -128,7 +128,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base_model(tiny_model_
     cfg = build_config(None, [f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", *FAST, *LORA])
     run = setup(cfg, log=lambda *_: None)
     assert is_peft(run.policy) and isinstance(run.ref, AdapterOff)
-    base = load_policy(tiny_model_dir, torch.device("cpu")).eval()
+    base = load_policy(tiny_model_dir, run.device).eval()
     before = {k: v.clone() for k, v in run.policy.state_dict().items()}
     trained = {n for n, p in run.policy.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)

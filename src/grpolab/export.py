@@ -84,6 +84,9 @@ def export_main(argv: list[str]) -> int:
     ap.add_argument("--merged", metavar="OUT", required=True,
                     help="the new model directory (must not exist, or be empty)")
     ns = ap.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     export_merged(Path(ns.run), Path(ns.merged), log=lambda msg: print(f"grpolab: {msg}", file=sys.stderr))
     return 0
 
