@@ -218,3 +218,15 @@ def test_a_new_adapter_on_a_lora_checkpoint_is_refused(lora_run, tmp_path, capsy
     ck = lora_run / "checkpoints" / "step-000003"
     assert main(["train", f"model={ck}", f"out={tmp_path / 'again'}", *FAST, *LORA, "steps=1", "eval_size=0"]) == 2
     assert "grpolab export" in capsys.readouterr().err
+
+
+def test_full_fine_tuning_from_a_lora_checkpoint_starts_from_the_merged_weights(lora_run, tmp_path):
+    from e2e_helpers import weights
+
+    ck = lora_run / "checkpoints" / "step-000003"
+    merged = tmp_path / "merged"
+    assert main(["export", str(ck), "--merged", str(merged)]) == 0  # a checkpoint directory works too
+    out = train(ck, tmp_path / "full", "steps=1", "eval_size=0", "lr=1e-12", "max_grad_norm=0")
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert metrics[0]["params/trained"] == sum(v.numel() for v in weights(merged).values())
+    assert metrics[0]["kl"] == 0.0  # the reference is the merged model the policy starts from

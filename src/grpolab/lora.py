@@ -111,6 +111,7 @@ def attach(policy, lora: LoraConfig):
             raise ConfigError("lora.r: model= is a LoRA checkpoint; a new adapter needs a plain base model. Merge it "
                               "first (grpolab export RUN --merged DIR), then train with model=DIR")
         policy = policy.merge_and_unload()
+        policy.requires_grad_(True)  # loaded for inference: every weight was frozen
     if not lora.enabled:
         return policy
     peft = require_peft()
