@@ -4,6 +4,8 @@ processes with k prompts each see exactly the same completions and rewards.
 
     python tests/ddp_worker.py OUT MODEL_DIR PROMPTS_PER_STEP [KEY=VALUE ...]
     python tests/ddp_worker.py --resume OUT [KEY=VALUE ...]
+
+--sampled anywhere keeps the model's own sampled rollouts instead.
 """
 
 import hashlib
@@ -45,9 +47,21 @@ def fixed_generate(model, tokenizer, prompt_ids, *, G, max_new_tokens, eos_ids=N
                    torch.tensor([n == max_new_tokens for n in lengths]), texts, G)
 
 
+def uneven_score(completion: str, example) -> float:
+    """varied_score, but 0 for every completion of the prompts whose (salted) hash is even: their groups
+    carry no signal and are not computed, so the ranks have different numbers of micro-batches to run
+    (with seed 0 and 2 x 2 arithmetic prompts: rank 0 none and rank 1 two at step 1, one and two at step 2)."""
+    even = hashlib.sha256(f"46|{example.prompt}".encode()).digest()[0] % 2 == 0
+    return 0.0 if even else varied_score(completion, example)
+
+
 if __name__ == "__main__":
-    step.generate = fixed_generate
+    if "--sampled" in sys.argv:  # the model's own rollouts (sampled on each rank), not fixed_generate
+        sys.argv.remove("--sampled")
+    else:
+        step.generate = fixed_generate
     rewards.REWARDS["test_varied"] = lambda: varied_score
+    rewards.REWARDS["test_uneven"] = lambda: uneven_score
     if sys.argv[1] == "--resume":  # python tests/ddp_worker.py --resume OUT [KEY=VALUE ...]
         sys.exit(main(["train", *sys.argv[1:]]))
     out, model, prompts, *extra = sys.argv[1:]

@@ -77,6 +77,8 @@ class Config:
     """auto (bf16 autocast on a GPU that supports it; fp32 on the CPU, a fixed rule: bf16 measured slower on one AVX512-BF16 CPU and about 1.4x faster on another, see docs/performance.md), bf16 or fp32. Weights and optimizer state stay fp32."""
     threads: int = 0
     """CPU threads for PyTorch; 0 = all cores."""
+    fsdp: bool = False
+    """Under torchrun, shard the policy (and the reference) over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead of a full copy per process: for models whose weights, gradients and AdamW state do not fit one device. Same maths as plain data parallelism; checkpoints stay whole models (docs/distributed.md)."""
     eval_size: int = 64
     """Held-out prompts scored (greedy) before and after training; 0 skips the evaluation."""
     eval_batch: int = 32

@@ -18,8 +18,9 @@ How the step stays exactly the single-process step on the global batch:
 
 Not supported under more than one process (refused with a ConfigError): a critic (PPO: its advantage
 whitening is a batch statistic), batch-level advantage baselines/scales (batch_mean, batch_std), DAPO's
-dynamic sampling (a rank left with no informative group would wait for the others). FSDP2 sharding is
-not implemented. Resuming needs the world size the checkpoint was written with.
+dynamic sampling (a rank left with no informative group would wait for the others). Resuming needs the
+world size the checkpoint was written with. fsdp=true shards the model instead of copying it to every
+rank (FSDP2, grpolab.sharding); the gradient sum is then FSDP's reduce-scatter, not `sum_gradients`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from grpolab.types import ConfigError
 
 COUNT_KEYS = ("reward/errors", "reward/timeouts", "dapo/groups_sampled", "dapo/groups_dropped", "dapo/groups_kept",
-              "tokens/generated", "update/seqs_computed", "params/trained")
+              "tokens/generated", "update/seqs_computed", "update/idle_passes")
 """Metrics that are totals over the batch: summed over ranks (every other metric is averaged)."""
 
 
@@ -42,6 +43,8 @@ class Dist:
 
     rank: int = 0
     world: int = 1
+    fsdp: bool = False
+    """The model is sharded with FSDP2 (grpolab.sharding): FSDP sums the gradients."""
 
     @property
     def main(self) -> bool:
@@ -55,7 +58,7 @@ class Dist:
 SINGLE = Dist()
 
 
-def from_environment(device_setting: str) -> Dist:
+def from_environment(device_setting: str, fsdp: bool = False) -> Dist:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT);
     a plain process gets SINGLE. Backend: nccl on CUDA, gloo on the CPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -68,11 +71,18 @@ def from_environment(device_setting: str) -> Dist:
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if use_cuda else "gloo")
-    return Dist(rank=dist.get_rank(), world=dist.get_world_size())
+    return Dist(rank=dist.get_rank(), world=dist.get_world_size(), fsdp=fsdp)
 
 
 def check_supported(cfg, d: Dist) -> None:
     """ConfigError (exit 2) for what data parallelism does not support here, before anything is loaded."""
+    if getattr(cfg, "fsdp", False) and not d.active:
+        raise ConfigError("fsdp: FSDP2 shards the model over the processes of a torchrun launch and this run has one "
+                          "process; launch it with `torchrun --nproc_per_node N -m grpolab train ... fsdp=true`, or "
+                          "drop fsdp=true")
+    if getattr(cfg, "fsdp", False) and getattr(getattr(cfg, "lora", None), "r", 0):
+        raise ConfigError("fsdp: FSDP2 sharding of a LoRA adapter run is not supported; set lora.r=0 or fsdp=false "
+                          "(an adapter run's trained weights are small: plain data parallelism suits it)")
     if not d.active:
         return
     algo = cfg.algo
@@ -110,9 +120,21 @@ def global_counts(d: Dist, *counts: float) -> list[float]:
     return _all_reduce(torch.tensor(counts, dtype=torch.float64)).tolist()
 
 
-def sum_gradients(d: Dist, params) -> None:
-    """grad <- sum over ranks of grad, for every parameter (None grads count as zeros), in one flat all-reduce."""
+def global_max(d: Dist, x: float) -> float:
+    """The largest x over the ranks (the same on every rank)."""
     if not d.active:
+        return x
+    import torch.distributed as dist
+
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def sum_gradients(d: Dist, params) -> None:
+    """grad <- sum over ranks of grad, for every parameter (None grads count as zeros), in one flat all-reduce.
+    Under FSDP (d.fsdp) nothing: its reduce-scatter has already summed the sharded gradients."""
+    if not d.active or d.fsdp:
         return
     params = [p for p in params if p.requires_grad]
     for p in params:
@@ -155,5 +177,5 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
-__all__ = ["Dist", "SINGLE", "barrier", "check_supported", "from_environment", "global_counts", "rank_slice",
-           "reduce_metrics", "sum_gradients"]
+__all__ = ["Dist", "SINGLE", "barrier", "check_supported", "from_environment", "global_counts", "global_max",
+           "rank_slice", "reduce_metrics", "sum_gradients"]

@@ -28,11 +28,12 @@ from grpolab.diagnostics import aha_metrics
 from grpolab.distributed import SINGLE, global_counts, rank_slice, reduce_metrics, sum_gradients
 from grpolab.losses import policy_loss
 from grpolab.metrics import weighted_mean
-from grpolab.microbatch import logp_without_grad, micro_batches, sampled_token_logp, slice_groups, slice_logp
+from grpolab.microbatch import logp_without_grad, micro_batches, sampled_token_logp, slice_groups
 from grpolab.rewards import score_completions
 from grpolab.rollout import Rollout, chat_prompts, concat_rollouts, generate
 from grpolab.run import Run, step_rng
 from grpolab.shaping import informative_groups, shape_rewards
+from grpolab.sharding import gathered, idle_pass, is_sharded, passes, policy_logp
 from grpolab.types import Example
 
 
@@ -80,9 +81,10 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     """G completions for each example, in the model's chat template. `generator` (on run.device) is
     used as it is: the caller owns its stream."""
     ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
-    return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
-                    temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
-                    autocast_dtype=run.amp_dtype, generator=generator, eos_ids=run.eos_ids)
+    with gathered(run.policy):  # FSDP: unsharded once, not all-gathered per token (grpolab.sharding)
+        return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
+                        temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
+                        autocast_dtype=run.amp_dtype, generator=generator, eos_ids=run.eos_ids)
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):
@@ -154,9 +156,10 @@ def shape(run: Run, batch: Batch) -> None:
     (grpolab.shaping), plus `groups/zero_std_frac` of the shaped reward."""
     algo, rollout = run.cfg.algo, batch.rollout
     kl_in_reward = batch.ref_logp is not None and algo.kl_placement == "in_reward"
-    shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
-                           max_len=run.cfg.max_new_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
-                           policy_logp=sampled_token_logp(run, rollout) if kl_in_reward else None)
+    with gathered(run.policy, kl_in_reward and run.cfg.top_p < 1):  # FSDP: a no-grad policy pass (top_p < 1)
+        shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
+                               max_len=run.cfg.max_new_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
+                               policy_logp=sampled_token_logp(run, rollout) if kl_in_reward else None)
     batch.reward, batch.token_reward = shaped.reward, shaped.token_reward
     batch.metrics.update(shaped.metrics)
     batch.metrics["groups/zero_std_frac"] = 1.0 - float(informative_groups(batch.reward, rollout.G).float().mean())
@@ -189,13 +192,17 @@ def update(run: Run, batch: Batch) -> dict:
     entropy_infos: list[tuple[dict, float]] = []
     grad_norms = []
     beta = run.kl.value
-    n_nonfinite = 0
+    n_nonfinite = n_idle = 0
     for epoch in range(algo.mu if n_batches else 0):  # every rank runs the same updates
         loss_sum = 0.0
-        for rows in batches:
+        for rows in passes(d, batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
+            if rows is None:
+                idle_pass(run, rollout)
+                n_idle += 1
+                continue
             part = slice_groups(rollout, rows, run.device)
             width, part_mask = part.width, part.completion_mask
-            logp, entropy = slice_logp(run, run.policy, part, with_entropy=(epoch == 0))  # (b, C') each
+            logp, entropy = policy_logp(run, part, with_entropy=(epoch == 0))  # (b, C') each
             last_logp[rows, :width] = logp.detach().cpu()
             if epoch == 0:
                 old_logp[rows, :width] = logp.detach().cpu()
@@ -238,6 +245,8 @@ def update(run: Run, batch: Batch) -> dict:
                     "lr": run.scheduler.get_last_lr()[0], "kl/beta": beta})
     if grad_norms:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if is_sharded(run.policy):
+        metrics["update/idle_passes"] = float(n_idle)
     return metrics
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from grpolab import distributed
+from grpolab import distributed, sharding
 from grpolab.advantages import GroupBaseline
 from grpolab.config import Config, save_config
 from grpolab.diagnostics import CollapseWatcher
@@ -93,7 +93,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     path = model_dir(cfg.model, log=log)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(path)
-    policy = load_policy(path, device)
+    fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
+    policy = load_policy(path, torch.device("cpu") if fsdp else device)
     policy.train()
     algo = cfg.algo
     advantage = GroupBaseline(algo)
@@ -106,6 +107,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if training:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
     ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
+    if fsdp:
+        ref = sharding.shard_models(policy, ref, dist, device)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
         optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
@@ -158,14 +161,16 @@ def evaluate(run: Run, examples: list[Example]) -> dict:
             "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
 
 
-def save(run: Run, step: int) -> Path:
-    """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt)."""
+def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
+    """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt).
+    `policy`/`optimizer`: stand-ins holding the gathered full states of a sharded run (grpolab.sharding)."""
     from grpolab.checkpoint import save_checkpoint
 
     state = {"step": step, "world_size": (run.dist or distributed.SINGLE).world}
     if run.kl.adaptive:
         state["kl_beta"] = run.kl.value
-    return save_checkpoint(run.out, step, run.policy, run.tokenizer, run.optimizer, run.scheduler, state,
+    return save_checkpoint(run.out, step, run.policy if policy is None else policy, run.tokenizer,
+                           run.optimizer if optimizer is None else optimizer, run.scheduler, state,
                            keep_last=run.cfg.keep_checkpoints, components=run.components)
 
 
@@ -177,7 +182,8 @@ def resume_state(run: Run) -> int:
     ck = latest_good_checkpoint(run.out, log=run.log)
     if ck is None:
         return 0
-    state = load_checkpoint(ck, run.policy, run.optimizer, run.scheduler, components=run.components)
+    policy, optimizer = sharding.load_views(run)  # FSDP: the full states are sharded into the run's
+    state = load_checkpoint(ck, policy, optimizer, run.scheduler, components=run.components)
     world = (run.dist or distributed.SINGLE).world
     if int(state.get("world_size", 1)) != world:
         raise ConfigError(f"--resume {run.out}: {ck.name} was written by {state.get('world_size', 1)} processes and "
@@ -192,7 +198,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
     """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary."""
     from grpolab.progress import Progress, print_summary
 
-    d = distributed.from_environment(cfg.device)  # torchrun: this process's rank; else one process
+    d = distributed.from_environment(cfg.device, cfg.fsdp)  # torchrun: this process's rank; else one process
     distributed.check_supported(cfg, d)
     log = (console.print if console is not None else print) if d.main else _quiet
     run = setup(cfg, resume=resume, log=log, dist=d)
@@ -211,10 +217,11 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
     eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
     before = prior.get("eval_before") if resume else None
-    if before is None and eval_set:
-        log(f"evaluating {len(eval_set)} held-out prompts before training (greedy)...")
-        before = evaluate(run, eval_set)
-        _write_summary(summary_path, {"eval_before": before})
+    with sharding.gathered(run.policy, before is None and cfg.eval_size > 0):  # FSDP: rank 0's eval unsharded
+        if before is None and eval_set:
+            log(f"evaluating {len(eval_set)} held-out prompts before training (greedy)...")
+            before = evaluate(run, eval_set)
+            _write_summary(summary_path, {"eval_before": before})
     distributed.barrier(d)
     progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
     watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
@@ -242,10 +249,11 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         progress.close()
         logger.close()
         samples.close()
-    if not main:  # the other ranks are done: rank 0 evaluates and writes the summary
+    with sharding.gathered(run.policy, cfg.eval_size > 0):
+        after = evaluate(run, eval_set) if eval_set else None
+    if not main:  # the other ranks are done: rank 0 writes the summary
         distributed.barrier(d)
         return {}
-    after = evaluate(run, eval_set) if eval_set else None
     history = read_jsonl(run.out / "metrics.jsonl")
     summary = summarise(history, before, after, run.out, report=cfg.report)
     _write_summary(summary_path, summary)
@@ -309,9 +317,10 @@ def save_or_stop(run: Run, step: int) -> None:
 
     d = run.dist or distributed.SINGLE
     error = None
+    policy, optimizer = sharding.full_views(run)  # FSDP: every rank gathers the full states for rank 0
     if d.main:
         try:
-            save(run, step)
+            save(run, step, policy, optimizer)
         except Exception as e:
             if not is_write_failure(e):
                 raise
