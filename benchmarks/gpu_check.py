@@ -225,6 +225,17 @@ class Check:
         r["grpolab_bench"] = r["bench_help"] is not None
         if self.no_trl and r["trl"]:
             r["trl"], r["trl_hidden"] = None, "--no-trl"
+        elif r["trl"]:
+            try:  # present is not enough: its wheels' dependencies must import with this machine's packages
+                import trl  # noqa: F401
+            except Exception as e:  # noqa: BLE001
+                r["trl"], r["trl_error"] = None, f"TRL is there but does not import: {type(e).__name__}: {e}"[:500]
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+            r["nvidia_smi"] = smi.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            r["nvidia_smi"] = None
         self.env = r
         self.log(f"    python {r['python']}, torch {r['torch']}, transformers {r['transformers']}, "
                  f"device {r['device_name'] or 'CPU'}, trl {r['trl']}, grpolab bench {'yes' if r['grpolab_bench'] else 'MISSING'}")
@@ -332,7 +343,7 @@ class Check:
         r = {"command": "grpolab bench " + " ".join(args), "against": against, "exit_code": rc,
              "log_tail": tail(self.out / "bench.log", 25)}
         if against == "none":
-            r["trl"] = {"status": "skipped", "reason": "--no-trl" if env.get("trl_hidden") else
+            r["trl"] = {"status": "skipped", "reason": "--no-trl" if env.get("trl_hidden") else env.get("trl_error") or
                         "TRL is not installed (pip install 'grpolab[bench]', or carry its wheel: bash benchmarks/gpu_wheels.sh)"}
         if rc is None:
             return {**r, "status": "timeout", "reason": f"killed after {sec:.0f} s"}

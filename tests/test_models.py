@@ -22,7 +22,6 @@ from grpolab.models import (
     make_tiny_model,
     model_dir,
     pick_device,
-    pick_dtype,
     resolve_model,
 )
 from grpolab.types import ConfigError
@@ -105,20 +104,6 @@ def test_importing_grpolab_models_switches_the_hub_off():
 
 
 # --- devices and precision --------------------------------------------------------------------------
-
-
-def test_pick_dtype(monkeypatch):
-    cpu = torch.device("cpu")
-    assert pick_dtype("fp32", cpu) is None
-    assert pick_dtype("bf16", cpu) is torch.bfloat16
-    assert pick_dtype("auto", cpu) is None  # measured: fp32 is faster than bf16 autocast on the CPU
-    # on CUDA, auto follows the GPU's bf16 support (checked without a GPU by faking the query)
-    cuda = torch.device("cuda")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert pick_dtype("auto", cuda) is torch.bfloat16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert pick_dtype("auto", cuda) is None
-    assert pick_dtype("fp32", cuda) is None
 
 
 def test_pick_device(monkeypatch):

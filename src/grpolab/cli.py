@@ -90,7 +90,7 @@ def _eval(argv: list[str]) -> int:
     from grpolab.trainer import evaluate, setup
     import json
 
-    run = setup(cfg, training=False)
+    run = setup(cfg, training=False, log=lambda msg: print(msg, file=sys.stderr))  # stdout: the JSON alone
     res = evaluate(run, run.task.eval_set()[: cfg.eval_size or 64])
     print(json.dumps(res, indent=2))
     return 0

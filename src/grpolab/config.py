@@ -74,7 +74,7 @@ class Config:
     device: str = "auto"
     """auto (CUDA when present, else CPU), cpu, or cuda."""
     precision: str = "auto"
-    """auto (bf16 autocast on a GPU that supports it; fp32 on the CPU, a fixed rule: bf16 measured slower on one AVX512-BF16 CPU and about 1.4x faster on another, see docs/performance.md), bf16 or fp32. Weights and optimizer state stay fp32."""
+    """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
     threads: int = 0
     """CPU threads for PyTorch; 0 = all cores."""
     fsdp: bool = False

@@ -1,14 +1,15 @@
 """Per-token log-probs (and entropy) of completion tokens, computed only where they are needed.
 
 The backbone runs over prompt + completion once; the LM head is applied only to the C positions that
-predict completion tokens (never to the prompt), so the (b, P+C, V) logits tensor of a plain
-`model(...).logits` call is never built.
+predict completion tokens (never to the prompt), a chunk of positions at a time (grpolab.lmhead), so
+neither the (b, P+C, V) logits of a plain `model(...).logits` call nor the (b, C, V) ones are built.
 """
 
 from __future__ import annotations
 
 import torch
 
+from grpolab.lmhead import chunked_token_logp, plain_head_weight
 from grpolab.rollout import cache_of, positions, with_cache
 
 
@@ -35,7 +36,12 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 def _head_logp(model, h: torch.Tensor, completion_ids: torch.Tensor, temperature: float, with_entropy: bool):
     """The LM head on the states h (b, C, H) that predict completion_ids (b, C) -> (log-probs (b, C),
-    entropies (b, C) or None), with logits divided by the temperature."""
+    entropies (b, C) or None), with logits divided by the temperature. A plain bias-free head runs a
+    chunk of positions at a time (grpolab.lmhead: the full (b, C, V) logits are never held); any other
+    head is applied at once."""
+    weight = plain_head_weight(model)
+    if weight is not None:
+        return chunked_token_logp(h, weight, completion_ids, temperature=temperature, with_entropy=with_entropy)
     logits = model.get_output_embeddings()(h)  # (b, C, V)
     if temperature != 1.0:
         logits = logits / temperature

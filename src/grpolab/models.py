@@ -256,23 +256,6 @@ def pick_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-def pick_dtype(setting: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype, or None for plain fp32.
-
-    auto: bf16 on a CUDA GPU that supports it, fp32 on the CPU (a fixed rule, not a measurement: on
-    one AVX512-BF16 CPU bf16 autocast measured x1.74 / x1.84 the fp32 time for generation /
-    forward+backward, on another x0.70 / x0.68; benchmarks/bench_cpu.py, docs/performance.md).
-    precision=bf16 forces it.
-    """
-    if setting == "fp32":
-        return None
-    if setting == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
-
-
 def make_tiny_model(out: Path, tokenizer_src: Path, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
     """A tiny randomly initialised Llama with a real tokenizer, for fast tests and smoke runs."""
     from transformers import LlamaConfig, LlamaForCausalLM

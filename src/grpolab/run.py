@@ -25,7 +25,7 @@ class Run:
     out: Path
     device: torch.device
     amp_dtype: torch.dtype | None
-    """Autocast dtype of the model passes, None for plain fp32 (grpolab.models.pick_dtype)."""
+    """Autocast dtype of the scoring passes (update, reference, critic), None for plain fp32 (grpolab.precision)."""
     tokenizer: Any
     policy: Any
     optimizer: torch.optim.Optimizer | None
@@ -46,6 +46,8 @@ class Run:
     """Stateful parts besides the policy (e.g. {"critic": Critic}), saved as NAME.pt in each checkpoint."""
     dist: Any = None
     """grpolab.distributed.Dist: this process's rank and the world size (None: one process)."""
+    precision: Any = None
+    """grpolab.precision.Precision: the autocast dtype of each phase and why (None: fp32 everywhere)."""
     nonfinite_streak: int = 0
     """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
 
@@ -54,6 +56,11 @@ class Run:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    @property
+    def rollout_dtype(self) -> torch.dtype | None:
+        """Autocast dtype of the rollout (generation), None for fp32."""
+        return self.precision.rollout if self.precision is not None else self.amp_dtype
 
     def trained_params(self) -> int:
         """Parameters with gradients: the policy's and the advantage component's (a critic's)."""

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from grpolab import distributed, sharding
+from grpolab import distributed, precision, sharding
 from grpolab.advantages import GroupBaseline
 from grpolab.config import Config, save_config
 from grpolab.diagnostics import CollapseWatcher
@@ -28,7 +28,7 @@ from grpolab.fileio import atomic_write, read_jsonl
 from grpolab.kl import AdaptiveKL
 from grpolab.metrics import JsonlWriter, MetricsLogger
 from grpolab.lora import attach, trainable_parameters
-from grpolab.models import load_policy, load_tokenizer, model_dir, pick_device, pick_dtype
+from grpolab.models import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.reference import reference_for
 from grpolab.rewards import build_rewards
 from grpolab.rollout import eos_token_ids
@@ -87,7 +87,6 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     task = build_task(cfg.task, cfg.seed, cfg.task_args)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
-    amp_dtype = pick_dtype(cfg.precision, device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     path = model_dir(cfg.model, log=log)
@@ -109,15 +108,18 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
+    prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
+                            recorded=out / precision.FILE if resume else None)
+    log(prec.describe())
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
         optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                       weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
-    return Run(cfg=cfg, out=out, device=device, amp_dtype=amp_dtype, tokenizer=tokenizer, policy=policy,
+    return Run(cfg=cfg, out=out, device=device, amp_dtype=prec.update, tokenizer=tokenizer, policy=policy,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
                eos_ids=eos_token_ids(policy, tokenizer), advantage=advantage, kl=AdaptiveKL.from_algo(algo),
-               ref=ref, log=log, components=components, dist=dist)
+               ref=ref, log=log, components=components, dist=dist, precision=prec)
 
 
 def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
@@ -209,6 +211,7 @@ def train(cfg: Config, *, resume: bool = False, console=None) -> dict:
         run.out.mkdir(parents=True, exist_ok=True)
     if main and (not resume or start < cfg.steps):  # a resumed run records its new steps= (and other overrides)
         save_config(cfg, run.out / "config.yaml")
+        atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
     logger = MetricsLogger(run.out, cfg.tensorboard, resume_step=start if resume else None) if main else _NoFile()

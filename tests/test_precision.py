@@ -1,0 +1,72 @@
+"""precision=auto (grpolab.precision): the per-phase rule, what is measured and what is left untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpolab import precision
+from grpolab.precision import Precision, choose, faster
+
+CPU = torch.device("cpu")
+
+
+def test_the_rule_keeps_bf16_only_when_it_is_at_least_ten_percent_faster():
+    assert faster({"fp32": 1.0, "bf16": 0.9}) is torch.bfloat16  # x0.90: kept
+    assert faster({"fp32": 1.0, "bf16": 0.91}) is None  # x0.91: fp32
+    assert faster({"fp32": 2.0, "bf16": 3.5}) is None  # slower: fp32
+
+
+def test_explicit_settings_are_taken_as_given(tiny_model):
+    assert (choose("fp32", tiny_model, CPU).rollout, choose("fp32", tiny_model, CPU).update) == (None, None)
+    bf = choose("bf16", tiny_model, CPU)
+    assert (bf.rollout, bf.update) == (torch.bfloat16, torch.bfloat16)
+
+
+def test_auto_on_a_small_model_is_fp32_without_measuring(tiny_model, monkeypatch):
+    monkeypatch.setattr(precision, "measure", lambda *a, **k: pytest.fail("measured a tiny model"))
+    p = choose("auto", tiny_model, CPU)
+    assert (p.rollout, p.update) == (None, None) and "not measured" in p.reason
+
+
+def test_auto_decides_each_phase_from_its_own_measurement(tiny_model, monkeypatch):
+    monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
+    timings = iter([{"fp32": 1.0, "bf16": 0.6}, {"fp32": 1.0, "bf16": 1.4}])  # rollout, then update
+    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2: next(timings))
+    p = choose("auto", tiny_model, CPU)
+    assert (p.rollout, p.update) == (torch.bfloat16, None)
+    assert "rollout bf16/fp32 time x0.60" in p.reason and "update bf16/fp32 time x1.40" in p.reason
+    assert p.describe() == f"precision: rollout bf16, update fp32 ({p.reason})"
+
+
+def test_measuring_leaves_the_rng_the_gradients_and_the_mode_as_they_were(tiny_model):
+    tiny_model.train()
+    rng = torch.get_rng_state()
+    p = precision.measure(tiny_model)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert all(q.grad is None for q in tiny_model.parameters())
+    assert tiny_model.training
+    assert set(p.seconds) == {"rollout", "update"}
+    assert all(t > 0 for phase in p.seconds.values() for t in phase.values())
+
+
+def test_evaluation_measures_the_rollout_only(tiny_model):
+    assert set(precision.measure(tiny_model, training=False).seconds) == {"rollout"}
+
+
+def test_a_recorded_choice_wins_on_resume(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(precision, "measure", lambda *a, **k: pytest.fail("measured again on resume"))
+    f = tmp_path / precision.FILE
+    f.write_text(json.dumps(Precision(torch.bfloat16, None, "auto, measured").to_json()))
+    p = choose("auto", tiny_model, CPU, recorded=f)
+    assert (p.rollout, p.update) == (torch.bfloat16, None)
+    assert choose("fp32", tiny_model, CPU, recorded=f).rollout is None  # an explicit setting still wins
+
+
+def test_gpu_and_torchrun_rules(tiny_model, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert choose("auto", tiny_model, torch.device("cuda")).update is torch.bfloat16
+    monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
+    assert choose("auto", tiny_model, CPU, distributed=True).update is None
