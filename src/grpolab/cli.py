@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval, lab, report, chat, sample, audit, export.
+"""grpolab command line: train, eval, lab, report, chat, sample, audit, export, bench.
 
 Exit codes: 0 success, 1 a failure during the run, 2 a usage error (bad key, type, value, path).
 """
@@ -169,8 +169,15 @@ def _export(argv: list[str]) -> int:
     return export_main(argv)
 
 
+def _bench(argv: list[str]) -> int:
+    """grpolab vs TRL on the same setting, or grpolab against the FLOP floor (grpolab bench --help)."""
+    from grpolab.bench import main
+
+    return main(argv)
+
+
 COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit,
-            "export": _export}
+            "export": _export, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
               "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"
               "  sample  print k samples of a prompt with their rewards\n"
               "  audit   pre-flight check of a task, model and config before a long run\n"
-              "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)")
+              "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)\n"
+              "  bench   step time and memory, grpolab vs TRL on the same setting (docs/performance.md)")
         return 0 if argv else 2
     cmd = COMMANDS.get(argv[0])
     if cmd is None:

@@ -1,0 +1,162 @@
+"""`grpolab bench` on the tiny model: the real CLI end to end, alone (--against none) and against real
+TRL; the log-prob check passes on the same model and fails (exit 1) on another; without TRL it exits
+2 with the install command; usage errors exit 2; presets fill what the flags leave out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpolab.bench import spec as bench_spec
+from grpolab.bench import worker
+from grpolab.cli import main as cli_main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TINY = ["--prompts", "2", "--G", "2", "--new-tokens", "4", "--steps", "1", "--rounds", "1", "--device", "cpu"]
+CONFIG_KEYS = {"precision", "s_per_step", "gen_tok_s", "train_tok_s", "peak_mb", "phases_s", "step_s_all"}
+
+
+def _env(extra_path: Path | None = None) -> dict:
+    env = dict(os.environ)
+    paths = ([str(extra_path)] if extra_path else []) + [str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    return env
+
+
+def bench_cli(args: list[str], cwd: Path, extra_path: Path | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "grpolab.cli", "bench", *args], cwd=cwd, env=_env(extra_path),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def json_line(stdout: str) -> dict:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])
+
+
+@pytest.fixture()
+def no_trl(tmp_path) -> Path:
+    """A directory whose `trl` package fails to import, as on a machine without TRL."""
+    (tmp_path / "fake" / "trl").mkdir(parents=True)
+    (tmp_path / "fake" / "trl" / "__init__.py").write_text("raise ImportError(\"No module named 'trl'\")\n")
+    return tmp_path / "fake"
+
+
+def test_against_none_prints_the_floor_table_and_a_json_line(tiny_model_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    p = bench_cli(["--model", str(tiny_model_dir), "--against", "none", "--beta", "0.04", *TINY,
+                   "--json-out", str(out)], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json_line(p.stdout)
+    assert json.loads(out.read_text()) == res
+    assert set(res["configs"]) == {"grpolab"} and CONFIG_KEYS <= set(res["configs"]["grpolab"])
+    g = res["configs"]["grpolab"]
+    assert g["precision"] == "fp32" and g["s_per_step"] > 0 and g["peak_mb"] > 0
+    assert g["generated_tokens"] == 2 * 2 * 4  # every completion forced to the full length
+    rows = {r["phase"]: r for r in res["floor"]["rows"]}
+    assert set(rows) == {"generation", "reference", "update", "step"}
+    assert rows["reference"]["flops"] > 0 and rows["update"]["flops"] == 3 * rows["generation"]["flops"]
+    assert all(r["ratio"] > 0 for r in rows.values())  # measured time over the floor
+    assert res["matmul_flops"]["fp32"] > 0 and res["matmul_flops"]["bf16"] > 0
+    for text in ("s/step", "gen tok/s", "train tok/s", "peak MB", "x floor", "generation", "reference",
+                 "update", "2N(P+C)", "TFLOP/s"):
+        assert text in p.stdout, text
+
+
+def test_against_trl_runs_real_trl_and_reports_ratios(tiny_model_dir, tmp_path):
+    """Setting (c) in miniature: LoRA and a reference pass on both sides, real TRL."""
+    p = bench_cli(["--model", str(tiny_model_dir), "--trl-precision", "fp32", "--lora-r", "2", "--beta", "0.04",
+                   *TINY], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json_line(p.stdout)
+    check = res["logp_check"]
+    assert check["max_abs_diff"] <= 1e-3 and check["same_prompt_tokens"] and check["tokens"] > 0
+    assert set(res["configs"]) == {"grpolab", "trl_fp32"}
+    trl = res["configs"]["trl_fp32"]
+    assert CONFIG_KEYS <= set(trl) and trl["gradient_checkpointing"] is True  # TRL's own default
+    assert trl["trained_params"] == res["configs"]["grpolab"]["trained_params"] < 100_000  # the same adapter
+    assert trl["generated_tokens"] == res["configs"]["grpolab"]["generated_tokens"] == 16  # the same work
+    r = res["ratios"]["trl_fp32"]
+    assert r["s_per_step"] == pytest.approx(res["configs"]["grpolab"]["s_per_step"] / trl["s_per_step"])
+    assert all(r[k] > 0 for k in ("s_per_step", "gen_tok_s", "train_tok_s", "peak_mb"))
+    assert res["fastest_trl"] == "trl_fp32" and res["grpolab_vs_fastest_trl"] == r["s_per_step"]
+    assert "grpolab / TRL fp32" in p.stdout and "log-prob check" in p.stdout
+
+
+def test_logp_check_fails_on_a_different_model(tiny_model_dir, real_model_dir, tmp_path):
+    from grpolab.models import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "other", tokenizer_src=real_model_dir, seed=1)
+    spec = bench_spec.Spec(model=str(tiny_model_dir), prompts=1, G=2, new_tokens=4, device="cpu")
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec.to_dict()))
+    assert worker.main(["check", str(spec_path), str(tmp_path / "out.json"), "--trl-model", str(other)]) == 1
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_the_comparison_itself():
+    a = torch.tensor([[-1.0, -2.0, -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert worker.logp_difference(a, a + torch.tensor([[1e-5, -2e-5, 5.0]]), mask) == pytest.approx(2e-5, abs=1e-6)
+    assert "2.00e-05" in worker.judge(2e-5)
+    with pytest.raises(worker.CheckFailed, match="log-prob check failed"):
+        worker.judge(worker.logp_difference(a, a + 0.01, mask))
+    with pytest.raises(worker.CheckFailed):
+        worker.judge(float("nan"))
+
+
+def test_missing_trl_exits_2_with_the_install_command(tiny_model_dir, tmp_path, no_trl):
+    p = bench_cli(["--model", str(tiny_model_dir), *TINY], tmp_path, extra_path=no_trl, timeout=120)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "pip install 'grpolab[bench]'" in p.stderr and "--against none" in p.stderr
+    assert not [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+
+
+def test_missing_trl_in_a_worker_exits_2(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(bench_spec.Spec(model=str(tiny_model_dir)).to_dict()))
+    for mode in ("trl", "check"):
+        assert worker.main([mode, str(spec_path), str(tmp_path / "out.json")]) == 2
+        assert "pip install 'grpolab[bench]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--G", "1"], "--G"), (["--steps", "0"], "--steps"), (["--new-tokens", "0"], "--new-tokens"),
+    (["--beta", "-1"], "--beta"), (["--model", "HuggingFaceTB/SmolLM2-135M"], "model"),
+])
+def test_usage_errors_exit_2(args, text, capsys):
+    assert cli_main(["bench", *args]) == 2
+    assert text in capsys.readouterr().err
+
+
+def test_bad_flag_values_exit_2_through_argparse(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["bench", "--setting", "z"])
+    assert e.value.code == 2 and "--setting" in capsys.readouterr().err
+
+
+def test_presets_fill_what_the_flags_leave():
+    a, b, c = (bench_spec.parse_spec(["--setting", s]) for s in "abc")
+    assert (a.new_tokens, a.beta, a.lora_r) == (64, 0.0, 0)
+    assert (b.new_tokens, b.beta, b.lora_r) == (128, 0.04, 0)
+    assert (c.new_tokens, c.beta, c.lora_r) == (128, 0.04, 16)
+    assert bench_spec.parse_spec(["--setting", "b", "--new-tokens", "32"]).new_tokens == 32
+    plain = bench_spec.parse_spec([])
+    assert (plain.prompts, plain.G, plain.new_tokens, plain.steps, plain.rounds) == (2, 8, 64, 3, 2)
+    assert plain.trl_precisions() == ["fp32", "bf16"]
+
+
+def test_the_reward_is_the_same_text_function_on_both_sides():
+    text = "The answer is 42."
+    assert bench_spec.bench_reward([text]) == bench_spec.bench_reward([[{"role": "assistant", "content": text}]])
+    scores = bench_spec.bench_reward([f"completion {i}" for i in range(20)])
+    assert all(0 <= s <= 1 for s in scores) and len(set(scores)) > 10  # varied: no group left without signal
