@@ -39,6 +39,9 @@ def run_worker(mode: str, spec_path: Path, tmp: Path, *extra: str, label: str) -
     env = dict(os.environ)
     src = str(Path(grpolab.__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    threads = json.loads(spec_path.read_text()).get("threads") or 0
+    if threads:  # the thread pools of every library in the worker, not only torch's
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, "-m", "grpolab.bench.worker", mode, str(spec_path), str(out), *extra]
     with open(log, "w") as f:
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -93,7 +96,7 @@ def table(result: dict) -> str:
     """The human-readable table of a result (what `grpolab bench` prints above the JSON line)."""
     spec = Spec.from_dict(result["spec"])
     lines = [f"grpolab bench: {spec.describe()}",
-             f"device {result['device']}; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
+             f"device {result['device']}, {result.get('threads', '?')} torch threads per process; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
              f"round(s); medians over the timed steps of all rounds"]
     if result.get("logp_check"):
         c = result["logp_check"]
@@ -151,7 +154,10 @@ def bench(spec: Spec) -> dict:
             import_trl()  # TrlMissing: exit 2 with the install command
         spec_path = tmp / "spec.json"
         spec_path.write_text(json.dumps(spec.to_dict()))
-        result: dict = {"spec": spec.to_dict(), "device": device.type}
+        import torch
+
+        result: dict = {"spec": spec.to_dict(), "device": device.type,
+                        "threads": spec.threads or torch.get_num_threads()}
         if spec.against == "trl":
             _progress("grpolab bench: log-prob check (grpolab vs TRL on the same sequences, fp32)...")
             result["logp_check"] = run_worker("check", spec_path, tmp, label="log-prob check")

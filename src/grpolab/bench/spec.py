@@ -26,6 +26,7 @@ LOGP_TOL = 1e-3  # fp32: max |log pi_grpolab - log pi_TRL| over the check's toke
 USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c] [--prompts 2] [--G 8] [--new-tokens 64]
                      [--beta 0] [--lora-r 0] [--precision auto|fp32|bf16] [--trl-precision both]
                      [--device cpu|cuda|auto] [--against trl|none] [--steps 3] [--rounds 2] [--json-out FILE]
+                     [--threads 0] [--lr 1e-6] [--seed 0]
 
 The same GRPO configuration trained by grpolab and by TRL's GRPOTrainer, each in its own process,
 alternating (grpolab, TRL, grpolab, TRL, ...), one warm-up step then --steps timed steps each.
@@ -54,6 +55,7 @@ class Spec:
     rounds: int = 2
     lr: float = 1e-6  # TRL's default learning rate, given to both
     seed: int = 0
+    threads: int = 0  # torch CPU threads in every worker (0: torch's default)
     json_out: str | None = None
 
     @property
@@ -98,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=2, help="alternations grpolab, TRL, ... (default 2)")
     ap.add_argument("--lr", type=float, default=1e-6, help="learning rate of both (default 1e-6, TRL's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads of every worker, both sides (default 0: torch's own, one per core); on a "
+                    "machine shared with other jobs, 1 avoids the slowdown of oversubscribed threads")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON result to FILE")
     return ap
 
@@ -109,7 +114,7 @@ def parse_spec(argv: list[str]) -> Spec:
     vals = {k: getattr(ns, k) if getattr(ns, k) is not None else preset[k] for k in DEFAULTS}
     spec = Spec(model=ns.model, setting=ns.setting, prompts=ns.prompts, G=ns.G, precision=ns.precision,
                 trl_precision=ns.trl_precision, device=ns.device, against=ns.against, steps=ns.steps,
-                rounds=ns.rounds, lr=ns.lr, seed=ns.seed, json_out=ns.json_out, **vals)
+                rounds=ns.rounds, lr=ns.lr, seed=ns.seed, threads=ns.threads, json_out=ns.json_out, **vals)
     check(spec)
     return spec
 
@@ -125,6 +130,7 @@ def check(spec: Spec) -> None:
         (spec.steps >= 1, "--steps", "must be >= 1"),
         (spec.rounds >= 1, "--rounds", "must be >= 1"),
         (spec.lr > 0, "--lr", "must be > 0"),
+        (spec.threads >= 0, "--threads", "must be >= 0 (0 = torch's default)"),
     ]
     for ok, flag, msg in rules:
         if not ok:
@@ -171,6 +177,7 @@ def grpolab_recipe(spec: Spec, out: str, precision: str | None = None) -> dict:
               "G": spec.G, "batch_size": spec.completions, "max_new_tokens": spec.new_tokens,
               "algo": {"name": "grpo", "beta": spec.beta}, "precision": precision or spec.precision,
               "lr": spec.lr, "device": spec.device, "seed": spec.seed, "steps": spec.steps + 1, "out": out,
+              "threads": spec.threads,
               "eval_size": 0, "save_every": 0, "tensorboard": False, "progress": False, "report": False}
     if spec.lora_r:
         recipe["lora"] = {"r": spec.lora_r, "alpha": 2.0 * spec.lora_r, "dropout": 0.0, "target_modules": "all-linear"}

@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     with open(a.spec) as f:
         spec = Spec.from_dict(json.load(f))
+    if spec.threads:
+        import torch
+
+        torch.set_num_threads(spec.threads)  # both sides alike (grpolab's setup sets it again from threads=)
     from grpolab.bench.trl_side import TrlMissing
 
     try:
