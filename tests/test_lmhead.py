@@ -109,6 +109,14 @@ def test_completion_logp_on_the_tiny_model_equals_the_plain_head(tiny_model, mon
     assert torch.allclose(ours[1], ref[1], atol=1e-4)
 
 
+def test_a_hooked_head_takes_the_plain_path_so_the_hook_sees_its_output(tiny_model):
+    assert plain_head_weight(tiny_model) is not None
+    handle = tiny_model.lm_head.register_forward_hook(lambda mod, inp, out: out)
+    assert plain_head_weight(tiny_model) is None
+    handle.remove()
+    assert plain_head_weight(tiny_model) is not None
+
+
 def test_a_head_with_a_bias_takes_the_plain_path(tiny_model):
     head = torch.nn.Linear(4, 9, bias=True)
     tiny_model.set_output_embeddings(head)

@@ -136,7 +136,7 @@ def train_in_process(model: Path, out: Path, *args: str) -> int:
 
 
 def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path, monkeypatch):
-    from grpolab import step as step_mod
+    from grpolab import sharding as step_mod  # the update's policy pass: sharding.policy_logp -> slice_logp
 
     real = step_mod.slice_logp
     calls = [0]

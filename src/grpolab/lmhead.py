@@ -107,8 +107,11 @@ def chunked_token_logp(h: Tensor, weight: Tensor, targets: Tensor, *, temperatur
 
 def plain_head_weight(model) -> Tensor | None:
     """The output embedding's weight when the head is a plain bias-free linear map (what the chunked
-    path computes); None for anything else (a bias, a PEFT-wrapped head), which takes the plain path."""
+    path computes); None for anything else (a bias, a PEFT-wrapped head, a head with forward hooks,
+    which must see its output), which takes the plain path."""
     head = model.get_output_embeddings()
     if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if head._forward_hooks or head._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
         return None
     return head.weight
