@@ -93,3 +93,16 @@ def restore_torch_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def varied_reward():
+    """The reward name `test_varied` (e2e_helpers.varied_score: varied rewards, so no group is skipped)
+    in grpolab's registry for a module's tests; the registry is restored after them."""
+    from e2e_helpers import varied_score
+
+    from grpolab import rewards as rewards_mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
+        yield

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab import rewards as rewards_mod
 from grpolab.algos import ALGOS
 from grpolab.cli import main
 
-from e2e_helpers import changed, read_jsonl, varied_score, weights
+from e2e_helpers import changed, read_jsonl, weights
 
 SMALL = ["steps=2", "batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=0", "progress=false",
          "samples_per_step=0", "tensorboard=false", "rewards=[{name: test_varied}]"]
@@ -25,11 +24,7 @@ REQUIRED_METRICS = ["step", "reward/mean", "reward/std", "completion/length_mean
                     "groups/zero_std_frac", "entropy", "time/step_s", "params/trained", "memory/peak_mb"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def test_rewards():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
-        yield
+pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from grpolab import rewards as rewards_mod
 from grpolab.cli import main
 
-from e2e_helpers import read_jsonl, varied_score, weights
+from e2e_helpers import read_jsonl, weights
 
 GOLDEN = Path(__file__).parent / "golden" / "presets.json"
 RUNS = {
@@ -47,11 +46,7 @@ SKIP_PREFIXES = ("time/", "memory/")  # wall clock and process-wide numbers
 KL_IN_REWARD = ("ppo", "rloo_kl_in_reward")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def test_rewards():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
-        yield
+pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
 
 
 def run_preset(name: str, extra: list[str], model_dir: Path, root: Path) -> dict:

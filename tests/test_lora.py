@@ -14,23 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab import rewards as rewards_mod
 from grpolab.cli import main
 from grpolab.config import build_config, help_text
 from grpolab.types import ConfigError
 
-from e2e_helpers import changed, read_jsonl, varied_score
+from e2e_helpers import changed, read_jsonl
 
 FAST = ["batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8", "progress=false", "tensorboard=false",
         "report=false", "samples_per_step=1", "lr=1e-2", "algo.beta=0.04", "rewards=[{name: test_varied}]"]
 LORA = ["lora.r=4", "lora.alpha=8"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def varied_reward():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
-        yield
+pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
 
 
 def train(model: Path, out: Path, *args: str) -> Path:

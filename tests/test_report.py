@@ -27,9 +27,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from e2e_helpers import read_jsonl, varied_score
+from e2e_helpers import read_jsonl
 
-from grpolab import rewards as rewards_mod
 from grpolab.algos import AlgoConfig
 from grpolab.cli import main
 from grpolab.kl import kl_per_token
@@ -41,11 +40,7 @@ SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "progress=f
          "save_every=0", "rewards=[{name: test_varied}, {name: format, weight: 0.5}]"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def test_rewards():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
-        yield
+pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
 
 
 def train(model: Path, out: Path, *args: str) -> Path:
