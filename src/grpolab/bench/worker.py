@@ -103,9 +103,17 @@ def run_rate(spec: Spec) -> dict:
     return matmul_rates(pick_device(spec.device))
 
 
+MODES = {  # what one worker process measures: mode -> fn(spec, parsed arguments) -> result dict
+    "grpolab": lambda spec, a: run_grpolab(spec),
+    "trl": lambda spec, a: run_trl(spec, a.precision),
+    "check": lambda spec, a: run_check(spec, a.trl_model),
+    "rate": lambda spec, a: run_rate(spec),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m grpolab.bench.worker")
-    ap.add_argument("mode", choices=["grpolab", "trl", "check", "rate"])
+    ap.add_argument("mode", choices=list(MODES))
     ap.add_argument("spec", help="the Spec as a JSON file (written by grpolab bench)")
     ap.add_argument("out", help="where the result JSON goes")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="TRL's precision (mode trl)")
@@ -120,14 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpolab.bench.trl_side import TrlMissing
 
     try:
-        if a.mode == "grpolab":
-            res = run_grpolab(spec)
-        elif a.mode == "trl":
-            res = run_trl(spec, a.precision)
-        elif a.mode == "check":
-            res = run_check(spec, a.trl_model)
-        else:
-            res = run_rate(spec)
+        res = MODES[a.mode](spec, a)
     except TrlMissing as e:
         print(f"grpolab bench: {e}", file=sys.stderr)
         return 2
