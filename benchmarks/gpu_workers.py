@@ -128,6 +128,7 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
     median of `reps`. MFU = 6 N (completion tokens) / seconds / rate."""
     from grpolab.logprobs import grouped_completion_logp
     from grpolab.models import load_policy, load_tokenizer
+    from grpolab.optim import adamw
     from grpolab.rollout import chat_prompts, left_pad
 
     dev = torch.device(device)
@@ -135,7 +136,7 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
     model = load_policy(Path(model_dir), dev)
     model.train()
     amp = amp_dtype(precision, dev)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    opt = adamw([p for p in model.parameters() if p.requires_grad], lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
     ids, mask = left_pad(chat_prompts(tok, PROMPTS[:prompts], None), tok.pad_token_id)
     g = torch.Generator().manual_seed(seed)
     comp = torch.randint(3, len(tok), (prompts * G, new_tokens), generator=g)
@@ -178,8 +179,8 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
 def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, compile: bool = True,
            reps: int = 2, seed: int = 0) -> dict:
     """Decode throughput, every completion forced to `new_tokens` (no EOS), sampling at temperature 1:
-    grpolab.rollout.generate as training runs it (fp32 weights, bf16 autocast on a GPU) and, on a GPU,
-    on bf16 weights; transformers' generate with a static KV cache on bf16 weights, eager (disable_compile) and,
+    grpolab.rollout.generate as training runs it (the lean decode step, bf16 on a GPU), with
+    decoder=hf (the model's forward, fp32 weights under bf16 autocast) and, on a GPU, on bf16 weights; transformers' generate with a static KV cache on bf16 weights, eager (disable_compile) and,
     when `compile`, compiled as generate does it itself on a static cache: torch.compile of the
     forward, mode="reduce-overhead" (CUDA graphs). A path that fails is recorded with its reason and
     the others still run; each path's first call (compilation included) is reported apart."""
@@ -209,7 +210,10 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
     amp = amp_dtype("auto", dev)
     record("grpolab", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
                                        generator=gen, eos_ids=set()))
-    res["paths"]["grpolab"]["precision"] = "fp32 weights, " + ("bf16 autocast" if amp else "fp32")
+    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.decoder), weights cast to " + ("bf16" if amp else "fp32")
+    record("grpolab_hf_forward", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
+                                                  generator=gen, eos_ids=set(), lean=False))
+    res["paths"]["grpolab_hf_forward"]["precision"] = "decoder=hf: fp32 weights, " + ("bf16 autocast" if amp else "fp32")
     if dev.type == "cuda":
         model = model.to(torch.bfloat16)
         record("grpolab_bf16_weights", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, generator=gen,

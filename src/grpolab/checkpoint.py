@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from grpolab.fileio import atomic_write, fsync_dir
+from grpolab.optim import load_state
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -345,7 +346,7 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler, *, components: 
     state = json.loads((ckpt_dir / "trainer_state.json").read_text(encoding="utf-8"))
     _load_model_weights(ckpt_dir, model)
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True))
+        load_state(optimizer, torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True))
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(ckpt_dir / "scheduler.pt", map_location="cpu", weights_only=True))
     for name, component in (components or {}).items():

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from grpolab.losses import masked_mean
 from grpolab.microbatch import all_groups, micro_batches, slice_groups
+from grpolab.optim import adamw, load_state
 from grpolab.rollout import positions
 
 if TYPE_CHECKING:  # the settings type only; grpolab.algos imports no registry, nor this module
@@ -225,8 +226,8 @@ class Critic:
                  weight_decay: float, device: torch.device):
         self.algo = algo
         self.model = ValueModel(policy).to(device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr or lr, betas=betas,
-                                           weight_decay=weight_decay)
+        self.optimizer = adamw(self.model.parameters(), lr=algo.critic_lr or lr, betas=betas,
+                               weight_decay=weight_decay)
 
     def values(self, run, part) -> Tensor:
         """V(s_t) before each completion token of a GroupSlice, (b, C'), fp32."""
@@ -276,7 +277,7 @@ class Critic:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["critic"])
-        self.optimizer.load_state_dict(state["opt"])
+        load_state(self.optimizer, state["opt"])
 
 
 __all__ = [

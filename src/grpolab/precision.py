@@ -63,22 +63,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6) -> float:
-    """Seconds for `steps` cached decode steps of `rows` sequences under one autocast context in `dtype`
-    (None: fp32), as grpolab.rollout.generate runs them."""
-    from grpolab.rollout import cache_of, with_cache
+def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6, lean: bool = True) -> float:
+    """Seconds for `steps` cached decode steps of `rows` sequences in `dtype` (None: fp32), as
+    grpolab.rollout.generate runs them: its lean step where it supports the model (`lean`), else the
+    model's forward under one autocast context. The lean step's weight layout is included."""
+    from grpolab.rollout import HFStepper, stepper_for
 
     device = next(model.parameters()).device
     ids = _probe_ids(model, rows, prompt, device)
-    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+    pos = torch.arange(prompt, device=device).expand(rows, prompt)
+    _sync(device)
+    t0 = time.perf_counter()
+    stepper = stepper_for(model, dtype or torch.float32, steps, lean)
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and isinstance(stepper, HFStepper))
     with torch.no_grad(), amp:
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        cache, tok = cache_of(out), out.logits[:, -1].argmax(-1)
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            out = model(input_ids=tok[:, None], use_cache=True, **with_cache(model, cache))
-            cache, tok = cache_of(out), out.logits[:, -1].argmax(-1)
+        tok = stepper.prefill(ids, torch.ones_like(ids), pos).argmax(-1)
+        for i in range(steps):
+            tok = stepper.step(tok, pos[:, -1] + i + 1).argmax(-1)
         _sync(device)
     return time.perf_counter() - t0
 
@@ -114,13 +115,13 @@ def time_both(fn, reps: int = 2) -> dict[str, float]:
     return best
 
 
-def measure(model, *, training: bool = True) -> Precision:
+def measure(model, *, training: bool = True, lean: bool = True) -> Precision:
     """Time both precisions on `model` for the rollout (and the update when training) and choose."""
     was_training = model.training
     with torch.random.fork_rng(devices=[]):  # dropout (a LoRA adapter's) must not move the run's stream
         try:
             model.eval()
-            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt))}
+            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, lean=lean))}
             model.train(was_training)
             if training:
                 seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
@@ -135,7 +136,7 @@ def measure(model, *, training: bool = True) -> Precision:
 
 
 def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
-           recorded: Path | None = None) -> Precision:
+           lean: bool = True, recorded: Path | None = None) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto."""
     if setting == "fp32":
@@ -154,4 +155,4 @@ def choose(setting: str, model, device: torch.device, *, training: bool = True, 
     if n < SMALL_MODEL_PARAMS:
         return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
                                      f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
-    return measure(model, training=training)
+    return measure(model, training=training, lean=lean)

@@ -176,12 +176,50 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -
     return torch.searchsorted(cdf, u, right=True).clamp(max=probs.shape[-1] - 1).squeeze(-1)  # (B,)
 
 
+class HFStepper:
+    """The rollout's model steps on the model's own forward and its KV cache (any causal LM)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        self.cache, self.attn = cache_of(out), mask
+        return out.logits[:, -1]
+
+    def repeat(self, G: int) -> None:
+        self.cache.batch_repeat_interleave(G)
+        self.attn = self.attn.repeat_interleave(G, 0)
+
+    def keep(self, idx: torch.Tensor) -> None:
+        self.cache.batch_select_indices(idx)
+        self.attn = self.attn[idx]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos[:, None],
+                         use_cache=True, **with_cache(self.model, self.cache))
+        self.cache = cache_of(out)
+        return out.logits[:, -1]
+
+
+def stepper_for(model, dtype: torch.dtype, max_new_tokens: int, lean: bool):
+    """The lean step (grpolab.decoder) where the model is one it supports and `lean`, else HFStepper."""
+    from grpolab import decoder
+
+    w = decoder.weights_of(model, dtype) if lean else None
+    return decoder.LeanStepper(w, max_new_tokens) if w is not None else HFStepper(model)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
              autocast_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
-             eos_ids: set[int] | None = None) -> Rollout:
-    """Sample G completions for each prompt (token ids, already chat-templated)."""
+             eos_ids: set[int] | None = None, lean: bool = True) -> Rollout:
+    """Sample G completions for each prompt (token ids, already chat-templated).
+
+    lean: run the model through grpolab.decoder where it supports the model (Llama, Qwen2, Mistral),
+    with its weights in `autocast_dtype` (else the model's own dtype); otherwise its HF forward."""
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = torch.tensor(sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long, device=device)
@@ -190,31 +228,30 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
     # One autocast context around the whole decode: autocast caches the low-precision copy of each
     # weight only while its context is open, so entering it per forward call re-cast every weight at
     # every token (bf16 rollout x0.92 of fp32 that way, x0.70 with one context; docs/performance.md).
-    amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     was_training = model.training
     model.eval()
     try:
+        stepper = stepper_for(model, autocast_dtype or next(model.parameters()).dtype, max_new_tokens, lean)
+        hf = isinstance(stepper, HFStepper)  # the lean step holds its weights in the compute dtype already
+        amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype and hf else contextlib.nullcontext()
         with amp:
-            return _decode(model, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator,
+            return _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator,
                            eos, pad_id)
     finally:
         model.train(was_training)
 
 
-def _decode(model, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator, eos,
+def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator, eos,
             pad_id) -> Rollout:
     """Prefill once per group, then one token per step for the rows still decoding (see generate)."""
     device = ids.device
     B = ids.shape[0]
     N = B * G
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, logits_to_keep=1)
-    cache = cache_of(out)
-    logits = out.logits[:, -1]  # (B, V)
+    logits = stepper.prefill(ids, mask, positions(mask))  # (B, V)
     if G > 1:
-        cache.batch_repeat_interleave(G)
+        stepper.repeat(G)
         logits = logits.repeat_interleave(G, 0)  # (N, V)
-    attn = mask.repeat_interleave(G, 0)  # (N, P)
-    pos = positions(attn)[:, -1]  # (N,) position of the last prompt token
+    pos = positions(mask.repeat_interleave(G, 0))[:, -1]  # (N,) position of the last prompt token
 
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
     lps = torch.zeros((N, max_new_tokens), device=device)
@@ -233,14 +270,10 @@ def _decode(model, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, 
         keep = ~done
         if not bool(keep.all()):  # finished rows leave the batch
             keep_idx = keep.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep_idx)
-            active, attn, pos, tok = active[keep_idx], attn[keep_idx], pos[keep_idx], tok[keep_idx]
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            stepper.keep(keep_idx)
+            active, pos, tok = active[keep_idx], pos[keep_idx], tok[keep_idx]
         pos = pos + 1
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None],
-                    use_cache=True, **with_cache(model, cache))
-        cache = cache_of(out)
-        logits = out.logits[:, -1]
+        logits = stepper.step(tok, pos)
     C = int(cmask.sum(0).nonzero().max()) + 1 if cmask.any() else 1
     tokens, lps, cmask = tokens[:, :C], lps[:, :C], cmask[:, :C]
     texts = tokenizer.batch_decode([row[m.bool()].tolist() for row, m in zip(tokens.cpu(), cmask.cpu())],

@@ -84,7 +84,8 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     with gathered(run.policy):  # FSDP: unsharded once, not all-gathered per token (grpolab.sharding)
         return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
                         temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
-                        autocast_dtype=run.rollout_dtype, generator=generator, eos_ids=run.eos_ids)
+                        autocast_dtype=run.rollout_dtype, generator=generator, eos_ids=run.eos_ids,
+                        lean=run.cfg.decoder == "lean")
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):

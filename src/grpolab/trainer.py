@@ -29,6 +29,7 @@ from grpolab.kl import AdaptiveKL
 from grpolab.metrics import JsonlWriter, MetricsLogger
 from grpolab.lora import attach, trainable_parameters
 from grpolab.models import load_policy, load_tokenizer, model_dir, pick_device
+from grpolab.optim import adamw
 from grpolab.reference import reference_for
 from grpolab.rewards import build_rewards
 from grpolab.rollout import eos_token_ids
@@ -109,12 +110,13 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
+                            lean=cfg.decoder == "lean",
                             recorded=out / precision.FILE if resume else None)
     log(prec.describe())
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
-        optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                      weight_decay=cfg.weight_decay)
+        optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                          weight_decay=cfg.weight_decay, sharded=fsdp)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
     return Run(cfg=cfg, out=out, device=device, amp_dtype=prec.update, tokenizer=tokenizer, policy=policy,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,

@@ -1,0 +1,174 @@
+"""The lean decode step (grpolab.decoder) against the model's own HF forward: the same logits for
+Llama (grouped-query heads), Qwen2 (q/k/v biases) and a LoRA adapter merged in, with left padding and
+rows leaving the batch; greedy rollouts token for token; the packed bf16 layout is exact; models it
+does not support fall back to the HF forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab import decoder
+from grpolab.rollout import HFStepper, generate, left_pad, positions, stepper_for
+
+
+def tiny(kind: str, seed: int = 0):
+    """A random 3-layer model of the given family, hidden 64, 4 query heads over 2 KV heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=True, rope_theta=500.0))
+    with torch.no_grad():  # biases and weights far from init, so a wrong bias or layout shows
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+def prompts():
+    return [[5, 17, 99, 3, 250, 7, 8], [42, 11, 12], [1, 2, 3, 4, 5]]  # lengths differ: left padding
+
+
+def hf_logits(model, ids, mask, new_tokens):
+    """Next-token logits of the HF forward over the whole sequence (prompt + new tokens) at each step."""
+    out = []
+    for t in range(new_tokens.shape[1] + 1):
+        full = torch.cat([ids, new_tokens[:, :t]], 1)
+        fmask = torch.cat([mask, torch.ones_like(new_tokens[:, :t])], 1)
+        with torch.no_grad():
+            out.append(model(input_ids=full, attention_mask=fmask, position_ids=positions(fmask)).logits[:, -1])
+    return out
+
+
+def lean_logits(model, ids, mask, new_tokens, dtype=torch.float32):
+    w = decoder.weights_of(model, dtype)
+    assert w is not None, decoder.unsupported_reason(model)
+    st = decoder.LeanStepper(w, new_tokens.shape[1] + 1)
+    pos = positions(mask)[:, -1]
+    with torch.no_grad():
+        out = [st.prefill(ids, mask, positions(mask))]
+        for t in range(new_tokens.shape[1]):
+            pos = pos + 1
+            out.append(st.step(new_tokens[:, t], pos))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_lean_logits_equal_hf_forward_fp32(kind):
+    model = tiny(kind)
+    ids, mask = left_pad(prompts(), pad_id=0)
+    new = torch.randint(0, 300, (3, 6), generator=torch.Generator().manual_seed(1))
+    ref, got = hf_logits(model, ids, mask, new), lean_logits(model, ids, mask, new)
+    scale = max(r.abs().max().item() for r in ref)
+    for r, g in zip(ref, got):
+        assert torch.allclose(g.float(), r, atol=2e-5 * scale, rtol=0), (g - r).abs().max()
+
+
+def test_lean_bf16_is_as_close_to_fp32_as_hf_autocast():
+    """bf16 weights in the lean step vs the HF forward under bf16 autocast, both against the fp32 HF
+    forward: the same products in bf16, so the lean step's log-prob error is of the autocast path's
+    size (bound: at most 2x autocast's largest |d log p| over the steps, plus 0.01)."""
+    model = tiny("llama")
+    ids, mask = left_pad(prompts(), pad_id=0)
+    new = torch.randint(0, 300, (3, 4), generator=torch.Generator().manual_seed(2))
+    exact = hf_logits(model, ids, mask, new)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = hf_logits(model, ids, mask, new)
+    lean = lean_logits(model, ids, mask, new, torch.bfloat16)
+
+    def err(xs):
+        return max((torch.log_softmax(x.float(), -1) - torch.log_softmax(e, -1)).abs().max().item()
+                   for x, e in zip(xs, exact))
+
+    assert 0 < err(lean) <= 2 * err(amp) + 0.01, (err(lean), err(amp))
+
+
+def test_packed_bf16_layout_is_exact():
+    pack, packed = decoder._packer(torch.bfloat16, torch.device("cpu"), 16)
+    if not packed:
+        pytest.skip("this PyTorch build has no oneDNN linear ops: the lean step uses F.linear")
+    W, b = torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
+    x = torch.randn(5, 7, 64).bfloat16()
+    w = decoder.Weights(*([None] * 10), torch.bfloat16, True)
+    assert torch.equal(decoder.linear(w, x, pack(W), b), torch.nn.functional.linear(x, W, b))
+
+
+def test_lora_adapter_is_merged_into_the_lean_weights():
+    peft = pytest.importorskip("peft")
+    model = tiny("llama")
+    lm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.1))
+    with torch.no_grad():
+        for n, p in lm.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)  # a non-zero adapter (peft starts B at 0)
+    lm.eval()
+    ids, mask = left_pad(prompts(), pad_id=0)
+    new = torch.randint(0, 300, (3, 3), generator=torch.Generator().manual_seed(3))
+    for disabled in (False, True):
+        ctx = lm.disable_adapter() if disabled else torch.no_grad()
+        with ctx:
+            ref, got = hf_logits(lm, ids, mask, new), lean_logits(lm, ids, mask, new)
+        for r, g in zip(ref, got):
+            assert torch.allclose(g, r, atol=1e-4), (disabled, (g - r).abs().max())
+    with lm.disable_adapter():
+        base = lean_logits(lm, ids, mask, new)[0]
+    assert not torch.allclose(base, lean_logits(lm, ids, mask, new)[0], atol=1e-3)  # the adapter matters
+
+
+def test_greedy_rollout_same_tokens_as_hf_with_rows_leaving(lively_model, tiny_tokenizer):
+    """generate() through both steppers: identical greedy tokens and log-probs, with an EOS set that
+    ends rows at different steps (so the cache drops rows mid-rollout)."""
+    ids = [[1, 2, 3, 40, 50], [7, 8, 9], [100, 200, 300, 400]]
+    free = generate(lively_model, tiny_tokenizer, ids, G=2, max_new_tokens=6, greedy=True, eos_ids=set(),
+                    lean=False).completion_ids
+    eos = {int(free[0, 1]), int(free[4, 4])}  # group 0 ends at its 2nd token, group 2 by its 5th
+    runs = [generate(lively_model, tiny_tokenizer, ids, G=2, max_new_tokens=10, greedy=True, eos_ids=eos, lean=lean)
+            for lean in (False, True)]
+    hf, lean = runs
+    lengths = hf.lengths.tolist()
+    assert min(lengths) < max(lengths), "no row left the batch early: the test would not exercise keep()"
+    assert torch.equal(hf.completion_ids, lean.completion_ids)
+    assert torch.equal(hf.completion_mask, lean.completion_mask)
+    assert torch.allclose(hf.sample_logp, lean.sample_logp, atol=1e-4)
+
+
+def test_sampled_rollout_same_as_hf_for_a_seed(lively_model, tiny_tokenizer):
+    ids = [[1, 2, 3, 40, 50], [7, 8, 9]]
+    runs = [generate(lively_model, tiny_tokenizer, ids, G=4, max_new_tokens=8, eos_ids=set(), lean=lean,
+                     generator=torch.Generator().manual_seed(0)) for lean in (False, True)]
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+
+
+def test_unsupported_model_falls_back_to_hf_forward(tiny_tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=1, n_head=2)).eval()
+    assert "gpt2" in decoder.unsupported_reason(model)
+    assert decoder.weights_of(model, torch.float32) is None
+    assert isinstance(stepper_for(model, torch.float32, 4, lean=True), HFStepper)
+    r = generate(model, tiny_tokenizer, [[1, 2, 3]], G=2, max_new_tokens=3, eos_ids=set(),
+                 generator=torch.Generator().manual_seed(0))
+    assert r.completion_ids.shape == (2, 3)
+
+
+def test_hooked_model_takes_the_hf_forward():
+    """A forward hook (a test's, a user's probe) must see every forward: such a model is not lean."""
+    model = tiny("llama")
+    model.lm_head.register_forward_hook(lambda mod, inp, out: out)
+    assert "hooks on lm_head" in decoder.unsupported_reason(model)
+    assert decoder.weights_of(model, torch.float32) is None
+
+
+def test_decoder_key_is_validated():
+    from grpolab.config import build_config
+    from grpolab.types import ConfigError
+
+    with pytest.raises(ConfigError, match="decoder"):
+        build_config({"decoder": "fast"})
+    assert build_config({"decoder": "hf"}).decoder == "hf"
+
