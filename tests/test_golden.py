@@ -3,10 +3,11 @@
 tests/golden/presets.json was first recorded by this file (GRPOLAB_WRITE_GOLDEN=1) on 2026-12-01, on
 the 2-core development machine, *before* the training step was rewritten as a pipeline of stages
 (issue "One readable training step"); the rewrite left every recorded number as it was. It was
-re-recorded once, deliberately, later the same day, when the rollout's lean decode step came in
-(see below) and AdamW became torch's fused implementation (grpolab.optim: 0.07 s instead of 0.49 s
-per step of the 135M model; the same update in another float order, about 2e-7 apart after 3 steps).
-Both move the numbers after step 1 by float rounding. That recording also holds the metrics added
+re-recorded, deliberately, later the same day, for three speed changes that each compute the same
+numbers in another float order: the rollout's lean decode step (see below), AdamW as torch's fused
+implementation (grpolab.optim: 0.07 s instead of 0.49 s per step of the 135M model, about 2e-7 apart
+after 3 steps) and the CPU attention of grpolab.attention instead of sdpa. They move the numbers
+after step 1 by float rounding. That recording also holds the metrics added
 since (aha/, alert/). The test compares each recorded metric of each step, and the sum and sum of
 squares of the final policy weights.
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.attention import install as install_attention
 from grpolab.fileio import atomic_write
 from grpolab.lora import adapter_base_path, is_adapter_dir, load_adapter
 from grpolab.types import ConfigError
@@ -207,7 +208,8 @@ def load_tokenizer(path: Path):
 
 
 def load_policy(path: Path, device: torch.device):
-    """The trainable policy in fp32 (autocast supplies low precision where asked). A LoRA checkpoint
+    """The trainable policy in fp32 (autocast supplies low precision where asked), with grpolab.attention's
+    attention on a CPU where it supports the model. A LoRA checkpoint
     (an adapter directory) comes back as its base model with the adapter on, frozen (a peft model)."""
     from transformers import AutoModelForCausalLM
 
@@ -216,6 +218,7 @@ def load_policy(path: Path, device: torch.device):
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
     model.config.use_cache = True
+    install_attention(model, device)  # a CPU: grouped-query attention without sdpa's flash kernel
     return model
 
 

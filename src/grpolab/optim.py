@@ -29,7 +29,7 @@ def load_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """optimizer.load_state_dict(state), keeping this optimizer's own implementation (fused or not):
     torch would take it from the saved param groups, so a checkpoint written by the other one (an
     older foreach run, a sharded run) would switch it. The moments and step counts load as saved."""
-    own = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for group, keep in zip(optimizer.param_groups, own):
+    own = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in getattr(optimizer, "param_groups", [])]
+    optimizer.load_state_dict(state)  # (a loader without param_groups, FSDP's, only loads)
+    for group, keep in zip(getattr(optimizer, "param_groups", []), own):  # the new groups load_state_dict made
         group.update(keep)

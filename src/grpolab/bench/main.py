@@ -102,6 +102,9 @@ def table(result: dict) -> str:
         c = result["logp_check"]
         lines.append(f"log-prob check: {c['verdict']}, over {c['tokens']} tokens of {c['sequences']} sequences; "
                      f"same prompt tokens: {c['same_prompt_tokens']}")
+        if c.get("rollout_vs_update_max_abs_diff") is not None:
+            lines.append(f"grpolab's rollout (lean decode step) vs its update pass, same sequences: max |d log pi| = "
+                         f"{c['rollout_vs_update_max_abs_diff']:.2e} per token (fp32)")
     lines.append("")
     head = f"{'':24}{'s/step':>9}{'gen tok/s':>11}{'train tok/s':>13}{'peak MB':>9}   " + \
         "".join(f"{p + ' s':>13}" for p in PHASES)

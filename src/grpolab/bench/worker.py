@@ -89,7 +89,9 @@ def run_check(spec: Spec, trl_model: str | None = None) -> dict:
     diff = logp_difference(ours, theirs, rollout.completion_mask)
     same_prompts = trl_prompt_ids == [list(p) for p in ids]
     res = {"max_abs_diff": diff, "tolerance": LOGP_TOL, "tokens": int(rollout.completion_mask.sum()),
-           "sequences": len(rollout.texts), "G": G, "same_prompt_tokens": same_prompts}
+           "sequences": len(rollout.texts), "G": G, "same_prompt_tokens": same_prompts,
+           # the rollout's own record (the lean decode step, cached, one token at a time) vs the update's pass
+           "rollout_vs_update_max_abs_diff": logp_difference(rollout.sample_logp, ours, rollout.completion_mask)}
     if not same_prompts:
         raise CheckFailed("prompt check failed: TRL's chat template gives other prompt tokens than grpolab's")
     res["verdict"] = judge(diff)
