@@ -3,7 +3,7 @@ unchanged").
 
     .venv/bin/python benchmarks/learning_curves.py OUT.png LABEL=RUN_DIR_OR_METRICS_JSONL ...
 
-Each argument after the image names one curve: a label, '=', and a run directory (its metrics.jsonl) or
+Each argument after the image names one curve: a label, "=" (the last one), and a run directory (its metrics.jsonl) or
 a metrics.jsonl file itself. Prints, per run, the mean reward of the first and last 5 steps and the
 mean completion length, and the first step at which two runs' rewards differ (against the first run).
 """
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(a.split("=", 1)[0], load(a.split("=", 1)[1])) for a in argv[1:]]
+    runs = [(a.rsplit("=", 1)[0], load(a.rsplit("=", 1)[1])) for a in argv[1:]]  # a label may hold "="
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     styles = ["-o", "--s", ":^", "-.d", "-x", "--v"]
     first = runs[0][1]
