@@ -179,7 +179,7 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
 def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, compile: bool = True,
            reps: int = 2, seed: int = 0) -> dict:
     """Decode throughput, every completion forced to `new_tokens` (no EOS), sampling at temperature 1:
-    grpolab.rollout.generate as training runs it (the lean decode step, bf16 on a GPU), with
+    grpolab.rollout.generate with the lean decode step (decoder=lean, bf16 on a GPU), with
     decoder=hf (the model's forward, fp32 weights under bf16 autocast) and, on a GPU, on bf16 weights; transformers' generate with a static KV cache on bf16 weights, eager (disable_compile) and,
     when `compile`, compiled as generate does it itself on a static cache: torch.compile of the
     forward, mode="reduce-overhead" (CUDA graphs). A path that fails is recorded with its reason and

@@ -171,4 +171,16 @@ def test_decoder_key_is_validated():
     with pytest.raises(ConfigError, match="decoder"):
         build_config({"decoder": "fast"})
     assert build_config({"decoder": "hf"}).decoder == "hf"
+    assert build_config({}).decoder == "auto"
+
+
+def test_auto_uses_the_lean_step_where_it_was_measured_faster():
+    from grpolab.rollout import use_lean
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert use_lean("auto", torch.bfloat16, cpu)
+    assert not use_lean("auto", None, cpu)  # fp32: the HF forward was faster here
+    assert not use_lean("auto", torch.bfloat16, cuda)  # not measured on a GPU yet
+    assert use_lean("lean", None, cpu) and use_lean("lean", torch.bfloat16, cuda)
+    assert not use_lean("hf", torch.bfloat16, cpu)
 

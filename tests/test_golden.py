@@ -3,13 +3,12 @@
 tests/golden/presets.json was first recorded by this file (GRPOLAB_WRITE_GOLDEN=1) on 2026-12-01, on
 the 2-core development machine, *before* the training step was rewritten as a pipeline of stages
 (issue "One readable training step"); the rewrite left every recorded number as it was. It was
-re-recorded, deliberately, later the same day, for three speed changes that each compute the same
-numbers in another float order: the rollout's lean decode step (see below), AdamW as torch's fused
-implementation (grpolab.optim: 0.07 s instead of 0.49 s per step of the 135M model, about 2e-7 apart
-after 3 steps) and the CPU attention of grpolab.attention instead of sdpa. They move the numbers
-after step 1 by float rounding. That recording also holds the metrics added
-since (aha/, alert/). The test compares each recorded metric of each step, and the sum and sum of
-squares of the final policy weights.
+re-recorded, deliberately, later the same day, for two speed changes that each compute the same
+numbers in another float order: AdamW as torch's fused implementation (grpolab.optim: 0.07 s instead
+of 0.49 s per step of the 135M model, about 2e-7 apart after 3 steps) and the CPU attention of
+grpolab.attention instead of sdpa. They move the numbers after step 1 by float rounding. That
+recording also holds the metrics added since (aha/, alert/). The test compares each recorded metric
+of each step, and the sum and sum of squares of the final policy weights.
 
 Floats are compared with a relative tolerance of 1e-6 (and an absolute one of 1e-9 near zero).
 
@@ -22,10 +21,9 @@ downstream of the KL moves by that much. For these two runs the test therefore c
   recording exactly as for the other presets: the rewrite changed nothing else;
 - as shipped, the sampled tokens and rewards match exactly and the KL, losses and weights agree
   within float-rounding tolerances (stated in test_kl_in_reward_reads_the_rollout_logp).
-The re-recording samples with the lean decode step (grpolab.decoder, the default), as the runs
-do now; before, the model's own forward sampled. The two compute the same logits in another float
-order (one product for q, k and v), which on this tiny near-uniform model flips a sampled token within
-three steps; the lean step's agreement with the HF forward is tested on its own (tests/test_decoder.py).
+The tiny model's rollouts are fp32 (precision=auto gives models under 10M parameters fp32), and
+decoder=auto samples fp32 rollouts with the model's own forward, as when first recorded; the lean
+decode step's agreement with that forward is tested on its own (tests/test_decoder.py).
 Numbers are only comparable on the machine (CPU kind, PyTorch build) that recorded them: on another
 machine the fixed seed still gives one run, but not necessarily bit for bit this one.
 """

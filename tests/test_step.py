@@ -33,7 +33,7 @@ def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_toke
     monkeypatch.setattr(step_mod, "generate", lambda *a, **k: seen.append(k["generator"]))
     run = SimpleNamespace(tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), policy=None,
                           device=torch.device("cuda"), amp_dtype=None, rollout_dtype=None, eos_ids={0},
-                          cfg=SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, decoder="lean"))
+                          cfg=SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, decoder="auto"))
     gen = torch.Generator()
     examples = [SimpleNamespace(prompt="1+1?")]
     step_mod.rollout_examples(run, examples, G=2, generator=gen)

@@ -75,8 +75,8 @@ class Config:
     """auto (CUDA when present, else CPU), cpu, or cuda."""
     precision: str = "auto"
     """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
-    decoder: str = "lean"
-    """lean (the rollout runs grpolab.decoder's lean decode step on Llama, Qwen2 and Mistral models, with the weights in the rollout's precision; any other model uses its own forward) or hf (always the model's own forward)."""
+    decoder: str = "auto"
+    """How rollouts run the model: auto (grpolab.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
     threads: int = 0
     """CPU threads for PyTorch; 0 = all cores."""
     fsdp: bool = False
@@ -257,7 +257,7 @@ def validate(cfg: Config) -> None:
          f"would be punished; lower it (DAPO used 20% of the limit)"),
         (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
         (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
-        (cfg.decoder in ("lean", "hf"), "decoder", "must be lean or hf"),
+        (cfg.decoder in ("auto", "lean", "hf"), "decoder", "must be auto, lean or hf"),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),

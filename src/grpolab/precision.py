@@ -63,18 +63,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6, lean: bool = True) -> float:
+def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6, decoder: str = "auto") -> float:
     """Seconds for `steps` cached decode steps of `rows` sequences in `dtype` (None: fp32), as
-    grpolab.rollout.generate runs them: its lean step where it supports the model (`lean`), else the
-    model's forward under one autocast context. The lean step's weight layout is included."""
-    from grpolab.rollout import HFStepper, stepper_for
+    grpolab.rollout.generate runs them for the `decoder` setting: the lean step where it applies
+    (rollout.use_lean), else the model's forward under one autocast context. The lean step's weight
+    layout is included."""
+    from grpolab.rollout import HFStepper, stepper_for, use_lean
 
     device = next(model.parameters()).device
     ids = _probe_ids(model, rows, prompt, device)
     pos = torch.arange(prompt, device=device).expand(rows, prompt)
     _sync(device)
     t0 = time.perf_counter()
-    stepper = stepper_for(model, dtype or torch.float32, steps, lean)
+    stepper = stepper_for(model, dtype or torch.float32, steps, use_lean(decoder, dtype, device))
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and isinstance(stepper, HFStepper))
     with torch.no_grad(), amp:
         tok = stepper.prefill(ids, torch.ones_like(ids), pos).argmax(-1)
@@ -115,13 +116,13 @@ def time_both(fn, reps: int = 2) -> dict[str, float]:
     return best
 
 
-def measure(model, *, training: bool = True, lean: bool = True) -> Precision:
+def measure(model, *, training: bool = True, decoder: str = "auto") -> Precision:
     """Time both precisions on `model` for the rollout (and the update when training) and choose."""
     was_training = model.training
     with torch.random.fork_rng(devices=[]):  # dropout (a LoRA adapter's) must not move the run's stream
         try:
             model.eval()
-            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, lean=lean))}
+            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, decoder=decoder))}
             model.train(was_training)
             if training:
                 seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
@@ -136,7 +137,7 @@ def measure(model, *, training: bool = True, lean: bool = True) -> Precision:
 
 
 def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
-           lean: bool = True, recorded: Path | None = None) -> Precision:
+           decoder: str = "auto", recorded: Path | None = None) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto."""
     if setting == "fp32":
@@ -155,4 +156,4 @@ def choose(setting: str, model, device: torch.device, *, training: bool = True, 
     if n < SMALL_MODEL_PARAMS:
         return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
                                      f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
-    return measure(model, training=training, lean=lean)
+    return measure(model, training=training, decoder=decoder)

@@ -203,6 +203,14 @@ class HFStepper:
         return out.logits[:, -1]
 
 
+def use_lean(decoder: str, dtype: torch.dtype | None, device: torch.device) -> bool:
+    """Whether a rollout in `dtype` (None: fp32) on `device` runs the lean step, for the `decoder` setting:
+    lean always; auto where it was measured faster than the HF forward, bf16 on a CPU (2-core CPU,
+    2026-12-01, benchmarks/decode_step.py: 58.5 vs 88.5 ms per token in bf16, but 146 vs 128 in fp32;
+    not yet measured on a GPU); hf never."""
+    return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device.type == "cpu")
+
+
 def stepper_for(model, dtype: torch.dtype, max_new_tokens: int, lean: bool):
     """The lean step (grpolab.decoder) where the model is one it supports and `lean`, else HFStepper."""
     from grpolab import decoder

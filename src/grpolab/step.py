@@ -30,7 +30,7 @@ from grpolab.losses import policy_loss
 from grpolab.metrics import weighted_mean
 from grpolab.microbatch import logp_without_grad, micro_batches, sampled_token_logp, slice_groups
 from grpolab.rewards import score_completions
-from grpolab.rollout import Rollout, chat_prompts, concat_rollouts, generate
+from grpolab.rollout import Rollout, chat_prompts, concat_rollouts, generate, use_lean
 from grpolab.run import Run, step_rng
 from grpolab.shaping import informative_groups, shape_rewards
 from grpolab.sharding import gathered, idle_pass, is_sharded, passes, policy_logp
@@ -85,7 +85,7 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
         return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
                         temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
                         autocast_dtype=run.rollout_dtype, generator=generator, eos_ids=run.eos_ids,
-                        lean=run.cfg.decoder == "lean")
+                        lean=use_lean(run.cfg.decoder, run.rollout_dtype, run.device))
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):

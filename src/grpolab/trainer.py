@@ -110,7 +110,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
-                            lean=cfg.decoder == "lean",
+                            decoder=cfg.decoder,
                             recorded=out / precision.FILE if resume else None)
     log(prec.describe())
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
