@@ -4,8 +4,8 @@ tests/golden/presets.json was first recorded by this file (GRPOLAB_WRITE_GOLDEN=
 the 2-core development machine, *before* the training step was rewritten as a pipeline of stages
 (issue "One readable training step"); the rewrite left every recorded number as it was. It was
 re-recorded, deliberately, later the same day, for two speed changes that each compute the same
-numbers in another float order: AdamW as torch's fused implementation (grpolab.optim: 0.07 s instead
-of 0.49 s per step of the 135M model, about 2e-7 apart after 3 steps) and the CPU attention of
+numbers in another float order: AdamW as torch's fused implementation (grpolab.optim, faster per
+step; about 2e-7 apart after 3 steps) and the CPU attention of
 grpolab.attention instead of sdpa. They move the numbers after step 1 by float rounding. That
 recording also holds the metrics added since (aha/, alert/). The test compares each recorded metric
 of each step, and the sum and sum of squares of the final policy weights.

@@ -7,9 +7,9 @@ K and V are never repeated; the scores and the softmax are fp32, masked position
 fp32 number instead of -inf (a query that may look nowhere, a left-padding position, then gets a
 finite uniform row instead of NaN, and its gradient stays 0). On the 2-core development CPU the
 update's forward+backward of 16 sequences (2 prompts of 46 tokens, 64 completion tokens, bf16
-autocast) took 4.29 s with it against 4.82 s with PyTorch's scaled_dot_product_attention, whose CPU
+autocast) took 4.10 s with it against 4.76 s with PyTorch's scaled_dot_product_attention, whose CPU
 flash kernel is slow for these short masked sequences (median of 6 alternations, 2026-12-01,
-docs/performance.md). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
+benchmarks/attention_ab.py, docs/performance.md). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
 GPU, sdpa's fused kernels stay. tests/test_attention.py checks it against sdpa and eager attention.
 """
 

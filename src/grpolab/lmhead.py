@@ -34,8 +34,8 @@ class _Buffers:
     """The chunk-sized scratch tensors of one pass, allocated once and reused by every chunk.
 
     On the CPU a fresh tensor of this size (64 MB) costs more than the arithmetic on it: its pages are
-    faulted in anew (measured on the 2-core CPU, one 341 x 49,152 chunk: 35 ms for exp into a new
-    tensor, 3 ms for an in-place op on one already touched). So each pass writes its logits, their
+    faulted in anew (measured on the 2-core CPU, one 341 x 49,152 chunk: 30 ms for exp into a new
+    tensor, 2.5 ms for an in-place op on one already touched; benchmarks/cpu_kernels.py). So each pass writes its logits, their
     fp32 copy and the exponentials into these instead of into new tensors."""
 
     def __init__(self, chunk: int, V: int, dtype: torch.dtype, device, second: bool):

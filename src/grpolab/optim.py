@@ -3,8 +3,8 @@
 theta <- theta - lr * (m_hat / (sqrt(v_hat) + eps) + wd * theta), with m, v the bias-corrected first and
 second moments (torch.optim.AdamW). grpolab asks for torch's fused implementation, one kernel over all
 parameters per step, wherever it applies (parameters on a CPU or a CUDA device, not FSDP-sharded): on
-the 2-core development CPU a step of the 135M model took 0.07 s fused against 0.49 s with torch's
-default (foreach) implementation (2026-12-01, docs/performance.md). The two compute the same update in
+the 2-core development CPU a step of the 135M model took 0.078 s fused against 0.276 s with torch's
+default (foreach) implementation (2026-12-01, benchmarks/cpu_kernels.py, docs/performance.md). The two compute the same update in
 another float order (about 2e-7 apart after 3 steps).
 """
 
