@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from grpolab.attention import grouped_query_attention
+
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 
 
@@ -194,23 +196,12 @@ class KVCache:
         self.k, self.v = [pick(t) for t in self.k], [pick(t) for t in self.v]
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, n_kv: int) -> Tensor:
-    """softmax(q k^T / sqrt(d) + bias) v with grouped-query heads, in fp32.
-
-    q (N, nh, L, d); k, v (N, nkv, S, d); bias (N, 1, L, S) additive (0 or -inf). Returns (N, L, nh d)."""
-    N, nh, L, d = q.shape
-    rep = nh // n_kv
-    qg = q.reshape(N, n_kv, rep * L, d)  # heads of one kv group side by side: (N, nkv, rep L, d)
-    scores = (qg @ k.transpose(-1, -2)).mul_(d ** -0.5).view(N, n_kv, rep, L, -1)
-    p = torch.softmax(scores + bias[:, :, None], dim=-1).view(N, n_kv, rep * L, -1)
-    return (p @ v).view(N, nh, L, d).transpose(1, 2).reshape(N, L, nh * d)
-
-
-def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_bias: Tensor) -> Tensor:
+def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tensor) -> Tensor:
     """Logits (N, V) at the last of the L new tokens `ids` (N, L) at positions `pos` (N, L).
 
-    The new keys/values go into cache slots [cache.length, cache.length + L); key_bias (N, 1, L, S')
-    with S' = cache.length + L masks padding and the future (0 where a query may look, -inf elsewhere)."""
+    The new keys/values go into cache slots [cache.length, cache.length + L); key_mask (N, 1, L, S')
+    with S' = cache.length + L, bool, is True where a query may look (not padding, not the future);
+    the attention is grpolab.attention's, the one the training passes use on a CPU."""
     N, L = ids.shape
     start = cache.length
     end = start + L
@@ -223,7 +214,8 @@ def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_bias: Tens
         qk = rope(qkv[..., :(nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
         cache.k[i][:, :, start:end] = qk[:, nh:]
         cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d:].view(N, L, nkv, d).transpose(1, 2)
-        a = attention(qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_bias, nkv).to(w.dtype)
+        a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
+        a = a.reshape(N, L, nh * d).to(w.dtype)
         x = x + linear(w, a, lw.o, lw.o_bias)
         g, u = linear(w, rms_norm(x, lw.ln2, w.eps).to(w.dtype), lw.gate_up).chunk(2, dim=-1)
         x = x + linear(w, F.silu(g) * u, lw.down)
@@ -245,7 +237,7 @@ class LeanStepper:
         self.valid[:, :P] = mask.bool()
         causal = torch.ones((P, P), dtype=torch.bool, device=ids.device).tril()
         allowed = (causal[None] & self.valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=ids.device)
-        return forward(self.w, self.cache, ids, pos, self._bias(allowed))  # a pad query sees itself: no NaN
+        return forward(self.w, self.cache, ids, pos, allowed[:, None])  # a pad query sees itself
 
     def repeat(self, G: int) -> None:
         self.cache.rows(repeat=G)
@@ -258,9 +250,4 @@ class LeanStepper:
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:
         t = self.cache.length
         self.valid[:, t] = True
-        return forward(self.w, self.cache, tok[:, None], pos[:, None], self._bias(self.valid[:, None, : t + 1]))
-
-    @staticmethod
-    def _bias(allowed: Tensor) -> Tensor:
-        """(N, L, S) allowed -> (N, 1, L, S) additive fp32 bias."""
-        return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, float("-inf"))[:, None]
+        return forward(self.w, self.cache, tok[:, None], pos[:, None], self.valid[:, None, None, : t + 1])
