@@ -9,6 +9,9 @@ a CPU"), each in this process:
   with entropies: forward and backward seconds (best of 3);
 - 16-row bf16 products with cold weights (200 distinct 1536 x 576 matrices): F.linear vs the oneDNN
   packed layout the lean decode step uses (GFLOP/s);
+- glibc's malloc as it is vs grpolab.allocator.keep_freed_memory (each in its own process, since the
+  setting lasts for the process): a 16 x 127 x 576 fp32 multiply into a new tensor, and a 49,152 x 576
+  fp32 -> bf16 cast into a new tensor (the LM head's weight; timed first), milliseconds (best of 5);
 - AdamW over the bundled model's 134.5M parameters: torch's default (foreach) vs fused, seconds per step.
 """
 
@@ -71,6 +74,32 @@ def packed_products() -> None:
     print(f"16-row bf16 products, cold weights: F.linear {flops / plain / 1e9:.0f} GFLOP/s{extra}")
 
 
+_MALLOC_PROBE = """
+import sys, time, torch
+from grpolab.allocator import keep_freed_memory
+if sys.argv[1] == "keep":
+    keep_freed_memory()
+def best(fn):
+    fn(); out = []
+    for _ in range(5):
+        t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
+    return min(out) * 1e3
+x, w, W = torch.randn(16, 127, 576), torch.randn(576), torch.randn(49152, 576)
+cast = best(lambda: W.to(torch.bfloat16))
+print(f"{best(lambda: x * w):.2f} {cast:.1f}")
+"""
+
+
+def malloc_kept() -> None:
+    import subprocess
+    import sys
+
+    for mode in ("system", "keep"):
+        out = subprocess.run([sys.executable, "-c", _MALLOC_PROBE, mode], capture_output=True, text=True, check=True)
+        mul, cast = out.stdout.split()
+        print(f"malloc {mode:6s}: multiply into a new 16x127x576 tensor {mul} ms; head weight cast to bf16 {cast} ms")
+
+
 def adamw() -> None:
     from grpolab.models import load_policy, model_dir
 
@@ -89,4 +118,5 @@ if __name__ == "__main__":
     fresh_vs_touched()
     lm_head()
     packed_products()
+    malloc_kept()
     adamw()

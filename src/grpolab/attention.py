@@ -33,14 +33,16 @@ def grouped_query_attention(module, query: Tensor, key: Tensor, value: Tensor, a
     nkv, S = key.shape[1], key.shape[2]
     rep = nh // nkv
     scale = scaling if scaling is not None else d ** -0.5
-    scores = (query.reshape(b, nkv, rep * L, d) @ key.transpose(-1, -2)).float().mul_(scale).view(b, nkv, rep, L, S)
+    raw = (query.reshape(b, nkv, rep * L, d) @ key.transpose(-1, -2)).view(b, nkv, rep, L, S)
     if attention_mask is None:
-        allowed = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(S - L)
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask[:, :, None], torch.finfo(scores.dtype).min)
+        attention_mask = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(S - L)[None, None]
+    if attention_mask.dtype == torch.bool:
+        # masked in the product's own dtype, in place (the product's backward needs only q and k), then
+        # fp32: the dtype's most negative number stays far below every score, so the softmax is the same
+        raw = raw.masked_fill_(~attention_mask[:, :, None], torch.finfo(raw.dtype).min)
+        scores = raw.float().mul_(scale)
     else:  # an additive float mask
-        scores = scores + attention_mask[:, :, None].float()
+        scores = raw.float().mul_(scale) + attention_mask[:, :, None].float()
     p = torch.softmax(scores, dim=-1).to(value.dtype).view(b, nkv, rep * L, S)
     if dropout > 0.0 and module.training:
         p = F.dropout(p, p=dropout)

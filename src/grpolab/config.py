@@ -75,6 +75,8 @@ class Config:
     """auto (CUDA when present, else CPU), cpu, or cuda."""
     precision: str = "auto"
     """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
+    cpu_malloc: str = "keep"
+    """On a CPU under glibc: keep (freed memory stays in the process and is reused, so a new tensor does not fault its pages in anew; grpolab.allocator) or system (malloc as it is)."""
     decoder: str = "auto"
     """How rollouts run the model: auto (grpolab.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
     threads: int = 0
@@ -258,6 +260,7 @@ def validate(cfg: Config) -> None:
         (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
         (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
         (cfg.decoder in ("auto", "lean", "hf"), "decoder", "must be auto, lean or hf"),
+        (cfg.cpu_malloc in ("keep", "system"), "cpu_malloc", "must be keep or system"),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),

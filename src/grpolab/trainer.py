@@ -22,6 +22,7 @@ import torch
 
 from grpolab import distributed, precision, sharding
 from grpolab.advantages import GroupBaseline
+from grpolab.allocator import keep_freed_memory
 from grpolab.config import Config, save_config
 from grpolab.diagnostics import CollapseWatcher
 from grpolab.fileio import atomic_write, read_jsonl
@@ -90,6 +91,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     device = pick_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if device.type == "cpu" and cfg.cpu_malloc == "keep":
+        keep_freed_memory()
     path = model_dir(cfg.model, log=log)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(path)
