@@ -36,9 +36,10 @@ def test_kept_memory_is_reused_without_page_faults():
     _, system = faults("system")
     assert applied
     # 64 MB is 16,384 pages of 4 KB: malloc as it is maps a new block each time and faults them in
-    # (or fewer with huge pages); with freed memory kept the second block is the first one again.
+    # (16,381 here; far fewer where transparent huge pages are always on, but never none); with freed
+    # memory kept the second block is the first one again (0 here).
     assert kept < 1000
-    assert system > 4 * kept + 1000
+    assert kept < system
 
 
 def test_cpu_malloc_key_is_validated():
