@@ -2,19 +2,29 @@
 
     .venv/bin/python benchmarks/step_phases.py --setting a [any grpolab bench flag]
     PYTHONPATH=/path/to/a/worktree/src .venv/bin/python benchmarks/step_phases.py --setting a   # another commit
+    .venv/bin/python benchmarks/step_phases.py --setting b --cpu-malloc system   # the config key cpu_malloc
+    .venv/bin/python benchmarks/step_phases.py --setting a --steps 10 --per-step  # resident memory per step
 
 The same Run as `grpolab bench` builds (grpolab.bench.ours.setup_run: every completion forced to the
-full length, the bench's reward), 4 steps; prints the medians of steps 2-4 of time/generate_s,
-time/update_s and time/step_s, and the process's peak RSS. For comparing commits side by side on
-one machine: alternate them (worktrees on PYTHONPATH), since one machine's speed drifts over minutes.
+full length, the bench's reward), --steps steps (default 4); prints the medians of steps 2 on of
+time/generate_s, time/update_s and time/step_s, and the process's peak RSS; with --per-step also each
+step's time and current RSS. For comparing commits side by side on one machine: alternate them
+(worktrees on PYTHONPATH), since one machine's speed drifts over minutes.
 """
 
 from __future__ import annotations
 
+import argparse
 import resource
 import statistics
 import sys
 import tempfile
+
+
+def resident_mb() -> float:
+    """The process's resident memory now (VmRSS), MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def main(argv: list[str]) -> int:
@@ -22,8 +32,18 @@ def main(argv: list[str]) -> int:
     from grpolab.bench.ours import setup_run
     from grpolab.bench.spec import parse_spec
 
-    run = setup_run(parse_spec(argv), tempfile.mkdtemp(prefix="grpolab-phases-") + "/run")
-    ts = [S.train_step(run, step)[0] for step in range(1, 5)]
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--cpu-malloc", choices=("keep", "system"))  # unset: the default (and older commits work)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--per-step", action="store_true")
+    own, rest = ap.parse_known_args(argv)
+    overrides = {"cpu_malloc": own.cpu_malloc} if own.cpu_malloc else {}
+    run = setup_run(parse_spec(rest), tempfile.mkdtemp(prefix="grpolab-phases-") + "/run", **overrides)
+    ts = []
+    for step in range(1, own.steps + 1):
+        ts.append(S.train_step(run, step)[0])
+        if own.per_step:
+            print(f"step {step}: {ts[-1]['time/step_s']:.2f} s, RSS {resident_mb():.0f} MB")
 
     def med(key: str) -> float:
         return statistics.median(m[key] for m in ts[1:])

@@ -12,8 +12,9 @@ multiply into a new tensor after it: 1.33 against 0.18 ms; benchmarks/cpu_kernel
     mallopt(M_TRIM_THRESHOLD, 2^31-1)  never give the heap's top back to the kernel
     mallopt(M_TOP_PAD, 64 MB)          grow the heap in large steps
 
-The process's resident memory then stays at its high-water mark instead of falling between phases;
-the peak itself moved by under 2% in the bench settings (docs/performance.md). Only glibc on Linux
+The process's resident memory then stays at its high-water mark instead of falling between phases,
+and the peak can be higher: in setting (b) of `grpolab bench` it was the same in one alternation and
+0.7 GB higher in another (benchmarks/step_phases.py --cpu-malloc, docs/performance.md). Only glibc on Linux
 has mallopt; elsewhere this does nothing. The config key `cpu_malloc=system` leaves malloc as it is.
 """
 

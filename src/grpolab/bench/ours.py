@@ -38,11 +38,14 @@ class _PhaseClock:
         self.mod.reference = self.orig
 
 
-def setup_run(spec: Spec, out: str):
-    """The grpolab Run of the setting, with EOS disabled (every completion runs to new_tokens)."""
+def setup_run(spec: Spec, out: str, **overrides):
+    """The grpolab Run of the setting, with EOS disabled (every completion runs to new_tokens);
+    `overrides`: Config fields to change (benchmarks/step_phases.py's --cpu-malloc)."""
+    import dataclasses
+
     from grpolab.trainer import setup
 
-    cfg = grpolab_config(spec, out)
+    cfg = dataclasses.replace(grpolab_config(spec, out), **overrides)
     run = setup(cfg, log=lambda *_: None)
     run.eos_ids = set()
     return run
