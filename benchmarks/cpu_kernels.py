@@ -6,7 +6,8 @@ a CPU"), each in this process:
 
 - fresh vs touched memory: exp of a 341 x 49,152 fp32 tensor into a new tensor, and in place;
 - the chunked LM head (grpolab.lmhead) of 1024 positions, vocabulary 49,152, hidden 576, bf16 autocast,
-  with entropies: forward and backward seconds (best of 3);
+  with entropies, its logits kept for the backward vs recomputed there: forward and backward seconds
+  (medians of 5 alternations; run last, with freed memory kept as in training);
 - 16-row bf16 products with cold weights (200 distinct 1536 x 576 matrices): F.linear vs the oneDNN
   packed layout the lean decode step uses (GFLOP/s);
 - glibc's malloc as it is vs grpolab.allocator.keep_freed_memory (each in its own process, since the
@@ -17,6 +18,7 @@ a CPU"), each in this process:
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -41,23 +43,30 @@ def fresh_vs_touched() -> None:
 
 
 def lm_head() -> None:
-    from grpolab.lmhead import chunked_token_logp
+    """Kept logits (the default under lmhead.SAVED_LOGITS_BYTES) vs recomputed (keep_bytes=0), alternating,
+    with freed memory kept in the process as the training step runs it (so this section comes last)."""
+    from grpolab.allocator import keep_freed_memory
+    from grpolab.lmhead import SAVED_LOGITS_BYTES, chunked_token_logp
 
+    keep_freed_memory()
     g = torch.Generator().manual_seed(0)
     h = (torch.randn(1, 1024, 576, generator=g) * 0.5).requires_grad_()
     w = (torch.randn(49152, 576, generator=g) * 0.05).requires_grad_()
     t = torch.randint(0, 49152, (1, 1024), generator=g)
-    fwd, bwd = [], []
-    for _ in range(4):
-        t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            lp, _ = chunked_token_logp(h, w, t, with_entropy=True)
-        t1 = time.perf_counter()
-        lp.sum().backward()
-        fwd.append(t1 - t0)
-        bwd.append(time.perf_counter() - t1)
-        h.grad = w.grad = None
-    print(f"chunked LM head, 1024 positions: forward {min(fwd[1:]):.3f} s, backward {min(bwd[1:]):.3f} s")
+    times = {"kept": ([], []), "recomputed": ([], [])}
+    for _ in range(6):
+        for name, keep in (("kept", SAVED_LOGITS_BYTES), ("recomputed", 0)):
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                lp, _ = chunked_token_logp(h, w, t, with_entropy=True, keep_bytes=keep)
+            t1 = time.perf_counter()
+            lp.sum().backward()
+            times[name][0].append(t1 - t0)
+            times[name][1].append(time.perf_counter() - t1)
+            h.grad = w.grad = None
+    for name, (fwd, bwd) in times.items():
+        print(f"chunked LM head, 1024 positions, logits {name:10s}: forward {statistics.median(fwd[1:]):.3f} s, "
+              f"backward {statistics.median(bwd[1:]):.3f} s (medians of 5)")
 
 
 def packed_products() -> None:
@@ -116,7 +125,7 @@ def adamw() -> None:
 if __name__ == "__main__":
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     fresh_vs_touched()
-    lm_head()
     packed_products()
     malloc_kept()
     adamw()
+    lm_head()

@@ -85,7 +85,7 @@ def test_no_full_logits_are_kept_for_the_backward():
     h, w, y, _ = case(2, b=4, C=16, V=400)
     M, V = 4 * 16, 400
     for fn, expect_full in ((lambda: plain(h, w, y, 1.0), True),
-                            (lambda: chunked_token_logp(h, w, y, chunk=8), False)):
+                            (lambda: chunked_token_logp(h, w, y, chunk=8, keep_bytes=0), False)):
         sizes = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
             fn()[0].sum()
@@ -121,3 +121,45 @@ def test_a_head_with_a_bias_takes_the_plain_path(tiny_model):
     head = torch.nn.Linear(4, 9, bias=True)
     tiny_model.set_output_embeddings(head)
     assert plain_head_weight(tiny_model) is None
+
+
+def test_kept_logits_give_the_recomputed_numbers_in_fp32():
+    # Under the budget the forward keeps the (M, V) logits and the backward reads them instead of
+    # recomputing: the same products on the same inputs, so bit for bit the same values and gradients.
+    h, w, y, up = case(4, b=3, C=9, V=70)
+    for T in (1.0, 0.7):
+        kept = grads(lambda: chunked_token_logp(h, w, y, temperature=T, with_entropy=True, chunk=4), h, w, up)
+        again = grads(lambda: chunked_token_logp(h, w, y, temperature=T, with_entropy=True, chunk=4, keep_bytes=0),
+                      h, w, up)
+        for a, b in zip(kept, again):
+            assert torch.equal(a, b)
+
+
+def test_kept_logits_in_bf16_give_the_plain_heads_numbers():
+    # bf16 with kept logits: the backward's products run once over every position, as a plain head's
+    # backward does, so log-probs, input gradients and (within one bf16 rounding) weight gradients agree.
+    h, w, y, up = case(5, V=300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = grads(lambda: chunked_token_logp(h, w, y, with_entropy=True, chunk=5), h, w, up)
+        ref = grads(lambda: plain(h, w, y, 1.0), h, w, up)
+    assert torch.equal(ours[0], ref[0])
+    assert torch.equal(ours[2], ref[2])
+    assert (ours[3] - ref[3]).abs().max() <= 2 ** -7 * ref[3].abs().max()
+
+
+def test_logits_are_kept_only_under_the_budget_and_only_for_a_backward():
+    from grpolab.lmhead import keeps_logits
+
+    assert keeps_logits(16 * 128, 49152, torch.bfloat16)  # 201 MB: setting (b) of the bench keeps them
+    assert not keeps_logits(16 * 8 * 256, 151936, torch.bfloat16)  # 10 GB: recomputed
+    assert keeps_logits(10, 5, torch.float32, budget=200) and not keeps_logits(10, 5, torch.float32, budget=199)
+    h, w, y, _ = case(6, b=3, C=8, V=100)
+    M, V = 24, 100  # (h is 24 x 16, w 100 x 16)
+    for kwargs, expect_kept in (({}, True), ({"keep_bytes": M * V * 4 - 1}, False)):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            chunked_token_logp(h, w, y, chunk=4, **kwargs)[0].sum()
+        assert (M * V in sizes) is expect_kept, sizes
+    with torch.no_grad():  # no backward: nothing kept, nothing allocated for it
+        logp, _ = chunked_token_logp(h, w, y, chunk=4)
+    assert torch.allclose(logp, chunked_token_logp(h, w, y, chunk=4, keep_bytes=0)[0])

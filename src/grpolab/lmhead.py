@@ -7,6 +7,12 @@ completions of 128 tokens and SmolLM2's 49,152-token vocabulary that is about 40
 states and one log-sum-exp per position, and recomputes each chunk's logits in the backward (the cure
 Liger's and Unsloth's fused losses use). The numbers are those of the plain pass (same matmul dtype,
 logits rounded to it, fp32 log-softmax); tests/test_lmhead.py checks values and gradients.
+
+Where all positions' logits in the matmul dtype take at most `SAVED_LOGITS_BYTES` (256 MB: 16 x 128
+positions of SmolLM2 in bf16 take 201 MB), they are kept from the forward instead of recomputed, and in
+bf16 the backward's two products then run once over all positions: the same numbers without the
+recomputing product, a quarter of the head's arithmetic (benchmarks/step_phases.py, docs/performance.md).
+Larger batches (a GPU's) recompute, so the head's memory stays bounded.
 """
 
 from __future__ import annotations
@@ -15,11 +21,18 @@ import torch
 from torch import Tensor
 
 LOGIT_BUDGET = 1 << 24  # fp32 logits held at once: 16M entries (64 MB)
+SAVED_LOGITS_BYTES = 1 << 28  # logits of every position kept for the backward up to this size (256 MB)
 
 
 def rows_per_chunk(vocab: int, budget: int = LOGIT_BUDGET) -> int:
     """Positions per chunk so that one chunk's fp32 logits hold at most `budget` entries."""
     return max(1, budget // max(1, vocab))
+
+
+def keeps_logits(positions: int, vocab: int, dtype: torch.dtype, budget: int = SAVED_LOGITS_BYTES) -> bool:
+    """Whether the (positions, vocab) logits in `dtype` fit the budget, so the backward reads them
+    instead of recomputing them."""
+    return positions * vocab * torch.finfo(dtype).bits // 8 <= budget
 
 
 def _compute_dtype(h: Tensor) -> torch.dtype:
@@ -43,13 +56,21 @@ class _Buffers:
         self.z = self.zf if dtype == torch.float32 else torch.empty((chunk, V), dtype=dtype, device=device)
         self.ef = torch.empty((chunk, V), dtype=torch.float32, device=device) if second else None
 
-    def logits(self, hc: Tensor, wc: Tensor, temperature: float) -> Tensor:
-        """z = (h W^T) / T in fp32 (m, V), the matmul in hc's and wc's dtype, in the buffers."""
+    def logits(self, hc: Tensor, wc: Tensor, temperature: float, keep: Tensor | None = None) -> Tensor:
+        """z = (h W^T) / T in fp32 (m, V), the matmul in hc's and wc's dtype, in the buffers; with `keep`
+        (m, V) the product goes there (and stays there for the backward)."""
         m = hc.shape[0]
-        torch.mm(hc, wc.T, out=self.z[:m])
-        zf = self.zf[:m]
-        if self.z is not self.zf:
-            zf.copy_(self.z[:m])
+        if keep is None:
+            torch.mm(hc, wc.T, out=self.z[:m])
+            return self.as_fp32(self.z[:m], temperature, self.z is self.zf)
+        torch.mm(hc, wc.T, out=keep)
+        return self.as_fp32(keep, temperature)
+
+    def as_fp32(self, z: Tensor, temperature: float, in_place: bool = False) -> Tensor:
+        """z / T in the fp32 buffer (z itself when it already is that buffer)."""
+        zf = self.zf[:z.shape[0]]
+        if not in_place:
+            zf.copy_(z)
         return zf.div_(temperature) if temperature != 1.0 else zf
 
 
@@ -67,7 +88,7 @@ class _ChunkedTokenLogp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, w, targets, temperature, chunk, dtype, with_entropy):
+    def forward(ctx, h, w, targets, temperature, chunk, dtype, with_entropy, keep_bytes):
         dev = h.device.type
         with torch.autocast(dev, enabled=False):
             hc, wc = h.to(dtype), w.to(dtype)
@@ -76,8 +97,10 @@ class _ChunkedTokenLogp(torch.autograd.Function):
             logp = torch.empty(M, dtype=torch.float32, device=h.device)
             lse = torch.empty(M, dtype=torch.float32, device=h.device)
             ent = torch.empty(M, dtype=torch.float32, device=h.device) if with_entropy else None
+            kept = (torch.empty((M, w.shape[0]), dtype=dtype, device=h.device)
+                    if keeps_logits(M, w.shape[0], dtype, keep_bytes) else None)  # (M, V) or None
             for s in range(0, M, chunk):
-                z = buf.logits(hc[s:s + chunk], wc, temperature)  # (m, V)
+                z = buf.logits(hc[s:s + chunk], wc, temperature, None if kept is None else kept[s:s + chunk])
                 target_z = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
                 mx = z.amax(-1)
                 mx = mx.masked_fill(torch.isinf(mx), 0.0)  # an all -inf row stays -inf, as in torch.logsumexp
@@ -91,7 +114,7 @@ class _ChunkedTokenLogp(torch.autograd.Function):
                     ent[s:s + chunk] = sum_e.log() - _row_dot(e, z) / sum_e
                 lse[s:s + chunk] = lse_c
                 logp[s:s + chunk] = target_z - lse_c
-        ctx.save_for_backward(h, w, targets, lse)
+        ctx.save_for_backward(h, w, targets, lse, kept)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         if ent is None:
             ent = torch.zeros(0, device=h.device)
@@ -100,23 +123,33 @@ class _ChunkedTokenLogp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_ent):
-        h, w, targets, lse = ctx.saved_tensors
+        h, w, targets, lse, kept = ctx.saved_tensors
         T, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
         dev = h.device.type
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # low precision with kept logits: dz overwrites them, and the two products run once over all
+        # positions (one rounding of grad W, as a plain head's backward); fp32 keeps the chunked products
+        at_once = kept is not None and dtype != torch.float32
         with torch.autocast(dev, enabled=False):
             hc, wc = h.to(dtype), w.to(dtype)
             buf = _Buffers(min(chunk, h.shape[0]), w.shape[0], dtype, h.device, second=False)
-            grad_h = torch.empty_like(h) if need_h else None
-            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
-            gw = torch.empty(w.shape, dtype=dtype, device=w.device) if need_w and dtype != torch.float32 else None
+            grad_h = torch.empty_like(h) if need_h and not at_once else None
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w and not at_once else None
+            gw = (torch.empty(w.shape, dtype=dtype, device=w.device)
+                  if need_w and dtype != torch.float32 and not at_once else None)
             rows = torch.arange(min(chunk, h.shape[0]), device=h.device)
             for s in range(0, h.shape[0], chunk):
-                z = buf.logits(hc[s:s + chunk], wc, T)  # (m, V)
+                if kept is None:
+                    z = buf.logits(hc[s:s + chunk], wc, T)  # (m, V)
+                else:
+                    z = buf.as_fp32(kept[s:s + chunk], T)
                 m = z.shape[0]
                 g = grad_logp[s:s + chunk].float() / T  # (m,)
                 dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])  # -g p / T
                 dz[rows[:m], targets[s:s + chunk]] += g  # + g onehot(y) / T
+                if at_once:
+                    kept[s:s + chunk].copy_(dz)
+                    continue
                 if buf.z is not buf.zf:
                     dz = buf.z[:m].copy_(dz)  # in the matmul dtype
                 if need_h:
@@ -125,18 +158,26 @@ class _ChunkedTokenLogp(torch.autograd.Function):
                     grad_w.addmm_(dz.T, hc[s:s + chunk])
                 elif need_w:
                     grad_w += torch.mm(dz.T, hc[s:s + chunk], out=gw)
-        return grad_h, grad_w.to(w.dtype) if need_w else None, None, None, None, None, None
+            if at_once:  # kept now holds dz (M, V) in the matmul dtype
+                grad_h = (kept @ wc).to(h.dtype) if need_h else None
+                grad_w = torch.mm(kept.T, hc).float() if need_w else None
+        return grad_h, grad_w.to(w.dtype) if need_w else None, None, None, None, None, None, None
 
 
 def chunked_token_logp(h: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0,
-                       with_entropy: bool = False, chunk: int | None = None) -> tuple[Tensor, Tensor | None]:
+                       with_entropy: bool = False, chunk: int | None = None,
+                       keep_bytes: int = SAVED_LOGITS_BYTES) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | s_t) (b, C) of targets (b, C) from hidden states h (b, C, H) and the head's weight
     (V, H) (no bias), and the entropy H_t (b, C) when asked (no gradient), without holding more than one
-    chunk of logits. The matmul runs in the surrounding autocast dtype, like a plain `lm_head(h)`."""
+    chunk of fp32 logits. The matmul runs in the surrounding autocast dtype, like a plain `lm_head(h)`.
+    The (b C, V) logits in that dtype are kept for the backward when they take at most keep_bytes
+    (0: always recompute)."""
     b, C, H = h.shape
     chunk = chunk or rows_per_chunk(weight.shape[0])
+    if not (torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)):
+        keep_bytes = 0  # no backward will read them
     logp, ent = _ChunkedTokenLogp.apply(h.reshape(b * C, H), weight, targets.reshape(b * C), float(temperature),
-                                        int(chunk), _compute_dtype(h), bool(with_entropy))
+                                        int(chunk), _compute_dtype(h), bool(with_entropy), int(keep_bytes))
     return logp.view(b, C), (ent.view(b, C) if with_entropy else None)
 
 
