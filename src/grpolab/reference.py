@@ -6,7 +6,10 @@
 Two kinds, chosen by `reference_for(policy)`:
 
   * FrozenCopy: a deep copy of the policy at the start of training, frozen (full fine-tuning). It
-    costs a second copy of the weights.
+    costs a second copy of the weights. When its passes run under autocast, its linear layers keep
+    their weights in the autocast dtype (`store_linear_in`): autocast would cast them to it at every
+    pass anyway, so the log-probs are the same bit for bit, the copy takes half the memory for them,
+    and no pass re-casts them.
   * AdapterOff: under LoRA the base weights never change, so pi_ref is the policy itself with its
     adapter disabled (peft's `disable_adapter()`): the same network, no second copy. The log-probs
     are those of the base model, bit for bit.
@@ -15,6 +18,8 @@ Two kinds, chosen by `reference_for(policy)`:
 from __future__ import annotations
 
 import contextlib
+
+import torch
 
 from grpolab.lora import is_peft
 from grpolab.models import frozen_copy
@@ -29,6 +34,22 @@ class FrozenCopy:
     @contextlib.contextmanager
     def model(self):
         yield self.frozen
+
+    def store_linear_in(self, dtype: torch.dtype) -> int:
+        """Convert the copy's nn.Linear layers to `dtype`, except those sharing a parameter with another
+        module (a head tied to the embeddings, whose lookup must stay in the model's dtype). Returns the
+        number of parameters converted. Only for a copy whose passes run under autocast to `dtype`."""
+        users: dict[int, int] = {}
+        for module in self.frozen.modules():
+            for p in module.parameters(recurse=False):
+                users[id(p)] = users.get(id(p), 0) + 1
+        converted = 0
+        for module in self.frozen.modules():
+            own = list(module.parameters(recurse=False))
+            if type(module) is torch.nn.Linear and all(users[id(p)] == 1 for p in own):
+                module.to(dtype)
+                converted += sum(p.numel() for p in own)
+        return converted
 
 
 class AdapterOff:

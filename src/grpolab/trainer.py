@@ -31,7 +31,7 @@ from grpolab.metrics import JsonlWriter, MetricsLogger
 from grpolab.lora import attach, trainable_parameters
 from grpolab.models import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.optim import adamw
-from grpolab.reference import reference_for
+from grpolab.reference import FrozenCopy, reference_for
 from grpolab.rewards import build_rewards
 from grpolab.rollout import eos_token_ids
 from grpolab.run import Run
@@ -116,6 +116,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                             decoder=cfg.decoder,
                             recorded=out / precision.FILE if resume else None)
     log(prec.describe())
+    if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.autocast()
+        ref.store_linear_in(prec.update)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
         optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),

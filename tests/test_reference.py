@@ -1,0 +1,49 @@
+"""The reference policy (grpolab.reference): a frozen copy whose linear layers are stored in the autocast
+dtype gives the same log-probs, bit for bit, as the fp32 copy under autocast, in less memory."""
+
+from __future__ import annotations
+
+import torch
+
+from grpolab.config import build_config
+from grpolab.logprobs import grouped_completion_logp
+from grpolab.reference import FrozenCopy
+
+
+def _logp(model):
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    p_ids, c_ids = torch.randint(0, V, (2, 6), generator=g), torch.randint(0, V, (8, 5), generator=g)
+    p_mask, c_mask = torch.ones_like(p_ids), torch.ones(8, 5)
+    p_mask[1, :2] = 0
+    c_mask[3, 3:] = 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return grouped_completion_logp(model, p_ids, p_mask, c_ids, c_mask, 4, temperature=0.8)[0]
+
+
+def test_linear_layers_in_bf16_give_the_same_log_probs_under_autocast(tiny_model):
+    ref = FrozenCopy(tiny_model)
+    before = _logp(ref.frozen)
+    fp32_bytes = sum(p.numel() * p.element_size() for p in ref.frozen.parameters())
+    converted = ref.store_linear_in(torch.bfloat16)
+    assert torch.equal(_logp(ref.frozen), before)
+    m = ref.frozen
+    linears = [mod for name, mod in m.named_modules() if type(mod) is torch.nn.Linear and name != "lm_head"]
+    assert linears and all(mod.weight.dtype == torch.bfloat16 for mod in linears)
+    assert converted == sum(mod.weight.numel() for mod in linears)
+    # the head is tied to the embeddings: both stay fp32 (the lookup feeds the fp32 residual stream)
+    assert m.lm_head.weight is m.model.embed_tokens.weight and m.lm_head.weight.dtype == torch.float32
+    assert sum(p.numel() * p.element_size() for p in m.parameters()) == fp32_bytes - 2 * converted
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())  # the policy is untouched
+
+
+def test_setup_stores_the_reference_in_the_update_dtype(tiny_model_dir, tmp_path):
+    from grpolab.trainer import setup
+
+    args = [f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "algo=grpo", "algo.beta=0.04", "eval_size=0",
+            "progress=false", "tensorboard=false"]
+    run = setup(build_config(None, [*args, "precision=bf16"]), log=lambda *_: None)
+    assert run.amp_dtype == torch.bfloat16
+    assert run.ref.frozen.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    run = setup(build_config(None, [*args, "precision=fp32", f"out={tmp_path / 'run32'}"]), log=lambda *_: None)
+    assert run.ref.frozen.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
