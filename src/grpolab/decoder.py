@@ -7,7 +7,7 @@ forward is exactly this (Llama, Qwen2, Mistral without a sliding window) the rol
 
     x_0 = E[ids]                                                   (fp32 residual stream)
     h = RMSNorm(x_l) ;  [q k v] = h W_qkv^T (+ b_qkv)             (one product for q, k and v)
-    q, k = RoPE(q, pos), RoPE(k, pos) ;  write k, v into a preallocated cache    (k roped in place there)
+    q, k = RoPE(q, pos), RoPE(k, pos) ;  write k, v into a preallocated cache
     a = softmax(q K^T / sqrt(d) + mask) V                          (grouped-query heads, fp32 softmax)
     x_l' = x_l + a W_o^T
     [g u] = RMSNorm(x_l') W_gu^T ;  x_{l+1} = x_l' + (silu(g) * u) W_down^T   (one product for g and u)
@@ -174,18 +174,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
 
 
-def signed_sin(sin: Tensor) -> Tensor:
-    """sin with its first half negated, [-s1, s2]: rotate_half(x) sin = roll(x, d/2) signed_sin(sin)."""
-    half = sin.shape[-1] // 2
-    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-
-
-def rope_into(out: Tensor, x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """RoPE: out = x cos + rotate_half(x) sin, rotate_half([a, b]) = [-b, a] = roll(x, d/2) * [-1, 1], in
-    fp32 (x may be bf16: its fp32 value is exact). x (N, h, L, d), cos/sin_signed (N, 1, L, d); out is
-    written in place (a cache slot, say). The same numbers as the two-term formula: only signs move."""
-    torch.mul(x, cos, out=out)
-    return out.add_(x.roll(x.shape[-1] // 2, dims=-1) * sin_signed)
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE: x cos + rotate_half(x) sin, rotate_half([a, b]) = [-b, a]; x (N, h, L, d), cos/sin (N, 1, L, d)."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-b, a], dim=-1) * sin
 
 
 class KVCache:
@@ -209,25 +201,20 @@ def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tens
 
     The new keys/values go into cache slots [cache.length, cache.length + L); key_mask (N, 1, L, S')
     with S' = cache.length + L, bool, is True where a query may look (not padding, not the future);
-    the attention is grpolab.attention's, the one the training passes use on a CPU, given the mask
-    once per call as the additive mask it stands for (0 where a query may look, the most negative
-    fp32 number elsewhere: the same soft-max)."""
+    the attention is grpolab.attention's, the one the training passes use on a CPU."""
     N, L = ids.shape
     start = cache.length
     end = start + L
     x = w.embed[ids].float()  # (N, L, H)
     cos, sin = w.rotary(x, pos)
-    cos, sin = cos[:, None].float(), signed_sin(sin[:, None].float())  # (N, 1, L, d); RoPE in fp32, as under autocast
-    bias = torch.zeros(key_mask.shape, device=x.device).masked_fill_(~key_mask, torch.finfo(torch.float32).min)
+    cos, sin = cos[:, None].float(), sin[:, None].float()  # (N, 1, L, d); RoPE in fp32, as under autocast
     nh, nkv, d = w.n_heads, w.n_kv, w.head_dim
-    q = torch.empty((N, nh, L, d), device=x.device)
     for i, lw in enumerate(w.layers):
         qkv = linear(w, rms_norm(x, lw.ln1, w.eps).to(w.dtype), lw.qkv, lw.qkv_bias)  # (N, L, (nh + 2 nkv) d)
-        heads = qkv.view(N, L, nh + 2 * nkv, d).transpose(1, 2)  # (N, nh + 2 nkv, L, d)
-        rope_into(q, heads[:, :nh], cos, sin)
-        rope_into(cache.k[i][:, :, start:end], heads[:, nh:nh + nkv], cos, sin)
-        cache.v[i][:, :, start:end] = heads[:, nh + nkv:]
-        a, _ = grouped_query_attention(None, q, cache.k[i][:, :, :end], cache.v[i][:, :, :end], bias)
+        qk = rope(qkv[..., :(nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
+        cache.k[i][:, :, start:end] = qk[:, nh:]
+        cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d:].view(N, L, nkv, d).transpose(1, 2)
+        a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
         a = a.reshape(N, L, nh * d).to(w.dtype)
         x = x + linear(w, a, lw.o, lw.o_bias)
         g, u = linear(w, rms_norm(x, lw.ln2, w.eps).to(w.dtype), lw.gate_up).chunk(2, dim=-1)
