@@ -11,6 +11,8 @@ import torch
 from grpolab.lmhead import chunked_token_logp, plain_head_weight, rows_per_chunk
 from grpolab.logprobs import completion_logp, token_entropy, token_logp
 
+from e2e_helpers import padded_sequences
+
 
 def plain(h, w, y, T):
     logits = torch.nn.functional.linear(h, w)
@@ -96,12 +98,8 @@ def test_completion_logp_on_the_tiny_model_equals_the_plain_head(tiny_model, mon
     import grpolab.logprobs as lp_mod
 
     assert plain_head_weight(tiny_model) is tiny_model.lm_head.weight  # tied to the embeddings
-    g = torch.Generator().manual_seed(3)
-    V = tiny_model.config.vocab_size
-    p_ids, c_ids = torch.randint(0, V, (2, 5), generator=g), torch.randint(0, V, (2, 6), generator=g)
-    p_mask, c_mask = torch.ones_like(p_ids), torch.ones(2, 6)
-    p_mask[0, :2] = 0
-    c_mask[1, 4:] = 0
+    p_ids, p_mask, c_ids, c_mask = padded_sequences(tiny_model.config.vocab_size, (2, 5), (2, 6), 3, pad=(0, 2),
+                                                    cut=(1, 4))
     ours = completion_logp(tiny_model, p_ids, p_mask, c_ids, c_mask, temperature=0.9, with_entropy=True)
     monkeypatch.setattr(lp_mod, "plain_head_weight", lambda model: None)
     ref = completion_logp(tiny_model, p_ids, p_mask, c_ids, c_mask, temperature=0.9, with_entropy=True)

@@ -9,14 +9,11 @@ from grpolab.config import build_config
 from grpolab.logprobs import grouped_completion_logp
 from grpolab.reference import FrozenCopy
 
+from e2e_helpers import padded_sequences
+
 
 def _logp(model):
-    g = torch.Generator().manual_seed(0)
-    V = model.config.vocab_size
-    p_ids, c_ids = torch.randint(0, V, (2, 6), generator=g), torch.randint(0, V, (8, 5), generator=g)
-    p_mask, c_mask = torch.ones_like(p_ids), torch.ones(8, 5)
-    p_mask[1, :2] = 0
-    c_mask[3, 3:] = 0
+    p_ids, p_mask, c_ids, c_mask = padded_sequences(model.config.vocab_size, (2, 6), (8, 5), 0, pad=(1, 2), cut=(3, 3))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         return grouped_completion_logp(model, p_ids, p_mask, c_ids, c_mask, 4, temperature=0.8)[0]
 
