@@ -161,3 +161,14 @@ def test_logits_are_kept_only_under_the_budget_and_only_for_a_backward():
     with torch.no_grad():  # no backward: nothing kept, nothing allocated for it
         logp, _ = chunked_token_logp(h, w, y, chunk=4)
     assert torch.allclose(logp, chunked_token_logp(h, w, y, chunk=4, keep_bytes=0)[0])
+
+
+def test_a_second_backward_through_kept_logits_is_refused():
+    # The backward writes dz over the kept bf16 logits; a second backward of the same pass would read
+    # dz as logits, so autograd's version check must stop it with an error instead.
+    h, w, y, _ = case(7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, _ = chunked_token_logp(h, w, y, chunk=4)
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        logp.sum().backward()

@@ -9,10 +9,13 @@ Liger's and Unsloth's fused losses use). The numbers are those of the plain pass
 logits rounded to it, fp32 log-softmax); tests/test_lmhead.py checks values and gradients.
 
 Where all positions' logits in the matmul dtype take at most `SAVED_LOGITS_BYTES` (256 MB: 16 x 128
-positions of SmolLM2 in bf16 take 201 MB), they are kept from the forward instead of recomputed, and in
-bf16 the backward's two products then run once over all positions: the same numbers without the
-recomputing product, a quarter of the head's arithmetic (benchmarks/step_phases.py, docs/performance.md).
-Larger batches (a GPU's) recompute, so the head's memory stays bounded.
+positions of SmolLM2 in bf16 take 201 MB), they are kept from the forward instead of recomputed: no
+recomputing product, a quarter of the head's arithmetic (benchmarks/cpu_kernels.py, docs/performance.md).
+In fp32 the numbers are bit for bit the recomputing path's; in bf16 the backward's two products then run
+once over all positions, so the weight gradient is rounded once, as a plain head's backward rounds it.
+The backward overwrites the kept logits with their gradient, so a second backward through the same
+pass is refused by autograd's in-place check. Larger batches (a GPU's) recompute, so the head's memory
+stays bounded.
 """
 
 from __future__ import annotations
