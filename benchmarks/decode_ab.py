@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/decode_ab.py /tmp/base [--rounds 6] [--steps 48]
 
 Loads grpolab/decoder.py of the other tree as a second module (everything else is this tree's) and
-runs both on the bundled SmolLM2-135M-Instruct in bf16 (oneDNN-packed weights, as the rollout runs it):
+runs both on the bundled SmolLM2-135M-Instruct in bf16 (oneDNN-packed weights, as the rollout runs it),
+after timing each tree's `weights_of` (the weight layout a rollout starts with) six times, alternating:
 2 prompts of 46 tokens, prefill, repeated to 16 rows, then --steps decode steps. First it checks that
 both give the same logits bit for bit (bf16 and fp32, a left-padded prefill and 5 greedy steps), then
 it alternates the two for --rounds rounds and prints the median milliseconds per 16-row decode step
@@ -84,6 +85,15 @@ def main() -> int:
         same = all(torch.equal(u, v) for u, v in zip(x, y))
         diff = max(float((u.float() - v.float()).abs().max()) for u, v in zip(x, y))
         print(f"{str(dtype)[6:]} logits, this tree vs {a.other}: identical {same} (max |diff| {diff:.3g})")
+    mods = {"this tree": ours, a.other: other}
+    layout: dict[str, list[float]] = {k: [] for k in mods}
+    for _ in range(6):  # the per-rollout weight layout (cast, fuse, oneDNN reorder), alternating
+        for name, dec in mods.items():
+            t = time.perf_counter()
+            dec.weights_of(model, torch.bfloat16)
+            layout[name].append(time.perf_counter() - t)
+    for name, ts in layout.items():
+        print(f"{name:>20s}: weights_of {statistics.median(ts[1:]):.3f} s (bf16, median of 5 after one warm-up)")
     ws = {"this tree": ours.weights_of(model, torch.bfloat16), a.other: other.weights_of(model, torch.bfloat16)}
     times: dict[str, list[float]] = {k: [] for k in ws}
     for _ in range(a.rounds):

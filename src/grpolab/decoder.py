@@ -130,6 +130,17 @@ def effective_linear(module) -> tuple[Tensor, Tensor | None]:
     return W, base.bias
 
 
+def _stacked(mats: list[Tensor], dtype: torch.dtype) -> Tensor:
+    """torch.cat(mats) in `dtype`, each cast straight into its rows (one pass over the weights, not a
+    concatenated copy and then its cast)."""
+    out = torch.empty((sum(m.shape[0] for m in mats), mats[0].shape[1]), dtype=dtype, device=mats[0].device)
+    row = 0
+    for m in mats:
+        out[row:row + m.shape[0]].copy_(m)
+        row += m.shape[0]
+    return out
+
+
 def _cat(parts: list[Tensor | None], dtype) -> Tensor | None:
     if all(p is None for p in parts):
         return None
@@ -154,11 +165,11 @@ def weights_of(model, dtype: torch.dtype, rows: int = 16) -> Weights | None:
         if bg is not None or bu is not None or bd is not None:
             return None  # an MLP bias (Llama's mlp_bias): rare, not worth a second path
         layers.append(LayerWeights(
-            ln1=blk.input_layernorm.weight.float(), qkv=pack(torch.cat([wq, wk, wv]).to(dtype)),
+            ln1=blk.input_layernorm.weight.float(), qkv=pack(_stacked([wq, wk, wv], dtype)),
             qkv_bias=_cat([bq, bk, bv], dtype) if bq is not None else None,
             o=pack(wo.to(dtype)), o_bias=None if bo is None else bo.to(dtype),
             ln2=blk.post_attention_layernorm.weight.float(),
-            gate_up=pack(torch.cat([wg, wu]).to(dtype)), down=pack(wd.to(dtype))))
+            gate_up=pack(_stacked([wg, wu], dtype)), down=pack(wd.to(dtype))))
     wh, bh = effective_linear(inner.lm_head)
     n_heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
