@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from grpolab import kernels
 from grpolab.attention import grouped_query_attention
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
@@ -200,6 +201,8 @@ class KVCache:
         self.k = [torch.empty(shape, device=device) for _ in w.layers]
         self.v = [torch.empty(shape, device=device) for _ in w.layers]
         self.length = 0
+        # one decode step's attention by grpolab.kernels' C kernel on a CPU (None: torch's products)
+        self.attend = kernels.decode_attention() if torch.device(device).type == "cpu" else None
 
     def rows(self, idx: Tensor | None = None, repeat: int = 1) -> None:
         """Keep rows `idx` (in that order), or repeat each row `repeat` times."""
@@ -225,7 +228,11 @@ def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tens
         qk = rope(qkv[..., :(nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
         cache.k[i][:, :, start:end] = qk[:, nh:]
         cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d:].view(N, L, nkv, d).transpose(1, 2)
-        a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
+        a = None
+        if L == 1 and cache.attend is not None and key_mask.stride(-1) == 1:
+            a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d ** -0.5)
+        if a is None:
+            a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
         a = a.reshape(N, L, nh * d).to(w.dtype)
         x = x + linear(w, a, lw.o, lw.o_bias)
         g, u = linear(w, rms_norm(x, lw.ln2, w.eps).to(w.dtype), lw.gate_up).chunk(2, dim=-1)

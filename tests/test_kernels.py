@@ -1,0 +1,101 @@
+"""grpolab.kernels: the C decode-attention kernel against the torch attention (grpolab.attention) over
+shapes, padding and lengths; shapes it does not take fall back; a missing or failing compiler and the
+opt-out variable leave the torch path with a reason; the lean decode step gives the same logits with
+and without it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from grpolab import decoder, kernels
+from grpolab.attention import grouped_query_attention
+from grpolab.rollout import left_pad
+
+HAS_CC = bool(shutil.which("cc") or shutil.which("gcc"))
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A kernel state loaded anew, building into an empty cache directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
+    kernels.reset()
+    yield tmp_path
+    kernels.reset()
+
+
+def torch_attention(q, k, v, valid, S):
+    N, nh, d = q.shape
+    out, _ = grouped_query_attention(None, q[:, :, None], k[:, :, :S], v[:, :, :S], valid[:, None, None, :S])
+    return out.view(N, nh, d)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_builds_here_and_lands_in_the_cache_directory(fresh):
+    assert kernels.decode_attention() is not None, kernels.unavailable_reason()
+    assert kernels.unavailable_reason() is None
+    assert [p.suffix for p in (fresh / "grpolab" / "kernels").iterdir()] == [".so"]  # no temporary left over
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+@pytest.mark.parametrize("nh,nkv,d", [(9, 3, 64), (4, 4, 16), (8, 2, 128), (6, 1, 32)])
+def test_same_attention_as_torch_over_lengths_and_padding(nh, nkv, d):
+    attend = kernels.decode_attention()
+    g = torch.Generator().manual_seed(nh * d)
+    N, cap = 5, 40
+    q = torch.randn((N, nh, d), generator=g)
+    k, v = torch.randn((N, nkv, cap, d), generator=g), torch.randn((N, nkv, cap, d), generator=g)
+    valid = torch.ones((N, cap), dtype=torch.bool)
+    valid[1, :7] = False  # left padding
+    valid[3, 2:5] = False  # holes
+    for S in (1, 8, 9, 23, cap):
+        valid_s = valid.clone()
+        valid_s[:, 0] |= S <= 7  # every row may look somewhere
+        got = attend(q, k, v, valid_s, S, d ** -0.5)
+        assert torch.allclose(got, torch_attention(q, k, v, valid_s, S), atol=1e-5, rtol=1e-4), S
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_shapes_it_does_not_take_return_none():
+    attend = kernels.decode_attention()
+    q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 600, 8)
+    valid = torch.ones((2, 600), dtype=torch.bool)
+    assert attend(q, kv, kv, valid, 513, 1.0) is None  # longer than its score buffer
+    assert attend(torch.randn(2, 34, 8), kv[:, :1], kv[:, :1], valid, 10, 1.0) is None  # 34 query heads per kv head
+
+
+def test_opt_out_and_missing_or_failing_compiler_leave_the_torch_path(fresh, monkeypatch):
+    monkeypatch.setenv(kernels.DISABLE_ENV, "1")
+    assert kernels.decode_attention() is None and kernels.DISABLE_ENV in kernels.unavailable_reason()
+    monkeypatch.delenv(kernels.DISABLE_ENV)
+    kernels.reset()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert kernels.decode_attention() is None and "no C compiler" in kernels.unavailable_reason()
+    kernels.reset()
+    monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
+    assert kernels.decode_attention() is None and "did not build" in kernels.unavailable_reason()
+    assert not (fresh / "grpolab" / "kernels").exists() or not any((fresh / "grpolab" / "kernels").iterdir())
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_lean_decode_logits_same_with_and_without_the_kernel(monkeypatch):
+    from test_decoder import lean_logits, prompts, tiny
+
+    model = tiny("llama")
+    ids, mask = left_pad(prompts(), pad_id=0)
+    new = torch.randint(0, 300, (3, 6), generator=torch.Generator().manual_seed(3))
+    kernels.reset()
+    st = decoder.LeanStepper(decoder.weights_of(model, torch.float32), 4)
+    st.prefill(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    assert st.cache.attend is not None
+    with_kernel = lean_logits(model, ids, mask, new)
+    monkeypatch.setenv(kernels.DISABLE_ENV, "1")
+    kernels.reset()
+    without = lean_logits(model, ids, mask, new)
+    kernels.reset()
+    for a, b in zip(with_kernel, without):
+        assert torch.allclose(a, b, atol=1e-5 * b.abs().max().item(), rtol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(with_kernel, without))  # the kernel did run
