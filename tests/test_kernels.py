@@ -20,7 +20,7 @@ HAS_CC = bool(shutil.which("cc") or shutil.which("gcc"))
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """A kernel state loaded anew, building into an empty cache directory."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path))
     monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
     kernels.reset()
     yield tmp_path
@@ -37,7 +37,7 @@ def torch_attention(q, k, v, valid, S):
 def test_builds_here_and_lands_in_the_cache_directory(fresh):
     assert kernels.decode_attention() is not None, kernels.unavailable_reason()
     assert kernels.unavailable_reason() is None
-    assert [p.suffix for p in (fresh / "grpolab" / "kernels").iterdir()] == [".so"]  # no temporary left over
+    assert [p.suffix for p in (fresh / "kernels").iterdir()] == [".so"]  # no temporary left over
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
@@ -77,7 +77,7 @@ def test_opt_out_and_missing_or_failing_compiler_leave_the_torch_path(fresh, mon
     kernels.reset()
     monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
     assert kernels.decode_attention() is None and "did not build" in kernels.unavailable_reason()
-    assert not (fresh / "grpolab" / "kernels").exists() or not any((fresh / "grpolab" / "kernels").iterdir())
+    assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")

@@ -6,8 +6,8 @@ batched products spent 18-21 ms of each 16-row step on it (48 tiny (3 x 64) x (6
 layer, each pair of products reading the row's keys and values at a few GB/s), the kernel 8.6-9.3 ms;
 the whole step went from 65-76 to 55-59 ms (benchmarks/decode_ab.py measures the step).
 
-The source is compiled once per machine into the user's cache directory
-(`$XDG_CACHE_HOME/grpolab/kernels`, else `~/.cache/grpolab/kernels`), named by a hash of the source,
+The source is compiled once per machine into grpolab's cache (`$GRPOLAB_CACHE/kernels`, by default
+`~/.cache/grpolab/kernels`), named by a hash of the source,
 the flags, the compiler's version and the CPU's flags (-march=native code never runs on another CPU),
 written to a temporary file and renamed into place. Before first use it is checked against the torch
 path on random inputs. Without a C compiler, on a platform other than Linux, when the build or the check
@@ -35,8 +35,10 @@ _state: dict = {}
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "grpolab" / "kernels"
+    """Where built kernels live: the kernels folder of grpolab's cache ($GRPOLAB_CACHE or ~/.cache/grpolab)."""
+    from grpolab.models import cache_dir as grpolab_cache
+
+    return grpolab_cache() / "kernels"
 
 
 def _cpu_flags() -> str:
