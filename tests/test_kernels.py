@@ -59,12 +59,14 @@ def test_same_attention_as_torch_over_lengths_and_padding(nh, nkv, d):
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
-def test_shapes_it_does_not_take_return_none():
+def test_shapes_and_layouts_it_does_not_take_return_none():
     attend = kernels.decode_attention()
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 600, 8)
     valid = torch.ones((2, 600), dtype=torch.bool)
     assert attend(q, kv, kv, valid, 513, 1.0) is None  # longer than its score buffer
     assert attend(torch.randn(2, 34, 8), kv[:, :1], kv[:, :1], valid, 10, 1.0) is None  # 34 query heads per kv head
+    assert attend(q.bfloat16(), kv, kv, valid, 10, 1.0) is None  # not fp32
+    assert attend(q, kv.transpose(2, 3).contiguous().transpose(2, 3), kv, valid, 10, 1.0) is None  # not contiguous
 
 
 def test_opt_out_and_missing_or_failing_compiler_leave_the_torch_path(fresh, monkeypatch):

@@ -94,6 +94,9 @@ def _load():
 
 
 def _call(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int, scale: float):
+    if not (q.dtype == k.dtype == v.dtype == torch.float32 and valid.dtype == torch.bool and valid.stride(-1) == 1
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and q.device.type == "cpu"):
+        return None  # the C side reads raw fp32 rows and one byte per slot
     N, nh, d = q.shape
     out = torch.empty_like(q)
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), valid.data_ptr(), out.data_ptr(), N, nh, k.shape[1], d, S,
@@ -119,7 +122,7 @@ def _self_check(fn) -> str | None:
 
 def decode_attention():
     """The kernel as f(q (N, nh, d), k, v (N, nkv, cap, d), valid (N, >= S) bool, S, scale) -> (N, nh, d)
-    or None (shapes it does not take); all fp32, contiguous. None when it is unavailable (see
+    or None (shapes it does not take, or inputs not fp32, contiguous and on the CPU). None when it is unavailable (see
     unavailable_reason). Built and checked once per process."""
     if "fn" not in _state:
         _state["fn"], _state["reason"] = _load()
