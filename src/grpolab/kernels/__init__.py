@@ -1,10 +1,11 @@
 """Hand-written CPU kernels, compiled on first use with the machine's C compiler, loaded with ctypes.
 
 One so far: `decode_attention`, the attention of one decode step for every row and head
-(decode_attention.c). In the lean decode step (grpolab.decoder) on the 2-core development CPU, torch's
-batched products spent 18-21 ms of each 16-row step on it (48 tiny (3 x 64) x (64 x S) products per
-layer, each pair of products reading the row's keys and values at a few GB/s), the kernel 8.6-9.3 ms;
-the whole step went from 65-76 to 55-59 ms (benchmarks/decode_ab.py measures the step).
+(decode_attention.c). In the lean decode step (grpolab.decoder) of SmolLM2 on the 2-core development
+CPU, torch's batched products (48 tiny (3 x 64) x (64 x S) products per layer) spent 13.7-18.8 ms of
+each 16-row step on it, the kernel 5.7-7.5 ms, against 4.6-5.6 ms for merely summing the cached keys
+and values (benchmarks/decode_attention_share.py); the whole step took 56.53 against 65.90 ms
+(benchmarks/decode_ab.py; docs/performance.md, "The decode-attention kernel").
 
 The source is compiled once per machine into grpolab's cache (`$GRPOLAB_CACHE/kernels`, by default
 `~/.cache/grpolab/kernels`), named by a hash of the source,
