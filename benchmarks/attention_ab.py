@@ -1,4 +1,4 @@
-"""The update's forward+backward with sdpa vs grpolab.attention, alternating in one process.
+"""The update's forward+backward with sdpa vs grpolab.model.attention, alternating in one process.
 
     .venv/bin/python benchmarks/attention_ab.py [--reps 6] [--completion 64]
 
@@ -21,9 +21,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--completion", type=int, default=64)
     a = ap.parse_args()
-    from grpolab import attention
-    from grpolab.logprobs import grouped_completion_logp
-    from grpolab.models import load_policy, model_dir
+    from grpolab.model import attention
+    from grpolab.model.load import load_policy, model_dir
+    from grpolab.model.logprobs import grouped_completion_logp
 
     model = load_policy(model_dir("smollm2-135m", log=lambda *_: None), torch.device("cpu"))
     g = torch.Generator().manual_seed(0)

@@ -11,8 +11,9 @@ import statistics
 
 import torch
 
-from grpolab.models import load_policy, load_tokenizer, model_dir
-from grpolab.rollout import chat_prompts, generate, eos_token_ids
+from grpolab.model.generate import eos_token_ids, generate
+from grpolab.model.load import load_policy, load_tokenizer, model_dir
+from grpolab.model.template import chat_prompts
 from grpolab.tasks import build_task
 
 path = model_dir("smollm2-135m", log=lambda *a: None); tok = load_tokenizer(path); m = load_policy(path, torch.device("cpu"))

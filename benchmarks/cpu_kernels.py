@@ -5,12 +5,12 @@ a CPU"), each in this process:
     PYTHONPATH=/path/to/a/worktree/src .venv/bin/python benchmarks/cpu_kernels.py   # another commit's head
 
 - fresh vs touched memory: exp of a 341 x 49,152 fp32 tensor into a new tensor, and in place;
-- the chunked LM head (grpolab.lmhead) of 1024 positions, vocabulary 49,152, hidden 576, bf16 autocast,
+- the chunked LM head (grpolab.model.lmhead) of 1024 positions, vocabulary 49,152, hidden 576, bf16 autocast,
   with entropies, its logits kept for the backward vs recomputed there: forward and backward seconds
   (medians of 5 alternations; run last, with freed memory kept as in training);
 - 16-row bf16 products with cold weights (200 distinct 1536 x 576 matrices): F.linear vs the oneDNN
   packed layout the lean decode step uses (GFLOP/s);
-- glibc's malloc as it is vs grpolab.allocator.keep_freed_memory (each in its own process, since the
+- glibc's malloc as it is vs grpolab.parallel.allocator.keep_freed_memory (each in its own process, since the
   setting lasts for the process): a 16 x 127 x 576 fp32 multiply into a new tensor, and a 49,152 x 576
   fp32 -> bf16 cast into a new tensor (the LM head's weight; timed first), milliseconds (best of 5);
 - AdamW over the bundled model's 134.5M parameters: torch's default (foreach) vs fused, seconds per step.
@@ -45,8 +45,8 @@ def fresh_vs_touched() -> None:
 def lm_head() -> None:
     """Kept logits (the default under lmhead.SAVED_LOGITS_BYTES) vs recomputed (keep_bytes=0), alternating,
     with freed memory kept in the process as the training step runs it (so this section comes last)."""
-    from grpolab.allocator import keep_freed_memory
-    from grpolab.lmhead import SAVED_LOGITS_BYTES, chunked_token_logp
+    from grpolab.model.lmhead import SAVED_LOGITS_BYTES, chunked_token_logp
+    from grpolab.parallel.allocator import keep_freed_memory
 
     keep_freed_memory()
     g = torch.Generator().manual_seed(0)
@@ -85,7 +85,7 @@ def packed_products() -> None:
 
 _MALLOC_PROBE = """
 import sys, time, torch
-from grpolab.allocator import keep_freed_memory
+from grpolab.parallel.allocator import keep_freed_memory
 if sys.argv[1] == "keep":
     keep_freed_memory()
 def best(fn):
@@ -110,7 +110,7 @@ def malloc_kept() -> None:
 
 
 def adamw() -> None:
-    from grpolab.models import load_policy, model_dir
+    from grpolab.model.load import load_policy, model_dir
 
     ps = list(load_policy(model_dir("smollm2-135m", log=lambda *_: None), torch.device("cpu")).parameters())
     for p in ps:

@@ -5,7 +5,7 @@
 
 - `F.rms_norm` instead of the HF RMSNorm module in a training pass: 16 x 174 x 576 fp32 positions,
   forward+backward, whether the outputs and gradients are equal, ms (median of 3 rounds of 20);
-- the lean decode step (grpolab.decoder.forward, 16 rows, bf16 weights in oneDNN's layout) with its KV
+- the lean decode step (grpolab.model.decoder.forward, 16 rows, bf16 weights in oneDNN's layout) with its KV
   cache in fp32 (as shipped) and in bf16 (its attention products then run in bf16), ms per token step
   at about 50 cached positions, alternating, median of 3 rounds of 20 steps;
 - torch.compile (inductor, dynamic shapes) of one decoder layer's decode step, the 30 layers only:
@@ -56,7 +56,7 @@ def rms_norm_variants() -> None:
 
 
 def _lean(model):
-    from grpolab import decoder as D
+    from grpolab.model import decoder as D
 
     return D, D.weights_of(model, torch.bfloat16, 16)
 
@@ -151,8 +151,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
-    from grpolab.allocator import keep_freed_memory
-    from grpolab.models import load_policy, model_dir
+    from grpolab.model.load import load_policy, model_dir
+    from grpolab.parallel.allocator import keep_freed_memory
 
     keep_freed_memory()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

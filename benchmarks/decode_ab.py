@@ -3,7 +3,7 @@
     git worktree add /tmp/base <commit>
     .venv/bin/python benchmarks/decode_ab.py /tmp/base [--rounds 6] [--steps 48]
 
-Loads grpolab/decoder.py of the other tree as a second module (everything else is this tree's) and
+Loads grpolab/model/decoder.py of the other tree as a second module (everything else is this tree's) and
 runs both on the bundled SmolLM2-135M-Instruct in bf16 (oneDNN-packed weights, as the rollout runs it),
 after timing each tree's `weights_of` (the weight layout a rollout starts with) six times, alternating:
 2 prompts of 46 tokens, prefill, repeated to 16 rows, then --steps decode steps. First it checks that
@@ -72,9 +72,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=48)
     a = ap.parse_args()
 
-    from grpolab import decoder as ours
-    from grpolab.allocator import keep_freed_memory
-    from grpolab.models import load_policy, model_dir
+    from grpolab.model import decoder as ours
+    from grpolab.model.load import load_policy, model_dir
+    from grpolab.parallel.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the training process runs
     other = load_decoder(a.other)

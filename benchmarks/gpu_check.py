@@ -434,7 +434,8 @@ def _bench_help() -> str | None:
     import io
 
     sys.path.insert(0, str(ROOT / "src"))
-    from grpolab.cli import COMMANDS, main as cli_main
+    from grpolab.app.cli import COMMANDS
+    from grpolab.app.cli import main as cli_main
 
     if "bench" not in COMMANDS:
         return None

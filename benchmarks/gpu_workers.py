@@ -61,10 +61,10 @@ def count_params(model) -> int:
 
 def build(configs: dict, out_dir: str, device: str = "cpu", seed: int = 0) -> dict:
     """One random-weight model directory per config file (name -> path of a JSON config), each with the
-    shipped SmolLM2 tokenizer, like grpolab.models.make_tiny_model."""
+    shipped SmolLM2 tokenizer, like grpolab.model.load.make_tiny_model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from grpolab.models import TOKENIZER_FILES, load_tokenizer
+    from grpolab.model.load import TOKENIZER_FILES, load_tokenizer
 
     tok = load_tokenizer(TOKENIZER)
     res = {}
@@ -126,10 +126,11 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
     group (grouped_completion_logp), micro-batches of whole groups, one AdamW step over the whole batch.
     Completions are random ids of the tokenizer (every one `new_tokens` long); one warm-up, then the
     median of `reps`. MFU = 6 N (completion tokens) / seconds / rate."""
-    from grpolab.logprobs import grouped_completion_logp
-    from grpolab.models import load_policy, load_tokenizer
-    from grpolab.optim import adamw
-    from grpolab.rollout import chat_prompts, left_pad
+    from grpolab.model.cache import left_pad
+    from grpolab.model.load import load_policy, load_tokenizer
+    from grpolab.model.logprobs import grouped_completion_logp
+    from grpolab.model.optim import adamw
+    from grpolab.model.template import chat_prompts
 
     dev = torch.device(device)
     tok = load_tokenizer(Path(model_dir))
@@ -179,13 +180,15 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
 def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, compile: bool = True,
            reps: int = 2, seed: int = 0) -> dict:
     """Decode throughput, every completion forced to `new_tokens` (no EOS), sampling at temperature 1:
-    grpolab.rollout.generate with the lean decode step (decoder=lean, bf16 on a GPU), with
+    grpolab.model.generate.generate with the lean decode step (decoder=lean, bf16 on a GPU), with
     decoder=hf (the model's forward, fp32 weights under bf16 autocast) and, on a GPU, on bf16 weights; transformers' generate with a static KV cache on bf16 weights, eager (disable_compile) and,
     when `compile`, compiled as generate does it itself on a static cache: torch.compile of the
     forward, mode="reduce-overhead" (CUDA graphs). A path that fails is recorded with its reason and
     the others still run; each path's first call (compilation included) is reported apart."""
-    from grpolab.models import load_policy, load_tokenizer
-    from grpolab.rollout import chat_prompts, generate, left_pad
+    from grpolab.model.cache import left_pad
+    from grpolab.model.generate import generate
+    from grpolab.model.load import load_policy, load_tokenizer
+    from grpolab.model.template import chat_prompts
 
     dev = torch.device(device)
     tok = load_tokenizer(Path(model_dir))
@@ -210,7 +213,7 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
     amp = amp_dtype("auto", dev)
     record("grpolab", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
                                        generator=gen, eos_ids=set()))
-    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.decoder), weights cast to " + ("bf16" if amp else "fp32")
+    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.model.decoder), weights cast to " + ("bf16" if amp else "fp32")
     record("grpolab_hf_forward", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
                                                   generator=gen, eos_ids=set(), lean=False))
     res["paths"]["grpolab_hf_forward"]["precision"] = "decoder=hf: fp32 weights, " + ("bf16 autocast" if amp else "fp32")
@@ -233,7 +236,9 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
 
     record("hf_static_eager", hf(cache_implementation="static", disable_compile=True))
     if compile and dev.type == "cuda":
-        from transformers import CompileConfig  # generate compiles the forward itself on a static cache
+        from transformers import (
+            CompileConfig,  # generate compiles the forward itself on a static cache
+        )
 
         record("hf_static_compiled", hf(cache_implementation="static", compile_config=CompileConfig(
             mode="reduce-overhead", fullgraph=False)), warmups=2)

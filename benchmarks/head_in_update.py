@@ -1,10 +1,10 @@
-"""Seconds of the LM head's forward and backward (grpolab.lmhead) inside grpolab's update on a bench setting.
+"""Seconds of the LM head's forward and backward (grpolab.model.lmhead) inside grpolab's update on a bench setting.
 
     .venv/bin/python benchmarks/head_in_update.py --setting b [--updates 4]
     PYTHONPATH=/path/to/a/worktree/src .venv/bin/python benchmarks/head_in_update.py --setting b   # another commit
 
-Builds the Run `grpolab bench` builds (grpolab.bench.ours.setup_run), makes one training step, then runs
-`grpolab.step.update` on that step's batch --updates more times, timing `_ChunkedTokenLogp`'s forward and
+Builds the Run `grpolab bench` builds (grpolab.app.bench.ours.setup_run), makes one training step, then runs
+`grpolab.training.step.update` on that step's batch --updates more times, timing `_ChunkedTokenLogp`'s forward and
 backward inside each (the update's own pass, with its entropies, under the run's autocast). Prints each
 update and the medians over all but the first. To compare commits on one machine, alternate the two runs.
 """
@@ -19,10 +19,10 @@ import time
 
 
 def main(argv: list[str]) -> int:
-    from grpolab import lmhead
-    from grpolab import step as S
-    from grpolab.bench.ours import setup_run
-    from grpolab.bench.spec import parse_spec
+    from grpolab.app.bench.ours import setup_run
+    from grpolab.app.bench.spec import parse_spec
+    from grpolab.model import lmhead
+    from grpolab.training import step as S
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--updates", type=int, default=4)

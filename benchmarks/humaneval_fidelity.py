@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
+from grpolab.batch import Example
 from grpolab.rewards.code import code_score, convert_tests
 from grpolab.sandbox import MAX_PARALLEL, SandboxConfig, run_tests
 from grpolab.tasks.code import normalize_record
-from grpolab.types import Example
 
 # task_id -> why a `pass` stub legitimately scores above 0 (some tests expect None / falsy output)
 KNOWN_EXCEPTIONS: dict[str, str] = {

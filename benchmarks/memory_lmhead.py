@@ -1,4 +1,4 @@
-"""Peak memory of one update micro-batch with the plain LM head vs the chunked one (grpolab.lmhead).
+"""Peak memory of one update micro-batch with the plain LM head vs the chunked one (grpolab.model.lmhead).
 
     .venv/bin/python benchmarks/memory_lmhead.py [--completion 128] [--precision bf16] [--reps 2]
 
@@ -22,8 +22,8 @@ import time
 def one(variant: str, completion: int, precision: str, reps: int) -> dict:
     import torch
 
-    import grpolab.logprobs as lp_mod
-    from grpolab.models import load_policy, model_dir
+    import grpolab.model.logprobs as lp_mod
+    from grpolab.model.load import load_policy, model_dir
 
     if variant == "plain":
         lp_mod.plain_head_weight = lambda model: None  # the whole (b, C, V) logits at once, as before

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/step_phases.py --setting b --cpu-malloc system   # the config key cpu_malloc
     .venv/bin/python benchmarks/step_phases.py --setting a --steps 10 --per-step  # resident memory per step
 
-The same Run as `grpolab bench` builds (grpolab.bench.ours.setup_run: every completion forced to the
+The same Run as `grpolab bench` builds (grpolab.app.bench.ours.setup_run: every completion forced to the
 full length, the bench's reward), --steps steps (default 4); prints the medians of steps 2 on of
 time/generate_s, time/update_s and time/step_s, and the process's peak RSS; with --per-step also each
 step's time and current RSS. For comparing commits side by side on one machine: alternate them
@@ -28,9 +28,9 @@ def resident_mb() -> float:
 
 
 def main(argv: list[str]) -> int:
-    from grpolab import step as S
-    from grpolab.bench.ours import setup_run
-    from grpolab.bench.spec import parse_spec
+    from grpolab.app.bench.ours import setup_run
+    from grpolab.app.bench.spec import parse_spec
+    from grpolab.training import step as S
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--cpu-malloc", choices=("keep", "system"))  # unset: the default (and older commits work)

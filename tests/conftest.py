@@ -26,7 +26,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def real_model_dir() -> Path:
     """Hugging Face directory of the bundled SmolLM2-135M-Instruct (dequantised once, then cached)."""
-    from grpolab.models import model_dir
+    from grpolab.model.load import model_dir
 
     return model_dir("smollm2-135m", log=lambda *_: None)
 
@@ -34,14 +34,14 @@ def real_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, real_model_dir) -> Path:
     """A tiny random Llama (hidden 32, 2 layers) saved with the real SmolLM2 tokenizer and chat template."""
-    from grpolab.models import make_tiny_model
+    from grpolab.model.load import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_src=real_model_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
-    from grpolab.models import load_tokenizer
+    from grpolab.model.load import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -51,7 +51,7 @@ def tiny_model(tiny_model_dir):
     """A fresh fp32 copy of the tiny model per test (tests may attach hooks or change it)."""
     import torch
 
-    from grpolab.models import load_policy
+    from grpolab.model.load import load_policy
 
     model = load_policy(tiny_model_dir, torch.device("cpu"))
     model.eval()

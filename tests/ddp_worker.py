@@ -17,11 +17,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpolab import rewards, step  # noqa: E402
-from grpolab.cli import main  # noqa: E402
-from grpolab.rollout import Rollout, left_pad  # noqa: E402
-
 from e2e_helpers import varied_score  # noqa: E402
+
+from grpolab import rewards
+from grpolab.app.cli import main
+from grpolab.batch import Rollout
+from grpolab.model.cache import left_pad
+from grpolab.training import step
 
 
 def fixed_generate(model, tokenizer, prompt_ids, *, G, max_new_tokens, eos_ids=None, **kw):

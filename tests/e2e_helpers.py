@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from grpolab import fileio
+from grpolab.util import fileio
 
 
 def varied_score(completion: str, example) -> float:

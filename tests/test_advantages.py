@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from grpolab.advantages import ADVANTAGES, compute_advantages, group_std
-from grpolab.algos import AlgoConfig, resolve_algo
+from grpolab.algo.advantages import ADVANTAGES, compute_advantages, group_std
+from grpolab.algo.presets import AlgoConfig, resolve_algo
 
 # Two groups of G = 4: one mixed (two right, two wrong), one unanimous (all right).
 R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])

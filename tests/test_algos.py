@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpolab.advantages import ADV_SCALES, ADVANTAGES
-from grpolab.algos import ALGOS, AlgoConfig, resolve_algo
-from grpolab.config import algo_choices
-from grpolab.kl import KL_ESTIMATORS
-from grpolab.losses import AGGREGATIONS, OBJECTIVES
-from grpolab.types import ConfigError
+from grpolab.algo.advantages import ADV_SCALES, ADVANTAGES
+from grpolab.algo.kl import KL_ESTIMATORS
+from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES
+from grpolab.algo.presets import ALGOS, AlgoConfig, resolve_algo
+from grpolab.training.config import algo_choices
+from grpolab.util.fields import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce", "rloo"]
@@ -137,16 +137,16 @@ def test_choices_are_the_registries():
 
 
 def test_algos_is_a_leaf_without_torch():
-    """grpolab.algos imports nothing of grpolab but grpolab.types, and no torch (checked in a fresh
+    """grpolab.algo.presets imports nothing of grpolab but grpolab.util.fields, and no torch (checked in a fresh
     interpreter, where nothing else has imported them yet)."""
     import subprocess
     import sys
 
-    code = ("import sys; import grpolab.algos; "
+    code = ("import sys; import grpolab.algo.presets; "
             "print(sorted(m for m in sys.modules if m.startswith('grpolab') or m == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "src")}).stdout
-    assert eval(out) == ["grpolab", "grpolab.algos", "grpolab.types"]
+    assert eval(out) == ["grpolab", "grpolab.algo", "grpolab.algo.presets", "grpolab.util", "grpolab.util.fields"]
 
 
 def documented_calls(text: str) -> list[tuple[str, list[str]]]:

@@ -1,4 +1,4 @@
-"""grpolab.allocator: with freed memory kept, a re-allocated large tensor faults no pages in anew."""
+"""grpolab.parallel.allocator: with freed memory kept, a re-allocated large tensor faults no pages in anew."""
 
 import platform
 import subprocess
@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from grpolab.config import build_config
-from grpolab.types import ConfigError
+from grpolab.training.config import build_config
+from grpolab.util.fields import ConfigError
 
 PROBE = """
 import resource, sys, torch
-from grpolab.allocator import keep_freed_memory
+from grpolab.parallel.allocator import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.set_num_threads(1)  # no worker thread allocating between the free and the next block
 def faults_of_new_block(floats):

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import read_jsonl
 
 import grpolab
-from grpolab.cli import main
+from grpolab.app.cli import main
 from grpolab.rewards import REWARDS
-
-from e2e_helpers import read_jsonl
 
 SMALL = dict(batch_size=8, G=4, max_new_tokens=8, micro_batch=4, eval_size=4, tensorboard=False, save_every=0,
              samples_per_step=2)
@@ -106,7 +105,7 @@ def test_config_names_importable_rewards_and_the_written_rows(api_run):
     assert cfg["rewards"][0] == {"name": "api_user_rewards:varied"}  # resumable by import path
     assert cfg["rewards"][1] == {"name": "closure", "weight": 0.5}  # registered for the call only
     assert cfg["task"] == "dataset" and cfg["task_args"]["path"] == str(api_run["out"] / "dataset.jsonl")
-    assert [r for _, r in grpolab.fileio.iter_jsonl(
+    assert [r for _, r in grpolab.util.fileio.iter_jsonl(
         (api_run["out"] / "dataset.jsonl").read_text().splitlines(), "x", strict=True)] == ROWS
 
 
@@ -127,8 +126,8 @@ def test_evaluate_a_run(api_run):
 
 
 def test_config_forms_give_the_same_config(tmp_path):
-    from grpolab.api import build
-    from grpolab.config import build_config
+    from grpolab.app.api import build
+    from grpolab.training.config import build_config
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("steps: 3\ntask: countdown\nalgo: dapo\n")
@@ -184,7 +183,7 @@ def test_resume_through_the_api(api_run, tmp_path):
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
     sys.path.insert(0, str(api_run["root"]))
     try:
-        from grpolab.api import build
+        from grpolab.app.api import build
         from grpolab.rewards import build_rewards
 
         c, _ = build(resume=out)

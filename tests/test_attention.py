@@ -1,4 +1,4 @@
-"""grpolab.attention: the policy's forward on a CPU with grouped-query attention by two products,
+"""grpolab.model.attention: the policy's forward on a CPU with grouped-query attention by two products,
 against sdpa and eager attention: logits and gradients in fp32, left padding (no NaN), the KV-cache
 path the update uses, and where it is (not) installed."""
 
@@ -7,13 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab import attention
-from grpolab.logprobs import grouped_completion_logp
-from grpolab.rollout import left_pad, positions
+from grpolab.model import attention
+from grpolab.model.cache import left_pad, positions
+from grpolab.model.logprobs import grouped_completion_logp
 
 
 def tiny(kind: str = "llama", impl: str = "sdpa"):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(0)
     common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -1,7 +1,12 @@
 """grpolab audit: the gold-answer check, the zero-variance estimate, the suggestions, and the command's
 exit status on a model that can learn nothing."""
 
-from grpolab.audit import check_gold, expected_zero_var, suggest_G, suggest_max_new_tokens
+from grpolab.app.audit import (
+    check_gold,
+    expected_zero_var,
+    suggest_G,
+    suggest_max_new_tokens,
+)
 from grpolab.rewards import build_rewards
 from grpolab.rewards.scoring import RewardFn
 from grpolab.tasks import build_task
@@ -40,7 +45,7 @@ def test_suggested_max_new_tokens():
 
 
 def test_audit_command_exits_1_when_no_group_has_signal(tiny_model_dir, capsys):
-    from grpolab.cli import main
+    from grpolab.app.cli import main
 
     rc = main(["audit", f"model={tiny_model_dir}", "--prompts", "2", "G=4", "max_new_tokens=4", "threads=1"])
     out = capsys.readouterr().out

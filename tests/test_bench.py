@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.bench import spec as bench_spec
-from grpolab.bench import worker
-from grpolab.cli import main as cli_main
+from grpolab.app.bench import spec as bench_spec
+from grpolab.app.bench import worker
+from grpolab.app.cli import main as cli_main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY = ["--prompts", "2", "--G", "2", "--new-tokens", "4", "--steps", "1", "--rounds", "1", "--device", "cpu",
@@ -33,7 +33,7 @@ def _env(extra_path: Path | None = None) -> dict:
 
 
 def bench_cli(args: list[str], cwd: Path, extra_path: Path | None = None, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "grpolab.cli", "bench", *args], cwd=cwd, env=_env(extra_path),
+    return subprocess.run([sys.executable, "-m", "grpolab.app.cli", "bench", *args], cwd=cwd, env=_env(extra_path),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -93,7 +93,7 @@ def test_against_trl_runs_real_trl_and_reports_ratios(tiny_model_dir, tmp_path):
 
 
 def test_logp_check_fails_on_a_different_model(tiny_model_dir, real_model_dir, tmp_path):
-    from grpolab.models import make_tiny_model
+    from grpolab.model.load import make_tiny_model
 
     other = make_tiny_model(tmp_path / "other", tokenizer_src=real_model_dir, seed=1)
     spec = bench_spec.Spec(model=str(tiny_model_dir), prompts=1, G=2, new_tokens=4, device="cpu")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.cli import main
+from grpolab.app.cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-CLI = "import sys; from grpolab.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from grpolab.app.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 class Terminal:
@@ -71,8 +71,9 @@ def reply_of(text: str, typed: str) -> str:
 def greedy_reply(model_dir: Path, messages: list[dict], max_new_tokens: int) -> str:
     import torch
 
-    from grpolab.models import load_policy, load_tokenizer
-    from grpolab.rollout import chat_prompts, eos_token_ids
+    from grpolab.model.generate import eos_token_ids
+    from grpolab.model.load import load_policy, load_tokenizer
+    from grpolab.model.template import chat_prompts
 
     tok = load_tokenizer(model_dir)
     model = load_policy(model_dir, torch.device("cpu")).eval()
@@ -87,9 +88,9 @@ def greedy_reply(model_dir: Path, messages: list[dict], max_new_tokens: int) -> 
 def lively_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model made to say varied things (conftest.liven), saved as a model directory."""
     import torch
-
     from conftest import liven
-    from grpolab.models import load_policy, load_tokenizer
+
+    from grpolab.model.load import load_policy, load_tokenizer
 
     out = tmp_path_factory.mktemp("lively")
     liven(load_policy(tiny_model_dir, torch.device("cpu"))).save_pretrained(out)

@@ -9,8 +9,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import grpolab.checkpoint as ckpt
-from grpolab.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+import grpolab.training.checkpoint as ckpt
+from grpolab.training.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def _tiny(tie: bool = False, seed: int = 0):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.config import Config
+from grpolab.training.config import Config
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -31,7 +31,7 @@ def _env(tmp: Path) -> dict:
 
 
 def grpolab(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpolab.cli", *args], cwd=cwd, env=_env(cwd),
+    return subprocess.run([sys.executable, "-m", "grpolab.app.cli", *args], cwd=cwd, env=_env(cwd),
                           capture_output=True, text=True, timeout=timeout)
 
 

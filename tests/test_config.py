@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import yaml
 
-from grpolab.algos import AlgoConfig
-from grpolab.config import (
+from grpolab.algo.presets import AlgoConfig
+from grpolab.training.config import (
     Config,
     build_config,
     config_from_run,
@@ -19,7 +19,7 @@ from grpolab.config import (
     save_config,
     to_dict,
 )
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 
 def _error(overrides=None, recipe=None) -> str:

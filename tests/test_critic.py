@@ -4,15 +4,10 @@ from a tiny randomly initialised HF causal LM (no download)."""
 import pytest
 import torch
 
-from grpolab.algos import resolve_algo
-from grpolab.critic import (
-    ValueModel,
-    completion_values,
-    gae,
-    ppo_advantages,
-    value_loss,
-)
-from grpolab.shaping import terminal_rewards
+from grpolab.algo.gae import completion_values, gae, ppo_advantages, value_loss
+from grpolab.algo.presets import resolve_algo
+from grpolab.algo.shaping import terminal_rewards
+from grpolab.model.critic import ValueModel
 
 V3 = torch.tensor([[0.2, 0.5, 0.9]])
 R3 = torch.tensor([[0.0, 0.0, 1.0]])  # terminal verifiable reward 1 on the last token

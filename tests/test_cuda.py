@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import liven
 
 pytestmark = [
@@ -26,27 +25,28 @@ PROMPTS = ["What is 2+3?", "Hi", "Compute 17 * 23 and explain every step careful
 
 @pytest.fixture(scope="module")
 def cuda_tiny_dir(tmp_path_factory) -> Path:
-    from grpolab.models import make_tiny_model
+    from grpolab.model.load import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("cuda-tiny"), tokenizer_src=TOKENIZER)
 
 
 @pytest.fixture(scope="module")
 def tok(cuda_tiny_dir):
-    from grpolab.models import load_tokenizer
+    from grpolab.model.load import load_tokenizer
 
     return load_tokenizer(cuda_tiny_dir)
 
 
 def lively(path: Path, device: str):
-    from grpolab.models import load_policy
+    from grpolab.model.load import load_policy
 
     return liven(load_policy(path, torch.device("cpu")).eval()).to(device)
 
 
 def test_completion_logp_on_cuda_equals_the_cpu(cuda_tiny_dir, tok):
-    from grpolab.logprobs import completion_logp, grouped_completion_logp
-    from grpolab.rollout import chat_prompts, left_pad
+    from grpolab.model.cache import left_pad
+    from grpolab.model.logprobs import completion_logp, grouped_completion_logp
+    from grpolab.model.template import chat_prompts
 
     ids, mask = left_pad(chat_prompts(tok, PROMPTS, None), tok.pad_token_id)
     g = torch.Generator().manual_seed(0)
@@ -66,8 +66,9 @@ def test_completion_logp_on_cuda_equals_the_cpu(cuda_tiny_dir, tok):
 
 
 def test_generate_on_cuda_with_a_cuda_generator(cuda_tiny_dir, tok):
-    from grpolab.logprobs import completion_logp
-    from grpolab.rollout import chat_prompts, generate
+    from grpolab.model.generate import generate
+    from grpolab.model.logprobs import completion_logp
+    from grpolab.model.template import chat_prompts
 
     model = lively(cuda_tiny_dir, "cuda")
     ids = chat_prompts(tok, PROMPTS, None)
@@ -87,8 +88,9 @@ def test_generate_on_cuda_with_a_cuda_generator(cuda_tiny_dir, tok):
 
 
 def test_generate_under_bf16_autocast_on_cuda(cuda_tiny_dir, tok):
-    from grpolab.precision import choose
-    from grpolab.rollout import chat_prompts, generate
+    from grpolab.model.generate import generate
+    from grpolab.model.precision import choose
+    from grpolab.model.template import chat_prompts
 
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
@@ -101,7 +103,7 @@ def test_generate_under_bf16_autocast_on_cuda(cuda_tiny_dir, tok):
 
 
 def test_two_training_steps_on_cuda(cuda_tiny_dir, tmp_path):
-    from grpolab.cli import main
+    from grpolab.app.cli import main
 
     out = tmp_path / "run"
     rc = main(["train", f"model={cuda_tiny_dir}", "device=cuda", "steps=2", "batch_size=8", "G=4", "max_new_tokens=8",

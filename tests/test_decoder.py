@@ -1,4 +1,4 @@
-"""The lean decode step (grpolab.decoder) against the model's own HF forward: the same logits for
+"""The lean decode step (grpolab.model.decoder) against the model's own HF forward: the same logits for
 Llama (grouped-query heads), Qwen2 (q/k/v biases) and a LoRA adapter merged in, with left padding and
 rows leaving the batch; greedy rollouts token for token; the packed bf16 layout is exact; models it
 does not support fall back to the HF forward."""
@@ -8,13 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab import decoder
-from grpolab.rollout import HFStepper, generate, left_pad, positions, stepper_for
+from grpolab.model import decoder
+from grpolab.model.cache import left_pad, positions
+from grpolab.model.generate import HFStepper, generate, stepper_for
 
 
 def tiny(kind: str, seed: int = 0):
     """A random 3-layer model of the given family, hidden 64, 4 query heads over 2 KV heads."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -165,8 +171,8 @@ def test_hooked_model_takes_the_hf_forward():
 
 
 def test_decoder_key_is_validated():
-    from grpolab.config import build_config
-    from grpolab.types import ConfigError
+    from grpolab.training.config import build_config
+    from grpolab.util.fields import ConfigError
 
     with pytest.raises(ConfigError, match="decoder"):
         build_config({"decoder": "fast"})
@@ -175,7 +181,7 @@ def test_decoder_key_is_validated():
 
 
 def test_auto_uses_the_lean_step_where_it_was_measured_faster():
-    from grpolab.rollout import use_lean
+    from grpolab.model.generate import use_lean
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert use_lean("auto", torch.bfloat16, cpu)

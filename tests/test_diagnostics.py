@@ -1,12 +1,18 @@
-"""grpolab.diagnostics: the per-step aha metrics of a batch and the collapse watcher's alerts."""
+"""grpolab.training.diagnostics: the per-step aha metrics of a batch and the collapse watcher's alerts."""
 
 import math
 from types import SimpleNamespace
 
 import torch
 
-from grpolab.config import build_config
-from grpolab.diagnostics import CollapseWatcher, aha_metrics, count_phrases, pearson, phrase_pattern
+from grpolab.training.config import build_config
+from grpolab.training.diagnostics import (
+    CollapseWatcher,
+    aha_metrics,
+    count_phrases,
+    pearson,
+    phrase_pattern,
+)
 
 
 def fake_batch(texts, lengths, main, total=None, truncated=None, G=2):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from grpolab.optim import IMPLEMENTATION_KEYS
-
 from e2e_helpers import read_jsonl, weights
+
+from grpolab.model.optim import IMPLEMENTATION_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -94,7 +93,7 @@ def test_what_data_parallelism_does_not_support_is_refused(tiny_model_dir, tmp_p
     assert "exitcode: 2" in res.stderr
 
 
-# FSDP2 (fsdp=true, grpolab.sharding): the model sharded over the ranks instead of copied to each.
+# FSDP2 (fsdp=true, grpolab.parallel.fsdp): the model sharded over the ranks instead of copied to each.
 
 def test_fsdp_two_ranks_reach_the_parameters_of_one_process_on_the_global_batch(pair, tiny_model_dir, tmp_path):
     one, _ = pair
@@ -142,7 +141,7 @@ def test_fsdp_uneven_ranks_and_an_exact_resume(tiny_model_dir, tmp_path):
 
 
 def test_fsdp_without_torchrun_is_refused(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from grpolab.cli import main
+    from grpolab.app.cli import main
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'one'}", "fsdp=true"]) == 2
@@ -156,8 +155,9 @@ def test_a_one_column_slice_is_widened_without_changing_its_log_probs(tiny_model
     import contextlib
     from types import SimpleNamespace
 
-    from grpolab import sharding
-    from grpolab.microbatch import GroupSlice, slice_logp
+    from grpolab.batch import GroupSlice
+    from grpolab.model.passes import slice_logp
+    from grpolab.parallel import fsdp as sharding
 
     g = torch.Generator().manual_seed(0)
     part = GroupSlice(torch.arange(4), torch.randint(100, 5000, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.long),

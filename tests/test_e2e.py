@@ -1,4 +1,4 @@
-"""End to end: the real `grpolab train` / `grpolab eval` entry point (grpolab.cli.main, in-process) on the
+"""End to end: the real `grpolab train` / `grpolab eval` entry point (grpolab.app.cli.main, in-process) on the
 tiny random model, checking what a run leaves on disk and that it really trains.
 
 A tiny random model never answers a math question, so every group has zero reward variance and GRPO
@@ -25,11 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from e2e_helpers import changed, read_jsonl, varied_score, weights
 
 from grpolab import rewards as rewards_mod
-from grpolab.cli import main
-
-from e2e_helpers import changed, read_jsonl, varied_score, weights
+from grpolab.app.cli import main
 
 SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=4", "progress=false"]
 VARIED = "rewards=[{name: test_varied}]"
@@ -135,7 +134,7 @@ def test_samples_jsonl(run_dir):
 
 
 def test_config_yaml_is_the_resolved_config(run_dir, tiny_model_dir):
-    from grpolab.config import build_config, to_dict
+    from grpolab.training.config import build_config, to_dict
 
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert to_dict(build_config(saved)) == saved  # reloadable as a recipe, unchanged by the round trip

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from grpolab.algos import ALGOS
-from grpolab.cli import main
-
 from e2e_helpers import changed, read_jsonl, weights
+
+from grpolab.algo.presets import ALGOS
+from grpolab.app.cli import main
 
 SMALL = ["steps=2", "batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=0", "progress=false",
          "samples_per_step=0", "tensorboard=false", "rewards=[{name: test_varied}]"]
@@ -106,8 +105,8 @@ def test_the_critic_is_saved_pruned_and_resumed_with_its_checkpoint(tiny_model_d
     """critic.pt is written inside each atomic checkpoint and pruned with it, so resuming from an older
     checkpoint restores that step's critic (it used to be one file beside the checkpoints, always the
     newest)."""
-    from grpolab.config import build_config
-    from grpolab.trainer import resume_state, setup
+    from grpolab.training.config import build_config
+    from grpolab.training.trainer import resume_state, setup
 
     out = tmp_path / "ppo"
     args = [f"model={tiny_model_dir}", f"out={out}", "algo=ppo", *SMALL, "steps=3", "save_every=1",

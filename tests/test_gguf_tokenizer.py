@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
-from grpolab import models
-from grpolab.models import (
+from grpolab.model import load as models
+from grpolab.model.load import (
     TOKENIZER_FILES,
     _gguf_cache_path,
     _gguf_tokenizer,

@@ -4,9 +4,9 @@ tests/golden/presets.json was first recorded by this file (GRPOLAB_WRITE_GOLDEN=
 the 2-core development machine, *before* the training step was rewritten as a pipeline of stages
 (issue "One readable training step"); the rewrite left every recorded number as it was. It was
 re-recorded, deliberately, later the same day, for two speed changes that each compute the same
-numbers in another float order: AdamW as torch's fused implementation (grpolab.optim, faster per
+numbers in another float order: AdamW as torch's fused implementation (grpolab.model.optim, faster per
 step; about 2e-7 apart after 3 steps) and the CPU attention of
-grpolab.attention instead of sdpa. They move the numbers after step 1 by float rounding. That
+grpolab.model.attention instead of sdpa. They move the numbers after step 1 by float rounding. That
 recording also holds the metrics added since (aha/, alert/). The test compares each recorded metric
 of each step, and the sum and sum of squares of the final policy weights.
 
@@ -36,10 +36,9 @@ import os
 from pathlib import Path
 
 import pytest
-
-from grpolab.cli import main
-
 from e2e_helpers import read_jsonl, weights
+
+from grpolab.app.cli import main
 
 GOLDEN = Path(__file__).parent / "golden" / "presets.json"
 RUNS = {
@@ -96,8 +95,8 @@ def differences(got: dict, want: dict, keys=None, rel: float = 1e-6, abs_: float
 @pytest.fixture()
 def policy_pass_for_kl(monkeypatch):
     """Put back the old source of log pi_theta for the KL in the reward: a no-grad pass of the policy."""
-    from grpolab import step
-    from grpolab.microbatch import logp_without_grad
+    from grpolab.model.passes import logp_without_grad
+    from grpolab.training import step
 
     monkeypatch.setattr(step, "sampled_token_logp", lambda run, rollout: logp_without_grad(run, run.policy, rollout))
 

@@ -26,13 +26,13 @@ import time
 import pytest
 
 from grpolab import sandbox as sb
+from grpolab.batch import Example
 from grpolab.rewards import build_rewards, score_completions
 from grpolab.rewards.code import code_score
 from grpolab.rewards.math_answer import math_score
 from grpolab.rewards.tool_call import tool_call_score
 from grpolab.rewards.tools import TOOL_SPECS
 from grpolab.sandbox import SandboxConfig, literal_test, run_tests
-from grpolab.types import Example
 
 pytestmark = pytest.mark.hostile
 

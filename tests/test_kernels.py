@@ -1,4 +1,4 @@
-"""grpolab.kernels: the C decode-attention kernel against the torch attention (grpolab.attention) over
+"""grpolab.model.kernels: the C decode-attention kernel against the torch attention (grpolab.model.attention) over
 shapes, padding and lengths; shapes it does not take fall back; a missing or failing compiler and the
 opt-out variable leave the torch path with a reason; the lean decode step gives the same logits with
 and without it."""
@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from grpolab import decoder, kernels
-from grpolab.attention import grouped_query_attention
-from grpolab.rollout import left_pad
+from grpolab.model import decoder, kernels
+from grpolab.model.attention import grouped_query_attention
+from grpolab.model.cache import left_pad
 
 HAS_CC = bool(shutil.which("cc") or shutil.which("gcc"))
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from grpolab.kl import KL_ESTIMATORS, AdaptiveKL, kl_per_token
-from grpolab.algos import resolve_algo
+from grpolab.algo.kl import KL_ESTIMATORS, AdaptiveKL, kl_per_token
+from grpolab.algo.presets import resolve_algo
 
 # A small categorical pair: pi_theta and pi_ref over 5 outcomes.
 PI = torch.tensor([0.40, 0.25, 0.15, 0.12, 0.08], dtype=torch.float64)

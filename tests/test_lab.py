@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-import grpolab.lab as lab
-from grpolab.cli import main
+import grpolab.app.lab as lab
+from grpolab.app.cli import main
 
 
 def run_lab(*argv: str) -> dict:
@@ -102,7 +102,7 @@ def test_memory_builds_two_train_commands(monkeypatch, tmp_path, capsys):
     res = run_lab("memory", "--steps", "3", "--model", "tiny-model")
     assert [c[3:5] for c in calls] == [["train", "algo=grpo"], ["train", "algo=ppo"]]
     for c in calls:
-        assert "steps=3" in c and "model=tiny-model" in c and c[1:3] == ["-m", "grpolab.cli"]
+        assert "steps=3" in c and "model=tiny-model" in c and c[1:3] == ["-m", "grpolab.app.cli"]
     assert res["ratio"]["peak_mb"] == pytest.approx(0.5)
     assert res["verdict"].startswith("holds")
     with pytest.raises(SystemExit):

@@ -37,9 +37,9 @@ def test_direct_guesses_are_right_about_a_third_of_the_time():
 
 
 def test_char_tokenizer_saves_as_a_normal_hf_directory(tmp_path):
-    from grpolab.lab import tinychar
-    from grpolab.models import load_tokenizer
-    from grpolab.rollout import chat_prompts
+    from grpolab.app.lab import tinychar
+    from grpolab.model.load import load_tokenizer
+    from grpolab.model.template import chat_prompts
 
     tok = tinychar.char_tokenizer()
     model = tinychar.tiny_llama(tok, hidden=32, layers=1)
@@ -51,9 +51,9 @@ def test_char_tokenizer_saves_as_a_normal_hf_directory(tmp_path):
 
 
 def test_quick_miniature_length_and_reward_rise_together(tmp_path):
-    from grpolab.cli import main
-    from grpolab.fileio import read_jsonl
-    from grpolab.lab import last_result
+    from grpolab.app.cli import main
+    from grpolab.app.lab import last_result
+    from grpolab.util.fileio import read_jsonl
 
     assert main(["lab", "aha", "--quick", "--out", str(tmp_path)]) == 0
     res = last_result
@@ -72,7 +72,7 @@ def test_quick_miniature_length_and_reward_rise_together(tmp_path):
 
 
 def test_quick_critic_claim_on_the_miniature(tmp_path):
-    from grpolab.lab import critic_claim
+    from grpolab.app.lab import critic_claim
 
     res = critic_claim.run(["--quick", "--out", str(tmp_path)])
     assert res["grpo"]["params"] / res["ppo"]["params"] < 0.6  # the critic is a second set of weights
@@ -82,7 +82,7 @@ def test_quick_critic_claim_on_the_miniature(tmp_path):
 
 
 def test_quick_kl_claim_direction(tmp_path):
-    from grpolab.lab import kl_claim
+    from grpolab.app.lab import kl_claim
 
     assert "CC0" in json.loads(kl_claim.TEXT_FILE.read_text())["licence"]
     res = kl_claim.run(["--quick", "--out", str(tmp_path)])
@@ -94,7 +94,7 @@ def test_quick_kl_claim_direction(tmp_path):
 def test_bad_budgets_are_usage_errors():
     import pytest
 
-    from grpolab.cli import main
+    from grpolab.app.cli import main
 
     for argv in (["lab", "aha", "--steps", "0"], ["lab", "aha", "--pretrain-steps", "0"], ["lab", "critic", "--steps", "0"],
                  ["lab", "kl", "--steps", "-1"]):

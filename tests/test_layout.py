@@ -92,12 +92,74 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_no_module_imports_itself_back_through_a_cycle():
     g = graph()
-    assert "grpolab.step" in g and "grpolab.trainer" in g["grpolab.cli"]  # the graph is read
+    assert "grpolab.training.step" in g and "grpolab.training.trainer" in g["grpolab.app.cli"]  # the graph is read
     assert find_cycle(g) is None, " -> ".join(find_cycle(g))
 
 
-def test_algos_imports_no_other_grpolab_module_but_types():
-    assert graph()["grpolab.algos"] == {"grpolab.types"}
+def test_algos_imports_no_other_grpolab_module_but_the_fields():
+    assert graph()["grpolab.algo.presets"] == {"grpolab.util.fields"}
+
+
+# The layers, from the ground up. A module imports only its own folder and the layers below; two folders
+# on one layer never import each other. The top-level modules: batch.py is a layer of its own, the
+# compat re-exports (rollout.py, trainer.py) and __main__ stand above the applications.
+LAYERS = [
+    {"util"},
+    {"batch"},
+    {"algo", "sandbox"},
+    {"model", "rewards"},
+    {"parallel", "tasks"},
+    {"env"},
+    {"training"},
+    {"app"},
+    {"__main__", "rollout", "trainer"},
+]
+
+
+def folder_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def layer_of(module: str) -> int:
+    folder = folder_of(module)
+    for i, names in enumerate(LAYERS):
+        if folder in names:
+            return i
+    raise AssertionError(f"{module}: its folder {folder!r} is on no layer of tests/test_layout.py's LAYERS")
+
+
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in g.items():
+        if m == "grpolab":
+            continue
+        for d in deps:
+            same_folder = folder_of(d) == folder_of(m)
+            if not same_folder and layer_of(d) >= layer_of(m):
+                bad.append(f"{m} (layer {layer_of(m)}) imports {d} (layer {layer_of(d)})")
+    return sorted(bad)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    g = {"grpolab.algo.losses": {"grpolab.model.passes"}, "grpolab.model.passes": {"grpolab.algo.losses"},
+         "grpolab.tasks.qa": {"grpolab.parallel.fsdp"}}
+    assert layer_violations(g) == [
+        "grpolab.algo.losses (layer 2) imports grpolab.model.passes (layer 3)",
+        "grpolab.tasks.qa (layer 4) imports grpolab.parallel.fsdp (layer 4)"]
+
+
+def test_imports_point_down_the_layers():
+    g = graph()
+    assert {folder_of(m) for m in g if m != "grpolab"} <= set().union(*LAYERS)
+    assert not layer_violations(g), "\n".join(layer_violations(g))
+
+
+def test_every_folder_says_its_job_first():
+    """Each layer folder's __init__.py opens with a docstring that names its layer."""
+    for p in sorted(SRC.iterdir()):
+        if p.is_dir() and (p / "__init__.py").exists():
+            doc = ast.get_docstring(ast.parse((p / "__init__.py").read_text())) or ""
+            assert len(doc) > 40, f"src/grpolab/{p.name}/__init__.py has no docstring that says its job"
 
 
 def test_no_source_file_outside_the_sandbox_is_over_500_lines():
@@ -115,3 +177,7 @@ def test_readme_layout_names_every_module():
             continue
         name = p.name if p.suffix == ".py" else p.name + "/"
         assert name in words, f"README.md's layout does not mention src/grpolab/{name}"
+    for folder in ("util", "algo", "model", "parallel", "training"):  # the layers' modules, each named
+        for p in sorted((SRC / folder).glob("*.py")):
+            if p.name != "__init__.py":
+                assert p.name in words, f"README.md's layout does not mention src/grpolab/{folder}/{p.name}"

@@ -1,4 +1,4 @@
-"""The chunked LM head + log-softmax (grpolab.lmhead): same values and gradients as the plain head,
+"""The chunked LM head + log-softmax (grpolab.model.lmhead): same values and gradients as the plain head,
 a worked example of its backward, and no full (positions x vocabulary) tensor kept for the backward."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
-
-from grpolab.lmhead import chunked_token_logp, plain_head_weight, rows_per_chunk
-from grpolab.logprobs import completion_logp, token_entropy, token_logp
-
 from e2e_helpers import padded_sequences
+
+from grpolab.model.lmhead import chunked_token_logp, plain_head_weight, rows_per_chunk
+from grpolab.model.logprobs import completion_logp, token_entropy, token_logp
 
 
 def plain(h, w, y, T):
@@ -95,7 +94,7 @@ def test_no_full_logits_are_kept_for_the_backward():
 
 
 def test_completion_logp_on_the_tiny_model_equals_the_plain_head(tiny_model, monkeypatch):
-    import grpolab.logprobs as lp_mod
+    import grpolab.model.logprobs as lp_mod
 
     assert plain_head_weight(tiny_model) is tiny_model.lm_head.weight  # tied to the embeddings
     p_ids, p_mask, c_ids, c_mask = padded_sequences(tiny_model.config.vocab_size, (2, 5), (2, 6), 3, pad=(0, 2),
@@ -146,7 +145,7 @@ def test_kept_logits_in_bf16_give_the_plain_heads_numbers():
 
 
 def test_logits_are_kept_only_under_the_budget_and_only_for_a_backward():
-    from grpolab.lmhead import keeps_logits
+    from grpolab.model.lmhead import keeps_logits
 
     assert keeps_logits(16 * 128, 49152, torch.bfloat16)  # 201 MB: setting (b) of the bench keeps them
     assert not keeps_logits(16 * 8 * 256, 151936, torch.bfloat16)  # 10 GB: recomputed

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from grpolab.logprobs import backbone, completion_logp, token_entropy, token_logp
-from grpolab.rollout import left_pad, positions
+from grpolab.model.cache import left_pad, positions
+from grpolab.model.logprobs import backbone, completion_logp, token_entropy, token_logp
 
 
 def test_token_logp_worked_example():

@@ -1,4 +1,4 @@
-"""LoRA through peft (grpolab.lora, grpolab.reference, grpolab.export) on the tiny random model:
+"""LoRA through peft (grpolab.model.lora, grpolab.model.reference, grpolab.app.export) on the tiny random model:
 the lora.* keys and their errors, a real CLI run that trains only the adapter, the reference as the
 policy with its adapter off, exact resume, `grpolab export --merged`, eval and chat on a LoRA run,
 and the message when peft is missing."""
@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from grpolab.cli import main
-from grpolab.config import build_config, help_text
-from grpolab.types import ConfigError
-
 from e2e_helpers import changed, read_jsonl
+
+from grpolab.app.cli import main
+from grpolab.training.config import build_config, help_text
+from grpolab.util.fields import ConfigError
 
 FAST = ["batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8", "progress=false", "tensorboard=false",
         "report=false", "samples_per_step=1", "lr=1e-2", "algo.beta=0.04", "rewards=[{name: test_varied}]"]
@@ -91,7 +90,7 @@ def test_missing_peft_says_how_to_install(tiny_model_dir, tmp_path, monkeypatch,
 
 
 def test_a_lora_checkpoint_holds_the_adapter_and_its_optimizer_only(lora_run):
-    from grpolab.checkpoint import verify_checkpoint
+    from grpolab.training.checkpoint import verify_checkpoint
 
     ck = lora_run / "checkpoints" / "step-000003"
     files = {p.name for p in ck.iterdir()}
@@ -113,12 +112,12 @@ def test_a_lora_checkpoint_holds_the_adapter_and_its_optimizer_only(lora_run):
 def test_only_the_adapter_trains_and_the_reference_is_the_base_model(tiny_model_dir, tmp_path):
     """In process, as the CLI runs it: after two steps every base weight is bitwise what it was, the
     adapter moved, and the reference (adapter off) gives the base model's log-probs bit for bit."""
-    from grpolab.lora import is_peft
-    from grpolab.microbatch import logp_without_grad
-    from grpolab.models import load_policy
-    from grpolab.reference import AdapterOff
-    from grpolab.step import train_step
-    from grpolab.trainer import setup
+    from grpolab.model.load import load_policy
+    from grpolab.model.lora import is_peft
+    from grpolab.model.passes import logp_without_grad
+    from grpolab.model.reference import AdapterOff
+    from grpolab.training.step import train_step
+    from grpolab.training.trainer import setup
 
     cfg = build_config(None, [f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", *FAST, *LORA])
     run = setup(cfg, log=lambda *_: None)
@@ -165,7 +164,7 @@ def test_resume_refuses_other_lora_settings(lora_run, capsys):
 def test_export_merged_loads_in_plain_transformers_with_the_same_logits(lora_run, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpolab.models import load_policy
+    from grpolab.model.load import load_policy
 
     out = tmp_path / "merged"
     assert main(["export", str(lora_run), "--merged", str(out)]) == 0

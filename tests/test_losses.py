@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from grpolab.advantages import compute_advantages, group_std
-from grpolab.algos import AlgoConfig, resolve_algo
-from grpolab.losses import AGGREGATIONS, OBJECTIVES, policy_loss
+from grpolab.algo.advantages import compute_advantages, group_std
+from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES, policy_loss
+from grpolab.algo.presets import AlgoConfig, resolve_algo
 
 E = math.e
 

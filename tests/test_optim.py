@@ -1,4 +1,4 @@
-"""grpolab.optim: AdamW fused where it applies; a checkpoint of either implementation resumes into the
+"""grpolab.model.optim: AdamW fused where it applies; a checkpoint of either implementation resumes into the
 other with its moments intact and the loading optimizer's own implementation kept."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from grpolab.optim import adamw, load_state
+from grpolab.model.optim import adamw, load_state
 
 
 def params(seed: int = 0):

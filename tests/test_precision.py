@@ -1,4 +1,4 @@
-"""precision=auto (grpolab.precision): the per-phase rule, what is measured and what is left untouched."""
+"""precision=auto (grpolab.model.precision): the per-phase rule, what is measured and what is left untouched."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from grpolab import precision
-from grpolab.precision import Precision, choose, faster
+from grpolab.model import precision
+from grpolab.model.precision import Precision, choose, faster
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from grpolab.cli import main
+from grpolab.app.cli import main
 
 
 @pytest.mark.slow

@@ -1,15 +1,14 @@
-"""The reference policy (grpolab.reference): a frozen copy whose linear layers are stored in the autocast
+"""The reference policy (grpolab.model.reference): a frozen copy whose linear layers are stored in the autocast
 dtype gives the same log-probs, bit for bit, as the fp32 copy under autocast, in less memory."""
 
 from __future__ import annotations
 
 import torch
-
-from grpolab.config import build_config
-from grpolab.logprobs import grouped_completion_logp
-from grpolab.reference import FrozenCopy
-
 from e2e_helpers import padded_sequences
+
+from grpolab.model.logprobs import grouped_completion_logp
+from grpolab.model.reference import FrozenCopy
+from grpolab.training.config import build_config
 
 
 def _logp(model):
@@ -35,7 +34,7 @@ def test_linear_layers_in_bf16_give_the_same_log_probs_under_autocast(tiny_model
 
 
 def test_setup_stores_the_reference_in_the_update_dtype(tiny_model_dir, tmp_path):
-    from grpolab.trainer import setup
+    from grpolab.training.trainer import setup
 
     args = [f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "algo=grpo", "algo.beta=0.04", "eval_size=0",
             "progress=false", "tensorboard=false"]

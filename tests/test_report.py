@@ -29,12 +29,11 @@ import pytest
 import torch
 from e2e_helpers import read_jsonl
 
-from grpolab.algos import AlgoConfig
-from grpolab.cli import main
-from grpolab.kl import kl_per_token
-from grpolab.report.tokens import token_credit
-from grpolab.rollout import Rollout
-from grpolab.step import Batch
+from grpolab.algo.kl import kl_per_token
+from grpolab.algo.presets import AlgoConfig
+from grpolab.app.cli import main
+from grpolab.batch import Batch, Rollout
+from grpolab.training.token_credit import token_credit
 
 SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "progress=false", "tensorboard=false",
          "save_every=0", "rewards=[{name: test_varied}, {name: format, weight: 0.5}]"]
@@ -244,7 +243,7 @@ def test_without_matplotlib_the_report_says_what_to_install(run_a, tmp_path, cap
 
 
 def test_a_failing_report_never_fails_the_run(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from grpolab.report import plots
+    from grpolab.app.report import plots
 
     def broken():
         raise plots.MissingPlotting("no plotting here")

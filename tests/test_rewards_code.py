@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpolab.batch import Example
 from grpolab.rewards import build_rewards
 from grpolab.rewards.code import (
     UnconvertibleTest,
@@ -12,7 +13,7 @@ from grpolab.rewards.code import (
     convert_tests,
 )
 from grpolab.sandbox import SandboxConfig
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 CFG = SandboxConfig(timeout_s=3.0)
 EX = Example(prompt="", answer="", meta={

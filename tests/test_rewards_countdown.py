@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from grpolab.batch import Example
 from grpolab.rewards import build_rewards
 from grpolab.rewards.countdown import ExprError, countdown_score, evaluate
-from grpolab.types import Example
 
 NUMS, TARGET = [3, 5, 7, 2], 24
 

@@ -10,8 +10,15 @@ import threading
 
 import pytest
 
-from grpolab.rewards import REWARDS, RewardFn, as_factory, build_rewards, score_completions
-from grpolab.types import ConfigError, Example
+from grpolab.batch import Example
+from grpolab.rewards import (
+    REWARDS,
+    RewardFn,
+    as_factory,
+    build_rewards,
+    score_completions,
+)
+from grpolab.util.fields import ConfigError
 
 EX_A = Example(prompt="What is 2+2?", answer="4", meta={"level": 1, "source": "a"}, id="a")
 EX_B = Example(prompt="What is 3+3?", answer="6", meta={"level": 2, "source": "b"}, id="b")
@@ -246,8 +253,8 @@ def broken(completions, **kwargs):
 
 def test_cli_trains_two_steps_with_a_reward_named_by_file(tiny_model_dir, tmp_path, capsys, caplog):
     """End to end, as a user would: a TRL-style function in a .py file, named by path on the command line."""
-    from grpolab.cli import main
-    from grpolab.fileio import read_jsonl
+    from grpolab.app.cli import main
+    from grpolab.util.fileio import read_jsonl
 
     path = tmp_path / "rewards.py"
     path.write_text(CLI_REWARD)

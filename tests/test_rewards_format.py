@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from grpolab.batch import Example
 from grpolab.rewards import build_rewards
 from grpolab.rewards.format import format_checks, format_score
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 GOOD = "<think>a</think>\n<answer>42</answer>\n"
 

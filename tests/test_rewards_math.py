@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from grpolab.batch import Example
 from grpolab.rewards import build_rewards
 from grpolab.rewards.math_answer import extract_answer, math_score, shutdown_workers
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 
 def score(completion: str, gold: str, **kw) -> float:

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from grpolab import rewards
+from grpolab.batch import Example
 from grpolab.rewards import REWARDS, RewardFn, build_rewards, score_completions
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 EX = Example(prompt="p", answer="4", id="e")
 

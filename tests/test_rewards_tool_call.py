@@ -6,10 +6,24 @@ import json
 
 import pytest
 
+from grpolab.batch import Example
 from grpolab.rewards import build_rewards
-from grpolab.rewards.tool_call import StrictJSONError, strict_json_loads, tool_call_score
-from grpolab.rewards.tools import TOOL_SPECS, ToolError, calculator, convert_units, date_add, date_diff, run_tool, weekday
-from grpolab.types import ConfigError, Example
+from grpolab.rewards.tool_call import (
+    StrictJSONError,
+    strict_json_loads,
+    tool_call_score,
+)
+from grpolab.rewards.tools import (
+    TOOL_SPECS,
+    ToolError,
+    calculator,
+    convert_units,
+    date_add,
+    date_diff,
+    run_tool,
+    weekday,
+)
+from grpolab.util.fields import ConfigError
 
 EX = Example(prompt="", answer="", meta={"tools": [TOOL_SPECS["calculator"], TOOL_SPECS["date_add"]],
                                           "expected_tool": "calculator", "expected_result": 409.5})

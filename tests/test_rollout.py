@@ -9,17 +9,12 @@ import warnings
 import pytest
 import torch
 
-from grpolab.logprobs import completion_logp
-from grpolab.rollout import (
-    Rollout,
-    chat_prompts,
-    concat_rollouts,
-    eos_token_ids,
-    generate,
-    left_pad,
-    positions,
-    sample_token,
-)
+from grpolab.batch import Rollout, concat_rollouts
+from grpolab.model.cache import left_pad, positions
+from grpolab.model.generate import eos_token_ids, generate
+from grpolab.model.logprobs import completion_logp
+from grpolab.model.sampling import sample_token
+from grpolab.model.template import chat_prompts
 
 PROMPTS = ["What is 2+3?", "Hi", "Compute 17 * 23 and explain every step carefully.", "Name a colour.", "x"]
 

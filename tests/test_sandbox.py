@@ -21,8 +21,8 @@ from grpolab.sandbox import (
     run_many,
     run_tests,
 )
-from grpolab.types import ConfigError
-from grpolab.values import plain_equal
+from grpolab.util.fields import ConfigError
+from grpolab.util.values import plain_equal
 
 ADD = [literal_test("add(1, 2)", "3"), literal_test("add(-4, 4)", "0"), literal_test("add(10, 5)", "15")]
 GOOD = "def add(a, b):\n    return a + b\n"

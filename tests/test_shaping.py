@@ -1,4 +1,4 @@
-"""Reward shaping (grpolab.shaping): the DAPO filter and overlong punishment, KL in the reward, terminal
+"""Reward shaping (grpolab.algo.shaping): the DAPO filter and overlong punishment, KL in the reward, terminal
 rewards, and shape_rewards composing them -- worked arithmetic."""
 
 import math
@@ -6,8 +6,14 @@ import math
 import pytest
 import torch
 
-from grpolab.algos import resolve_algo
-from grpolab.shaping import informative_groups, kl_token_penalty, overlong_penalty, shape_rewards, terminal_rewards
+from grpolab.algo.presets import resolve_algo
+from grpolab.algo.shaping import (
+    informative_groups,
+    kl_token_penalty,
+    overlong_penalty,
+    shape_rewards,
+    terminal_rewards,
+)
 
 
 def close(a, b, tol=1e-6):

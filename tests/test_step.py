@@ -1,4 +1,4 @@
-"""The training step's stages (grpolab.step) on plain data: the per-step generator, the Batch, and
+"""The training step's stages (grpolab.training.step) on plain data: the per-step generator, the Batch, and
 what samples.jsonl records."""
 
 from types import SimpleNamespace
@@ -6,10 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpolab import step as step_mod
-from grpolab.rollout import Rollout
-from grpolab.run import step_rng
-from grpolab.step import Batch
+from grpolab.batch import Batch, Rollout
+from grpolab.training import step as step_mod
+from grpolab.training.run import step_rng
 
 
 def test_step_rng_is_per_step_reproducible_and_on_the_device():
@@ -63,7 +62,7 @@ def test_batch_keeps_whole_groups():
 
 
 def test_samples_record_the_raw_and_the_shaped_reward():
-    from grpolab.trainer import sample_records
+    from grpolab.training.trainer import sample_records
 
     batch = toy_batch()
     batch.reward = batch.raw_reward - torch.tensor([0.0, 0.0, 1.0, 1.0])  # e.g. an overlong penalty
@@ -77,11 +76,11 @@ def test_samples_record_the_raw_and_the_shaped_reward():
 @pytest.mark.parametrize("placement", ["in_loss", "in_reward"])
 def test_the_kl_is_measured_once(placement, tiny_model_dir, tmp_path):
     """One `kl` per step, from the stage that uses it: the loss (in_loss) or the shaping (in_reward)."""
-    from grpolab import rewards as rewards_mod
-    from grpolab.cli import main
-    from grpolab.fileio import read_jsonl
-
     from e2e_helpers import varied_score
+
+    from grpolab import rewards as rewards_mod
+    from grpolab.app.cli import main
+    from grpolab.util.fileio import read_jsonl
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)

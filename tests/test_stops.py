@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from e2e_helpers import changed, read_jsonl, varied_score, weights
 
 from grpolab import rewards as rewards_mod
-from grpolab.checkpoint import latest_good_checkpoint, verify_checkpoint
-from grpolab.cli import main
-
-from e2e_helpers import changed, read_jsonl, varied_score, weights
+from grpolab.app.cli import main
+from grpolab.training.checkpoint import latest_good_checkpoint, verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8", "eval_size=0", "progress=false",
@@ -136,7 +135,7 @@ def train_in_process(model: Path, out: Path, *args: str) -> int:
 
 
 def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path, monkeypatch):
-    from grpolab import sharding as step_mod  # the update's policy pass: sharding.policy_logp -> slice_logp
+    from grpolab.parallel import fsdp as step_mod
 
     real = step_mod.slice_logp
     calls = [0]
@@ -160,7 +159,7 @@ def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path,
 
 
 def test_a_nan_gradient_is_skipped_and_k_in_a_row_stop_the_run(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from grpolab import trainer as trainer_mod
+    from grpolab.training import trainer as trainer_mod
 
     real_setup = trainer_mod.setup
 
@@ -197,7 +196,7 @@ def test_a_nan_gradient_is_skipped_and_k_in_a_row_stop_the_run(tiny_model_dir, t
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from grpolab import checkpoint as ck_mod
+    from grpolab.training import checkpoint as ck_mod
 
     real_save = torch.save
     saves = [0]

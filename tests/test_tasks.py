@@ -11,10 +11,11 @@ from fractions import Fraction
 
 import pytest
 
+from grpolab.batch import Example
 from grpolab.tasks import build_task
 from grpolab.tasks.arithmetic import TEMPLATES as ARITH_TEMPLATES
 from grpolab.tasks.qa import normalise_answer
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 
 def _as_tuples(examples: list[Example]):

@@ -11,7 +11,7 @@ from grpolab.rewards.code import convert_tests
 from grpolab.sandbox import SandboxConfig, run_many
 from grpolab.tasks import build_task
 from grpolab.tasks.code import CodeTask, load_problems
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 
 def test_builtin_problems_and_split():

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from grpolab.rollout import chat_prompts
+from grpolab.model.template import chat_prompts
 from grpolab.tasks import TASKS, build_task
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 ROWS = [{"q": f"What is {i} + {i}?", "a": str(2 * i), "level": i % 3} for i in range(20)]
 MESSAGES = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 2 + 2?"}]
@@ -178,8 +178,8 @@ def test_cli_trains_on_a_datasets_directory(tiny_model_dir, tmp_path):
     """End to end: a DatasetDict saved with save_to_disk, chat prompts, a TRL reward that reads a column."""
     import datasets
 
-    from grpolab.cli import main
-    from grpolab.fileio import read_jsonl
+    from grpolab.app.cli import main
+    from grpolab.util.fileio import read_jsonl
 
     rows = [{"prompt": [{"role": "user", "content": f"Say {i}."}], "solution": str(i), "bonus": i % 2}
             for i in range(8)]

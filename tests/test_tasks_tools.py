@@ -9,7 +9,7 @@ import pytest
 
 from grpolab.rewards import build_rewards, score_completions
 from grpolab.tasks import build_task
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 
 def test_builtin_questions_are_consistent():

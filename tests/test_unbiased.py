@@ -4,13 +4,13 @@ functions have the expectation the theory says, and a baseline lowers their vari
 Two policies whose exact gradient of J(theta) = E_{y ~ pi_theta}[R(y)] is computable in closed form by
 enumeration (J = sum_y pi_theta(y) R(y), differentiated by autograd):
 
-  * the lab's softmax bandit (grpolab.lab.bandit: 6 arms, Bernoulli rewards, shifted by 10 here so that
+  * the lab's softmax bandit (grpolab.app.lab.bandit: 6 arms, Bernoulli rewards, shifted by 10 here so that
     baselines matter), and
   * a fixed-length (L = 3) autoregressive token-sequence policy over a 3-token vocabulary, each token's
     logits depending on its position and the previous token (27 sequences).
 
 Each estimate is what the trainer computes, through the lab's own estimator
-(grpolab.lab.bandit.gradient_estimates): rewards -> compute_advantages -> policy_loss (objective pg,
+(grpolab.app.lab.bandit.gradient_estimates): rewards -> compute_advantages -> policy_loss (objective pg,
 aggregation seq_sum, on-policy) -> minus the gradient. M independent batches of N samples are evaluated
 at once by giving every batch its own copy of theta, so one backward pass yields M estimates.
 
@@ -32,7 +32,7 @@ Expected values:
 import pytest
 import torch
 
-from grpolab.lab import bandit
+from grpolab.app.lab import bandit
 
 DT = torch.float64
 M, N = 4000, 4  # batches, samples per batch (one prompt, so the batch is the group: G = N)
@@ -103,7 +103,7 @@ POLICIES = {"bandit": (bandit_exact_grad, bandit_batches), "sequence": (seq_exac
 
 
 def estimates(policy: str, advantage: str, seed: int = 0) -> torch.Tensor:
-    """(M, P): one policy-gradient estimate per batch (grpolab.lab.bandit.gradient_estimates)."""
+    """(M, P): one policy-gradient estimate per batch (grpolab.app.lab.bandit.gradient_estimates)."""
     gen = torch.Generator().manual_seed(seed)
     theta, logp, r = POLICIES[policy][1](gen)
     est, _ = bandit.gradient_estimates(theta, logp, r, advantage, N)

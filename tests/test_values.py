@@ -1,4 +1,4 @@
-"""grpolab.values: type-strict comparison of plain values, without hashing untrusted data."""
+"""grpolab.util.values: type-strict comparison of plain values, without hashing untrusted data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from grpolab.values import PlainDict, PlainSet, canonical, plain_equal, short_repr
+from grpolab.util.values import PlainDict, PlainSet, canonical, plain_equal, short_repr
 
 
 def test_type_strict_rules():
@@ -60,6 +60,6 @@ def test_numbers_beyond_float_range_and_reprs():
 
 
 def test_values_does_not_import_the_sandbox():
-    code = "import sys, grpolab.values, grpolab.rewards.tool_call; print(any('sandbox' in m for m in sys.modules))"
+    code = "import sys, grpolab.util.values, grpolab.rewards.tool_call; print(any('sandbox' in m for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -5,7 +5,7 @@
     grpolab.evaluate("runs/try")
 
 `import grpolab` is cheap: the attributes below load their modules (and torch) on first use.
-See grpolab.api for the arguments.
+See grpolab.app.api for the arguments.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "train": "grpolab.api:train",
-    "evaluate": "grpolab.api:evaluate",
-    "build_config": "grpolab.config:build_config",
-    "Config": "grpolab.config:Config",
-    "ConfigError": "grpolab.types:ConfigError",
-    "Example": "grpolab.types:Example",
+    "train": "grpolab.app.api:train",
+    "evaluate": "grpolab.app.api:evaluate",
+    "build_config": "grpolab.training.config:build_config",
+    "Config": "grpolab.training.config:Config",
+    "ConfigError": "grpolab.batch:ConfigError",
+    "Example": "grpolab.batch:Example",
     "REWARDS": "grpolab.rewards:REWARDS",
 }
 

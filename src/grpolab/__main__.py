@@ -2,6 +2,6 @@
 
 import sys
 
-from grpolab.cli import main
+from grpolab.app.cli import main
 
 sys.exit(main())

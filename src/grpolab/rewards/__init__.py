@@ -32,7 +32,7 @@ from typing import Callable
 
 from grpolab.rewards import custom
 from grpolab.rewards.scoring import RewardFn, Scores, score_completions
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 __all__ = ["REWARDS", "RewardFn", "Scores", "as_factory", "build_rewards", "get_factory", "score_completions"]
 

@@ -16,7 +16,7 @@ statements (imports, helper data, `assert True`) are not tests and never count.
 
 Each assert of the shape below is turned, in the parent and without evaluating anything, into a
 *call test*: the sandbox only receives the function name and literal arguments, the parent keeps
-the expected value and compares type-strictly (grpolab.values.plain_equal):
+the expected value and compares type-strictly (grpolab.util.values.plain_equal):
 
     assert f(<literals>) == <literal>        (either side; an assert message is ignored)
     assert f(<literals>) is True / False / None,  assert f(...),  assert not f(...)
@@ -37,6 +37,7 @@ import sys
 from dataclasses import replace
 from functools import lru_cache
 
+from grpolab.batch import Example
 from grpolab.rewards.extract import last_python_block
 from grpolab.sandbox import (
     ISOLATION_MODES,
@@ -46,7 +47,7 @@ from grpolab.sandbox import (
     check_isolation,
     run_tests,
 )
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 
 class UnconvertibleTest(ValueError):

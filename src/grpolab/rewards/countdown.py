@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from grpolab.batch import Example
 from grpolab.rewards import arith
 from grpolab.rewards.arith import Syntax
 from grpolab.rewards.extract import last_tag_content
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 MAX_EXPR_CHARS = 200
 MAX_DEPTH = 32

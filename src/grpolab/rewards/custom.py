@@ -34,7 +34,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from grpolab.types import ConfigError, Example
+from grpolab.batch import Example
+from grpolab.util.fields import ConfigError
 
 RESERVED = ("prompts", "completions")
 

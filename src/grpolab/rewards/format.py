@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from grpolab.types import ConfigError, Example
+from grpolab.batch import Example
+from grpolab.util.fields import ConfigError
 
 _TAG_RE = re.compile(r"[A-Za-z_][\w\-]*")
 

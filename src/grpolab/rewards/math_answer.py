@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from grpolab.batch import Example
 from grpolab.rewards.extract import (
     find_boxes,
     gsm8k_answer,
@@ -28,8 +29,8 @@ from grpolab.rewards.extract import (
     last_tag_content,
     plain_number,
 )
-from grpolab.procs import kill_process_group
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
+from grpolab.util.procs import kill_process_group
 
 EXTRACT_MODES = ("answer_tag", "boxed", "gsm8k", "last_number", "auto")
 _HEDGE_RE = re.compile(r"(?i)(\bor\b|\\lor\b|\\vee\b|\\text\{\s*or\s*\}|\beither\b)")

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from grpolab.types import Example
+from grpolab.batch import Example
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,11 @@ from functools import lru_cache
 
 import jsonschema
 
+from grpolab.batch import Example
 from grpolab.rewards.extract import last_tag_content
 from grpolab.rewards.tools import TOOL_FUNCTIONS, ToolError, run_tool
-from grpolab.values import plain_equal
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
+from grpolab.util.values import plain_equal
 
 
 class StrictJSONError(ValueError):

@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from grpolab.procs import kill_process_group
 from grpolab.sandbox import channel, grading, isolation, launcher, limits, slots
 from grpolab.sandbox.grading import SandboxResult, TestCase, literal_test
 from grpolab.sandbox.isolation import (
@@ -42,7 +41,8 @@ from grpolab.sandbox.isolation import (
 )
 from grpolab.sandbox.limits import ISOLATION_MODES, SandboxConfig
 from grpolab.sandbox.slots import MAX_PARALLEL, NOBODY, SLOTS, pids_of_uid, sandbox_uids
-from grpolab.values import plain_equal
+from grpolab.util.procs import kill_process_group
+from grpolab.util.values import plain_equal
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ length-prefixed; a reply for the wrong request, a malformed or oversized reply m
 tampered, and nothing after it is graded.
 
 In the parent, `decode` rebuilds results under a budget of bytes, items, depth and time, and never
-rebuilds a set or dict from them (see grpolab.values.PlainSet), so crafted hash collisions cannot
+rebuilds a set or dict from them (see grpolab.util.values.PlainSet), so crafted hash collisions cannot
 stall grading.
 """
 
@@ -29,7 +29,7 @@ import os
 import select
 import time
 
-from grpolab.values import PlainDict, PlainSet
+from grpolab.util.values import PlainDict, PlainSet
 
 MAX_VALUE_CHARS = 256 * 1024  # budget of one encoded value (roughly characters), in the child
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one frame between checker and candidate

@@ -3,7 +3,7 @@
 The number of tests comes from the task; a missing result is a failure; the exit code is ignored.
 Call tests are judged here: the sandbox only ever receives the function name and the arguments,
 never the expected value, and the reported value is decoded under a budget (channel.decode) and
-compared type-strictly (grpolab.values.plain_equal). Assert tests (a task's own check code) are
+compared type-strictly (grpolab.util.values.plain_equal). Assert tests (a task's own check code) are
 judged by the checker process inside the sandbox, which the candidate cannot reach. Every test is
 graded on its own: a value that cannot be compared (a 10**5000, an overflowing float) fails that
 test only. A run whose channel broke protocol, or whose results overran the decoding budget, is
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpolab.sandbox import channel
-from grpolab.values import plain_equal, short_repr
+from grpolab.util.values import plain_equal, short_repr
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from grpolab.sandbox import limits
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 log = logging.getLogger(__name__)
 

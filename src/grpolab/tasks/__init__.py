@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
 
 TASKS: dict[str, str] = {
     "arithmetic": "grpolab.tasks.arithmetic:ArithmeticTask",

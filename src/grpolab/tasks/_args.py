@@ -6,8 +6,8 @@ import random
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grpolab.fileio import parse_jsonl
-from grpolab.types import ConfigError
+from grpolab.util.fields import ConfigError
+from grpolab.util.fileio import parse_jsonl
 
 T = TypeVar("T")
 

@@ -28,8 +28,15 @@ from __future__ import annotations
 import itertools
 import random
 
-from grpolab.tasks._args import check_bool, check_int, check_optional_str, parse_operators, resolve_template
-from grpolab.types import ConfigError, Example
+from grpolab.batch import Example
+from grpolab.tasks._args import (
+    check_bool,
+    check_int,
+    check_optional_str,
+    parse_operators,
+    resolve_template,
+)
+from grpolab.util.fields import ConfigError
 
 #: Prompt presets. `{question}` is the bare expression, e.g. "23 + 48".
 TEMPLATES: dict[str, str] = {

@@ -30,9 +30,10 @@ import logging
 import random
 from importlib import resources
 
+from grpolab.batch import Example
 from grpolab.rewards.code import UnconvertibleTest, convert_tests, is_test, taint
 from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
+from grpolab.batch import Example
 from grpolab.tasks._args import (
     check_bool,
     check_int,
@@ -36,7 +37,7 @@ from grpolab.tasks._args import (
     parse_operators,
     resolve_template,
 )
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 TEMPLATES: dict[str, str] = {
     # TinyZero's prompt, reworded slightly.

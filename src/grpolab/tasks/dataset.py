@@ -49,10 +49,17 @@ import csv
 import math
 from pathlib import Path
 
-from grpolab.fileio import iter_jsonl
-from grpolab.tasks._args import FileSplitTask, check_optional_count, check_optional_path, check_optional_str, split_held_out
+from grpolab.batch import Example
+from grpolab.tasks._args import (
+    FileSplitTask,
+    check_optional_count,
+    check_optional_path,
+    check_optional_str,
+    split_held_out,
+)
 from grpolab.tasks.qa import ANSWER_FORMATS, normalise_answer
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
+from grpolab.util.fileio import iter_jsonl
 
 FORMATS = ("auto", "jsonl", "parquet", "csv", "datasets")
 PROMPT_COLUMNS = ("prompt", "messages", "question", "problem")

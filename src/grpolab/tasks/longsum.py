@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import random
 
+from grpolab.batch import Example
 from grpolab.tasks._args import check_int
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
 
 STYLES = ("direct", "steps", "reflect")
 REFLECTION_MARKER = " wait "

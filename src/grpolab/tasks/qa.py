@@ -39,10 +39,11 @@ import hashlib
 import itertools
 from pathlib import Path
 
-from grpolab.fileio import iter_jsonl
+from grpolab.batch import Example
 from grpolab.rewards.extract import gsm8k_answer, last_boxed
 from grpolab.tasks._args import FileSplitTask, check_optional_path, check_optional_str
-from grpolab.types import ConfigError, Example
+from grpolab.util.fields import ConfigError
+from grpolab.util.fileio import iter_jsonl
 
 QUESTION_KEYS = ("question", "problem", "prompt")
 ANSWER_KEYS = ("answer", "solution")

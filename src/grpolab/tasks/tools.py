@@ -28,9 +28,23 @@ from pathlib import Path
 
 import jsonschema
 
-from grpolab.rewards.tools import TOOL_FUNCTIONS, TOOL_SPECS, calculator, convert_units, date_add, date_diff, weekday
-from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl, split_held_out
-from grpolab.types import ConfigError, Example
+from grpolab.batch import Example
+from grpolab.rewards.tools import (
+    TOOL_FUNCTIONS,
+    TOOL_SPECS,
+    calculator,
+    convert_units,
+    date_add,
+    date_diff,
+    weekday,
+)
+from grpolab.tasks._args import (
+    check_optional_count,
+    check_optional_path,
+    read_jsonl,
+    split_held_out,
+)
+from grpolab.util.fields import ConfigError
 
 SYSTEM_PROMPT = (
     "You can call tools. To call one, reply with exactly one block\n"

@@ -1,0 +1,277 @@
+"""Policy objectives and loss aggregations: per-token losses in, one scalar (and its metrics) out.
+
+    policy_loss = AGGREGATIONS[algo.aggregation]( OBJECTIVES[algo.objective](...) + beta * k_t )
+
+Notation (docs/algorithms.md): tokens t of completion i with mask m_it, |y_i| = sum_t m_it, advantage
+A_i (or A_it for PPO), importance ratio rho_it = pi_theta(y_it) / pi_old(y_it) = exp(logp - old_logp).
+On-policy (one update per rollout, old_logp = logp.detach()) every ratio is 1 but its gradient is
+grad log pi_theta: that is how the surrogates below carry the policy gradient.
+
+Objectives: fn(logp, old_logp, adv, mask, algo) -> (loss_tok (b,T), info) where adv is (b,T)
+(a sequence advantage broadcast over its tokens) and info holds detached (b,T) tensors
+"ratio", "clip_low", "clip_high", "clip_dual" (bool: where a clip bound changed the term).
+
+Aggregations: fn(loss_tok, mask, n_seq, n_tok, max_len) -> scalar. n_seq / n_tok count the sequences /
+valid tokens of the whole optimizer batch, so the loss of a batch is the sum of its micro-batches'
+losses (gradient accumulation needs no rescaling).
+
+Numerics: padding positions may hold anything (0, -inf, NaN): they are replaced before any exp and
+masked with torch.where, never multiplied by the mask, so they cannot leak NaN. The log-ratio is
+clamped to +-LR_CLAMP (20) before exp; beyond that a clipped objective gives no gradient anyway.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # the settings type only; grpolab.algo.presets imports no registry, nor this module
+    from grpolab.algo.presets import AlgoConfig
+from grpolab.algo.kl import LR_CLAMP, kl_per_token
+
+
+def _where_valid(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask > 0, x, torch.zeros_like(x))  # (b, T)
+
+
+@torch.no_grad()
+def masked_mean(x: Tensor, mask: Tensor) -> float:
+    """(1 / max(sum m, 1)) * sum m_t x_t over valid positions, as a float: the mean every metric uses."""
+    valid = mask > 0
+    count = max(int(valid.sum().item()), 1)
+    return float(torch.where(valid, x.float(), torch.zeros_like(x, dtype=torch.float32)).sum().item() / count)
+
+
+def _importance_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """log rho = logp - old_logp on valid tokens, 0 on padding, clamped to +-LR_CLAMP."""
+    lr = _where_valid(logp, mask) - _where_valid(old_logp, mask)  # (b, T)
+    return lr.clamp(-LR_CLAMP, LR_CLAMP)  # (b, T)
+
+
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
+    """l = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), optionally dual-clipped; see obj_clipped."""
+    clipped_ratio = ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high)  # (b, T)
+    surr1 = ratio * adv  # (b, T) unclipped
+    surr2 = clipped_ratio * adv  # (b, T) clipped
+    use_clip = surr2 < surr1  # (b, T) the pessimistic (min) term is the clipped one: gradient 0
+    loss = -torch.where(use_clip, surr2, surr1)  # (b, T)
+    r = ratio.detach()
+    info = {
+        "ratio": r,
+        "clip_low": use_clip & (r < 1.0 - algo.eps_low),  # A < 0 and rho < 1 - eps_low
+        "clip_high": use_clip & (r > 1.0 + algo.eps_high),  # A > 0 and rho > 1 + eps_high
+        "clip_dual": torch.zeros_like(use_clip),
+    }
+    if algo.dual_clip is not None:
+        bound = -algo.dual_clip * adv  # (b, T) for A < 0: the loss may not exceed -c A = c |A|
+        dual = (adv < 0) & (loss > bound)  # (b, T) only reachable with rho > c
+        loss = torch.where(dual, bound, loss)  # (b, T) constant there: gradient 0
+        info["clip_dual"] = dual.detach()
+    return loss, info
+
+
+def obj_pg(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
+    """Vanilla policy gradient as the unclipped importance-sampled surrogate (Kakade & Langford 2002):
+
+        l_it = -rho_it A_it,     grad l_it = -rho_it A_it grad log pi_theta(y_it).
+
+    On-policy rho = 1 and this is REINFORCE (Williams 1992): -A grad log pi. Unlike -A * logp, its value
+    (-A) and its off-policy gradient stay correct when mu > 1. No clipping: nothing bounds the step.
+    """
+    ratio = torch.exp(_importance_log_ratio(logp, old_logp, mask))  # (b, T)
+    loss = -ratio * adv  # (b, T)
+    none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
+    return loss, {"ratio": ratio.detach(), "clip_low": none, "clip_high": none, "clip_dual": none}
+
+
+def obj_clipped(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), as in GRPO (Shao et al. 2024, eq. 3) and
+    with DAPO's clip-higher (Yu et al. 2025, eq. 10: eps_high > eps_low):
+
+        l_it = -min( rho_it A_it, clip(rho_it, 1 - eps_low, 1 + eps_high) A_it ).
+
+    Where the clipped term is the smaller (A > 0 and rho > 1 + eps_high, or A < 0 and rho < 1 - eps_low)
+    the term is constant in theta: that token contributes no gradient.
+    Dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games", eq. 5), for A < 0 only:
+    l_it = min(l_it, -c A_it) with c = algo.dual_clip > 1 -- bounds the loss of a bad token whose
+    ratio exploded.
+    """
+    ratio = torch.exp(_importance_log_ratio(logp, old_logp, mask))  # (b, T)
+    return _clipped_surrogate(ratio, adv, algo)
+
+
+def obj_gspo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5-7 and the GSPO-token form, eq. 13):
+
+        s_i  = (pi_theta(y_i) / pi_old(y_i))^(1/|y_i|) = exp( (1/|y_i|) sum_t m_it log rho_it )
+        s_it = sg(s_i) * pi_theta(y_it) / sg(pi_theta(y_it))        (value s_i, gradient of token t)
+        l_it = -min( s_it A_i, clip(s_it, 1 - eps_low, 1 + eps_high) A_i )
+
+    The clip acts on the sequence ratio: a sequence is kept or dropped whole. With a sequence advantage
+    and the seq_mean aggregation, the gradient is exactly GSPO's:
+    -(1/|y_i|) s_i A_i sum_t grad log pi_theta(y_it) = grad(-s_i A_i). The token form also accepts
+    per-token advantages.
+    """
+    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
+    length = mask.sum(dim=1).clamp(min=1)  # (b,) |y_i|
+    log_s = (_where_valid(lr, mask).sum(dim=1) / length).clamp(-LR_CLAMP, LR_CLAMP)  # (b,) log s_i
+    logp_v = _where_valid(logp, mask)  # (b, T)
+    ratio = torch.exp(log_s.detach()[:, None] + logp_v - logp_v.detach())  # (b, T) s_it: value s_i
+    return _clipped_surrogate(ratio, adv, algo)
+
+
+def obj_cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
+    """CISPO (MiniMax-M1, Chen et al. 2025, eqs. 4-5): clip the importance weight, not the update.
+
+        w_it = sg( clip(rho_it, 1 - eps_low, 1 + eps_high) )
+        grad l_it = -w_it A_it grad log pi_theta(y_it)
+
+    Written as l_it = -w_it A_it pi_theta(y_it) / sg(pi_theta(y_it)): same gradient as the paper's
+    -w A log pi, and a value (-w A) that reads like the other surrogates. Every token keeps its
+    gradient (no token is clipped out); eps_low >= 1 means no lower bound, as in the paper.
+    """
+    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
+    ratio = torch.exp(lr).detach()  # (b, T) rho
+    weight = ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high)  # (b, T) w = sg(clip(rho))
+    logp_v = _where_valid(logp, mask)  # (b, T)
+    loss = -weight * adv * torch.exp(logp_v - logp_v.detach())  # (b, T) value -w A
+    return loss, {
+        "ratio": ratio,
+        "clip_low": ratio < 1.0 - algo.eps_low,  # weight truncated from below
+        "clip_high": ratio > 1.0 + algo.eps_high,  # weight truncated from above
+        "clip_dual": torch.zeros_like(mask, dtype=torch.bool),
+    }
+
+
+OBJECTIVES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
+    "pg": obj_pg,
+    "clipped": obj_clipped,
+    "gspo": obj_gspo,
+    "cispo": obj_cispo,
+}
+"""name -> fn(logp, old_logp, adv (b,T), mask, algo) -> (per-token loss (b,T), info)."""
+
+
+# --- aggregations --------------------------------------------------------------------------------------
+
+
+def agg_seq_mean(loss_tok: Tensor, mask: Tensor, n_seq: int, n_tok: int, max_len: int) -> Tensor:
+    """GRPO paper (Shao et al. 2024, eq. 3): (1/G) sum_i (1/|y_i|) sum_t l_it, over the batch's n_seq
+    sequences. Each sequence weighs the same, so a token of a long answer weighs less (the length bias
+    Dr. GRPO points out)."""
+    length = mask.sum(dim=1).clamp(min=1)  # (b,) |y_i|
+    per_seq = _where_valid(loss_tok, mask).sum(dim=1) / length  # (b,)
+    return per_seq.sum() / n_seq
+
+
+def agg_token_mean(loss_tok: Tensor, mask: Tensor, n_seq: int, n_tok: int, max_len: int) -> Tensor:
+    """DAPO token-level loss (Yu et al. 2025, eq. 12): sum_i sum_t l_it / sum_i |y_i| -- every token of
+    the batch weighs the same."""
+    return _where_valid(loss_tok, mask).sum() / n_tok
+
+
+def agg_token_sum_norm(loss_tok: Tensor, mask: Tensor, n_seq: int, n_tok: int, max_len: int) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025, sec. 3.2 / Appendix): sum_i sum_t l_it / (n_seq * max_len), a constant
+    denominator, so neither the sequence length nor the batch's token count rescales a token's gradient."""
+    return _where_valid(loss_tok, mask).sum() / (n_seq * max_len)
+
+
+def agg_seq_sum(loss_tok: Tensor, mask: Tensor, n_seq: int, n_tok: int, max_len: int) -> Tensor:
+    """REINFORCE / RLOO on whole sequences: (1/n_seq) sum_i sum_t l_it. With the pg objective on-policy
+    the gradient is -(1/n_seq) sum_i A_i grad log pi(y_i), log pi(y_i) = sum_t log pi(y_it): the
+    textbook Monte-Carlo estimator (tests/test_unbiased.py)."""
+    return _where_valid(loss_tok, mask).sum() / n_seq
+
+
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "seq_mean": agg_seq_mean,
+    "token_mean": agg_token_mean,
+    "token_sum_norm": agg_token_sum_norm,
+    "seq_sum": agg_seq_sum,
+}
+"""name -> fn(loss_tok (b,T), mask (b,T), n_seq, n_tok, max_len) -> scalar."""
+
+
+# --- the entry point -------------------------------------------------------------------------------------
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    algo: AlgoConfig,
+    *,
+    ref_logp: Tensor | None = None,
+    n_seq: int,
+    n_tok: int,
+    max_len: int,
+    beta: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Loss of one micro-batch and its metrics.
+
+        loss = AGG( l_it + [kl_placement == in_loss] * beta * k_t )     over valid tokens
+
+    logp     (b,T) current-policy token log-probs (requires grad)
+    old_logp (b,T) log-probs of the policy that sampled (or of theta_old when mu > 1); detached here
+    adv      (b,) sequence advantage, or (b,T) per-token advantage (PPO/GAE); detached here
+    mask     (b,T) float, 1 = real completion token
+    ref_logp (b,T) reference log-probs, or None (no reference model)
+    n_seq, n_tok: sequences / valid tokens of the whole optimizer batch (micro-batch losses add up)
+    max_len:  the max_new_tokens constant (token_sum_norm)
+    beta:     overrides algo.beta (the current value of an AdaptiveKL)
+
+    Metrics are floats, each a mean over this micro-batch's valid tokens (0.0 when it has none):
+    loss/policy (the objective without KL), kl (mean k_t; only when ref_logp is given), loss/kl
+    (beta * kl when the KL is in the loss, else 0), clip/frac, clip/low_frac, clip/high_frac, clip/dual_frac,
+    ratio/mean, approx_kl (mean of (rho - 1) - log rho: KL(old || new), Schulman 2020), adv/mean.
+    """
+    if algo.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {algo.objective!r}; known: {', '.join(sorted(OBJECTIVES))}")
+    if algo.aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {algo.aggregation!r}; known: {', '.join(sorted(AGGREGATIONS))}")
+    if n_seq < 1 or max_len < 1:
+        raise ValueError(f"n_seq and max_len must be >= 1, got n_seq={n_seq}, max_len={max_len}")
+    n_tok = max(int(n_tok), 1)
+    logp = logp.float()  # (b, T) fp32 maths whatever the model dtype
+    old_logp = old_logp.detach().float()  # (b, T)
+    mask = mask.float()  # (b, T)
+    adv = adv.detach().float()
+    adv_tok = (adv[:, None] if adv.dim() == 1 else adv).expand_as(logp)  # (b, T)
+    adv_tok = _where_valid(adv_tok, mask)  # (b, T)
+
+    loss_tok, info = OBJECTIVES[algo.objective](logp, old_logp, adv_tok, mask, algo)  # (b, T)
+    total_tok = loss_tok  # (b, T)
+
+    beta = algo.beta if beta is None else float(beta)
+    kl_tok = None
+    if ref_logp is not None:
+        kl_tok = kl_per_token(logp, ref_logp.detach().float(), mask, algo.kl_estimator)  # (b, T)
+        if beta > 0 and algo.kl_placement == "in_loss":
+            total_tok = loss_tok + beta * kl_tok  # (b, T)
+
+    loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
+
+    with torch.no_grad():
+        log_ratio = _importance_log_ratio(logp.detach(), old_logp, mask)  # (b, T)
+        clip_low, clip_high, clip_dual = info["clip_low"], info["clip_high"], info["clip_dual"]
+        metrics = {
+            "loss/policy": masked_mean(loss_tok.detach(), mask),
+            "clip/frac": masked_mean(clip_low | clip_high | clip_dual, mask),
+            "clip/low_frac": masked_mean(clip_low, mask),
+            "clip/high_frac": masked_mean(clip_high, mask),
+            "clip/dual_frac": masked_mean(clip_dual, mask),
+            "ratio/mean": masked_mean(info["ratio"], mask),
+            "approx_kl": masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask),
+            "adv/mean": masked_mean(adv_tok, mask),
+            "loss/kl": 0.0,
+        }
+        if kl_tok is not None:  # the KL to the reference, measured where it is used
+            metrics["kl"] = masked_mean(kl_tok, mask)
+            metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_placement == "in_loss" else 0.0
+    return loss, metrics
+
+
+__all__ = ["AGGREGATIONS", "OBJECTIVES", "masked_mean", "policy_loss"]

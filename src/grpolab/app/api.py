@@ -1,0 +1,248 @@
+"""The Python API: `grpolab.train` and `grpolab.evaluate`, from a script or a notebook.
+
+    import grpolab
+
+    def short(completions, **kwargs):                  # a TRL-style reward function
+        return [1.0 if len(c) < 40 else 0.0 for c in completions]
+
+    summary = grpolab.train("recipes/demo.yaml", rewards=[short], steps=5, out="runs/try")
+    result = grpolab.evaluate("runs/try")              # greedy held-out accuracy of its newest checkpoint
+
+The config is a `grpolab.training.config.Config`, a dict (the keys of a recipe), a recipe path or name, or
+None (the defaults). Keyword arguments are top-level keys (steps=5, task_args={...}, algo="dapo");
+`overrides` takes the command line's KEY=VALUE strings ("algo.beta=0.04"). Everything goes through
+grpolab.training.config.build_config, so the validation and the error messages (ConfigError) are the CLI's.
+
+rewards: a list whose items are a reward name ("math"), a spec dict ({"name": "math", "weight": 0.5},
+"name" may be a function), or a function, in TRL's form `fn(completions, prompts=..., **columns) ->
+list[float | None]` or grpolab's `fn(completion, example) -> float`. A function that can be imported
+again (defined at the top level of an importable module) is recorded in config.yaml by its import
+path, so `grpolab train --resume OUT` finds it; any other (a notebook's, a lambda) is registered in
+grpolab.rewards.REWARDS under its name for the duration of the call only (the registry is left as it
+was) and such a run is resumed through this API with the same functions.
+
+dataset: a file or `datasets` directory (task=dataset, task_args.path), or rows in memory (a list of
+dicts, or a `datasets.Dataset`), which are written to OUT/dataset.jsonl so that the run can be
+resumed. task: a task name.
+
+Output: the CLI's progress and summary, all through one rich Console (`console=`, default a new one
+on stdout), so each step line, the evaluation notes and the summary table appear once, and the
+summary comes back as the return value, not printed again. Outside a terminal (a notebook, a log
+file) the progress is one plain line per step; rich renders in Jupyter cells itself (not tested
+here: no Jupyter on the development machine). Hugging Face progress bars are off during the call
+and restored after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from grpolab.util.fields import ConfigError
+
+ConfigLike = Any  # Config | dict | str | Path | None
+
+
+def _recipe_of(config: ConfigLike) -> dict:
+    from grpolab.training.config import Config, load_recipe, to_dict
+
+    if config is None:
+        return {}
+    if isinstance(config, Config):
+        return to_dict(config)
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    if isinstance(config, (str, Path)):
+        return load_recipe(config)
+    raise ConfigError(f"config: expected a Config, a dict, a recipe path or None, got {type(config).__name__}")
+
+
+def _import_path(fn: Callable) -> str | None:
+    """`module:qualname` when `fn` can be imported again by that name in another process."""
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not mod or mod == "__main__" or mod.startswith("grpolab_user_rewards_") or "<" in qual:
+        return None
+    try:
+        obj = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001 - not importable: register it for the call instead
+        return None
+    return f"{mod}:{qual}" if obj is fn else None
+
+
+@contextlib.contextmanager
+def _registered(rewards: Iterable | None):
+    """Reward specs for the config; callables that cannot be imported are registered in REWARDS for
+    the duration of the block, and the registry is restored exactly afterwards."""
+    from grpolab.rewards import REWARDS, as_factory
+
+    before = dict(REWARDS)
+    specs: list[dict] | None = None
+    try:
+        if rewards is not None:
+            if isinstance(rewards, (str, dict)) or callable(rewards):
+                rewards = [rewards]
+            specs = []
+            for i, item in enumerate(rewards):
+                spec = {"name": item} if isinstance(item, str) or callable(item) else item
+                if not isinstance(spec, dict):
+                    raise ConfigError(f"rewards[{i}]: expected a name, a spec dict or a function, got {item!r}")
+                spec = dict(spec)
+                fn = spec.get("name")
+                if callable(fn):
+                    ref = _import_path(fn)
+                    if ref is not None:
+                        spec["name"] = ref
+                    else:
+                        base = spec.get("label") or getattr(fn, "__name__", "") or "reward"
+                        base = base if base.isidentifier() else f"reward_{i}"
+                        key, n = base, 2
+                        while key in REWARDS:
+                            key, n = f"{base}_{n}", n + 1
+                        REWARDS[key] = as_factory(fn)
+                        spec["name"] = key
+                specs.append(spec)
+        yield specs
+    finally:
+        REWARDS.clear()
+        REWARDS.update(before)
+
+
+def _write_rows(rows, out: Path) -> Path:
+    """Rows in memory -> OUT/dataset.jsonl (atomic), so the run's config names a file."""
+    from grpolab.util.fileio import atomic_write
+
+    if hasattr(rows, "to_list"):
+        rows = rows.to_list()
+    rows = list(rows)
+    if not rows or not all(isinstance(r, dict) for r in rows):
+        raise ConfigError("dataset: expected a path, a datasets.Dataset or a non-empty list of dicts (one per row)")
+    try:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"dataset: rows must be JSON data (strings, numbers, lists, dicts): {e}") from e
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "dataset.jsonl"
+    atomic_write(path, text)
+    return path
+
+
+def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
+          overrides: list[str] | None = None, resume: str | Path | None = None, **settings):
+    """The validated Config that `train` would run, and the rows to write for an in-memory dataset.
+
+    Returns (cfg, rows or None). Raises ConfigError exactly as the CLI does."""
+    from grpolab.training.config import _deep_update, build_config, config_from_run
+
+    if resume is not None:
+        if config is not None:
+            raise ConfigError("resume: give a run directory to resume or a config, not both")
+        recipe = config_from_run(Path(resume))
+        recipe["out"] = str(resume)
+    else:
+        recipe = _recipe_of(config)
+    _deep_update(recipe, copy.deepcopy(settings))
+    if task is not None:
+        if not isinstance(task, str):
+            raise ConfigError(f"task: expected a task name, got {type(task).__name__} (use dataset= for data)")
+        recipe["task"] = task
+    rows = None
+    if dataset is not None:
+        if task not in (None, "dataset"):
+            raise ConfigError(f"dataset: reads data with task=dataset; got task={task!r} as well")
+        recipe["task"] = "dataset"
+        args = recipe.get("task_args") if isinstance(recipe.get("task_args"), dict) else {}
+        recipe["task_args"] = args
+        if isinstance(dataset, (str, Path)):
+            args["path"] = str(dataset)
+        else:
+            rows = dataset
+            args["path"] = "dataset.jsonl"  # replaced by OUT/dataset.jsonl below
+    if rewards is not None:
+        recipe["rewards"] = rewards
+    cfg = build_config(recipe, overrides or [])
+    if rows is not None:
+        cfg.task_args["path"] = str(Path(cfg.out) / "dataset.jsonl")
+    return cfg, rows
+
+
+@contextlib.contextmanager
+def _quiet_hub_bars():
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # grpolab's own progress is the one to watch
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
+          overrides: list[str] | None = None, resume: str | Path | None = None, console=None,
+          **settings) -> dict:
+    """Train and return the summary (the dict written to OUT/summary.json).
+
+    config: a Config, a dict, a recipe path or name, or None; settings: top-level keys (steps=5,
+    out="runs/x", task_args={...}); overrides: KEY=VALUE strings as on the command line; rewards,
+    task, dataset: see the module docstring; resume: a run directory to continue (its config.yaml,
+    then the settings); console: a rich Console (default: a new one on stdout).
+    """
+    from rich.console import Console
+
+    from grpolab.training import trainer
+
+    with _registered(rewards) as specs:
+        cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
+                          **settings)
+        out = Path(cfg.out)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
+        trainer.check_out_dir(out, resume is not None)  # before writing anything into OUT
+        if rows is not None:
+            _write_rows(rows, out)
+        from grpolab.app.report import write_run_report
+
+        with _quiet_hub_bars():
+            return trainer.train(cfg, resume=resume is not None, console=console or Console(),
+                                 report=write_run_report)
+
+
+def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
+             overrides: list[str] | None = None, console=None, **settings) -> dict:
+    """Greedy held-out accuracy, like `grpolab eval`: of a run's newest checkpoint (target = a run
+    directory, with its config) or of a model (target = a Config, dict, recipe or None; model=...).
+
+    Returns {"accuracy", "reward", "length", "n", "main_reward"}; eval_size (default 64) prompts.
+    """
+    from rich.console import Console
+
+    from grpolab.training import trainer
+    from grpolab.training.config import config_from_run
+
+    recipe: ConfigLike = target
+    if isinstance(target, (str, Path)) and Path(target, "config.yaml").exists():
+        from grpolab.training.checkpoint import latest_checkpoint
+
+        recipe = config_from_run(Path(target))
+        ck = latest_checkpoint(Path(target))
+        if ck is None:
+            raise ConfigError(f"{target}: the run has no checkpoint yet")
+        recipe["model"] = str(ck)
+    console = console or Console()
+    with _registered(rewards) as specs:
+        cfg, rows = build(recipe, rewards=specs, task=task, dataset=dataset, overrides=overrides, **settings)
+        if rows is not None:
+            raise ConfigError("dataset: evaluate reads a file or datasets directory (rows in memory are for train)")
+        with _quiet_hub_bars():
+            run = trainer.setup(cfg, training=False, log=console.print)
+            return trainer.evaluate(run, run.task.eval_set()[: cfg.eval_size or 64])
+
+
+__all__ = ["build", "evaluate", "train"]

@@ -1,0 +1,227 @@
+"""`grpolab bench`: run the workers, alternating the sides, and print the table and one JSON line.
+
+    check    one process: grpolab and TRL score the same sequences; they must agree to 1e-3 (exit 1)
+    rounds   grpolab, TRL fp32, TRL bf16, grpolab, TRL fp32, ... each a fresh process (grpolab.app.bench.worker)
+    summary  medians of the timed steps of every round, per configuration; grpolab/TRL ratios
+
+With --against none: grpolab alone, then the device's matmul rate, and each phase against its FLOP
+floor (grpolab.app.bench.floor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from grpolab.app.bench.spec import Spec, grpolab_config, parse_spec
+
+PHASES = ("generation", "reference", "update")
+
+
+class WorkerFailed(Exception):
+    def __init__(self, msg: str, code: int):
+        super().__init__(msg)
+        self.code = code
+
+
+def run_worker(mode: str, spec_path: Path, tmp: Path, *extra: str, label: str) -> dict:
+    """One worker process; its result, or WorkerFailed with its exit code and the end of its output."""
+    import grpolab
+
+    out = tmp / f"{label.replace(' ', '_')}-{time.monotonic_ns()}.json"
+    log = out.with_suffix(".log")
+    env = dict(os.environ)
+    src = str(Path(grpolab.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    threads = json.loads(spec_path.read_text()).get("threads") or 0
+    if threads:  # the thread pools of every library in the worker, not only torch's
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "grpolab.app.bench.worker", mode, str(spec_path), str(out), *extra]
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if rc != 0 or not out.exists():
+        text = log.read_text(errors="replace").strip().splitlines()
+        mine = [ln for ln in text if ln.startswith("grpolab bench:")]
+        tail = "\n".join(mine or text[-25:])
+        raise WorkerFailed(f"{label} (exit {rc}):\n{tail}" if not mine else tail, rc if rc in (1, 2) else 1)
+    return json.loads(out.read_text())
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Medians over every timed step of every round of one configuration."""
+    steps = [s for r in runs for s in r["steps"]]
+
+    def med(f):
+        vals = [v for v in (f(s) for s in steps) if v is not None]
+        return statistics.median(vals) if vals else None
+
+    out = {k: v for k, v in runs[0].items() if k not in ("steps", "warmup", "peak_mb")}
+    out.update({
+        "s_per_step": med(lambda s: s["step_s"]),
+        "gen_tok_s": med(lambda s: s["generated_tokens"] / s["generation_s"] if s["generation_s"] else None),
+        "train_tok_s": med(lambda s: s["trained_tokens"] / s["update_s"] if s["update_s"] else None),
+        "peak_mb": max(r["peak_mb"] for r in runs),
+        "phases_s": {p: med(lambda s, p=p: s[f"{p}_s"]) for p in PHASES + ("score",)},
+        "generated_tokens": med(lambda s: s["generated_tokens"]),
+        "trained_tokens": med(lambda s: s["trained_tokens"]),
+        "timed_steps": len(steps), "step_s_all": [s["step_s"] for s in steps], "steps": steps,
+    })
+    return out
+
+
+def ratios(ours: dict, theirs: dict) -> dict:
+    """grpolab / TRL: time and memory (< 1: grpolab uses less), throughputs (> 1: grpolab is faster)."""
+    def div(a, b):
+        return a / b if a is not None and b else None
+
+    return {"s_per_step": div(ours["s_per_step"], theirs["s_per_step"]),
+            "gen_tok_s": div(ours["gen_tok_s"], theirs["gen_tok_s"]),
+            "train_tok_s": div(ours["train_tok_s"], theirs["train_tok_s"]),
+            "peak_mb": div(ours["peak_mb"], theirs["peak_mb"])}
+
+
+def _f(x, fmt: str) -> str:
+    """x formatted, or a dash of the same width when there is no value."""
+    width = int(fmt.split(".")[0] or 0)
+    return f"{'-':>{width}}" if x is None else format(x, fmt)
+
+
+def table(result: dict) -> str:
+    """The human-readable table of a result (what `grpolab bench` prints above the JSON line)."""
+    spec = Spec.from_dict(result["spec"])
+    lines = [f"grpolab bench: {spec.describe()}",
+             f"device {result['device']}, {result.get('threads', '?')} torch threads per process; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
+             f"round(s); medians over the timed steps of all rounds"]
+    if result.get("logp_check"):
+        c = result["logp_check"]
+        lines.append(f"log-prob check: {c['verdict']}, over {c['tokens']} tokens of {c['sequences']} sequences; "
+                     f"same prompt tokens: {c['same_prompt_tokens']}")
+        if c.get("rollout_vs_update_max_abs_diff") is not None:
+            lines.append(f"grpolab's rollout (lean decode step) vs its update pass, same sequences: max |d log pi| = "
+                         f"{c['rollout_vs_update_max_abs_diff']:.2e} per token (fp32)")
+    lines.append("")
+    head = f"{'':24}{'s/step':>9}{'gen tok/s':>11}{'train tok/s':>13}{'peak MB':>9}   " + \
+        "".join(f"{p + ' s':>13}" for p in PHASES)
+    lines.append(head)
+    for name, c in result["configs"].items():
+        label = name.replace("trl_", "TRL ").replace("grpolab", f"grpolab {c['precision']}")
+        lines.append(f"{label:24}{_f(c['s_per_step'], '9.2f')}{_f(c['gen_tok_s'], '11.1f')}"
+                     f"{_f(c['train_tok_s'], '13.1f')}{_f(c['peak_mb'], '9.0f')}   "
+                     + "".join(f"{_f(c['phases_s'][p], '13.2f')}" for p in PHASES))
+    for name, r in result.get("ratios", {}).items():
+        label = "grpolab / " + name.replace("trl_", "TRL ")
+        lines.append(f"{label:24}{_f(r['s_per_step'], '9.2f')}{_f(r['gen_tok_s'], '11.2f')}"
+                     f"{_f(r['train_tok_s'], '13.2f')}{_f(r['peak_mb'], '9.2f')}")
+    if result.get("grpolab_vs_fastest_trl") is not None:
+        lines.append(f"\ngrpolab s/step / TRL's faster configuration ({result['fastest_trl']}): "
+                     f"{result['grpolab_vs_fastest_trl']:.3f}")
+    if result.get("floor"):
+        fl = result["floor"]
+        rates = result["matmul_flops"]
+        lines += ["", f"matmul rate (2048^3, {result['device']}): fp32 {rates['fp32'] / 1e12:.3f} TFLOP/s, "
+                  f"bf16 {rates['bf16'] / 1e12:.3f} TFLOP/s; each phase's floor at the rate of grpolab's "
+                  f"precision in it ({', '.join(f'{k} {v}' for k, v in fl['precision'].items())})",
+                  f"{'phase':12}{'seconds':>10}{'GFLOP':>10}{'floor s':>10}{'x floor':>9}"]
+        for row in fl["rows"]:
+            lines.append(f"{row['phase']:12}{row['seconds']:10.2f}{row['flops'] / 1e9:10.1f}{row['floor_s']:10.3f}"
+                         f"{_f(row['ratio'], '9.1f')}")
+        lines.append(f"FLOPs per sequence: generation and reference 2N(P+C) + 2VHC, update "
+                     f"{'4' if spec.lora_r else '6'}N(P+C) + {'4' if spec.lora_r else '6'}VHC; N = "
+                     f"{fl['N']:,} non-embedding parameters, V x H = {fl['V']} x {fl['H']} (LM head, C positions), "
+                     f"P = {fl['P']:.1f}, C = {fl['C']:.1f}, {fl['seqs']:.0f} sequences; attention left out")
+    return "\n".join(lines)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bench(spec: Spec) -> dict:
+    """Run every worker; the result dict (also the JSON line)."""
+    from grpolab.model.load import pick_device, resolve_model
+
+    resolve_model(spec.model)  # a bad --model: ConfigError, exit 2, before any process starts
+    device = pick_device(spec.device)
+    with tempfile.TemporaryDirectory(prefix="grpolab-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        grpolab_config(spec, str(tmp / "run"))  # every grpolab setting valid (LoRA support included)
+        if spec.against == "trl":
+            from grpolab.app.bench.trl_side import import_trl
+
+            import_trl()  # TrlMissing: exit 2 with the install command
+        spec_path = tmp / "spec.json"
+        spec_path.write_text(json.dumps(spec.to_dict()))
+        import torch
+
+        result: dict = {"spec": spec.to_dict(), "device": device.type,
+                        "threads": spec.threads or torch.get_num_threads()}
+        if spec.against == "trl":
+            _progress("grpolab bench: log-prob check (grpolab vs TRL on the same sequences, fp32)...")
+            result["logp_check"] = run_worker("check", spec_path, tmp, label="log-prob check")
+            _progress(f"  {result['logp_check']['verdict']}")
+        runs: dict[str, list[dict]] = {"grpolab": []}
+        order = [("grpolab", "grpolab", ())]
+        if spec.against == "trl":
+            for p in spec.trl_precisions():
+                runs[f"trl_{p}"] = []
+                order.append((f"trl_{p}", "trl", ("--precision", p)))
+        for r in range(spec.rounds):
+            for name, mode, extra in order:
+                t = time.perf_counter()
+                res = run_worker(mode, spec_path, tmp, *extra, label=f"{name} round {r + 1}")
+                runs[name].append(res)
+                _progress(f"grpolab bench: round {r + 1}/{spec.rounds} {name:9} "
+                          f"{statistics.median(s['step_s'] for s in res['steps']):7.2f} s/step "
+                          f"({time.perf_counter() - t:.0f} s with loading)")
+        configs = {name: summarise(rs) for name, rs in runs.items()}
+        result["configs"] = configs
+        if spec.against == "trl":
+            result["ratios"] = {n: ratios(configs["grpolab"], c) for n, c in configs.items() if n != "grpolab"}
+            fastest = min((n for n in configs if n != "grpolab"), key=lambda n: configs[n]["s_per_step"])
+            result["fastest_trl"] = fastest
+            result["grpolab_vs_fastest_trl"] = configs["grpolab"]["s_per_step"] / configs[fastest]["s_per_step"]
+        else:
+            from grpolab.app.bench.floor import floor_table
+
+            rates = run_worker("rate", spec_path, tmp, label="matmul rate")
+            ours = configs["grpolab"]
+            rows = floor_table(ours, rates, beta=spec.beta, lora=bool(spec.lora_r))
+            s = ours["steps"]
+            result["matmul_flops"] = rates
+            result["floor"] = {"precision": ours["phase_precision"], "rows": rows, "N": ours["params_non_embedding"],
+                               "V": ours["vocab"], "H": ours["hidden"],
+                               "P": statistics.median(x["prompt_tokens_mean"] for x in s),
+                               "C": statistics.median(x["completion_tokens_mean"] for x in s),
+                               "seqs": statistics.median(x["seqs"] for x in s)}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec = parse_spec(argv)  # argparse: exit 2; a bad value: ConfigError, exit 2 (grpolab.app.cli)
+    from grpolab.app.bench.trl_side import TrlMissing
+
+    try:
+        result = bench(spec)
+    except TrlMissing as e:
+        print(f"grpolab bench: {e}", file=sys.stderr)
+        return 2
+    except WorkerFailed as e:
+        print(f"grpolab bench: {e}" if not str(e).startswith("grpolab bench:") else str(e), file=sys.stderr)
+        return e.code
+    print(table(result))
+    for c in result["configs"].values():
+        c.pop("steps", None)  # the per-step records stay out of the JSON line (step_s_all keeps the times)
+    line = json.dumps(result, separators=(",", ":"))
+    print(line)
+    if spec.json_out:
+        Path(spec.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+__all__ = ["bench", "main", "ratios", "summarise", "table"]

@@ -1,0 +1,149 @@
+"""One measurement of `grpolab bench`, in a process of its own (so that each side starts cold and its
+peak memory is its own):
+
+    python -m grpolab.app.bench.worker grpolab SPEC.json OUT.json          grpolab: warm-up + timed steps
+    python -m grpolab.app.bench.worker trl SPEC.json OUT.json --precision bf16
+    python -m grpolab.app.bench.worker check SPEC.json OUT.json [--trl-model DIR]   the log-prob check
+    python -m grpolab.app.bench.worker rate SPEC.json OUT.json             the device's matmul rates
+
+The result is a JSON object written to OUT.json. Exit codes: 0 done, 1 the log-prob check failed or a
+measurement broke, 2 TRL is missing (the message says how to install it) or a setting is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: the model is a local directory
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from grpolab.app.bench.spec import LOGP_TOL, Spec, step_prompts
+from grpolab.util.fields import ConfigError
+
+
+class CheckFailed(Exception):
+    """grpolab and TRL do not compute the same per-token log-probs (or prompt tokens)."""
+
+
+def logp_difference(a, b, mask) -> float:
+    """max |a - b| over the positions where mask (n, C) is 1; a, b: (n, C) log-probs."""
+    if a.shape != b.shape:
+        raise CheckFailed(f"log-prob shapes differ: grpolab {tuple(a.shape)}, TRL {tuple(b.shape)}")
+    m = mask.bool()
+    if not bool(m.any()):
+        return 0.0
+    d = (a.float() - b.float()).abs()
+    return float(d[m].max())  # a NaN anywhere stays NaN: judge() fails it
+
+
+def judge(diff: float, tol: float = LOGP_TOL) -> str:
+    """The check's one-line verdict; CheckFailed when diff > tol (or not a number)."""
+    line = f"max |log pi_grpolab - log pi_TRL| = {diff:.2e} per token (fp32, tolerance {tol:g})"
+    if not diff <= tol:
+        raise CheckFailed(f"log-prob check failed: {line}: the two sides do not compute the same model, so their "
+                          f"times would not measure the same work")
+    return line
+
+
+def _model_path(name: str) -> str:
+    from grpolab.model.load import model_dir
+
+    return str(model_dir(name, log=lambda *_: None))
+
+
+def run_grpolab(spec: Spec) -> dict:
+    from grpolab.app.bench.ours import measure
+
+    return measure(spec)
+
+
+def run_trl(spec: Spec, precision: str) -> dict:
+    from grpolab.app.bench.trl_side import import_trl, measure
+    from grpolab.tasks import build_task
+
+    import_trl()  # before loading anything: a missing TRL says so at once
+    prompts = step_prompts(spec, build_task("arithmetic", spec.seed, {}), spec.steps + 1)
+    return measure(spec, _model_path(spec.model), precision, prompts)
+
+
+def run_check(spec: Spec, trl_model: str | None = None) -> dict:
+    """grpolab samples a few sequences (fp32, no EOS); grpolab and TRL score them; compare."""
+    import torch
+
+    from grpolab.app.bench.ours import check_sequences
+    from grpolab.app.bench.trl_side import import_trl, trl_logps
+
+    import_trl()
+    run, rollout, ours, msgs, ids = check_sequences(spec)
+    G = rollout.G
+    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+    attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
+    C = rollout.completion_ids.shape[1]
+    theirs, trl_prompt_ids = trl_logps(spec, _model_path(trl_model or spec.model), msgs, input_ids,
+                                       attention_mask, C)
+    diff = logp_difference(ours, theirs, rollout.completion_mask)
+    same_prompts = trl_prompt_ids == [list(p) for p in ids]
+    res = {"max_abs_diff": diff, "tolerance": LOGP_TOL, "tokens": int(rollout.completion_mask.sum()),
+           "sequences": len(rollout.texts), "G": G, "same_prompt_tokens": same_prompts,
+           # the rollout's own record (the lean decode step, cached, one token at a time) vs the update's pass
+           "rollout_vs_update_max_abs_diff": logp_difference(rollout.sample_logp, ours, rollout.completion_mask)}
+    if not same_prompts:
+        raise CheckFailed("prompt check failed: TRL's chat template gives other prompt tokens than grpolab's")
+    res["verdict"] = judge(diff)
+    return res
+
+
+def run_rate(spec: Spec) -> dict:
+    from grpolab.app.bench.floor import matmul_rates
+    from grpolab.model.load import pick_device
+
+    return matmul_rates(pick_device(spec.device))
+
+
+MODES = {  # what one worker process measures: mode -> fn(spec, parsed arguments) -> result dict
+    "grpolab": lambda spec, a: run_grpolab(spec),
+    "trl": lambda spec, a: run_trl(spec, a.precision),
+    "check": lambda spec, a: run_check(spec, a.trl_model),
+    "rate": lambda spec, a: run_rate(spec),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m grpolab.app.bench.worker")
+    ap.add_argument("mode", choices=list(MODES))
+    ap.add_argument("spec", help="the Spec as a JSON file (written by grpolab bench)")
+    ap.add_argument("out", help="where the result JSON goes")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="TRL's precision (mode trl)")
+    ap.add_argument("--trl-model", help="mode check: give TRL this model instead (a check that must fail)")
+    a = ap.parse_args(argv)
+    with open(a.spec) as f:
+        spec = Spec.from_dict(json.load(f))
+    if spec.threads:
+        import torch
+
+        torch.set_num_threads(spec.threads)  # both sides alike (grpolab's setup sets it again from threads=)
+    from grpolab.app.bench.trl_side import TrlMissing
+
+    try:
+        res = MODES[a.mode](spec, a)
+    except TrlMissing as e:
+        print(f"grpolab bench: {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:
+        print(f"grpolab bench: error: {e}", file=sys.stderr)
+        return 2
+    except CheckFailed as e:
+        print(f"grpolab bench: {e}", file=sys.stderr)
+        return 1
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

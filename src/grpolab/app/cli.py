@@ -1,0 +1,226 @@
+"""grpolab command line: train, eval, lab, report, chat, sample, audit, export, bench.
+
+Exit codes: 0 success, 1 a failure during the run, 2 a usage error (bad key, type, value, path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from grpolab.training.stops import RunStopped, StopNow
+from grpolab.util.fields import ConfigError
+
+USAGE_TRAIN = """grpolab train [RECIPE.yaml | RECIPE_NAME] [KEY=VALUE ...]
+       grpolab train --resume OUT [KEY=VALUE ...]
+
+Train a policy with reinforcement learning from verifiable rewards. Settings: defaults <- recipe <-
+KEY=VALUE overrides (dotted for nested keys: algo.beta=0.04, task_args.digits=2).
+Examples:
+  grpolab train recipes/demo.yaml                 # the demo (make demo): SmolLM2-135M, arithmetic, GRPO
+  grpolab train steps=5 out=runs/try              # the defaults below (GRPO preset: beta 0.04)
+  grpolab train algo=dapo task=countdown out=runs/cd
+  grpolab train --resume runs/try steps=40        # continue a stopped run (steps may be raised)
+"""
+
+
+def _train(argv: list[str]) -> int:
+    from grpolab.training.config import (
+        build_config,
+        config_from_run,
+        help_text,
+        load_recipe,
+    )
+
+    ap = argparse.ArgumentParser(prog="grpolab train", usage=USAGE_TRAIN, add_help=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-h", "--help", action="store_true")
+    ap.add_argument("--resume", metavar="OUT")
+    ap.add_argument("args", nargs="*")
+    ns = ap.parse_args(argv)
+    if ns.help:
+        print(USAGE_TRAIN)
+        print(help_text())
+        return 0
+    args = list(ns.args)
+    recipe: dict = {}
+    if ns.resume:
+        recipe = config_from_run(Path(ns.resume))
+        recipe["out"] = ns.resume
+    elif args and "=" not in args[0]:
+        recipe = load_recipe(args.pop(0))
+    bad = [a for a in args if "=" not in a]
+    if bad:
+        raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
+    cfg = build_config(recipe, args)
+    if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
+        raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
+    from rich.console import Console
+    from transformers.utils import logging as hf_logging
+
+    from grpolab.app.report import write_run_report
+    from grpolab.training.trainer import train
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
+    train(cfg, resume=bool(ns.resume), console=Console(), report=write_run_report)
+    return 0
+
+
+def _eval(argv: list[str]) -> int:
+    """Greedy held-out evaluation of a model or a run's checkpoint."""
+    from grpolab.training.config import build_config, config_from_run, load_recipe
+
+    ap = argparse.ArgumentParser(prog="grpolab eval", description="Score a model (or a run's newest checkpoint) "
+                                 "on the held-out prompts of a task, greedily.")
+    ap.add_argument("target", nargs="?", help="a run directory (uses its config and newest checkpoint) or a recipe")
+    ap.add_argument("args", nargs="*", help="KEY=VALUE overrides (model=, task=, eval_size=, ...)")
+    ns = ap.parse_args(argv)
+    args = list(ns.args)
+    recipe: dict = {}
+    target = ns.target
+    if target and "=" in target:
+        args.insert(0, target)
+        target = None
+    if target and Path(target, "config.yaml").exists():
+        from grpolab.training.checkpoint import latest_good_checkpoint
+
+        recipe = config_from_run(Path(target))
+        ck = latest_good_checkpoint(Path(target), log=lambda msg: print(f"grpolab: {msg}", file=sys.stderr))
+        if ck is None:
+            raise ConfigError(f"{target}: the run has no checkpoint yet")
+        recipe["model"] = str(ck)
+    elif target:
+        recipe = load_recipe(target)
+    cfg = build_config(recipe, args)
+    import json
+
+    from grpolab.training.trainer import evaluate, setup
+
+    run = setup(cfg, training=False, log=lambda msg: print(msg, file=sys.stderr))  # stdout: the JSON alone
+    res = evaluate(run, run.task.eval_set()[: cfg.eval_size or 64])
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+def _lab(argv: list[str]) -> int:
+    """Measure one of the lesson's claims: grpolab lab CLAIM [options]; no claim lists them."""
+    import grpolab.app.lab as lab
+
+    listing = "usage: grpolab lab CLAIM [options]   (grpolab lab CLAIM --help for a claim's options)\n\n" + \
+        "\n".join(f"  {name:10}{claim}" for name, (claim, _) in lab.LABS.items())
+    if not argv or argv[0] in ("-h", "--help"):
+        print(listing)
+        return 0
+    entry = lab.LABS.get(argv[0])
+    if entry is None:
+        print(f"grpolab lab: unknown claim {argv[0]!r}; known: {', '.join(lab.LABS)}\n\n{listing}", file=sys.stderr)
+        return 2
+    lab.last_result.clear()
+    lab.last_result.update(entry[1](argv[1:]))
+    return 0
+
+
+def _report(argv: list[str]) -> int:
+    """One self-contained HTML page (plots, samples, token-level credit) of one run or several overlaid."""
+    ap = argparse.ArgumentParser(prog="grpolab report", description="Write one self-contained HTML report "
+                                 "(and a PNG per plot beside it) of a run, or of several runs overlaid.")
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (several: their curves overlay)")
+    ap.add_argument("-o", "--output", metavar="FILE", help="the HTML file (default: RUN_DIR/report.html for "
+                    "one run, ./report.html for several)")
+    ns = ap.parse_args(argv)
+    from grpolab.app.report import load_runs, write_report
+    from grpolab.app.report.plots import MissingPlotting
+
+    out = Path(ns.output) if ns.output else (Path(ns.runs[0]) / "report.html" if len(ns.runs) == 1
+                                             else Path("report.html"))
+    runs = load_runs(ns.runs)  # a directory that is not a run: ConfigError, exit 2
+    try:
+        path = write_report(ns.runs, out, runs=runs)
+    except MissingPlotting as e:
+        print(f"grpolab report: {e}", file=sys.stderr)
+        return 1
+    for run in runs:
+        for name, places in run.skipped.items():
+            print(f"grpolab report: {run.path}/{name}: skipped {len(places)} line(s) that are not complete "
+                  f"JSON objects: {', '.join(places[:3])}", file=sys.stderr)
+    print(f"wrote {path} (PNGs in {path.with_name(path.stem + '_plots')})")
+    return 0
+
+
+def _chat(argv: list[str]) -> int:
+    """Talk to a model or a run's newest checkpoint in the terminal (grpolab chat --help)."""
+    from grpolab.app.chat import chat_main
+
+    return chat_main(argv)
+
+
+def _sample(argv: list[str]) -> int:
+    """k samples of one prompt with their rewards (grpolab sample --help)."""
+    from grpolab.app.chat import sample_main
+
+    return sample_main(argv)
+
+
+def _audit(argv: list[str]) -> int:
+    """Pre-flight check of a task, model and config (grpolab.app.audit); exit 1 when a run would learn nothing."""
+    from grpolab.app.audit import main
+
+    return main(argv)
+
+
+def _export(argv: list[str]) -> int:
+    """A run's newest checkpoint as a plain Hugging Face model, LoRA merged (grpolab export --help)."""
+    from grpolab.app.export import export_main
+
+    return export_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    """grpolab vs TRL on the same setting, or grpolab against the FLOP floor (grpolab bench --help)."""
+    from grpolab.app.bench import main
+
+    return main(argv)
+
+
+COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit,
+            "export": _export, "bench": _bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: grpolab {" + ",".join(COMMANDS) + "} ...\n\n"
+              "  train   train a policy (grpolab train --help lists every option)\n"
+              "  eval    score a model or a run on held-out prompts\n"
+              "  lab     measure one of the lesson's claims (grpolab lab lists them)\n"
+              "  report  one self-contained HTML page of a run, or several overlaid\n"
+              "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"
+              "  sample  print k samples of a prompt with their rewards\n"
+              "  audit   pre-flight check of a task, model and config before a long run\n"
+              "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)\n"
+              "  bench   step time and memory, grpolab vs TRL on the same setting (docs/performance.md)")
+        return 0 if argv else 2
+    cmd = COMMANDS.get(argv[0])
+    if cmd is None:
+        print(f"grpolab: unknown command {argv[0]!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return cmd(argv[1:])
+    except ConfigError as e:
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 2
+    except RunStopped as e:  # a signal (after a checkpoint), repeated non-finite updates, a full disk
+        print(f"grpolab: {e}", file=sys.stderr)
+        return e.exit_code
+    except StopNow as e:  # a second signal: out at once; checkpoints are atomic, the last complete one stands
+        print(f"grpolab: {e}; the last complete checkpoint is intact: continue with --resume OUT", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:  # before training started (loading the model, ...)
+        print("grpolab: interrupted; continue with --resume OUT (checkpoints are written every save_every steps)",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The lean decode step for Llama-family models: the same network as the HF forward, fewer operations.
+
+A rollout of 16 sequences on a 2-core CPU spent most of each token in what surrounds the matrix
+products: `scaled_dot_product_attention`'s flash kernel for a single query (about 0.5 ms per layer),
+growing the KV cache by concatenation, and some 25 small operations per layer. For the models whose
+forward is exactly this (Llama, Qwen2, Mistral without a sliding window) the rollout instead runs
+
+    x_0 = E[ids]                                                   (fp32 residual stream)
+    h = RMSNorm(x_l) ;  [q k v] = h W_qkv^T (+ b_qkv)             (one product for q, k and v)
+    q, k = RoPE(q, pos), RoPE(k, pos) ;  write k, v into a preallocated cache
+    a = softmax(q K^T / sqrt(d) + mask) V                          (grouped-query heads, fp32 softmax)
+    x_l' = x_l + a W_o^T
+    [g u] = RMSNorm(x_l') W_gu^T ;  x_{l+1} = x_l' + (silu(g) * u) W_down^T   (one product for g and u)
+    logits = RMSNorm(x_L)[last] W_head^T
+
+with its weights gathered once per rollout into the compute dtype (bf16 when the rollout runs bf16,
+which is what autocast computes the products in; a LoRA adapter merged in: W + s B A), so no weight is
+cast per token. On a CPU, bf16 weights are also reordered once into oneDNN's blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses): the same products
+to the bit, 219 instead of 137 GFLOP/s for the 16-row products of a decode step (benchmarks/cpu_kernels.py).
+RoPE's cos/sin come from the model's own rotary module (its scaling rules included).
+Everything else falls back to the HF forward (`weights_of` returns None, with the reason).
+tests/test_decoder.py checks the logits against the HF forward and greedy rollouts against the HF path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from grpolab.model import kernels
+from grpolab.model.attention import grouped_query_attention
+
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class LayerWeights:
+    ln1: Tensor  # (H,) fp32
+    qkv: Tensor  # ((nh + 2 nkv) d, H) compute dtype
+    qkv_bias: Tensor | None
+    o: Tensor  # (H, nh d)
+    o_bias: Tensor | None
+    ln2: Tensor
+    gate_up: Tensor  # (2 I, H)
+    down: Tensor  # (H, I)
+
+
+@dataclass
+class Weights:
+    embed: Tensor  # (V, H) the model's own embedding (not copied)
+    layers: list[LayerWeights]
+    norm: Tensor
+    head: Tensor  # (V, H) compute dtype
+    head_bias: Tensor | None
+    rotary: torch.nn.Module
+    eps: float
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    packed: bool  # weights in oneDNN's layout: apply them with `linear` below, never F.linear
+
+
+def _packer(dtype: torch.dtype, device: torch.device, rows: int):
+    """W -> W in the form `linear` applies: oneDNN's blocked layout for bf16 on a CPU where it works
+    (checked on one product against F.linear), else W itself. Returns (pack, packed)."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return (lambda W: W), False
+    try:
+        W = torch.randn(8, 16, dtype=dtype)
+        x = torch.randn(3, 16, dtype=dtype)
+        same = torch.equal(torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(W, rows),
+                                                              None, "none", [], ""), F.linear(x, W))
+    except (RuntimeError, AttributeError):  # a build without oneDNN's ops
+        return (lambda W: W), False
+    if not same:
+        return (lambda W: W), False
+    return (lambda W: torch.ops.mkldnn._reorder_linear_weight(W.contiguous(), rows)), True
+
+
+def linear(w: "Weights", x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+    """x W^T + b, with W as `weights_of` laid it out (packed or plain)."""
+    if w.packed:
+        return torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], "")
+    return F.linear(x, W, b)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the lean step cannot run this model (None: it can)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(inner, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
+        return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(SUPPORTED_TYPES)}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (only silu)"
+    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "sliding_window", None) and cfg.model_type == "mistral":
+        return "a sliding attention window"
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return "a layer that is not full attention"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if not hasattr(getattr(inner, "model", None), "rotary_emb"):
+        return "no rotary module"
+    hooked = [n for n, m in inner.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    if hooked or torch.nn.modules.module._global_forward_hooks:
+        return f"forward hooks on {hooked[0] if hooked else 'every module'} (they must see the HF forward)"
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - every supported torch has it
+        DTensor = ()
+    if any(isinstance(p, DTensor) for p in inner.parameters()):
+        return "sharded (DTensor) weights"
+    return None
+
+
+def effective_linear(module) -> tuple[Tensor, Tensor | None]:
+    """(W, b) the module applies: a plain nn.Linear's, or a peft LoRA layer's with its active adapters
+    merged in, W + scale * B A (peft's own get_delta_weight; dropout is off in a rollout)."""
+    base = getattr(module, "base_layer", None)
+    if base is None:
+        return module.weight, module.bias
+    W = base.weight
+    if not getattr(module, "disable_adapters", False) and not getattr(module, "merged", False):
+        for name in module.active_adapters:
+            if name in module.lora_A:
+                W = W + module.get_delta_weight(name)
+    return W, base.bias
+
+
+def _stacked(mats: list[Tensor], dtype: torch.dtype) -> Tensor:
+    """torch.cat(mats) in `dtype`, each cast straight into its rows (one pass over the weights, not a
+    concatenated copy and then its cast)."""
+    out = torch.empty((sum(m.shape[0] for m in mats), mats[0].shape[1]), dtype=dtype, device=mats[0].device)
+    row = 0
+    for m in mats:
+        out[row:row + m.shape[0]].copy_(m)
+        row += m.shape[0]
+    return out
+
+
+def _cat(parts: list[Tensor | None], dtype) -> Tensor | None:
+    if all(p is None for p in parts):
+        return None
+    return torch.cat([p if p is not None else torch.zeros(0) for p in parts]).to(dtype)
+
+
+@torch.no_grad()
+def weights_of(model, dtype: torch.dtype, rows: int = 16) -> Weights | None:
+    """The model's weights laid out for the lean step in `dtype` (None if unsupported_reason says so);
+    `rows` is the batch size the products are laid out for (any other works too)."""
+    if unsupported_reason(model) is not None:
+        return None
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg, body = inner.config, inner.model
+    pack, packed = _packer(dtype, body.embed_tokens.weight.device, rows)
+    layers = []
+    for blk in body.layers:
+        at, mlp = blk.self_attn, blk.mlp
+        (wq, bq), (wk, bk), (wv, bv) = (effective_linear(m) for m in (at.q_proj, at.k_proj, at.v_proj))
+        wo, bo = effective_linear(at.o_proj)
+        (wg, bg), (wu, bu), (wd, bd) = (effective_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        if bg is not None or bu is not None or bd is not None:
+            return None  # an MLP bias (Llama's mlp_bias): rare, not worth a second path
+        layers.append(LayerWeights(
+            ln1=blk.input_layernorm.weight.float(), qkv=pack(_stacked([wq, wk, wv], dtype)),
+            qkv_bias=_cat([bq, bk, bv], dtype) if bq is not None else None,
+            o=pack(wo.to(dtype)), o_bias=None if bo is None else bo.to(dtype),
+            ln2=blk.post_attention_layernorm.weight.float(),
+            gate_up=pack(_stacked([wg, wu], dtype)), down=pack(wd.to(dtype))))
+    wh, bh = effective_linear(inner.lm_head)
+    n_heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    return Weights(embed=body.embed_tokens.weight, layers=layers, norm=body.norm.weight.float(), head=pack(wh.to(dtype)),
+                   head_bias=None if bh is None else bh.to(dtype), rotary=body.rotary_emb, eps=cfg.rms_norm_eps,
+                   n_heads=n_heads, n_kv=getattr(cfg, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
+                   dtype=dtype, packed=packed)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), in fp32 (as the HF Llama norm computes it), by torch's
+    own kernel (one operation instead of six)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE: x cos + rotate_half(x) sin, rotate_half([a, b]) = [-b, a]; x (N, h, L, d), cos/sin (N, 1, L, d)."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-b, a], dim=-1) * sin
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated to the longest sequence: (N, nkv, S, d) each, fp32
+    (for these small attention products fp32 was faster on the CPU than bf16, and it skips two casts)."""
+
+    def __init__(self, w: Weights, rows: int, capacity: int, device):
+        shape = (rows, w.n_kv, capacity, w.head_dim)
+        self.k = [torch.empty(shape, device=device) for _ in w.layers]
+        self.v = [torch.empty(shape, device=device) for _ in w.layers]
+        self.length = 0
+        # one decode step's attention by grpolab.model.kernels' C kernel on a CPU (None: torch's products)
+        self.attend = kernels.decode_attention() if torch.device(device).type == "cpu" else None
+
+    def rows(self, idx: Tensor | None = None, repeat: int = 1) -> None:
+        """Keep rows `idx` (in that order), or repeat each row `repeat` times."""
+        pick = (lambda t: t[idx]) if idx is not None else (lambda t: t.repeat_interleave(repeat, 0))
+        self.k, self.v = [pick(t) for t in self.k], [pick(t) for t in self.v]
+
+
+def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tensor) -> Tensor:
+    """Logits (N, V) at the last of the L new tokens `ids` (N, L) at positions `pos` (N, L).
+
+    The new keys/values go into cache slots [cache.length, cache.length + L); key_mask (N, 1, L, S')
+    with S' = cache.length + L, bool, is True where a query may look (not padding, not the future);
+    the attention is grpolab.model.attention's, the one the training passes use on a CPU."""
+    N, L = ids.shape
+    start = cache.length
+    end = start + L
+    x = w.embed[ids].float()  # (N, L, H)
+    cos, sin = w.rotary(x, pos)
+    cos, sin = cos[:, None].float(), sin[:, None].float()  # (N, 1, L, d); RoPE in fp32, as under autocast
+    nh, nkv, d = w.n_heads, w.n_kv, w.head_dim
+    for i, lw in enumerate(w.layers):
+        qkv = linear(w, rms_norm(x, lw.ln1, w.eps).to(w.dtype), lw.qkv, lw.qkv_bias)  # (N, L, (nh + 2 nkv) d)
+        qk = rope(qkv[..., :(nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
+        cache.k[i][:, :, start:end] = qk[:, nh:]
+        cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d:].view(N, L, nkv, d).transpose(1, 2)
+        a = None
+        if L == 1 and cache.attend is not None and key_mask.stride(-1) == 1:
+            a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d ** -0.5)
+        if a is None:
+            a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
+        a = a.reshape(N, L, nh * d).to(w.dtype)
+        x = x + linear(w, a, lw.o, lw.o_bias)
+        g, u = linear(w, rms_norm(x, lw.ln2, w.eps).to(w.dtype), lw.gate_up).chunk(2, dim=-1)
+        x = x + linear(w, F.silu(g) * u, lw.down)
+    cache.length = end
+    h = rms_norm(x[:, -1], w.norm, w.eps).to(w.dtype)
+    return linear(w, h, w.head, w.head_bias)
+
+
+class LeanStepper:
+    """The rollout's model steps (prefill, repeat, keep rows, decode one token) on the lean forward."""
+
+    def __init__(self, w: Weights, max_new_tokens: int):
+        self.w, self.max_new = w, max_new_tokens
+
+    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        B, P = ids.shape
+        self.cache = KVCache(self.w, B, P + self.max_new, ids.device)
+        self.valid = torch.zeros((B, P + self.max_new), dtype=torch.bool, device=ids.device)
+        self.valid[:, :P] = mask.bool()
+        causal = torch.ones((P, P), dtype=torch.bool, device=ids.device).tril()
+        allowed = (causal[None] & self.valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=ids.device)
+        return forward(self.w, self.cache, ids, pos, allowed[:, None])  # a pad query sees itself
+
+    def repeat(self, G: int) -> None:
+        self.cache.rows(repeat=G)
+        self.valid = self.valid.repeat_interleave(G, 0)
+
+    def keep(self, idx: Tensor) -> None:
+        self.cache.rows(idx)
+        self.valid = self.valid[idx]
+
+    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
+        t = self.cache.length
+        self.valid[:, t] = True
+        return forward(self.w, self.cache, tok[:, None], pos[:, None], self.valid[:, None, None, : t + 1])

@@ -1,0 +1,159 @@
+"""`precision=auto`: bf16 autocast or fp32, decided per phase (rollout, update) on the machine at hand.
+
+Whether bf16 autocast pays depends on the machine: on one 2-core AVX512-BF16 CPU it took x1.74 / x1.84
+the fp32 time for generation / forward+backward, on another x0.70 / x0.68 (docs/performance.md). So on
+a CPU `auto` times both precisions on the policy itself, a few decode steps and one small
+forward+backward each, alternating, and keeps bf16 for a phase only where it was at least
+`BF16_MARGIN` faster. On a CUDA GPU with bf16 support `auto` is bf16 (not measured: there it is the
+standard choice). The choice is printed, written to OUT/precision.json and reused on resume, so a
+resumed run computes in the same precision as the run it continues.
+
+Weights and optimizer state stay fp32 in every case; autocast supplies the low precision.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+BF16_MARGIN = 0.9  # bf16 is kept for a phase when its time is at most this fraction of fp32's
+SMALL_MODEL_PARAMS = 10_000_000  # below this a matmul is too small for bf16 to pay: fp32, not measured
+FILE = "precision.json"
+NAMES = {None: "fp32", torch.bfloat16: "bf16"}
+DTYPES = {v: k for k, v in NAMES.items()}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Autocast dtype per phase (None = fp32) and why."""
+
+    rollout: torch.dtype | None
+    update: torch.dtype | None
+    reason: str
+    seconds: dict = field(default_factory=dict)  # what was measured: {"rollout": {"fp32": s, "bf16": s}, ...}
+
+    def describe(self) -> str:
+        return f"precision: rollout {NAMES[self.rollout]}, update {NAMES[self.update]} ({self.reason})"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "rollout": NAMES[self.rollout], "update": NAMES[self.update]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Precision":
+        return cls(DTYPES[data["rollout"]], DTYPES[data["update"]], data.get("reason", ""), data.get("seconds", {}))
+
+
+def faster(seconds: dict[str, float], margin: float = BF16_MARGIN) -> torch.dtype | None:
+    """bf16 when t_bf16 <= margin * t_fp32, else None (fp32)."""
+    return torch.bfloat16 if seconds["bf16"] <= margin * seconds["fp32"] else None
+
+
+def _probe_ids(model, rows: int, length: int, device) -> torch.Tensor:
+    """Fixed token ids (rows, length) inside the vocabulary: no random draw, so the run's RNG is untouched."""
+    vocab = int(model.config.vocab_size)
+    return (torch.arange(rows * length, device=device).view(rows, length) * 7919 % (vocab - 1)) + 1
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6, decoder: str = "auto") -> float:
+    """Seconds for `steps` cached decode steps of `rows` sequences in `dtype` (None: fp32), as
+    grpolab.model.generate.generate runs them for the `decoder` setting: the lean step where it applies
+    (rollout.use_lean), else the model's forward under one autocast context. The lean step's weight
+    layout is included."""
+    from grpolab.model.generate import HFStepper, stepper_for, use_lean
+
+    device = next(model.parameters()).device
+    ids = _probe_ids(model, rows, prompt, device)
+    pos = torch.arange(prompt, device=device).expand(rows, prompt)
+    _sync(device)
+    t0 = time.perf_counter()
+    stepper = stepper_for(model, dtype or torch.float32, steps, use_lean(decoder, dtype, device))
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and isinstance(stepper, HFStepper))
+    with torch.no_grad(), amp:
+        tok = stepper.prefill(ids, torch.ones_like(ids), pos).argmax(-1)
+        for i in range(steps):
+            tok = stepper.step(tok, pos[:, -1] + i + 1).argmax(-1)
+        _sync(device)
+    return time.perf_counter() - t0
+
+
+def update_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, completion: int = 32) -> float:
+    """Seconds for one forward+backward of the completion log-probs of `rows` sequences under autocast
+    in `dtype` (None: fp32), as the update runs it. The gradients are discarded."""
+    from grpolab.model.logprobs import completion_logp
+
+    device = next(model.parameters()).device
+    p_ids = _probe_ids(model, rows, prompt, device)
+    c_ids = _probe_ids(model, rows, completion, device).flip(-1)
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        logp, _ = completion_logp(model, p_ids, torch.ones_like(p_ids), c_ids, torch.ones(c_ids.shape, device=device))
+    logp.float().mean().backward()
+    _sync(device)
+    dt = time.perf_counter() - t0
+    for p in model.parameters():
+        p.grad = None
+    return dt
+
+
+def time_both(fn, reps: int = 2) -> dict[str, float]:
+    """Best of `reps` timings of fn(dtype) for fp32 and bf16, alternating, after one warm-up of each."""
+    best = {"fp32": float("inf"), "bf16": float("inf")}
+    for name in best:
+        fn(DTYPES[name])  # warm-up (kernels, allocator, autocast's first cast)
+    for _ in range(reps):
+        for name in best:
+            best[name] = min(best[name], fn(DTYPES[name]))
+    return best
+
+
+def measure(model, *, training: bool = True, decoder: str = "auto") -> Precision:
+    """Time both precisions on `model` for the rollout (and the update when training) and choose."""
+    was_training = model.training
+    with torch.random.fork_rng(devices=[]):  # dropout (a LoRA adapter's) must not move the run's stream
+        try:
+            model.eval()
+            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, decoder=decoder))}
+            model.train(was_training)
+            if training:
+                seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
+        finally:
+            model.train(was_training)
+    ratio = {k: v["bf16"] / v["fp32"] for k, v in seconds.items()}
+    rollout = faster(seconds["rollout"])
+    update = faster(seconds["update"]) if training else None
+    why = ", ".join(f"{k} bf16/fp32 time x{r:.2f}" for k, r in ratio.items())
+    return Precision(rollout, update, f"auto, measured here: {why}; bf16 kept where <= x{BF16_MARGIN}",
+                     {k: {n: round(t, 4) for n, t in v.items()} for k, v in seconds.items()})
+
+
+def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
+           decoder: str = "auto", recorded: Path | None = None) -> Precision:
+    """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
+    docstring. `recorded`: a precision.json of the run being resumed, which wins for auto."""
+    if setting == "fp32":
+        return Precision(None, None, "precision=fp32")
+    if setting == "bf16":
+        return Precision(torch.bfloat16, torch.bfloat16, "precision=bf16")
+    if recorded is not None and recorded.exists():
+        data = json.loads(recorded.read_text())
+        return Precision.from_json({**data, "reason": f"as recorded in {recorded} ({data.get('reason', '')})"})
+    if device.type == "cuda":
+        bf16 = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+        return Precision(bf16, bf16, "auto: " + ("a bf16-capable GPU" if bf16 else "this GPU has no bf16"))
+    if distributed:
+        return Precision(None, None, "auto: fp32 on CPUs under torchrun (not measured: every rank must agree)")
+    n = sum(p.numel() for p in model.parameters())
+    if n < SMALL_MODEL_PARAMS:
+        return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
+                                     f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
+    return measure(model, training=training, decoder=decoder)

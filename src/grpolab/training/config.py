@@ -1,0 +1,339 @@
+"""One typed config: defaults here, a YAML recipe on top, then dotted KEY=VALUE overrides.
+
+Every field carries its documentation as a string literal right under it; `grpolab train --help`
+reads those strings (`field_docs`), so the help and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpolab.algo.presets import AlgoConfig, resolve_algo
+from grpolab.model.lora import LoraConfig, validate_lora
+from grpolab.util.fields import ConfigError, coerce_field, field_docs
+from grpolab.util.fileio import atomic_write
+
+RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
+
+
+@dataclass
+class Config:
+    """Everything a run needs. Top-level keys `out`, `steps`, `seed`, `model`, `task`, `algo` are stable."""
+
+    out: str = "runs/demo"
+    """Run directory: metrics.jsonl, samples.jsonl, config.yaml, TensorBoard events, checkpoints/."""
+    steps: int = 30
+    """Number of training steps (one rollout batch + `algo.mu` optimizer updates each)."""
+    seed: int = 0
+    """Seed for prompts, sampling and initialisation; the same seed gives the same run on the same machine."""
+    model: str = "smollm2-135m"
+    """Policy model: `smollm2-135m` (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face model directory, or a local .gguf file. Never downloaded."""
+    task: str = "arithmetic"
+    """Task: arithmetic, countdown, qa (local JSONL/parquet), code, tools, dataset (your own files: JSONL, CSV, parquet, a datasets directory), longsum (the lab aha miniature)."""
+    task_args: dict = field(default_factory=dict)
+    """Options of the task, e.g. `task_args.digits=2` (see the Tasks section of README.md)."""
+    rewards: list = field(default_factory=list)
+    """Reward functions as a list of {name, weight, ...options}; empty = the task's default rewards."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Policy-gradient method and its options, e.g. `algo=grpo algo.beta=0.04` (see docs/algorithms.md)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter (peft, the `lora` extra): lora.r=16 trains a rank-16 adapter instead of every weight; the reference is then the policy with its adapter off (see the LoRA section of README.md)."""
+    G: int = 8
+    """Completions sampled per prompt (the group size; num_generations in TRL). G=1 gives GRPO no signal."""
+    batch_size: int = 32
+    """Completions per step (= prompts per step x G); G must divide it."""
+    micro_batch: int = 16
+    """Sequences per forward/backward pass (gradient accumulation), rounded to whole groups of G (at least one group); only memory and speed depend on it."""
+    max_new_tokens: int = 32
+    """Completion length limit in tokens; a completion that reaches it is flagged truncated."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of rollouts, in (0, 1]."""
+    lr: float = 2e-5
+    """Peak learning rate of AdamW."""
+    warmup_steps: int = 2
+    """Linear warm-up of the learning rate over the first warmup_steps * algo.mu optimizer updates (steps that made no update do not count), then constant."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: list = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW (beta1, beta2)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables it."""
+    max_nonfinite_updates: int = 3
+    """An optimizer update whose loss or gradient norm is NaN/inf is skipped (the weights stay as they were) and counted in update/nonfinite_skipped; this many in a row stop the run, keeping the last good checkpoint."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, or cuda."""
+    precision: str = "auto"
+    """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.model.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
+    cpu_malloc: str = "keep"
+    """On a CPU under glibc: keep (freed memory stays in the process and is reused, so a new tensor does not fault its pages in anew; grpolab.parallel.allocator) or system (malloc as it is)."""
+    decoder: str = "auto"
+    """How rollouts run the model: auto (grpolab.model.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
+    threads: int = 0
+    """CPU threads for PyTorch; 0 = all cores."""
+    fsdp: bool = False
+    """Under torchrun, shard the policy (and the reference) over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead of a full copy per process: for models whose weights, gradients and AdamW state do not fit one device. Same maths as plain data parallelism; checkpoints stay whole models (docs/distributed.md)."""
+    eval_size: int = 64
+    """Held-out prompts scored (greedy) before and after training; 0 skips the evaluation."""
+    eval_batch: int = 32
+    """Prompts per generation batch during evaluation."""
+    save_every: int = 20
+    """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep on disk."""
+    samples_per_step: int = 4
+    """Completions per step written to samples.jsonl."""
+    reward_timeout_s: float = 10.0
+    """Time budget of one reward call; over it the sample scores 0 and `reward/timeouts` counts it."""
+    reward_workers: int = 4
+    """Threads scoring completions in parallel."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under OUT/tb."""
+    progress: bool = True
+    """Show a live progress bar on the console."""
+    report: bool = True
+    """Write OUT/report.html (plots, samples, the token-level credit view; see docs/report.md) at the end of the run; needs the `report` extra (matplotlib)."""
+    sample_tokens: int = 64
+    """Per-token values (advantage, log-prob, ratio and clip, entropy, KL) saved in samples.jsonl for the first sample_tokens tokens of each written sample; 0 saves none. Bounds samples.jsonl to about samples_per_step x (the texts + 70 bytes x sample_tokens) per step."""
+    reflection_phrases: list = field(default_factory=lambda: list(_default_reflection_phrases()))
+    """Phrases counted as reflection in aha/reflection_count and aha/reflection_frac (whole words, ignoring case); the default holds English and Spanish ones (wait, let me check, verify, espera, revisemos, ...; grpolab.training.diagnostics)."""
+    alert_entropy_min: float = 0.02
+    """Collapse alert: warn (and count alert/entropy) when the mean policy entropy of a step falls below this (nats)."""
+    alert_zero_var_steps: int = 5
+    """Collapse alert: warn (alert/zero_variance) when every group has had equal rewards for this many consecutive steps."""
+    alert_truncated_frac: float = 0.5
+    """Collapse alert: warn (alert/truncated) when more than this share of a step's completions hit max_new_tokens."""
+    alert_window: int = 10
+    """Steps in the rolling window of aha/length_reward_corr_rolling and of the alert for a reward falling while the KL rises."""
+
+
+def _default_reflection_phrases() -> list[str]:
+    from grpolab.training.diagnostics import DEFAULT_REFLECTION_PHRASES
+
+    return DEFAULT_REFLECTION_PHRASES
+
+
+def algo_choices() -> dict[str, tuple[str, ...]]:
+    """algo field -> the names its registry holds (the registries live with their maths)."""
+    from grpolab.algo.advantages import ADV_SCALES, ADVANTAGES
+    from grpolab.algo.kl import KL_ESTIMATORS
+    from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES
+
+    return {"advantage": (*ADVANTAGES, "gae"), "adv_scale": tuple(ADV_SCALES), "objective": tuple(OBJECTIVES),
+            "aggregation": tuple(AGGREGATIONS), "kl_estimator": tuple(KL_ESTIMATORS)}
+
+
+def _type_of(cls: type, name: str):
+    hints = typing.get_type_hints(cls)
+    return hints[name]
+
+
+def _merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:
+    """Return a copy of dataclass `current` with `updates` applied (nested dataclasses merge recursively)."""
+    if not isinstance(updates, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {updates!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {n: getattr(current, n) for n in names}
+    for k, v in updates.items():
+        key = f"{prefix}{k}"
+        if k not in names:
+            close = difflib.get_close_matches(str(k), names, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{key}: unknown key.{hint} Known keys: {', '.join(names)}")
+        typ = _type_of(cls, k)
+        if k == "algo":
+            kwargs[k] = v  # handled by the caller (presets: resolve_algo)
+        elif dataclasses.is_dataclass(typ):
+            kwargs[k] = _merge_into(typ, getattr(current, k), v, f"{key}.")  # lora.*
+        else:
+            kwargs[k] = coerce_field(key, v, typ)
+    return cls(**kwargs)
+
+
+def _apply(cfg_dict: dict, key: str, value: Any) -> None:
+    """Set a dotted `key` in a nested dict, creating levels as needed."""
+    parts = key.split(".")
+    d = cfg_dict
+    for p in parts[:-1]:
+        if not isinstance(d.get(p), dict):
+            d[p] = {} if p not in d or d[p] is None else ({"name": d[p]} if isinstance(d[p], str) else d[p])
+        d = d[p]
+    last = parts[-1]
+    if isinstance(d.get(last), dict) and isinstance(value, str) and key == "algo":
+        d[last]["name"] = value  # `algo.beta=0.1 algo=dapo`: the preset name must not drop algo.beta
+    else:
+        d[last] = value
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`["steps=5", "algo.beta=0.04"]` -> nested dict; values are parsed as YAML scalars."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{item!r}: overrides are KEY=VALUE (for example steps=10 or algo.beta=0.04)")
+        k, v = item.split("=", 1)
+        if not k:
+            raise ConfigError(f"{item!r}: empty key")
+        try:
+            val = yaml.safe_load(v) if v != "" else ""
+        except yaml.YAMLError:
+            val = v
+        _apply(out, k.strip(), val)
+    return out
+
+
+def load_recipe(path: str | Path) -> dict:
+    """Read a YAML recipe: a file path, or the name of a file in recipes/ (`dapo` -> recipes/dapo.yaml)."""
+    p = Path(path)
+    if not p.exists() and (RECIPES_DIR / f"{path}.yaml").exists():
+        p = RECIPES_DIR / f"{path}.yaml"
+    if not p.exists():
+        known = sorted(x.stem for x in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []
+        raise ConfigError(f"recipe {str(path)!r} not found; give a YAML file path or one of: {', '.join(known)}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {p}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {p}: expected a mapping of keys to values at the top level")
+    return data
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    for k, v in upd.items():
+        if k == "algo" and isinstance(v, str):
+            v = {"name": v}
+        if isinstance(v, dict) and isinstance(base.get(k), dict) and k != "rewards":
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def build_config(recipe: dict | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- recipe <- overrides, validated. Raises ConfigError (exit code 2) on any problem."""
+    merged: dict = {}
+    _deep_update(merged, copy.deepcopy(recipe or {}))  # never mutate the caller's recipe
+    _deep_update(merged, parse_overrides(overrides or []))
+    algo_raw = merged.pop("algo", {}) or {}
+    if isinstance(algo_raw, str):
+        algo_raw = {"name": algo_raw}
+    if not isinstance(algo_raw, dict):
+        raise ConfigError(f"algo: expected a name or a mapping, got {algo_raw!r}")
+    cfg = _merge_into(Config, Config(), merged, "")
+    algo_over = dict(algo_raw)
+    name = algo_over.pop("name", "grpo")
+    cfg.algo = resolve_algo(name, algo_over, choices=algo_choices())
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Impossible values, caught before anything is written."""
+    checks = [
+        (cfg.steps >= 1, "steps", "must be >= 1"),
+        (cfg.G >= 1, "G", "must be >= 1 (completions per prompt)"),
+        (cfg.batch_size >= 1, "batch_size", "must be >= 1"),
+        (cfg.batch_size % max(cfg.G, 1) == 0, "batch_size",
+         f"{cfg.batch_size} is not divisible by G={cfg.G}; use a multiple of G, e.g. {max(cfg.G, 1) * max(1, cfg.batch_size // max(cfg.G, 1))}"),
+        (cfg.micro_batch >= 1, "micro_batch", "must be >= 1"),
+        (cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+        (cfg.temperature > 0, "temperature", "must be > 0"),
+        (0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]"),
+        (cfg.lr > 0, "lr", "must be > 0"),
+        (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
+        (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
+        (cfg.max_nonfinite_updates >= 1, "max_nonfinite_updates", "must be >= 1"),
+        (cfg.algo.overlong_buffer <= cfg.max_new_tokens, "algo.overlong_buffer",
+         f"{cfg.algo.overlong_buffer} tokens is longer than max_new_tokens={cfg.max_new_tokens}: every completion "
+         f"would be punished; lower it (DAPO used 20% of the limit)"),
+        (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
+        (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
+        (cfg.decoder in ("auto", "lean", "hf"), "decoder", "must be auto, lean or hf"),
+        (cfg.cpu_malloc in ("keep", "system"), "cpu_malloc", "must be keep or system"),
+        (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
+        (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
+        (cfg.save_every >= 0, "save_every", "must be >= 0"),
+        (cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
+        (cfg.samples_per_step >= 0, "samples_per_step", "must be >= 0"),
+        (cfg.reward_timeout_s > 0, "reward_timeout_s", "must be > 0"),
+        (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),
+        (cfg.threads >= 0, "threads", "must be >= 0"),
+        (len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
+         "adam_betas", "must be two numbers in [0, 1)"),
+        (bool(cfg.out), "out", "must be a directory path"),
+    ]
+    for ok, key, msg in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {msg}")
+    validate_lora(cfg.lora)
+    from grpolab.tasks import TASKS
+
+    if cfg.task not in TASKS:  # caught here, before any model is loaded
+        raise ConfigError(f"task: unknown task {cfg.task!r}; known tasks: {', '.join(sorted(TASKS))}")
+    for i, spec in enumerate(cfg.rewards):
+        if not isinstance(spec, dict) or "name" not in spec:
+            raise ConfigError(f"rewards[{i}]: expected a mapping with a `name` (and optional `weight`), got {spec!r}")
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain-data view of the config (for config.yaml)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write config.yaml atomically (a resumed run rewrites it; a crash must not leave half a file)."""
+    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def config_from_run(out_dir: Path) -> dict:
+    """The resolved config.yaml of an existing run, as a recipe dict."""
+    p = Path(out_dir) / "config.yaml"
+    if not p.exists():
+        raise ConfigError(not_a_run_message(Path(out_dir)))
+    return yaml.safe_load(p.read_text())
+
+
+def not_a_run_message(out_dir: Path) -> str:
+    """What to do with a --resume target that holds no config.yaml."""
+    if not out_dir.exists():
+        return (f"--resume {out_dir}: no such directory. Start the run with "
+                f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]`")
+    return (f"--resume {out_dir}: it holds no config.yaml, so the run stopped before recording its settings and "
+            f"trained no step: there is nothing to resume. Start it again with the same settings: "
+            f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]` (that directory is accepted as it is)")
+
+
+def help_text() -> str:
+    """Every option with its default and documentation (for --help)."""
+    lines = ["Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04):", ""]
+    docs = field_docs(Config)
+    for f in dataclasses.fields(Config):
+        if f.name == "algo":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        shown = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
+        lines.append(f"  {f.name}={shown!r}")
+        lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += ["", "  lora.* options (LoRA through peft; lora.r=0, the default, trains every weight):"]
+    ldocs = field_docs(LoraConfig)
+    for f in dataclasses.fields(LoraConfig):
+        lines.append(f"  lora.{f.name}={f.default!r}")
+        lines.append(textwrap.fill(ldocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += ["", "  algo=NAME and algo.* options:"]
+    adocs = field_docs(AlgoConfig)
+    for f in dataclasses.fields(AlgoConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  algo.{f.name}={default!r}")
+        lines.append(textwrap.fill(adocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)

@@ -1,0 +1,266 @@
+"""One training step, top to bottom, as stages over one `Batch`:
+
+    batch = collect(run, step)            B prompts, G completions each, verifier rewards   rollout.py, rewards/
+                                          (DAPO: drop all-equal groups and sample more)       shaping.py
+    reference(run, batch)                 log pi_ref of the completions, when beta > 0        microbatch.py
+    shape(run, batch)                     overlong penalty, KL in the reward                  shaping.py
+    batch.adv = run.advantage.targets()   A (N,) from the group, or (N, C) from a critic      advantages.py, critic.py
+    update(run, batch)                    algo.mu AdamW updates of the policy objective       losses.py
+    -> metrics                            one flat dict per step (docs/metrics.md)
+
+Each stage reads the Batch and fills in its own fields; nothing else is shared. The raw verifier
+reward and the shaped one both stay on the batch. A method with a critic differs only in
+`run.advantage` (grpolab.model.critic.Critic instead of grpolab.algo.advantages.GroupBaseline).
+The loop around the step (setup, evaluation, checkpoints, summary) is grpolab.training.trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+
+import torch
+from torch import Tensor
+
+from grpolab.algo.losses import policy_loss
+from grpolab.algo.shaping import informative_groups, shape_rewards
+from grpolab.batch import Batch, Example, Rollout, concat_rollouts
+from grpolab.model.generate import generate, use_lean
+from grpolab.model.passes import (
+    idle_pass,
+    logp_without_grad,
+    micro_batches,
+    policy_logp,
+    sampled_token_logp,
+    slice_groups,
+)
+from grpolab.model.template import chat_prompts
+from grpolab.parallel.distributed import (
+    SINGLE,
+    global_counts,
+    rank_slice,
+    reduce_metrics,
+    sum_gradients,
+)
+from grpolab.parallel.fsdp import gathered, is_sharded, passes
+from grpolab.rewards import score_completions
+from grpolab.training.diagnostics import aha_metrics
+from grpolab.training.metrics import weighted_mean
+from grpolab.training.run import Run, step_rng
+
+
+def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
+                     generator: torch.Generator | None = None) -> Rollout:
+    """G completions for each example, in the model's chat template. `generator` (on run.device) is
+    used as it is: the caller owns its stream."""
+    ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
+    with gathered(run.policy):  # FSDP: unsharded once, not all-gathered per token (grpolab.parallel.fsdp)
+        return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
+                        temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
+                        autocast_dtype=run.rollout_dtype, generator=generator, eos_ids=run.eos_ids,
+                        lean=use_lean(run.cfg.decoder, run.rollout_dtype, run.device))
+
+
+def score(run: Run, rollout: Rollout, examples: list[Example]):
+    """Verifiable rewards for every completion (examples repeated G times to match the layout)."""
+    per_completion = [e for e in examples for _ in range(rollout.G)]
+    return score_completions(run.reward_fns, rollout.texts, per_completion, timeout_s=run.cfg.reward_timeout_s,
+                             workers=run.cfg.reward_workers)
+
+
+def collect(run: Run, step: int) -> Batch:
+    """Sample prompts, roll out and score them. With dynamic sampling (DAPO), groups whose rewards are
+    all equal are dropped and more prompts are sampled, up to `algo.max_resample_rounds` extra rounds;
+    the reward metrics cover every sampled completion, the batch only the kept ones."""
+    cfg, algo = run.cfg, run.cfg.algo
+    prompts_per_step = cfg.batch_size // cfg.G
+    d = run.dist or SINGLE
+    rng, generator = step_rng(cfg.seed, step, run.device, d.rank)
+    rounds = 1 + (algo.max_resample_rounds if algo.dynamic_sampling else 0)
+    kept: list[Batch] = []
+    round_metrics: list[tuple[dict, float]] = []
+    sampled_rewards: list[Tensor] = []
+    t_generate = t_score = 0.0
+    n_groups = 0
+    for _ in range(rounds):
+        need = prompts_per_step - sum(len(b.examples) for b in kept)
+        if need <= 0:
+            break
+        examples = run.task.sample(need * d.world, rng)[rank_slice(need * d.world, d)]  # this rank's share
+        t0 = time.perf_counter()
+        rollout = rollout_examples(run, examples, G=cfg.G, generator=generator)
+        t1 = time.perf_counter()
+        scores = score(run, rollout, examples)
+        t_score += time.perf_counter() - t1
+        t_generate += t1 - t0
+        part = Batch(examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn)  # (n,)
+        sampled_rewards.append(part.raw_reward)
+        round_metrics.append((scores.metrics, len(rollout.texts)))
+        n_groups += len(examples)
+        if algo.dynamic_sampling:
+            part = part.keep_groups(informative_groups(part.raw_reward, cfg.G))
+        if not part.empty:
+            kept.append(part)
+    metrics = weighted_mean(round_metrics)
+    for k in ("reward/errors", "reward/timeouts"):  # counts: sum, not mean
+        metrics[k] = float(sum(m.get(k, 0.0) for m, _ in round_metrics))
+    raw = torch.cat(sampled_rewards)  # (every sampled completion,)
+    metrics.update({"time/generate_s": t_generate, "time/score_s": t_score, "reward/mean": float(raw.mean()),
+                    "reward/std": float(raw.std()) if len(raw) > 1 else 0.0})
+    n_kept = sum(len(b.examples) for b in kept)
+    if algo.dynamic_sampling:
+        metrics.update({"dapo/groups_sampled": n_groups, "dapo/groups_dropped": n_groups - n_kept,
+                        "dapo/groups_kept": n_kept})
+    if not kept:
+        return Batch([], None, raw[:0], {}, metrics)
+    return Batch([e for b in kept for e in b.examples], concat_rollouts([b.rollout for b in kept]),
+                 torch.cat([b.raw_reward for b in kept]),
+                 {k: [x for b in kept for x in b.reward_by_fn[k]] for k in kept[0].reward_by_fn}, metrics)
+
+
+def reference(run: Run, batch: Batch) -> None:
+    """batch.ref_logp (N, C): log pi_ref of the completions, one no-grad pass (only with a reference)."""
+    if run.ref is not None:
+        with run.ref.model() as ref:  # a frozen copy, or the LoRA policy with its adapter off
+            batch.ref_logp = logp_without_grad(run, ref, batch.rollout)
+
+
+def shape(run: Run, batch: Batch) -> None:
+    """batch.reward (N,) and batch.token_reward (N, C): every reward change after the verifiers
+    (grpolab.algo.shaping), plus `groups/zero_std_frac` of the shaped reward."""
+    algo, rollout = run.cfg.algo, batch.rollout
+    kl_in_reward = batch.ref_logp is not None and algo.kl_placement == "in_reward"
+    with gathered(run.policy, kl_in_reward and run.cfg.top_p < 1):  # FSDP: a no-grad policy pass (top_p < 1)
+        shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
+                               max_len=run.cfg.max_new_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
+                               policy_logp=sampled_token_logp(run, rollout) if kl_in_reward else None)
+    batch.reward, batch.token_reward = shaped.reward, shaped.token_reward
+    batch.metrics.update(shaped.metrics)
+    batch.metrics["groups/zero_std_frac"] = 1.0 - float(informative_groups(batch.reward, rollout.G).float().mean())
+
+
+def update(run: Run, batch: Batch) -> dict:
+    """`algo.mu` optimizer updates on the batch. batch.adv: (N,) or (N, C).
+
+    The first pass of the first update records log pi_old = log pi_theta (detached): the weights have
+    not moved yet, so no separate old-log-prob pass is needed. An update whose loss or gradient norm is
+    not finite is skipped (the weights stay as they were) and counted: update/nonfinite_skipped, and
+    run.nonfinite_streak for the loop's stop rule. Micro-batches hold whole groups (the
+    prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
+    the policy gradient and is not computed at all (unless a KL term in the loss or a critic needs it);
+    the normalisers n_seq / n_tok still count it, so the loss is unchanged.
+    """
+    cfg, algo, rollout = run.cfg, run.cfg.algo, batch.rollout
+    N, C = rollout.completion_ids.shape
+    mask = rollout.completion_mask  # (N, C)
+    adv_tok = batch.adv if batch.adv.dim() == 2 else batch.adv[:, None].expand(N, C)  # (N, C)
+    kl_in_loss = batch.ref_logp is not None and algo.kl_placement == "in_loss"
+    has_signal = (adv_tok.abs() * mask).sum(-1) > 0  # (N,)
+    compute_all = kl_in_loss or run.advantage.computes_every_group
+    groups = (has_signal.view(-1, rollout.G).any(-1) | compute_all).nonzero().squeeze(-1)  # (g,)
+    batches = micro_batches(rollout, groups, cfg.micro_batch)
+    old_logp, last_logp, entropy_tok = torch.zeros((N, C)), torch.zeros((N, C)), torch.zeros((N, C))
+    d = run.dist or SINGLE
+    n_seq, n_tok, n_batches = (int(x) for x in global_counts(d, N, batch.n_tokens, len(batches)))  # global batch
+    loss_infos: list[tuple[dict, float]] = []
+    entropy_infos: list[tuple[dict, float]] = []
+    grad_norms = []
+    beta = run.kl.value
+    n_nonfinite = n_idle = 0
+    for epoch in range(algo.mu if n_batches else 0):  # every rank runs the same updates
+        loss_sum = 0.0
+        for rows in passes(d, batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
+            if rows is None:
+                idle_pass(run, rollout)
+                n_idle += 1
+                continue
+            part = slice_groups(rollout, rows, run.device)
+            width, part_mask = part.width, part.completion_mask
+            logp, entropy = policy_logp(run, part, with_entropy=(epoch == 0))  # (b, C') each
+            last_logp[rows, :width] = logp.detach().cpu()
+            if epoch == 0:
+                old_logp[rows, :width] = logp.detach().cpu()
+                entropy_tok[rows, :width] = (entropy * part_mask).cpu()
+                tokens = float(part_mask.sum())
+                entropy_infos.append(({"entropy": float((entropy * part_mask).sum() / part_mask.sum().clamp(min=1))},
+                                      tokens))
+            loss, info = policy_loss(
+                logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
+                beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
+                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_new_tokens)
+            loss, value_info = run.advantage.add_loss(loss, run, part, batch)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
+        sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
+        loss_sum = global_counts(d, loss_sum)[0]
+        # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
+        norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(),
+                                                    cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
+        if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+            run.optimizer.zero_grad(set_to_none=True)
+            run.advantage.discard()
+            n_nonfinite += 1
+            run.nonfinite_streak += 1
+            continue
+        if cfg.max_grad_norm > 0:
+            grad_norms.append(norm)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()  # warm-up counts optimizer updates actually made
+        run.advantage.step(cfg.max_grad_norm)
+        run.nonfinite_streak = 0
+    batch.old_logp, batch.last_logp, batch.entropy = old_logp, last_logp, entropy_tok  # rows not computed: 0
+    metrics = weighted_mean(loss_infos)
+    metrics.update(weighted_mean(entropy_infos))
+    n_rows = sum(len(b) for b in batches)
+    metrics.update({"update/seqs_computed": float(n_rows), "update/skipped": float(n_rows == 0),
+                    "update/nonfinite_skipped": float(n_nonfinite),
+                    "lr": run.scheduler.get_last_lr()[0], "kl/beta": beta})
+    if grad_norms:
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if is_sharded(run.policy):
+        metrics["update/idle_passes"] = float(n_idle)
+    return metrics
+
+
+def train_step(run: Run, step: int) -> tuple[dict, Batch]:
+    """One step: collect -> reference -> shape -> advantages -> update. Returns (metrics, batch)."""
+    t_start = time.perf_counter()
+    batch = collect(run, step)
+    if batch.empty:  # dynamic sampling found no informative group: nothing to learn from
+        return {"step": step, **batch.metrics, "update/skipped": 1.0,
+                "time/step_s": time.perf_counter() - t_start}, batch
+    t_update = time.perf_counter()
+    reference(run, batch)
+    shape(run, batch)
+    batch.adv = run.advantage.targets(run, batch)  # (N,) or (N, C)
+    metrics = {**batch.metrics, "adv/abs_mean": float(batch.adv.abs().mean())}
+    metrics.update(update(run, batch))
+    kl_measured = "kl" in metrics  # in the loss or in the reward: the adaptive controller's input
+    main_reward = max(run.reward_fns, key=lambda f: f.weight).name
+    metrics.update(aha_metrics(batch, main_reward, run.cfg.reflection_phrases))  # docs/metrics.md, "aha"
+    lengths = batch.rollout.lengths  # (N,)
+    metrics = {"step": step, "kl": 0.0, "clip/frac": 0.0, "entropy": float("nan"), **metrics,
+               "time/update_s": time.perf_counter() - t_update,
+               "completion/length_mean": float(lengths.mean()),
+               "completion/length_max": float(lengths.max()),
+               "completion/truncated_frac": float(batch.rollout.truncated.float().mean()),
+               "tokens/generated": float(lengths.sum()),
+               "memory/peak_mb": peak_memory_mb(run.device),
+               "params/trained": float(run.trained_params()),
+               "time/step_s": time.perf_counter() - t_start}
+    metrics = reduce_metrics(run.dist or SINGLE, metrics)  # data parallel: over ranks; one process: as is
+    if kl_measured:
+        run.kl.update(metrics["kl"], len(batch.reward) * (run.dist or SINGLE).world)
+    return metrics, batch
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory so far: GPU allocator peak on CUDA, process peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+

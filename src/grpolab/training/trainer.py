@@ -1,0 +1,380 @@
+"""The loop around the training step: setup, evaluation before and after, checkpoints, the summary.
+
+    run = setup(cfg)                          models, optimizer, task, verifiers   (grpolab.training.run.Run)
+    evaluate(run, held_out)                   greedy accuracy before training
+    for step in start+1..steps:
+        metrics, batch = train_step(run, step)     collect -> shape -> advantages -> update  (grpolab.training.step)
+        log metrics, samples; checkpoint every save_every steps
+    evaluate(run, held_out); summary.json
+
+The step itself is grpolab.training.step; this file owns everything a step does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from grpolab.algo.advantages import GroupBaseline
+from grpolab.algo.kl import AdaptiveKL
+from grpolab.batch import Batch, Example
+from grpolab.model import precision
+from grpolab.model.generate import eos_token_ids
+from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
+from grpolab.model.lora import attach, trainable_parameters
+from grpolab.model.optim import adamw
+from grpolab.model.reference import FrozenCopy, reference_for
+from grpolab.parallel import distributed
+from grpolab.parallel import fsdp as sharding
+from grpolab.parallel.allocator import keep_freed_memory
+from grpolab.rewards import build_rewards
+from grpolab.tasks import build_task
+from grpolab.training.config import Config, save_config
+from grpolab.training.diagnostics import CollapseWatcher
+from grpolab.training.metrics import JsonlWriter, MetricsLogger
+from grpolab.training.run import Run
+from grpolab.training.step import rollout_examples, score, train_step
+from grpolab.training.stops import RunStopped, StopSignals
+from grpolab.util.fields import ConfigError
+from grpolab.util.fileio import atomic_write, read_jsonl
+
+ReportWriter = Callable[[Path, torch.device], None]
+"""Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
+
+
+def check_out_dir(out: Path, resume: bool) -> None:
+    """Refuse to overwrite an existing run (exit 2) unless resuming it."""
+    if resume:
+        if not (out / "config.yaml").exists():
+            from grpolab.training.config import not_a_run_message
+
+            raise ConfigError(not_a_run_message(out))
+        return
+    if out.exists() and any((out / n).exists() for n in ("metrics.jsonl", "config.yaml", "checkpoints")):
+        raise ConfigError(f"out: {out} already holds a run; continue it with `grpolab train --resume {out}` "
+                          f"or choose another out=DIR (nothing was written)")
+
+
+def check_same_lora(out: Path, cfg: Config) -> None:
+    """A resumed run keeps its LoRA settings: its checkpoints hold an adapter of that shape (or a whole model)."""
+    from grpolab.training.config import config_from_run
+
+    before = (config_from_run(out) or {}).get("lora") or {}
+    now = dataclasses.asdict(cfg.lora)
+    changed = [k for k in now if k in before and before[k] != now[k]] + \
+        (["r"] if not before and now["r"] else [])  # a run from before LoRA existed trained every weight
+    if changed:
+        raise ConfigError(f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
+                          f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
+                          f"or start a new run")
+
+
+def warmup_lambda(warmup: int) -> Callable[[int], float]:
+    """Learning-rate multiplier: linear warm-up over `warmup` updates, then 1."""
+    return lambda i: min(1.0, (i + 1) / warmup) if warmup > 0 else 1.0
+
+
+def setup(cfg: Config, *, resume: bool = False, training: bool = True,
+          log: Callable[[str], None] = print, dist=None) -> Run:
+    """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
+
+    training=False (evaluation) writes nothing and loads neither a reference model nor a critic.
+    With lora.r > 0 the policy is a peft model whose adapter alone is trained; its reference is the
+    same network with the adapter off (grpolab.model.reference).
+    """
+    out = Path(cfg.out)
+    if training:
+        check_out_dir(out, resume)
+        if resume:
+            check_same_lora(out, cfg)
+    task = build_task(cfg.task, cfg.seed, cfg.task_args)
+    reward_fns = build_rewards(cfg.rewards or task.default_rewards)
+    device = pick_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if device.type == "cpu" and cfg.cpu_malloc == "keep":
+        keep_freed_memory()
+    path = model_dir(cfg.model, log=log)
+    torch.manual_seed(cfg.seed)
+    tokenizer = load_tokenizer(path)
+    fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
+    policy = load_policy(path, torch.device("cpu") if fsdp else device)
+    policy.train()
+    algo = cfg.algo
+    advantage = GroupBaseline(algo)
+    components = {}
+    if training and algo.uses_critic:  # before the adapter: the critic copies the plain backbone
+        from grpolab.model.critic import Critic
+
+        advantage = components["critic"] = Critic(policy, algo, lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                                  weight_decay=cfg.weight_decay, device=device)
+    if training:
+        policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
+    ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
+    if fsdp:
+        ref = sharding.shard_models(policy, ref, dist, device)
+    prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
+                            decoder=cfg.decoder,
+                            recorded=out / precision.FILE if resume else None)
+    log(prec.describe())
+    if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.autocast()
+        ref.store_linear_in(prec.update)
+    optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
+    if training:
+        optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                          weight_decay=cfg.weight_decay, sharded=fsdp)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
+    return Run(cfg=cfg, out=out, device=device, amp_dtype=prec.update, tokenizer=tokenizer, policy=policy,
+               optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
+               eos_ids=eos_token_ids(policy, tokenizer), advantage=advantage, kl=AdaptiveKL.from_algo(algo),
+               ref=ref, log=log, components=components, dist=dist, precision=prec)
+
+
+def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
+    """The first `k` completions of the step: prompt, answer, the verifiers' reward (`reward`, and per
+    function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`).
+    With `run` (and run.cfg.sample_tokens > 0), each also gets `tokens`: the per-token advantage,
+    log-prob, ratio and clip decision, entropy and KL of its first sample_tokens tokens
+    (grpolab.training.token_credit, for the report's credit view)."""
+    rollout = batch.rollout
+    out = []
+    for i in range(min(k, len(rollout.texts))):
+        ex = batch.examples[i // rollout.G]
+        out.append({"step": step, "id": ex.id, "prompt": ex.prompt, "answer": ex.answer,
+                    "completion": rollout.texts[i], "reward": float(batch.raw_reward[i]),
+                    "reward_shaped": float(batch.reward[i]),
+                    "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
+                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])})
+    limit = run.cfg.sample_tokens if run is not None else 0
+    if out and limit > 0 and batch.adv is not None:
+        from grpolab.training.token_credit import token_credit
+
+        for rec, tokens in zip(out, token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit)):
+            rec["tokens"] = tokens
+    return out
+
+
+def evaluate(run: Run, examples: list[Example]) -> dict:
+    """Greedy completions on held-out prompts. accuracy = mean of the main (highest-weight) reward."""
+    if not examples:
+        return {}
+    main = max(run.reward_fns, key=lambda f: f.weight).name
+    totals, mains, lengths = [], [], []
+    for s in range(0, len(examples), run.cfg.eval_batch):
+        chunk = examples[s:s + run.cfg.eval_batch]
+        rollout = rollout_examples(run, chunk, G=1, greedy=True)
+        scores = score(run, rollout, chunk)
+        totals += scores.total
+        mains += scores.per_fn[main]
+        lengths += rollout.lengths.tolist()
+    return {"accuracy": sum(mains) / len(mains), "reward": sum(totals) / len(totals),
+            "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
+
+
+def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
+    """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt).
+    `policy`/`optimizer`: stand-ins holding the gathered full states of a sharded run (grpolab.parallel.fsdp)."""
+    from grpolab.training.checkpoint import save_checkpoint
+
+    state = {"step": step, "world_size": (run.dist or distributed.SINGLE).world}
+    if run.kl.adaptive:
+        state["kl_beta"] = run.kl.value
+    return save_checkpoint(run.out, step, run.policy if policy is None else policy, run.tokenizer,
+                           run.optimizer if optimizer is None else optimizer, run.scheduler, state,
+                           keep_last=run.cfg.keep_checkpoints, components=run.components)
+
+
+def resume_state(run: Run) -> int:
+    """Load the newest checkpoint of run.out that verifies against its manifest (components included;
+    a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none)."""
+    from grpolab.training.checkpoint import latest_good_checkpoint, load_checkpoint
+
+    ck = latest_good_checkpoint(run.out, log=run.log)
+    if ck is None:
+        return 0
+    policy, optimizer = sharding.load_views(run)  # FSDP: the full states are sharded into the run's
+    state = load_checkpoint(ck, policy, optimizer, run.scheduler, components=run.components)
+    world = (run.dist or distributed.SINGLE).world
+    if int(state.get("world_size", 1)) != world:
+        raise ConfigError(f"--resume {run.out}: {ck.name} was written by {state.get('world_size', 1)} processes and "
+                          f"this run has {world}; resume with the same number (torchrun --nproc_per_node "
+                          f"{state.get('world_size', 1)}): each rank's share of the batch depends on it")
+    if run.kl.adaptive and "kl_beta" in state:
+        run.kl.value = state["kl_beta"]
+    return int(state["step"])
+
+
+def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None) -> dict:
+    """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary.
+
+    report: writes OUT/report.html when cfg.report (the command line and grpolab.train pass
+    grpolab.app.report.write_run_report); None writes none."""
+    from grpolab.training.progress import Progress, print_summary
+
+    d = distributed.from_environment(cfg.device, cfg.fsdp)  # torchrun: this process's rank; else one process
+    distributed.check_supported(cfg, d)
+    log = (console.print if console is not None else print) if d.main else _quiet
+    run = setup(cfg, resume=resume, log=log, dist=d)
+    distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
+    start = resume_state(run) if resume else 0
+    main = d.main  # only rank 0 writes files, evaluates and shows progress
+    if main:
+        run.out.mkdir(parents=True, exist_ok=True)
+    if main and (not resume or start < cfg.steps):  # a resumed run records its new steps= (and other overrides)
+        save_config(cfg, run.out / "config.yaml")
+        atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
+    if start >= cfg.steps:
+        log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
+    logger = MetricsLogger(run.out, cfg.tensorboard, resume_step=start if resume else None) if main else _NoFile()
+    samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else _NoFile()
+    summary_path = run.out / "summary.json"
+    prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
+    eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
+    before = prior.get("eval_before") if resume else None
+    with sharding.gathered(run.policy, before is None and cfg.eval_size > 0):  # FSDP: rank 0's eval unsharded
+        if before is None and eval_set:
+            log(f"evaluating {len(eval_set)} held-out prompts before training (greedy)...")
+            before = evaluate(run, eval_set)
+            _write_summary(summary_path, {"eval_before": before})
+    distributed.barrier(d)
+    progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
+    watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
+    try:
+        with StopSignals(log=log) as signals:
+            for step in range(start + 1, cfg.steps + 1):
+                m, batch = train_step(run, step)
+                watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
+                logger.log(m)
+                if cfg.samples_per_step and not batch.empty:
+                    for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
+                        samples.write(rec)
+                progress.advance(m)
+                check_nonfinite(run, step)
+                stop = distributed.global_counts(d, float(signals.requested or 0))[0]  # any rank signalled
+                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop:
+                    save_or_stop(run, step)
+                if stop:
+                    if main:
+                        write_run_report(run, log, report)
+                    name, code = signals.name or "a signal to another rank", signals.exit_code if signals.requested else 143
+                    raise RunStopped(f"stopped by {name} after step {step}; checkpoint written. "
+                                     f"Continue with: {resume_command(run)}", code)
+    finally:
+        progress.close()
+        logger.close()
+        samples.close()
+    with sharding.gathered(run.policy, cfg.eval_size > 0):
+        after = evaluate(run, eval_set) if eval_set else None
+    if not main:  # the other ranks are done: rank 0 writes the summary
+        distributed.barrier(d)
+        return {}
+    history = read_jsonl(run.out / "metrics.jsonl")
+    summary = summarise(history, before, after, run.out, report=cfg.report)
+    _write_summary(summary_path, summary)
+    write_run_report(run, log, report)
+    print_summary(summary, console=console)
+    distributed.barrier(d)
+    return summary
+
+
+def _quiet(*args, **kwargs) -> None:
+    """The console of a rank other than 0: says nothing."""
+
+
+class _NoFile:
+    """metrics.jsonl / samples.jsonl of a rank other than 0: written by rank 0 only."""
+
+    def log(self, record: dict) -> None:
+        pass
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def write_run_report(run: Run, log, report: ReportWriter | None) -> None:
+    """OUT/report.html (cfg.report), at the end and on a graceful stop, by the writer the application
+    passed (grpolab.app.report.write_run_report; the training layer draws nothing itself); a report that
+    fails costs a warning, never the run."""
+    if not run.cfg.report or report is None:
+        return
+    try:
+        report(run.out, run.device)
+    except Exception as e:  # noqa: BLE001 (matplotlib missing, a plotting bug, a full disk...)
+        log(f"warning: report.html not written: {e}")
+
+
+def resume_command(run: Run) -> str:
+    return f"grpolab train --resume {run.out}"
+
+
+def check_nonfinite(run: Run, step: int) -> None:
+    """Stop (RunStopped, exit 1) after cfg.max_nonfinite_updates non-finite updates in a row."""
+    from grpolab.training.checkpoint import latest_checkpoint
+
+    if run.nonfinite_streak >= run.cfg.max_nonfinite_updates:
+        last = latest_checkpoint(run.out)
+        kept = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+        raise RunStopped(f"step {step}: {run.nonfinite_streak} optimizer updates in a row had a non-finite loss or "
+                         f"gradient norm (each was skipped, update/nonfinite_skipped); stopping. The weights were "
+                         f"never updated with them and {kept}. Check the rewards and log-probs for NaN/inf, or "
+                         f"lower lr; continue with: {resume_command(run)}", 1)
+
+
+def save_or_stop(run: Run, step: int) -> None:
+    """save() on rank 0, or RunStopped (exit 1, on every rank) naming the intact previous checkpoint when
+    the disk refuses it."""
+    from grpolab.training.checkpoint import is_write_failure, latest_checkpoint
+
+    d = run.dist or distributed.SINGLE
+    error = None
+    policy, optimizer = sharding.full_views(run)  # FSDP: every rank gathers the full states for rank 0
+    if d.main:
+        try:
+            save(run, step, policy, optimizer)
+        except Exception as e:
+            if not is_write_failure(e):
+                raise
+            error = e
+    if distributed.global_counts(d, 1.0 if error is not None else 0.0)[0]:
+        last = latest_checkpoint(run.out)
+        kept = f"the previous checkpoint {last} is intact" if last else "no earlier checkpoint exists"
+        reason = (getattr(error, "strerror", None) or str(error).strip().splitlines()[-1]) if error else "on rank 0"
+        raise RunStopped(f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
+                         f"nothing partial was left and {kept}. Free space, then continue with: "
+                         f"{resume_command(run)}", 1) from error
+
+
+def _write_summary(path: Path, data: dict) -> None:
+    atomic_write(path, json.dumps(data, indent=2))
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summarise(history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5,
+              report: bool = False) -> dict:
+    """Start vs end: mean reward and length over the first and last k steps, held-out accuracy."""
+    first, last = history[:k], history[-k:]
+    return {
+        "steps": len(history),
+        "reward_first": _mean([h.get("reward/mean") for h in first]),
+        "reward_last": _mean([h.get("reward/mean") for h in last]),
+        "length_first": _mean([h.get("completion/length_mean") for h in first]),
+        "length_last": _mean([h.get("completion/length_mean") for h in last]),
+        "eval_before": before,
+        "eval_after": after,
+        "time_s": sum(h.get("time/step_s", 0.0) for h in history),
+        "out": str(out),
+        "files": {n: str(out / n) for n in ("metrics.jsonl", "samples.jsonl", "config.yaml", "tb", "checkpoints",
+                                            *(("report.html",) if report else ()))},
+    }
