@@ -1,5 +1,5 @@
-"""The CPU changes that were tried for the speed issue and not kept, measured (docs/performance.md,
-"The update on a CPU"):
+"""The CPU changes that were tried for the speed issue and not kept, measured (docs/bench-history.md,
+"The update on a CPU"; docs/performance.md, same section, lists them):
 
     .venv/bin/python benchmarks/cpu_not_kept.py [--no-compile]
 

@@ -6,10 +6,15 @@ processes with k prompts each see exactly the same completions and rewards.
     python tests/ddp_worker.py --resume OUT [KEY=VALUE ...]
 
 --sampled anywhere keeps the model's own sampled rollouts instead.
+
+GRPOLAB_TEST_HOLD=RANK:STEP:FILE (the elastic tests): the first worker of that rank to reach that step
+writes its pid to FILE (which must not exist yet) and then waits there, at most 120 s, to be killed.
 """
 
 import hashlib
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -49,6 +54,28 @@ def fixed_generate(model, tokenizer, prompt_ids, *, G, max_new_tokens, eos_ids=N
                    torch.tensor([n == max_new_tokens for n in lengths]), texts, G)
 
 
+def hold_at_a_step() -> None:
+    """GRPOLAB_TEST_HOLD: the first worker of a rank to reach a step writes its pid and waits to be killed."""
+    from grpolab.training import trainer
+
+    rank, at, path = os.environ["GRPOLAB_TEST_HOLD"].split(":", 2)
+    real = trainer.train_step
+
+    def held(run, step_no):
+        if step_no == int(at) and os.environ.get("RANK") == rank:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:  # held once already: a restarted or relaunched worker goes on
+                return real(run, step_no)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            time.sleep(120)
+            raise SystemExit("GRPOLAB_TEST_HOLD: nobody killed this worker")
+        return real(run, step_no)
+
+    trainer.train_step = held
+
+
 def uneven_score(completion: str, example) -> float:
     """varied_score, but 0 for every completion of the prompts whose (salted) hash is even: their groups
     carry no signal and are not computed, so the ranks have different numbers of micro-batches to run
@@ -64,6 +91,8 @@ if __name__ == "__main__":
         step.generate = fixed_generate
     rewards.REWARDS["test_varied"] = lambda: varied_score
     rewards.REWARDS["test_uneven"] = lambda: uneven_score
+    if os.environ.get("GRPOLAB_TEST_HOLD"):
+        hold_at_a_step()
     if sys.argv[1] == "--resume":  # python tests/ddp_worker.py --resume OUT [KEY=VALUE ...]
         sys.exit(main(["train", *sys.argv[1:]]))
     out, model, prompts, *extra = sys.argv[1:]

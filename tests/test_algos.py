@@ -171,7 +171,8 @@ def test_docs_map_every_registered_function():
         assert f"`{name}`" in text, name
     # every call written in the docs names a real function with the arguments it really takes
     modules = [importlib.import_module(f"grpolab.{m}") for m in
-               ("advantages", "losses", "kl", "critic", "shaping", "step", "microbatch", "algos", "config", "trainer")]
+               ("algo.advantages", "algo.losses", "algo.kl", "algo.gae", "model.critic", "algo.shaping", "training.step",
+                "model.passes", "batch", "algo.presets", "training.config", "training.trainer")]
     calls = documented_calls(text)
     assert len(calls) >= 8
     methods = {}  # `run.advantage.targets(...)`: a method of a component class
@@ -185,3 +186,24 @@ def test_docs_map_every_registered_function():
         params = inspect.signature(found[0]).parameters
         unknown = [a for a in args if a not in params]
         assert not unknown, f"docs/algorithms.md: `{name}` takes no argument {unknown}; it takes {list(params)}"
+
+
+def test_kl_placement_is_read_as_a_property():
+    grpo, ppo = resolve_algo("grpo"), resolve_algo("ppo")
+    assert grpo.kl_in_loss and not grpo.kl_in_reward
+    assert ppo.kl_in_reward and not ppo.kl_in_loss
+
+
+def test_every_grpolab_function_named_in_the_presets_docs_exists():
+    """AlgoConfig's field docs point at real functions (grpolab.x.y.name)."""
+    import importlib
+
+    import grpolab.algo.presets as presets_module
+
+    text = Path(presets_module.__file__).read_text()
+    for module, name in re.findall(r"(grpolab(?:\.[a-z_]+)+)\.([A-Za-z_][A-Za-z0-9_]*)\b", text):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:  # grpolab.algo.advantages.ADVANTAGES: the module is the whole path minus the name
+            continue
+        assert hasattr(mod, name), f"{module}.{name}"

@@ -178,3 +178,65 @@ def test_value_model_sees_left_padded_rows_at_their_own_positions(make):
     padded_mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], 1)
     padded = critic(padded_ids, padded_mask)[:, 3:]  # (1, 6)
     assert torch.allclose(padded, alone, atol=1e-5), (padded - alone).abs().max()
+
+
+# -- the advantage component's contract ----------------------------------------------------------------
+
+
+def test_group_baseline_and_critic_are_advantage_components():
+    """Both classes satisfy grpolab.algo.advantages.AdvantageComponent: every member, and each method with
+    the protocol's parameters (the step calls them positionally, so the names must mean the same)."""
+    import inspect
+
+    from grpolab.algo.advantages import AdvantageComponent, GroupBaseline
+    from grpolab.model.critic import Critic
+
+    algo = resolve_algo("ppo")
+    critic = Critic(tiny_llama(), algo, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, device=torch.device("cpu"))
+    for component in (GroupBaseline(resolve_algo("grpo")), critic):
+        assert isinstance(component, AdvantageComponent), type(component).__name__
+        assert isinstance(component.computes_every_group, bool)
+        for name, fn in vars(AdvantageComponent).items():
+            if inspect.isfunction(fn) and not name.startswith("_"):
+                want = list(inspect.signature(fn).parameters)
+                assert list(inspect.signature(getattr(type(component), name)).parameters) == want, name
+    assert not isinstance(object(), AdvantageComponent)
+
+
+def test_the_critic_pass_goes_through_model_passes():
+    """Critic.targets: the old values of every group (passes.values_without_grad), then GAE; add_loss
+    computes the same values with gradients on a slice (passes.slice_values)."""
+    from types import SimpleNamespace
+
+    from grpolab.algo.shaping import terminal_rewards
+    from grpolab.batch import Rollout
+    from grpolab.model.critic import Critic
+    from grpolab.model.passes import PassSpec, all_groups, micro_batches, slice_groups
+
+    algo = resolve_algo("ppo")
+    critic = Critic(tiny_llama(), algo, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, device=torch.device("cpu"))
+    torch.nn.init.normal_(critic.model.value_head.weight)
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    rollout = Rollout(prompt_ids=torch.randint(1, 32, (4, 4)), prompt_mask=torch.ones(4, 4, dtype=torch.long),
+                      completion_ids=torch.randint(1, 32, (4, 3)), completion_mask=mask, sample_logp=-mask,
+                      truncated=torch.zeros(4, dtype=torch.bool), texts=list("abcd"), G=2)
+    batch = SimpleNamespace(rollout=rollout, token_reward=terminal_rewards(torch.tensor([1.0, 0, 1, 0]), mask),
+                            n_tokens=int(mask.sum()))
+    spec = PassSpec(torch.device("cpu"), None, micro_batch=2)
+    adv = critic.targets(spec, batch)
+    assert adv.shape == (4, 3) and batch.old_values.shape == (4, 3) and batch.returns.shape == (4, 3)
+    part = slice_groups(rollout, micro_batches(rollout, all_groups(rollout), 2)[0], spec.device)
+    v = critic.values(spec, part)
+    assert torch.allclose(v.detach() * part.completion_mask, batch.old_values[part.rows, :part.width] * part.completion_mask,
+                          atol=1e-6)
+    loss, info = critic.add_loss(torch.zeros(()), spec, part, batch)
+    loss.backward()
+    assert "value/error" in info and critic.model.value_head.weight.grad is not None
+
+
+def test_a_model_without_a_backbone_gets_a_clear_error():
+    class NoBody(torch.nn.Module):
+        base_model_prefix = "model"
+
+    with pytest.raises(ValueError, match="cannot find the transformer backbone of NoBody"):
+        ValueModel(NoBody())

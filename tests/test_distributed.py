@@ -152,19 +152,16 @@ def test_fsdp_without_torchrun_is_refused(tiny_model_dir, tmp_path, monkeypatch,
 def test_a_one_column_slice_is_widened_without_changing_its_log_probs(tiny_model):
     """Sharded, a micro-batch of one-token completions gets a masked second column (so that every rank
     makes the same module calls); the log-probs of the real column are those of the narrow pass."""
-    import contextlib
-    from types import SimpleNamespace
-
     from grpolab.batch import GroupSlice
-    from grpolab.model.passes import slice_logp
+    from grpolab.model.passes import PassSpec, policy_logp, slice_logp
     from grpolab.parallel import fsdp as sharding
 
     g = torch.Generator().manual_seed(0)
     part = GroupSlice(torch.arange(4), torch.randint(100, 5000, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.long),
                       torch.randint(100, 5000, (4, 1), generator=g), torch.ones(4, 1), 2)
-    run = SimpleNamespace(policy=tiny_model, cfg=SimpleNamespace(temperature=0.7), autocast=contextlib.nullcontext)
-    narrow, narrow_entropy = slice_logp(run, tiny_model, part, with_entropy=True)
+    spec = PassSpec(torch.device("cpu"), None, temperature=0.7)
+    narrow, narrow_entropy = slice_logp(spec, tiny_model, part, with_entropy=True)
     setattr(tiny_model, sharding._MARK, {"layers": [], "root": None, "depth": 0})  # as if sharded
-    wide, wide_entropy = sharding.policy_logp(run, part, with_entropy=True)
+    wide, wide_entropy = policy_logp(spec, tiny_model, part, with_entropy=True)
     assert wide.shape == narrow.shape == (4, 1)
     assert torch.allclose(wide, narrow, atol=1e-6) and torch.allclose(wide_entropy, narrow_entropy, atol=1e-5)

@@ -98,7 +98,8 @@ def policy_pass_for_kl(monkeypatch):
     from grpolab.model.passes import logp_without_grad
     from grpolab.training import step
 
-    monkeypatch.setattr(step, "sampled_token_logp", lambda run, rollout: logp_without_grad(run, run.policy, rollout))
+    monkeypatch.setattr(step, "sampled_token_logp",
+                        lambda spec, policy, rollout, top_p: logp_without_grad(spec, policy, rollout))
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

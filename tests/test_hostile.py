@@ -33,6 +33,7 @@ from grpolab.rewards.math_answer import math_score
 from grpolab.rewards.tool_call import tool_call_score
 from grpolab.rewards.tools import TOOL_SPECS
 from grpolab.sandbox import SandboxConfig, literal_test, run_tests
+from grpolab.util.values import PlainDict
 
 pytestmark = pytest.mark.hostile
 
@@ -765,3 +766,91 @@ def test_tool_call_hostile(payload):
     assert time.monotonic() - t < 1.0
     assert tool_call_score('<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>',
                            TOOLS_EX) == 1.0
+
+
+# ----------------------------------------------------------------------------- programs other than Python
+
+# A candidate probe (issue 23): what can run besides the interpreter's Python? Each attempt reports
+# what happened, as plain data: ("ran", detail) or ("refused", errno name or message).
+EXEC_PROBE = r'''
+import ctypes, errno, glob, mmap, os, platform, shutil, subprocess, sys, sysconfig
+
+def _run(argv):
+    try:
+        r = subprocess.run(argv, capture_output=True, timeout=5)
+    except OSError as e:
+        return ["refused", errno.errorcode.get(e.errno, str(e.errno))]
+    if r.returncode == 0 and r.stdout.strip() == b"42":
+        return ["ran", "42"]
+    return ["refused", "exit %d: %s" % (r.returncode, r.stderr.decode("utf-8", "replace")[-120:])]
+
+def _machine_code(code):
+    buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(code)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    return ctypes.CFUNCTYPE(ctypes.c_long)(addr)()
+
+def probe():
+    out = {}
+    st = os.statvfs("/tmp")
+    out["tmp_noexec"] = bool(st.f_flag & os.ST_NOEXEC)
+    # 1. an executable (a copy of the interpreter) in the writable /tmp, run directly
+    exe = "/tmp/work/copied-python"
+    shutil.copy(sys.executable, exe)
+    os.chmod(exe, 0o755)
+    out["exec_copy"] = _run([exe, "-I", "-S", "-c", "print(6 * 7)"])
+    # 2. the same, through the dynamic loader (which maps the file instead of execve-ing it)
+    ldso = sorted(glob.glob("/lib64/ld-linux*") + glob.glob("/lib/ld-linux*"))
+    out["exec_via_ldso"] = _run([ldso[0], exe, "-I", "-S", "-c", "print(6 * 7)"]) if ldso else ["refused", "no ld.so"]
+    # 3. a shared library copied into /tmp, loaded with ctypes
+    sos = sorted(glob.glob(os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload", "*.so")))
+    lib = "/tmp/work/copied.so"
+    shutil.copy(sos[0], lib)
+    try:
+        ctypes.CDLL(lib)
+        out["dlopen_copy"] = ["ran", os.path.basename(sos[0])]
+    except OSError as e:
+        out["dlopen_copy"] = ["refused", str(e)[-80:]]
+    # 4. machine code written to anonymous executable memory and called through ctypes
+    arch = platform.machine()
+    ret42 = {"x86_64": b"\xb8\x2a\x00\x00\x00\xc3",  # mov eax, 42; ret
+             "aarch64": bytes.fromhex("40058052c0035fd6")}.get(arch)  # mov w0, #42; ret
+    unshare = {"x86_64": bytes.fromhex("bf00000010" "b810010000" "0f05" "c3")}.get(arch)
+    try:
+        out["machine_code"] = ["ran", _machine_code(ret42)] if ret42 else ["refused", "arch " + arch]
+    except (OSError, ValueError) as e:
+        out["machine_code"] = ["refused", str(e)]
+    # 5. machine code making a system call the seccomp filter denies: unshare(CLONE_NEWUSER)
+    if unshare:
+        out["raw_unshare"] = ["ran", _machine_code(unshare)]  # the raw return: -errno
+    return out
+'''
+
+
+def _exec_probe() -> dict:
+    res, values = sb._run(EXEC_PROBE, [sb.TestCase("call", fn="probe")],
+                          SandboxConfig(timeout_s=8.0, cpu_s=6, memory_mb=512), sb.probe_isolation(), want_values=True)
+    assert values and type(values[0]) is PlainDict, (res.details, res.stderr[-2000:])
+    return dict(values[0].pairs)
+
+
+def test_programs_other_than_python(contained):
+    """docs/security.md, "Programs other than Python": /tmp is noexec, so a copied executable or
+    library cannot be started or loaded; machine code in anonymous memory does run, and seccomp
+    still holds for its system calls."""
+    import errno as _errno
+    import platform
+
+    t = time.monotonic()
+    got = _exec_probe()
+    assert time.monotonic() - t < 10
+    print(got)
+    assert got["tmp_noexec"] is True
+    assert got["exec_copy"] == ["refused", "EACCES"], got
+    assert got["exec_via_ldso"][0] == "refused" and "failed to map segment" in got["exec_via_ldso"][1], got
+    assert got["dlopen_copy"][0] == "refused" and "failed to map segment" in got["dlopen_copy"][1], got
+    if platform.machine() in ("x86_64", "aarch64"):
+        assert got["machine_code"] == ["ran", 42], got  # stated in docs/security.md: this runs
+    if platform.machine() == "x86_64" and contained.seccomp:
+        assert got["raw_unshare"] == ["ran", -_errno.EPERM], got  # the filter sees machine code's calls too
+    assert _slot_uid_pids() == []

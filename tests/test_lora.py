@@ -134,11 +134,12 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base_model(tiny_model_
     moved = changed(before, after)
     assert moved and all("lora_" in k for k in moved), moved
     assert any("lora_B" in k for k in moved)
+    spec = run.pass_spec()
     with run.ref.model() as ref:
-        ref_logp = logp_without_grad(run, ref, batch.rollout)
+        ref_logp = logp_without_grad(spec, ref, batch.rollout)
     assert run.policy.training  # the reference pass restored train mode
-    assert torch.equal(ref_logp, logp_without_grad(run, base, batch.rollout))
-    assert not torch.equal(logp_without_grad(run, run.policy, batch.rollout), ref_logp)  # the adapter is on again
+    assert torch.equal(ref_logp, logp_without_grad(spec, base, batch.rollout))
+    assert not torch.equal(logp_without_grad(spec, run.policy, batch.rollout), ref_logp)  # the adapter is on again
 
 
 def test_resume_of_a_lora_run_is_exact(lora_run, tmp_path):

@@ -91,7 +91,7 @@ def algo(**kw) -> AlgoConfig:
 
 def test_token_values_of_a_computed_row_and_of_a_skipped_one():
     batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
-    recs = token_credit(batch, [0, 1, 2], TOK, algo(), max_tokens=10)
+    recs = token_credit(batch, [0, 1, 2], TOK, algo(), max_tokens=10, computes_every_group=False)
     a, b, skipped = recs
     assert a["computed"] and a["n"] == 3 and a["shown"] == 3 and a["text"] == ["<0>", "<1>", "<2>"]
     assert a["adv"] == [1.0] * 3 and a["logp"] == [-1.0, -2.0, -0.5] and a["entropy"] == [0.3, 0.2, 0.1]
@@ -104,7 +104,7 @@ def test_token_values_of_a_computed_row_and_of_a_skipped_one():
 
 def test_token_values_are_bounded_and_carry_the_kl_to_the_reference():
     batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=True)  # KL in the loss: every group is computed
-    recs = token_credit(batch, [0, 2], TOK, algo(kl_estimator="k3"), max_tokens=2)
+    recs = token_credit(batch, [0, 2], TOK, algo(kl_estimator="k3"), max_tokens=2, computes_every_group=False)
     assert [r["shown"] for r in recs] == [2, 2] and all(len(r["text"]) == 2 == len(r["adv"]) for r in recs)
     assert recs[1]["computed"]  # zero advantage, but the KL term needs the pass
     want = kl_per_token(batch.old_logp[:1, :2], batch.ref_logp[:1, :2], batch.rollout.completion_mask[:1, :2], "k3")
@@ -117,7 +117,7 @@ def test_token_values_are_bounded_and_carry_the_kl_to_the_reference():
                                                   ("gspo", [0, 0, 0], [-1, -1])])
 def test_the_clip_decision_follows_the_objective(objective, row0, row1):
     batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
-    recs = token_credit(batch, [0, 1], TOK, algo(objective=objective), max_tokens=10)
+    recs = token_credit(batch, [0, 1], TOK, algo(objective=objective), max_tokens=10, computes_every_group=False)
     assert [recs[0]["clip"], recs[1]["clip"]] == [row0, row1]
     if objective == "gspo":  # one sequence ratio for every token: exp(mean log ratio); row 1: 0.74 < 0.8
         s = math.exp((math.log(1.5) + math.log(1.1) + math.log(0.5)) / 3)
@@ -127,7 +127,35 @@ def test_the_clip_decision_follows_the_objective(objective, row0, row1):
 def test_dual_clip_is_marked():
     batch = toy_batch([-1.0, -1.0, 0.0, 0.0], ref=False)
     batch.last_logp[0, 0] = batch.old_logp[0, 0] + math.log(4.0)  # ratio 4 > c = 3 with A < 0
-    assert token_credit(batch, [0], TOK, algo(dual_clip=3.0), max_tokens=10)[0]["clip"] == [2, 0, -1]
+    assert token_credit(batch, [0], TOK, algo(dual_clip=3.0), max_tokens=10, computes_every_group=False)[0]["clip"] == [2, 0, -1]
+
+
+def test_a_component_that_needs_every_group_marks_every_row_computed():
+    """The rows come from the step's own rule (grpolab.training.step.computed_groups): a critic computes
+    every group, also those whose advantages are all 0."""
+    batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
+    recs = token_credit(batch, [0, 2], TOK, algo(), max_tokens=10, computes_every_group=True)
+    assert [r["computed"] for r in recs] == [True, True] and recs[1]["clip"] == [0, 0, 0]
+
+
+def test_a_newly_registered_objective_brings_its_own_clip_decision(monkeypatch):
+    """register_objective: the credit view shows the new objective's decisions, token_credit unchanged."""
+    from grpolab.algo import losses
+
+    for name in ("OBJECTIVES", "CLIP_DECISIONS", "SEQUENCE_RATIO"):  # registered for this test only
+        monkeypatch.setattr(losses, name, type(getattr(losses, name))(getattr(losses, name)))
+
+    def clip_far(ratio, adv, algo):  # a made-up rule: clipped high wherever the ratio moved more than 0.3
+        return ((ratio - 1).abs() > 0.3).long()
+
+    losses.register_objective("far", losses.obj_pg, clip_far)
+    batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)  # ratios row 0: 1.5, 1.1, 0.5; row 1: 0.5, 1.1
+    recs = token_credit(batch, [0, 1], TOK, algo(objective="far"), max_tokens=10, computes_every_group=False)
+    assert [recs[0]["clip"], recs[1]["clip"]] == [[1, 0, 1], [1, 0]]
+    losses.register_objective("far_seq", losses.obj_pg, clip_far, sequence_ratio=True)  # one ratio per sequence
+    rec = token_credit(batch, [0], TOK, algo(objective="far_seq"), max_tokens=10, computes_every_group=False)[0]
+    s = math.exp((math.log(1.5) + math.log(1.1) + math.log(0.5)) / 3)  # 0.94: within 0.3 of 1
+    assert rec["ratio"] == pytest.approx([s] * 3, abs=1e-4) and rec["clip"] == [0, 0, 0]
 
 
 def test_samples_jsonl_holds_bounded_per_token_values(run_a, run_b):

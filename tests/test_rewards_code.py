@@ -119,3 +119,25 @@ def test_stub_scores_zero_on_assert_style_problems():
         "entry_point": "f", "allow_assert_tests": True})
     assert code_score("```python\ndef f(xs):\n    pass\n```", ex, CFG) == 0.0
     assert code_score("```python\ndef f(xs):\n    return sorted(xs)\n```", ex, CFG) == 1.0
+
+
+def test_integer_expected_values_are_graded_exactly_through_the_sandbox():
+    """issue 23: floats near an int expected value used to pass (relative 1e-9, absolute 1e-12)."""
+    big = Example(prompt="", answer="", meta={"entry_point": "add", "tests": [
+        "assert add(100000000000000001, 3) == 100000000000000004",
+        "assert add(1152921504606846976, 1) == 1152921504606846977",
+        "assert add(1, 2) == 3"]})
+    assert code_score("```python\ndef add(a, b):\n    return float(a) + float(b)\n```", big, CFG) == pytest.approx(1 / 3)
+    assert code_score("```python\ndef add(a, b):\n    return a + b\n```", big, CFG) == 1.0
+    fact = Example(prompt="", answer="", meta={"entry_point": "fact", "tests": [
+        "assert fact(23) == 25852016738884976640000", "assert fact(5) == 120"]})
+    gamma = "```python\nimport math\ndef fact(n):\n    return math.gamma(n + 1)\n```"
+    assert code_score(gamma, fact, CFG) == pytest.approx(0.5)  # 5! is exactly 120.0: that one passes
+    assert code_score("```python\nimport math\ndef fact(n):\n    return math.factorial(n)\n```", fact, CFG) == 1.0
+    zero = Example(prompt="", answer="", meta={"entry_point": "f", "tests": ["assert f(3) == 0", "assert f(0) == 0"]})
+    assert code_score("```python\ndef f(x):\n    return 1e-13 * x\n```", zero, CFG) == pytest.approx(0.5)
+    assert code_score("```python\ndef f(x):\n    return 0.0 * x\n```", zero, CFG) == 1.0  # 0.0 == 0 exactly
+    # a float expected value keeps its tolerance, and an explicit tolerance is the test's own
+    tol = Example(prompt="", answer="", meta={"entry_point": "f", "tests": [
+        "assert f(3) == 0.3", "assert abs(f(3) - 0) < 1e-9", "assert math.isclose(f(10), 1)"]})
+    assert code_score("```python\ndef f(x):\n    return 0.1 * x\n```", tol, CFG) == pytest.approx(2 / 3)

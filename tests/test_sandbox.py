@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -353,12 +355,27 @@ def test_seccomp_program_shape():
 
 def test_non_root_trainer_gets_a_user_namespace_without_capabilities():
     """The non-root path: run a trainer as an unprivileged uid (setpriv, the system python3)."""
-    import shutil
-
     py, setpriv = "/usr/bin/python3", shutil.which("setpriv")
     if os.geteuid() != 0 or not setpriv or not os.path.exists(py):
         pytest.skip("needs root, setpriv and /usr/bin/python3 to start an unprivileged trainer")
-    src = str(sb.__file__).rsplit("/grpolab/", 1)[0]
+    # the checkout may sit under a directory uid 65533 cannot read (a 0700 home or mktemp -d): the
+    # trainer imports a world-readable copy of the package instead
+    src = tempfile.mkdtemp(prefix="grpolab-nonroot-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    try:
+        os.chmod(src, 0o755)
+        shutil.copytree(os.path.dirname(os.path.dirname(os.path.abspath(sb.__file__))), os.path.join(src, "grpolab"),
+                        ignore=shutil.ignore_patterns("__pycache__", "data"))
+        for root, dirs, files in os.walk(src):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o644)
+        _non_root_trainer(src, setpriv, py)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def _non_root_trainer(src: str, setpriv: str, py: str) -> None:
     script = (
         f"import json, sys\nsys.path.insert(0, {src!r})\n"
         "from grpolab import sandbox as sb\n"
@@ -368,16 +385,19 @@ def test_non_root_trainer_gets_a_user_namespace_without_capabilities():
         "caps = sb.run_tests('import socket\\ndef add(a, b):\\n    socket.sethostname(\"x\")\\n    return 3\\n', add).fraction\n"
         "r, v = sb._run('import os\\ndef f():\\n    return [sorted(os.listdir(\"/\")), os.getppid()]\\n',\n"
         "               [sb.TestCase('call', fn='f')], sb.SandboxConfig(), iso, want_values=True)\n"
-        "print(json.dumps([iso.namespaces, iso.user_ns, good, caps, v[0]]))\n")
+        "noexec = sb._run('import os\\ndef f():\\n    return bool(os.statvfs(\"/tmp\").f_flag & os.ST_NOEXEC)\\n',\n"
+        "                 [sb.TestCase('call', fn='f')], sb.SandboxConfig(), iso, want_values=True)[1][0]\n"
+        "print(json.dumps([iso.namespaces, iso.user_ns, good, caps, v[0], noexec]))\n")
     out = subprocess.run([setpriv, "--reuid=65533", "--regid=65533", "--clear-groups", py, "-c", script],
                          capture_output=True, text=True, timeout=120, cwd="/tmp", env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
-    namespaces, user_ns, good, caps, seen = json.loads(out.stdout.strip().splitlines()[-1])
+    namespaces, user_ns, good, caps, seen, noexec = json.loads(out.stdout.strip().splitlines()[-1])
     if not (namespaces and user_ns):
         pytest.skip(f"unprivileged user namespaces are not available here: {out.stderr[-300:]}")
     assert good == 1.0
     assert caps == 0.0  # no CAP_SYS_ADMIN left in its user namespace (sethostname fails)
     assert seen[1] == 1 and "work" not in seen[0] and "root" not in seen[0] and "proc" not in seen[0]
+    assert noexec is True  # the writable /tmp is noexec in a user namespace too
 
 
 def test_python_subprocesses_run_sandboxed_alike():

@@ -61,6 +61,42 @@ def test_batch_keeps_whole_groups():
     assert none.empty and none.examples == [] and none.reward_by_fn == {"math": []}
 
 
+def test_computed_groups_is_the_one_rule_for_which_rows_update_runs():
+    """A group with any nonzero advantage is computed; every group is when a KL term in the loss (with a
+    reference) or the advantage component needs it. Sequence (N,) and per-token (N, C) advantages alike."""
+    from grpolab.algo.presets import resolve_algo
+
+    batch = toy_batch()
+    grpo, rloo = resolve_algo("grpo"), resolve_algo("rloo")  # KL in the loss / in the reward
+    batch.adv = torch.tensor([0.5, -0.5, 0.0, 0.0])  # (N,)
+    assert step_mod.computed_groups(batch, grpo, False).tolist() == [True, False]  # no reference: no KL term
+    assert step_mod.computed_groups(batch, grpo, True).tolist() == [True, True]  # a critic needs every group
+    batch.ref_logp = torch.zeros(4, 3)
+    assert step_mod.computed_groups(batch, grpo, False).tolist() == [True, True]  # the KL term in the loss
+    assert step_mod.computed_groups(batch, rloo, False).tolist() == [True, False]  # the KL is in the reward
+    batch.adv = torch.zeros(4, 3)
+    batch.adv[3, 2] = 1.0  # (N, C): one token of group 1
+    assert step_mod.computed_groups(batch, rloo, False).tolist() == [False, True]
+
+
+def test_the_run_hands_its_passes_a_spec_and_names_its_ranks_and_main_reward():
+    from grpolab.model.passes import PassSpec
+    from grpolab.parallel.distributed import SINGLE, Dist
+    from grpolab.training.config import build_config
+    from grpolab.training.run import Run, main_reward
+
+    cfg = build_config(None, ["temperature=0.7", "micro_batch=4"])
+    fns = [SimpleNamespace(name="format", weight=0.5), SimpleNamespace(name="math", weight=1.0),
+           SimpleNamespace(name="other", weight=1.0)]
+    run = Run(cfg=cfg, out=None, device=torch.device("cpu"), amp_dtype=torch.bfloat16, tokenizer=None, policy=None,
+              optimizer=None, scheduler=None, task=None, reward_fns=fns, eos_ids=set(), advantage=None, kl=None)
+    assert run.pass_spec() == PassSpec(torch.device("cpu"), torch.bfloat16, 0.7, 4)
+    assert run.ranks is SINGLE and run.main_reward == main_reward(fns) == "math"  # the first of the largest
+    run.dist = Dist(rank=1, world=2)
+    assert run.ranks.world == 2
+    assert PassSpec(torch.device("cpu")).autocast().__class__.__name__ == "nullcontext"
+
+
 def test_samples_record_the_raw_and_the_shaped_reward():
     from grpolab.training.trainer import sample_records
 

@@ -135,19 +135,19 @@ def train_in_process(model: Path, out: Path, *args: str) -> int:
 
 
 def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path, monkeypatch):
-    from grpolab.parallel import fsdp as step_mod
+    from grpolab.training import step as step_mod
 
-    real = step_mod.slice_logp
+    real = step_mod.policy_logp
     calls = [0]
 
-    def poisoned(run, model, part, **kw):
-        logp, ent = real(run, model, part, **kw)
+    def poisoned(spec, policy, part, **kw):
+        logp, ent = real(spec, policy, part, **kw)
         calls[0] += 1
-        if model is run.policy and calls[0] == 1:  # the first policy pass of the run
+        if calls[0] == 1:  # the first policy pass of the run
             logp = logp + float("nan")
         return logp, ent
 
-    monkeypatch.setattr(step_mod, "slice_logp", poisoned)
+    monkeypatch.setattr(step_mod, "policy_logp", poisoned)
     out = tmp_path / "nan"
     assert train_in_process(tiny_model_dir, out, "steps=2", "save_every=1") == 0
     m1, m2 = read_jsonl(out / "metrics.jsonl")

@@ -63,3 +63,23 @@ def test_values_does_not_import_the_sandbox():
     code = "import sys, grpolab.util.values, grpolab.rewards.tool_call; print(any('sandbox' in m for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_integers_are_graded_exactly():
+    """issue 23: an expected int takes an int, or a float exactly equal; no tolerance, not near 0."""
+    import math
+
+    a, b = 10**17 + 1, 3
+    assert float(a) + float(b) != a + b and not plain_equal(a + b, float(a) + float(b))
+    assert math.isclose(math.gamma(24), math.factorial(23), rel_tol=1e-9) and math.gamma(24) != math.factorial(23)
+    assert not plain_equal(math.factorial(23), math.gamma(24))  # within 1e-9 relatively, not equal
+    assert plain_equal(math.factorial(20), math.gamma(21))  # exactly equal as a float: accepted
+    assert not plain_equal(0, 1e-13 * 7) and not plain_equal(0, -0.0 + 1e-300)
+    assert plain_equal(0, 0.0) and plain_equal(0, -0.0) and plain_equal(2**60, float(2**60))
+    assert not plain_equal(2**53 + 1, float(2**53 + 1)) and not plain_equal(3, float("inf"))
+    assert not plain_equal(1, True) and not plain_equal(True, 1) and not plain_equal(3, 3 + 1e-15)
+    assert not plain_equal([1, 2**60 + 1], [1, float(2**60 + 1)])  # nested too
+    assert not plain_equal({"n": 0}, {"n": 1e-13}) and plain_equal(1 + 0j, complex(1, 1e-13))  # complex: floats
+    # float expected values keep their tolerances
+    assert plain_equal(0.3, 0.1 + 0.2) and plain_equal(0.0, 1e-13) and plain_equal(1e20, 10**20 + 1)
+    assert plain_equal(2.5, 2.5 * (1 + 1e-12)) and not plain_equal(2.5, 2.5 * (1 + 1e-6))

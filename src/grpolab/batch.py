@@ -39,19 +39,33 @@ class Rollout:
     completion_mask: torch.Tensor  # (N, C) float, 1 = generated token (EOS included)
     sample_logp: torch.Tensor  # (N, C) log-prob of each sampled token under the sampling distribution
     truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without EOS
-    texts: list[str]  # decoded completions (special tokens removed)
+    texts: list[str]  # decoded completions (special tokens removed); multi-turn: the last model turn
     G: int
+    env_mask: torch.Tensor | None = None  # (N, C) float, 1 = a token the environment inserted (multi-turn)
+    conversations: list[list[dict]] | None = None  # multi-turn: the messages after the prompt, per row
 
     @property
     def lengths(self) -> torch.Tensor:
+        """(N,) tokens the model wrote: environment tokens are not the model's and are not counted."""
         return self.completion_mask.sum(-1)  # (N,)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(N, C) 1 where a token is present (the model's or the environment's): what the passes attend to.
+        completion_mask, the model's tokens only, is what every algorithm reads (loss, KL, entropy,
+        lengths, advantages): an environment token is context, never a sample."""
+        if self.env_mask is None:
+            return self.completion_mask
+        return self.completion_mask + self.env_mask
 
     def select(self, idx: torch.Tensor) -> "Rollout":
         """Rows `idx` (used by dynamic sampling to keep whole groups)."""
         il = idx.tolist()
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.sample_logp[idx], self.truncated[idx],
-                       [self.texts[i] for i in il], self.G)
+                       [self.texts[i] for i in il], self.G,
+                       None if self.env_mask is None else self.env_mask[idx],
+                       None if self.conversations is None else [self.conversations[i] for i in il])
 
 
 def _pad_id_of(parts: list[Rollout]) -> int:
@@ -89,6 +103,10 @@ def concat_rollouts(parts: list[Rollout], pad_id: int | None = None) -> Rollout:
         torch.cat([r.truncated for r in parts]),
         [t for r in parts for t in r.texts],
         parts[0].G,
+        None if all(r.env_mask is None for r in parts) else torch.cat(
+            [rpad(r.env_mask if r.env_mask is not None else torch.zeros_like(r.completion_mask), C, 0) for r in parts]),
+        None if all(r.conversations is None for r in parts) else
+        [c for r in parts for c in (r.conversations or [[] for _ in r.texts])],
     )
 
 
@@ -100,8 +118,14 @@ class GroupSlice:
     prompt_ids: Tensor  # (b/G, P') one left-padded prompt per group
     prompt_mask: Tensor  # (b/G, P')
     completion_ids: Tensor  # (b, C') right-padded
-    completion_mask: Tensor  # (b, C') float
+    completion_mask: Tensor  # (b, C') float, the model's tokens
     G: int
+    attention_mask: Tensor | None = None  # (b, C') tokens present (model + environment); None: completion_mask
+
+    @property
+    def present(self) -> Tensor:
+        """(b, C') 1 where a token is present: what a forward pass attends to."""
+        return self.completion_mask if self.attention_mask is None else self.attention_mask
 
     @property
     def width(self) -> int:
@@ -111,7 +135,7 @@ class GroupSlice:
     def full_sequences(self) -> tuple[Tensor, Tensor]:
         """Prompt + completion ids and mask per sequence, (b, P' + C') each (a critic reads whole sequences)."""
         return (torch.cat([self.prompt_ids.repeat_interleave(self.G, 0), self.completion_ids], 1),
-                torch.cat([self.prompt_mask.repeat_interleave(self.G, 0), self.completion_mask.long()], 1))
+                torch.cat([self.prompt_mask.repeat_interleave(self.G, 0), self.present.long()], 1))
 
 
 @dataclass

@@ -33,8 +33,17 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: 
 
     lam = 1: A_t = sum_{k>=t} gamma^(k-t) r_k - V_t (Monte-Carlo); lam = 0: A_t = delta_t (one-step TD).
     With a terminal reward and gamma = lam = 1, A_t = r_final - V_t.
-    token_rewards, values, mask: (b, T), right-padded. Returns (adv, returns), (b, T) each, 0 on padding.
+    token_rewards, values, mask: (b, T). Returns (adv, returns), (b, T) each, 0 on padding.
+
+    A mask with holes (a multi-turn trajectory: environment tokens between the model's turns) is
+    computed over the model's tokens only, in order: t+1 is the model's next token, so the value after
+    a turn is the value at the start of the next one (the environment's reply is part of the
+    transition), and the final reward reaches every turn. Contiguous masks are unchanged bit for bit.
     """
+    order = torch.argsort((mask <= 0).to(torch.int8), dim=1, stable=True)  # (b, T) valid positions first
+    if not bool((order == torch.arange(mask.shape[1], device=mask.device)).all()):
+        adv_c, ret_c = gae(token_rewards.gather(1, order), values.gather(1, order), mask.gather(1, order), gamma, lam)
+        return (torch.zeros_like(adv_c).scatter(1, order, adv_c), torch.zeros_like(ret_c).scatter(1, order, ret_c))
     mask = mask.float()
     valid = mask > 0  # (b, T)
     rew = torch.where(valid, token_rewards.float(), torch.zeros_like(mask))  # (b, T)

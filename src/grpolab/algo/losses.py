@@ -154,6 +154,76 @@ OBJECTIVES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
 """name -> fn(logp, old_logp, adv (b,T), mask, algo) -> (per-token loss (b,T), info)."""
 
 
+# --- each objective's clip decision, token by token (the report's credit view) ------------------------
+# Codes: 0 not clipped, 1 clipped high, -1 clipped low, 2 dual-clipped: the regions where the objective's
+# info says clip_high / clip_low / clip_dual.
+
+
+def clip_never(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
+    """obj_pg: nothing bounds the ratio, every code is 0."""
+    return torch.zeros_like(ratio, dtype=torch.long)
+
+
+def clip_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
+    """obj_clipped and obj_gspo (whose ratio is the sequence's s_i): clipped where the clipped term is
+    the smaller one, A > 0 and ratio > 1 + eps_high (1) or A < 0 and ratio < 1 - eps_low (-1); with a
+    dual clip c, A < 0 and ratio > c (2)."""
+    code = torch.zeros_like(ratio, dtype=torch.long)
+    code[(adv > 0) & (ratio > 1.0 + algo.eps_high)] = 1
+    code[(adv < 0) & (ratio < 1.0 - algo.eps_low)] = -1
+    if algo.dual_clip is not None:
+        code[(adv < 0) & (ratio > algo.dual_clip)] = 2
+    return code
+
+
+def clip_weight(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
+    """obj_cispo: the weight is truncated on either side, whatever the sign of A."""
+    code = torch.zeros_like(ratio, dtype=torch.long)
+    code[ratio > 1.0 + algo.eps_high] = 1
+    code[ratio < 1.0 - algo.eps_low] = -1
+    return code
+
+
+CLIP_DECISIONS: dict[str, Callable[[Tensor, Tensor, AlgoConfig], Tensor]] = {
+    "pg": clip_never,
+    "clipped": clip_surrogate,
+    "gspo": clip_surrogate,
+    "cispo": clip_weight,
+}
+"""objective name -> fn(ratio (t,), adv (t,), algo) -> clip codes (t,) long."""
+
+SEQUENCE_RATIO: set[str] = {"gspo"}
+"""Objectives whose ratio is one per sequence, s_i = exp(mean_t log rho_it), not one per token."""
+
+
+def register_objective(name: str, loss: Callable[..., tuple[Tensor, dict]],
+                       clip: Callable[[Tensor, Tensor, AlgoConfig], Tensor], *, sequence_ratio: bool = False) -> None:
+    """Add (or replace) objective `name`: its loss, its clip decision, and whether its ratio is per
+    sequence. Everything that reads an objective (policy_loss, the config's choices, the report's
+    credit view) then knows it."""
+    OBJECTIVES[name] = loss
+    CLIP_DECISIONS[name] = clip
+    if sequence_ratio:
+        SEQUENCE_RATIO.add(name)
+    else:
+        SEQUENCE_RATIO.discard(name)
+
+
+def clip_decision(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
+    """(t,) long: algo.objective's clip decision for these ratios and advantages (codes above)."""
+    if algo.objective not in CLIP_DECISIONS:
+        raise ValueError(f"objective {algo.objective!r} has no clip decision; register it with register_objective")
+    return CLIP_DECISIONS[algo.objective](ratio, adv, algo)
+
+
+def shown_ratio(log_ratio: Tensor, n: int, t: int, algo: AlgoConfig) -> Tensor:
+    """The ratio (t,) algo.objective applies to the first t tokens of a completion of n tokens, from
+    log_ratio (>= n,) = log pi_theta - log pi_old: per token, or the sequence's s_i repeated."""
+    if algo.objective in SEQUENCE_RATIO:
+        return torch.exp(log_ratio[:n].mean()).expand(t)  # (t,) s_i (obj_gspo)
+    return torch.exp(log_ratio[:t])  # (t,)
+
+
 # --- aggregations --------------------------------------------------------------------------------------
 
 
@@ -212,7 +282,7 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch and its metrics.
 
-        loss = AGG( l_it + [kl_placement == in_loss] * beta * k_t )     over valid tokens
+        loss = AGG( l_it + [algo.kl_in_loss] * beta * k_t )     over valid tokens
 
     logp     (b,T) current-policy token log-probs (requires grad)
     old_logp (b,T) log-probs of the policy that sampled (or of theta_old when mu > 1); detached here
@@ -249,7 +319,7 @@ def policy_loss(
     kl_tok = None
     if ref_logp is not None:
         kl_tok = kl_per_token(logp, ref_logp.detach().float(), mask, algo.kl_estimator)  # (b, T)
-        if beta > 0 and algo.kl_placement == "in_loss":
+        if beta > 0 and algo.kl_in_loss:
             total_tok = loss_tok + beta * kl_tok  # (b, T)
 
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
@@ -270,8 +340,9 @@ def policy_loss(
         }
         if kl_tok is not None:  # the KL to the reference, measured where it is used
             metrics["kl"] = masked_mean(kl_tok, mask)
-            metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_placement == "in_loss" else 0.0
+            metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_in_loss else 0.0
     return loss, metrics
 
 
-__all__ = ["AGGREGATIONS", "OBJECTIVES", "masked_mean", "policy_loss"]
+__all__ = ["AGGREGATIONS", "CLIP_DECISIONS", "OBJECTIVES", "SEQUENCE_RATIO", "clip_decision", "masked_mean",
+           "policy_loss", "register_objective", "shown_ratio"]

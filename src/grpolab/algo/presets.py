@@ -77,7 +77,8 @@ class AlgoConfig:
     k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - lr - 1 (unbiased and >= 0)."""
     kl_placement: str = "in_loss"
     """Where the KL goes: in_loss (GRPO: + beta * k per token in the loss) or in_reward
-    (PPO-RLHF: r - beta * sum_t k_t before the advantages; grpolab.algo.shaping.kl_in_reward)."""
+    (PPO-RLHF: r - beta * sum_t k_t before the advantages; grpolab.algo.shaping.kl_token_penalty).
+    Read it as the properties kl_in_loss / kl_in_reward."""
     adaptive_kl: bool = False
     """Adapt beta towards kl_target with the proportional controller of Ziegler et al. 2019
     (grpolab.algo.kl.AdaptiveKL); False keeps beta fixed."""
@@ -90,7 +91,8 @@ class AlgoConfig:
     # --- DAPO ------------------------------------------------------------------------------------
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose G rewards are all equal (zero advantage, no
-    gradient) and sample more prompts to refill the batch (grpolab.algo.advantages.dynamic_sampling_keep)."""
+    gradient) and sample more prompts to refill the batch (grpolab.algo.shaping.informative_groups, used by
+    grpolab.training.step.collect)."""
     max_resample_rounds: int = 3
     """Bound on the extra sampling rounds dynamic sampling may spend refilling one batch; after it
     the step trains on what it has."""
@@ -114,6 +116,16 @@ class AlgoConfig:
     """Learning rate of the critic's own optimiser; None: the policy's learning rate."""
     value_clip: float | None = 0.2
     """Clip the value update to old_values +- value_clip (PPO2 value clipping); None: off."""
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """The KL term is added to the loss, beta * k_t per token (kl_placement in_loss; grpolab.algo.losses)."""
+        return self.kl_placement == "in_loss"
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """The KL term is subtracted from the reward (kl_placement in_reward; grpolab.algo.shaping)."""
+        return self.kl_placement == "in_reward"
 
 
 ALGOS: dict[str, dict] = {

@@ -83,14 +83,17 @@ def kl_token_penalty(policy_logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: 
 def terminal_rewards(r: Tensor, mask: Tensor) -> Tensor:
     """Sequence reward r_i on the last valid token of completion i, 0 elsewhere: (N,) -> (N, C).
 
-    Assumes right padding (valid tokens contiguous from t = 0). An empty completion gets no reward
-    token (it has no token to credit). This is how a per-token estimator (GAE) sees one final reward.
+    The last valid token is the last position where mask > 0: with multi-turn trajectories the mask
+    has holes (environment tokens), and the reward goes on the model's last token. An empty completion
+    gets no reward token (it has no token to credit). This is how a per-token estimator (GAE) sees one
+    final reward.
     """
     mask = mask.float()
-    length = mask.sum(dim=1).long()  # (N,)
+    has = mask.sum(dim=1) > 0  # (N,)
+    last = ((mask > 0) * torch.arange(1, mask.shape[1] + 1, device=mask.device)).amax(dim=1) - 1  # (N,)
     out = torch.zeros_like(mask)  # (N, C)
-    rows = torch.nonzero(length > 0).squeeze(1)  # (N',)
-    out[rows, length[rows] - 1] = r.to(out.dtype)[rows]
+    rows = torch.nonzero(has).squeeze(1)  # (N',)
+    out[rows, last[rows]] = r.to(out.dtype)[rows]
     return out  # (N, C)
 
 
@@ -106,7 +109,7 @@ class Shaped:
 def shape_rewards(raw: Tensor, lengths: Tensor, mask: Tensor, algo, *, max_len: int, beta: float,
                   policy_logp: Tensor | None = None, ref_logp: Tensor | None = None) -> Shaped:
     """All reward shaping of one batch: overlong penalty (algo.overlong_buffer > 0) and KL in the
-    reward (algo.kl_placement == "in_reward" and a reference, i.e. ref_logp given).
+    reward (algo.kl_in_reward and a reference, i.e. ref_logp given).
 
     raw (N,), lengths (N,), mask (N, C). Metrics: reward/overlong_penalty_mean (when on), kl (mean
     k_t over valid tokens, when the KL is in the reward).
@@ -118,7 +121,7 @@ def shape_rewards(raw: Tensor, lengths: Tensor, mask: Tensor, algo, *, max_len: 
         r = r + pen
         metrics["reward/overlong_penalty_mean"] = float(pen.mean())
     token_reward = terminal_rewards(r, mask)  # (N, C)
-    if algo.kl_placement == "in_reward" and ref_logp is not None:
+    if algo.kl_in_reward and ref_logp is not None:
         if policy_logp is None:
             raise ValueError("KL in the reward needs the policy's log-probs of the sampled tokens")
         pen_tok, k = kl_token_penalty(policy_logp, ref_logp, mask, beta, algo.kl_estimator)  # (N, C) each

@@ -192,19 +192,22 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     config: a Config, a dict, a recipe path or name, or None; settings: top-level keys (steps=5,
     out="runs/x", task_args={...}); overrides: KEY=VALUE strings as on the command line; rewards,
     task, dataset: see the module docstring; resume: a run directory to continue (its config.yaml,
-    then the settings); console: a rich Console (default: a new one on stdout).
+    then the settings), or "auto" (the resume=auto setting: a new run where `out` holds none, else
+    the run there continued; docs/distributed.md); console: a rich Console (default: a new one on stdout).
     """
     from rich.console import Console
 
     from grpolab.training import trainer
 
+    if isinstance(resume, str) and resume == "auto":  # the setting, not a directory named auto
+        settings["resume"], resume = "auto", None
     with _registered(rewards) as specs:
         cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
                           **settings)
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
-        trainer.check_out_dir(out, resume is not None)  # before writing anything into OUT
+        trainer.check_out_dir(out, resume is not None, auto=cfg.resume == "auto")  # before writing anything into OUT
         if rows is not None:
             _write_rows(rows, out)
         from grpolab.app.report import write_run_report

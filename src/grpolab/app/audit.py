@@ -38,8 +38,9 @@ def check_gold(fns, examples, timeout_s: float, workers: int) -> tuple[list[dict
     """For each example, the first rendering of its answer that the main verifier scores 1, or a failure
     record. Returns (failures, renderings used)."""
     from grpolab.rewards import score_completions
+    from grpolab.training.run import main_reward
 
-    main = max(fns, key=lambda f: f.weight).name
+    main = main_reward(fns)
     pending = list(range(len(examples)))
     used: list[str] = []
     best: dict[int, float] = {}
@@ -105,7 +106,7 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
 
     t0 = time.perf_counter()
     run = setup(cfg, training=False, log=log)
-    main = max(run.reward_fns, key=lambda f: f.weight).name
+    main = run.main_reward
     examples = run.task.sample(n_prompts, random.Random(f"grpolab/app/audit/{cfg.seed}"))
     failures, renderings = check_gold(run.reward_fns, examples, cfg.reward_timeout_s, cfg.reward_workers)
     G = cfg.G

@@ -22,6 +22,10 @@ Examples:
   grpolab train steps=5 out=runs/try              # the defaults below (GRPO preset: beta 0.04)
   grpolab train algo=dapo task=countdown out=runs/cd
   grpolab train --resume runs/try steps=40        # continue a stopped run (steps may be raised)
+  torchrun --max-restarts 3 ... -m grpolab train recipes/demo.yaml out=/shared/run resume=auto
+                                                  # resume=auto: the same command starts the run or, after a
+                                                  # restart, continues its newest verified checkpoint
+                                                  # (recorded in OUT/restarts.jsonl; docs/distributed.md)
 """
 
 

@@ -6,11 +6,10 @@ The rep query heads that share one key/value head are laid side by side, Q -> (b
 K and V are never repeated; the softmax computes in fp32 (on fp32 scores, or inside torch's softmax
 kernel on bf16 scores under autocast); masked positions get the dtype's most negative number instead
 of -inf (a query that may look nowhere, a left-padding position, then gets a finite uniform row
-instead of NaN, and its gradient stays 0). On the 2-core development CPU the
-update's forward+backward of 16 sequences (2 prompts of 46 tokens, 64 completion tokens, bf16
-autocast) took 4.10 s with it against 4.76 s with PyTorch's scaled_dot_product_attention, whose CPU
-flash kernel is slow for these short masked sequences (median of 6 alternations, 2026-12-01,
-benchmarks/attention_ab.py, docs/performance.md). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
+instead of NaN, and its gradient stays 0). On a CPU the update's forward+backward runs faster this
+way than with PyTorch's scaled_dot_product_attention, whose CPU flash kernel is slow for these short
+masked sequences (benchmarks/attention_ab.py; measured in docs/performance.md, "The update on a
+CPU"). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
 GPU, sdpa's fused kernels stay. tests/test_attention.py checks it against sdpa and eager attention.
 """
 

@@ -10,15 +10,19 @@ state -- the memory that GRPO saves by using the group mean as the baseline inst
 
 What the training step does with a `Critic` (grpolab.training.step), per step:
 
+    spec       = run.pass_spec()                               # device, autocast, temperature, micro-batch
     r_tok      = shaping.shape_rewards(...).token_reward       # (N, C) terminal reward - beta * k_t
-    adv        = critic.targets(run, batch)                    # no grad: V_old (N, C) once, then
+    adv        = critic.targets(spec, batch)                   # no grad: V_old (N, C) once, then
                                                                #   GAE(r_tok, V_old) and whitening
     for each of algo.mu epochs, for each micro-batch of whole groups:
-        loss, info = critic.add_loss(policy_loss, run, part, batch)   # + vf_coef * value_loss(V, V_old, R)
+        loss, info = critic.add_loss(policy_loss, spec, part, batch)  # + vf_coef * value_loss(V, V_old, R)
         loss.backward()                                                # policy and critic grads
     critic.step(max_grad_norm)                                         # clip, AdamW step, zero grads
+    (an update skipped for a non-finite loss: critic.discard() instead)
 
-Methods without a critic use grpolab.algo.advantages.GroupBaseline, which has the same four methods.
+Its passes are grpolab.model.passes' (slice_values, values_without_grad). Methods without a critic use
+grpolab.algo.advantages.GroupBaseline; both satisfy grpolab.algo.advantages.AdvantageComponent
+(targets, add_loss, step, discard, computes_every_group, trained_params, state_dict/load_state_dict).
 """
 
 from __future__ import annotations
@@ -29,23 +33,28 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from grpolab.algo.gae import completion_values, ppo_advantages, value_loss
+from grpolab.algo.gae import ppo_advantages, value_loss
 from grpolab.model.cache import positions
+from grpolab.model.logprobs import backbone
 from grpolab.model.optim import adamw, load_state
-from grpolab.model.passes import all_groups, micro_batches, slice_groups
+from grpolab.model.passes import slice_values, values_without_grad
 
 if TYPE_CHECKING:  # the settings type only; grpolab.algo.presets imports no registry, nor this module
     from grpolab.algo.presets import AlgoConfig
+    from grpolab.batch import Batch, GroupSlice
+    from grpolab.model.passes import PassSpec
+
 
 def _backbone(policy: nn.Module) -> nn.Module:
-    """The transformer under the LM head: model.model for Llama/Qwen/SmolLM, model.transformer for GPT-2."""
-    if hasattr(policy, "get_base_model"):  # a PEFT wrapper
-        policy = policy.get_base_model()
-    prefix = getattr(policy, "base_model_prefix", "model")
-    backbone = getattr(policy, prefix, None) or getattr(policy, "model", None)
-    if backbone is None:
-        raise ValueError(f"cannot find the transformer backbone of {type(policy).__name__} (looked for .{prefix})")
-    return backbone
+    """grpolab.model.logprobs.backbone (the transformer under the LM head, through a PEFT wrapper), or a
+    ValueError that names the model when it has none."""
+    try:
+        return backbone(policy)
+    except AttributeError as e:
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        prefix = getattr(base, "base_model_prefix", None)
+        raise ValueError(f"cannot find the transformer backbone of {type(base).__name__} "
+                         f"(looked for .{prefix or 'base_model_prefix'})") from e
 
 
 def _hidden_size(policy: nn.Module) -> int:
@@ -69,7 +78,7 @@ class ValueModel(nn.Module):
     forward(input_ids (B, L), attention_mask (B, L)) -> values (B, L) float32, where values[:, j] is the
     value of the prefix input_ids[:, :j+1] -- the same alignment as logits, so the value of the state
     before completion token t (at position P + t) is values[:, P + t - 1]: see completion_values.
-    Position ids skip left padding (rollout.positions), exactly as in the policy's passes, so a
+    Position ids skip left padding (grpolab.model.cache.positions), exactly as in the policy's passes, so a
     left-padded prompt is seen at the positions it would have alone.
     """
 
@@ -96,7 +105,7 @@ class ValueModel(nn.Module):
 class Critic:
     """The value model as a component of a run: its own AdamW, its targets, its loss, its state.
 
-    The step calls the same four methods on it as on grpolab.algo.advantages.GroupBaseline; the checkpoint
+    The step uses it exactly as grpolab.algo.advantages.GroupBaseline (the AdvantageComponent protocol); the checkpoint
     saves `state_dict()` (weights and optimiser) inside the same atomic checkpoint directory as the
     policy, as critic.pt, so a resumed run always gets the critic of the step it resumes from.
     """
@@ -111,30 +120,25 @@ class Critic:
         self.optimizer = adamw(self.model.parameters(), lr=algo.critic_lr or lr, betas=betas,
                                weight_decay=weight_decay)
 
-    def values(self, run, part) -> Tensor:
+    def values(self, spec: PassSpec, part: GroupSlice) -> Tensor:
         """V(s_t) before each completion token of a GroupSlice, (b, C'), fp32."""
-        with run.autocast():
-            v = self.model(*part.full_sequences())  # (b, P' + C')
-        return completion_values(v.float(), part.prompt_ids.shape[1], part.width)  # (b, C')
+        return slice_values(spec, self.model, part)  # (b, C')
 
     @torch.no_grad()
-    def targets(self, run, batch) -> Tensor:
+    def targets(self, spec: PassSpec, batch: Batch) -> Tensor:
         """Per-token advantages (N, C) by GAE from the old values; keeps the old values and the
         returns on the batch (batch.old_values, batch.returns) for the value loss."""
         rollout = batch.rollout
-        old_values = torch.zeros(rollout.completion_ids.shape)  # (N, C)
-        for rows in micro_batches(rollout, all_groups(rollout), run.cfg.micro_batch):
-            part = slice_groups(rollout, rows, run.device)
-            old_values[rows, :part.width] = self.values(run, part).cpu()
+        old_values = values_without_grad(spec, self.model, rollout)  # (N, C)
         adv, returns = ppo_advantages(batch.token_reward, old_values, rollout.completion_mask, self.algo)
         batch.old_values, batch.returns = old_values, returns
         return adv  # (N, C)
 
-    def add_loss(self, loss: Tensor, run, part, batch) -> tuple[Tensor, dict]:
+    def add_loss(self, loss: Tensor, spec: PassSpec, part: GroupSlice, batch: Batch) -> tuple[Tensor, dict]:
         """loss + vf_coef * value_loss on the slice (normalised by the batch's valid tokens)."""
         rows, width = part.rows, part.width
-        vl, info = value_loss(self.values(run, part), batch.old_values[rows, :width].to(run.device),
-                              batch.returns[rows, :width].to(run.device), part.completion_mask,
+        vl, info = value_loss(self.values(spec, part), batch.old_values[rows, :width].to(spec.device),
+                              batch.returns[rows, :width].to(spec.device), part.completion_mask,
                               self.algo.value_clip, n_tok=batch.n_tokens)
         return loss + self.algo.vf_coef * vl, info
 

@@ -1,8 +1,9 @@
 """The lean decode step for Llama-family models: the same network as the HF forward, fewer operations.
 
-A rollout of 16 sequences on a 2-core CPU spent most of each token in what surrounds the matrix
-products: `scaled_dot_product_attention`'s flash kernel for a single query (about 0.5 ms per layer),
-growing the KV cache by concatenation, and some 25 small operations per layer. For the models whose
+A profile of the HF forward's rollout on a small CPU found much of each token spent around the matrix
+products: in `scaled_dot_product_attention`'s flash kernel for a single query, in growing the KV cache
+by concatenation, and in some 25 small operations per layer (docs/performance.md, "The lean decode
+step"). For the models whose
 forward is exactly this (Llama, Qwen2, Mistral without a sliding window) the rollout instead runs
 
     x_0 = E[ids]                                                   (fp32 residual stream)
@@ -17,7 +18,8 @@ with its weights gathered once per rollout into the compute dtype (bf16 when the
 which is what autocast computes the products in; a LoRA adapter merged in: W + s B A), so no weight is
 cast per token. On a CPU, bf16 weights are also reordered once into oneDNN's blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses): the same products
-to the bit, 219 instead of 137 GFLOP/s for the 16-row products of a decode step (benchmarks/cpu_kernels.py).
+to the bit, and faster for the few-row products of a decode step, whose weights come from memory at
+every token (benchmarks/cpu_kernels.py; measured in docs/performance.md, "The lean decode step").
 RoPE's cos/sin come from the model's own rotary module (its scaling rules included).
 Everything else falls back to the HF forward (`weights_of` returns None, with the reason).
 tests/test_decoder.py checks the logits against the HF forward and greedy rollouts against the HF path.
@@ -194,7 +196,8 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class KVCache:
     """Keys and values of every layer, preallocated to the longest sequence: (N, nkv, S, d) each, fp32
-    (for these small attention products fp32 was faster on the CPU than bf16, and it skips two casts)."""
+    (for these small attention products fp32 was faster on the CPU than bf16, and it skips two casts;
+    docs/performance.md, "The lean decode step")."""
 
     def __init__(self, w: Weights, rows: int, capacity: int, device):
         shape = (rows, w.n_kv, capacity, w.head_dim)
@@ -265,7 +268,19 @@ class LeanStepper:
         self.cache.rows(idx)
         self.valid = self.valid[idx]
 
-    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
+    def step(self, tok: Tensor, pos: Tensor, valid: Tensor | None = None) -> Tensor:
+        """Logits after one new token per row (valid (n,) False: a hole no later token attends to)."""
         t = self.cache.length
-        self.valid[:, t] = True
+        self.valid[:, t] = True if valid is None else valid
         return forward(self.w, self.cache, tok[:, None], pos[:, None], self.valid[:, None, None, : t + 1])
+
+    def extend(self, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        """Append L tokens per row (environment tokens between turns), left-padded: ids/mask/pos (n, L).
+        A real token sees the valid slots before it and itself; a pad slot sees only itself."""
+        t, L = self.cache.length, ids.shape[1]
+        self.valid[:, t:t + L] = mask.bool()
+        keys = torch.arange(t + L, device=ids.device)
+        queries = t + torch.arange(L, device=ids.device)
+        causal = keys[None, :] <= queries[:, None]  # (L, t+L)
+        allowed = (causal[None] & self.valid[:, None, :t + L]) | (keys[None, :] == queries[:, None])[None]
+        return forward(self.w, self.cache, ids, pos, allowed[:, None])

@@ -37,19 +37,32 @@ class HFStepper:
         self.cache.batch_select_indices(idx)
         self.attn = self.attn[idx]
 
-    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits after one new token per row; valid (n,) bool False: that row's slot is a hole (a row
+        waiting for the others to end their turn), which no later token attends to."""
+        new = torch.ones_like(self.attn[:, :1]) if valid is None else valid[:, None].to(self.attn.dtype)
+        self.attn = torch.cat([self.attn, new], dim=1)
         out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos[:, None],
                          use_cache=True, **with_cache(self.model, self.cache))
+        self.cache = cache_of(out)
+        return out.logits[:, -1]
+
+    def extend(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Append L tokens per row onto the cache (environment tokens between turns), left-padded:
+        ids/mask/pos (n, L). Returns the logits after each row's last token (n, V)."""
+        self.attn = torch.cat([self.attn, mask.to(self.attn.dtype)], dim=1)
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, use_cache=True,
+                         logits_to_keep=1, **with_cache(self.model, self.cache))
         self.cache = cache_of(out)
         return out.logits[:, -1]
 
 
 def use_lean(decoder: str, dtype: torch.dtype | None, device: torch.device) -> bool:
     """Whether a rollout in `dtype` (None: fp32) on `device` runs the lean step, for the `decoder` setting:
-    lean always; auto where it was measured faster than the HF forward, bf16 on a CPU (2-core CPU,
-    2026-12-01, benchmarks/decode_step.py: 58.5 vs 88.5 ms per token in bf16, but 146 vs 128 in fp32;
-    not yet measured on a GPU); hf never."""
+    lean always; auto where it was measured faster than the HF forward: bf16 on a CPU (in fp32 its fused
+    products gain nothing and it copies the weights per rollout, so there it was slower; on a GPU it is
+    not yet measured); hf never. benchmarks/decode_step.py measures both; the figures are in
+    docs/performance.md, "The lean decode step"."""
     return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device.type == "cpu")
 
 
@@ -77,7 +90,8 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
     ids, mask = ids.to(device), mask.to(device)
     # One autocast context around the whole decode: autocast caches the low-precision copy of each
     # weight only while its context is open, so entering it per forward call re-cast every weight at
-    # every token (bf16 rollout x0.92 of fp32 that way, x0.70 with one context; docs/performance.md).
+    # every token, which cost bf16 most of its gain over fp32 (benchmarks/bench_cpu.py; measured in
+    # docs/performance.md, "What the loop avoids").
     was_training = model.training
     model.eval()
     try:

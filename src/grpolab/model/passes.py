@@ -5,11 +5,36 @@ autocast dtype, temperature, micro-batch), not the whole run.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
+from torch import Tensor, nn
+
+from grpolab.algo.gae import completion_values
 from grpolab.batch import GroupSlice, Rollout
 from grpolab.model.logprobs import grouped_completion_logp
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """What a model pass needs to know of the run (grpolab.training.run.Run.pass_spec builds it)."""
+
+    device: torch.device
+    """Where the micro-batches are moved and the model runs."""
+    amp_dtype: torch.dtype | None = None
+    """Autocast dtype of the scoring passes (update, reference, critic); None: plain fp32 (grpolab.model.precision)."""
+    temperature: float = 1.0
+    """The sampling temperature: logits are divided by it, so pi_theta is the distribution sampled from."""
+    micro_batch: int = 16
+    """Sequences per micro-batch (whole groups: max(1, micro_batch // G) of them; grpolab.training.config)."""
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The autocast context of the passes (a no-op in fp32)."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
 FSDP_MARK = "_grpolab_fsdp"
 """Attribute that grpolab.parallel.fsdp.shard sets on a sharded model: {"layers": [...], "root": FSDPModule, "depth": int}."""
@@ -27,7 +52,7 @@ def micro_batches(rollout: Rollout, groups: Tensor, seqs_per_batch: int) -> list
     G = rollout.G
     if len(groups) == 0:
         return []
-    longest = rollout.completion_mask.sum(-1).view(-1, G).amax(-1)[groups]  # (g,)
+    longest = rollout.attention_mask.sum(-1).view(-1, G).amax(-1)[groups]  # (g,)
     groups = groups[torch.argsort(longest, descending=True)]
     per = max(1, seqs_per_batch // G)
     offsets = torch.arange(G)
@@ -45,38 +70,62 @@ def slice_groups(rollout: Rollout, rows: Tensor, device: torch.device) -> GroupS
     prompt_rows = rows[::rollout.G]
     prompt_mask = rollout.prompt_mask[prompt_rows]
     completion_mask = rollout.completion_mask[rows]
+    present = rollout.attention_mask[rows]  # model and environment tokens: what the pass attends to
     first = int((prompt_mask.sum(0) > 0).nonzero().min())  # drop all-padding prompt columns
-    width = int((completion_mask.sum(0) > 0).nonzero().max()) + 1
+    width = int((present.sum(0) > 0).nonzero().max()) + 1
     return GroupSlice(rows, rollout.prompt_ids[prompt_rows, first:].to(device), prompt_mask[:, first:].to(device),
                       rollout.completion_ids[rows, :width].to(device), completion_mask[:, :width].to(device),
-                      rollout.G)
+                      rollout.G, None if rollout.env_mask is None else present[:, :width].to(device))
 
 
-def slice_logp(run, model, part: GroupSlice, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def slice_logp(spec: PassSpec, model: nn.Module, part: GroupSlice, *,
+               with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """log pi (b, C') of the slice's completion tokens under `model` (fp32), and the entropy at each
-    position when asked; logits divided by the sampling temperature, under the run's autocast."""
-    with run.autocast():
+    position when asked; logits divided by the sampling temperature, under the spec's autocast."""
+    with spec.autocast():
         logp, entropy = grouped_completion_logp(model, part.prompt_ids, part.prompt_mask, part.completion_ids,
-                                                part.completion_mask, part.G, temperature=run.cfg.temperature,
+                                                part.present, part.G, temperature=spec.temperature,
                                                 with_entropy=with_entropy)
+    if part.attention_mask is not None:  # environment tokens: context only, exactly 0 and no gradient
+        model_token = part.completion_mask.bool()
+        logp = torch.where(model_token, logp, torch.zeros_like(logp))
+        entropy = None if entropy is None else torch.where(model_token, entropy, torch.zeros_like(entropy))
     return logp.float(), entropy
 
 
-@torch.no_grad()
-def logp_without_grad(run, model, rollout: Rollout) -> Tensor:
-    """log pi (N, C) of every completion token under `model`, on the CPU, without gradients: the
-    reference's log-probs (or the policy's, where the rollout's own cannot stand in for them)."""
+def slice_values(spec: PassSpec, value_model: nn.Module, part: GroupSlice) -> Tensor:
+    """V(s_t) (b, C') before each completion token of the slice, fp32, under the spec's autocast: the
+    critic's pass (grpolab.model.critic.ValueModel gives a value per position, aligned as logits)."""
+    with spec.autocast():
+        v = value_model(*part.full_sequences())  # (b, P' + C')
+    return completion_values(v.float(), part.prompt_ids.shape[1], part.width)  # (b, C')
+
+
+def _every_group(spec: PassSpec, rollout: Rollout, per_slice: Callable[[GroupSlice], Tensor]) -> Tensor:
+    """(N, C) on the CPU: `per_slice` (b, C') of every micro-batch of whole groups, 0 past each slice's width."""
     N, C = rollout.completion_ids.shape
     out = torch.zeros((N, C))
-    for rows in micro_batches(rollout, all_groups(rollout), run.cfg.micro_batch):
-        part = slice_groups(rollout, rows, run.device)
-        logp, _ = slice_logp(run, model, part)
-        out[rows, :part.width] = logp.cpu()
+    for rows in micro_batches(rollout, all_groups(rollout), spec.micro_batch):
+        part = slice_groups(rollout, rows, spec.device)
+        out[rows, :part.width] = per_slice(part).cpu()
     return out
 
 
 @torch.no_grad()
-def sampled_token_logp(run, rollout: Rollout) -> Tensor:
+def logp_without_grad(spec: PassSpec, model: nn.Module, rollout: Rollout) -> Tensor:
+    """log pi (N, C) of every completion token under `model`, on the CPU, without gradients: the
+    reference's log-probs (or the policy's, where the rollout's own cannot stand in for them)."""
+    return _every_group(spec, rollout, lambda part: slice_logp(spec, model, part)[0])
+
+
+@torch.no_grad()
+def values_without_grad(spec: PassSpec, value_model: nn.Module, rollout: Rollout) -> Tensor:
+    """V_old (N, C) before every completion token, on the CPU, without gradients (the critic's targets)."""
+    return _every_group(spec, rollout, lambda part: slice_values(spec, value_model, part))
+
+
+@torch.no_grad()
+def sampled_token_logp(spec: PassSpec, policy: nn.Module, rollout: Rollout, *, top_p: float) -> Tensor:
     """log pi_theta (N, C) of the sampled tokens, before any update.
 
     The rollout recorded the log-prob of each token under its sampling distribution, softmax(z / T);
@@ -84,27 +133,26 @@ def sampled_token_logp(run, rollout: Rollout) -> Tensor:
     between the cached decoding and a full pass), so no pass is made. With top_p < 1 the sampling
     distribution was renormalised over the nucleus, so the policy is run once without gradients.
     """
-    if run.cfg.top_p >= 1.0:
+    if top_p >= 1.0:
         return rollout.sample_logp
-    return logp_without_grad(run, run.policy, rollout)
+    return logp_without_grad(spec, policy, rollout)
 
 
-def policy_logp(run, part: GroupSlice, *, with_entropy: bool = False):
+def policy_logp(spec: PassSpec, policy: nn.Module, part: GroupSlice, *,
+                with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """slice_logp of the policy on `part`; sharded, a one-column slice gets a masked second column so
     that the pass makes the same module calls (and so the same collectives) on every rank."""
-    if not is_sharded(run.policy) or part.width > 1:
-        return slice_logp(run, run.policy, part, with_entropy=with_entropy)
+    if not is_sharded(policy) or part.width > 1:
+        return slice_logp(spec, policy, part, with_entropy=with_entropy)
     wide = GroupSlice(part.rows, part.prompt_ids, part.prompt_mask, part.completion_ids.repeat(1, 2),
                       torch.nn.functional.pad(part.completion_mask, (0, 1)), part.G)
-    logp, entropy = slice_logp(run, run.policy, wide, with_entropy=with_entropy)
+    logp, entropy = slice_logp(spec, policy, wide, with_entropy=with_entropy)
     return logp[:, :1], entropy[:, :1] if entropy is not None else None
 
 
-def idle_pass(run, rollout) -> None:
+def idle_pass(spec: PassSpec, policy: nn.Module, rollout: Rollout) -> None:
     """A forward and backward of weight zero (on this rank's first group): the collectives of a
     micro-batch that another rank has and this one does not."""
-    part = slice_groups(rollout, torch.arange(rollout.G), run.device)
-    logp, _ = policy_logp(run, part)
+    part = slice_groups(rollout, torch.arange(rollout.G), spec.device)
+    logp, _ = policy_logp(spec, policy, part)
     (logp.sum() * 0.0).backward()
-
-

@@ -1,7 +1,8 @@
 """`precision=auto`: bf16 autocast or fp32, decided per phase (rollout, update) on the machine at hand.
 
-Whether bf16 autocast pays depends on the machine: on one 2-core AVX512-BF16 CPU it took x1.74 / x1.84
-the fp32 time for generation / forward+backward, on another x0.70 / x0.68 (docs/performance.md). So on
+Whether bf16 autocast pays depends on the machine: on one 2-core AVX512-BF16 CPU it was slower than
+fp32 for both generation and forward+backward, on another of the same kind faster for both
+(benchmarks/bench_cpu.py; docs/performance.md, "precision=auto"), so no fixed rule is right. On
 a CPU `auto` times both precisions on the policy itself, a few decode steps and one small
 forward+backward each, alternating, and keeps bf16 for a phase only where it was at least
 `BF16_MARGIN` faster. On a CUDA GPU with bf16 support `auto` is bf16 (not measured: there it is the
@@ -66,7 +67,7 @@ def _sync(device) -> None:
 def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6, decoder: str = "auto") -> float:
     """Seconds for `steps` cached decode steps of `rows` sequences in `dtype` (None: fp32), as
     grpolab.model.generate.generate runs them for the `decoder` setting: the lean step where it applies
-    (rollout.use_lean), else the model's forward under one autocast context. The lean step's weight
+    (grpolab.model.generate.use_lean), else the model's forward under one autocast context. The lean step's weight
     layout is included."""
     from grpolab.model.generate import HFStepper, stepper_for, use_lean
 

@@ -32,7 +32,8 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -
     """One draw per row of `probs` (B, V): the first token whose cumulative mass exceeds u ~ U(0, total).
 
     Exact inverse-CDF sampling; a token of probability 0 can never be drawn (its CDF step is empty).
-    About 10x faster than torch.multinomial over a 49k vocabulary on the CPU.
+    Faster than torch.multinomial over a large vocabulary on the CPU (benchmarks/bench_cpu.py; measured
+    in docs/performance.md, "What the loop avoids").
     """
     cdf = probs.cumsum(-1)  # (B, V)
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device) * cdf[:, -1:]  # (B, 1)

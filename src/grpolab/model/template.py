@@ -32,3 +32,86 @@ def chat_prompts(tokenizer, prompts: list, system_prompt: str | None) -> list[li
     return out
 
 
+
+
+# ----------------------------------------------------------------------------- multi-turn conversations
+#
+# A multi-turn trajectory is one token stream. The model's turns are kept as the ids it sampled (never
+# decoded and re-encoded); what the environment adds (tool results, feedback, the role headers around
+# them and the next assistant header) is the chat template's own rendering of the added messages: the
+# text by which the rendering of the conversation grows, tokenised. That is exact only for a template
+# that renders conversations append-only (each turn's rendering a prefix of the next), which
+# `append_only_problem` checks before training.
+
+
+def render(tokenizer, messages: list[dict], *, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    """The chat template's text of `messages` (tools: OpenAI function schemas, for templates that show them)."""
+    kw = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kw)
+
+
+PROBE = [
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'},
+    {"role": "tool", "content": "5"},
+    {"role": "assistant", "content": "2 + 3 = 5."},
+    {"role": "user", "content": "Not right. Try again."},
+    {"role": "assistant", "content": "5"},
+]
+
+
+def append_only_problem(tokenizer, tools: list[dict] | None = None, system_prompt: str | None = None) -> str | None:
+    """None if the template renders a conversation append-only, else why not (said before training).
+
+    Renders a probe conversation (user, an assistant tool call, a tool result, assistant, user feedback,
+    assistant) one message at a time, with and without the generation prompt, and checks that every
+    rendering is a prefix of the next. A template that rewrites earlier turns (e.g. one that drops the
+    reasoning of past assistant turns, or moves the system message) fails, and its trajectories' tokens
+    would not be the tokens the model is trained on."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "the tokenizer has no chat template: a multi-turn trajectory needs one to render tool results"
+    msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + PROBE
+    turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    try:
+        opened = render(tokenizer, msgs[:turns[0]], add_generation_prompt=True, tools=tools)
+        for a, nxt in zip(turns, turns[1:] + [None]):
+            closed = render(tokenizer, msgs[:a + 1], add_generation_prompt=False, tools=tools)
+            if not closed.startswith(opened):
+                return (f"the assistant's turn (message {a + 1}) changes the text rendered before it: "
+                        f"the template is not append-only")
+            if nxt is None:
+                break
+            kept = closed[:turn_end(tokenizer, msgs[:a + 1], tools)]
+            opened = render(tokenizer, msgs[:nxt], add_generation_prompt=True, tools=tools)
+            if not opened.startswith(kept):
+                return (f"adding the {msgs[a + 1]['role']} message after assistant message {a + 1} rewrites "
+                        f"the earlier turns: the template is not append-only")
+    except Exception as e:  # noqa: BLE001 (a template that cannot render a tool message, say)
+        return f"the chat template cannot render a tool conversation: {type(e).__name__}: {e}"
+    return None
+
+
+def turn_end(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> int:
+    """Length of the text the model's own tokens cover in the rendering of `messages`, whose last message
+    is the model's turn (content, then the template's end-of-turn text, e.g. `<|im_end|>`): everything
+    after that point is the template's and is added as environment tokens."""
+    text = render(tokenizer, messages, add_generation_prompt=False, tools=tools)
+    content = messages[-1]["content"]
+    end = text.rindex(content) + len(content) if content else len(render(tokenizer, messages[:-1], add_generation_prompt=True, tools=tools))
+    eos = tokenizer.eos_token or ""
+    if eos and text.startswith(eos, end):
+        end += len(eos)
+    return end
+
+
+def addition_text(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None) -> str:
+    """The text the template adds after the model's last turn (the last message of `history`, which ended
+    with its end-of-turn token) when the environment's messages `added` follow, up to and including the
+    next assistant header: render(history + added, generation prompt)[turn_end(history):]."""
+    cut = turn_end(tokenizer, history, tools)
+    return render(tokenizer, history + added, add_generation_prompt=True, tools=tools)[cut:]
+
+
+def addition_ids(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of `addition_text` (the template's special tokens, e.g. <|im_start|>, as their single ids)."""
+    return list(tokenizer(addition_text(tokenizer, history, added, tools), add_special_tokens=False)["input_ids"])

@@ -18,7 +18,7 @@ What is sharded, and how the step stays the single-process step on the global ba
   rollout costs the full weights' memory on every device, not the gradients' or the optimizer's; and
   no all-gather per generated token). The policy's training passes stay sharded, layer by layer, so
   every rank runs the same number of micro-batches (`passes`: a rank with fewer runs a zero-weight
-  one) of the same shape (`policy_logp`: at least two completion columns).
+  one) of the same shape (grpolab.model.passes.policy_logp: at least two completion columns).
 - Checkpoints are the unsharded model and optimizer, exactly as one process writes them
   (`full_views`, a collective, then rank 0 writes), so evaluation, export and resuming read them as
   before; `load_views` restores them into the sharded model (resuming needs the same world size).

@@ -283,7 +283,7 @@ def _explosive(s: str) -> bool:
     return False
 
 
-MAX_ANSWER_DEPTH = 8  # latex2sympy is exponential in nesting depth: 15 levels take > 5 s
+MAX_ANSWER_DEPTH = 8  # latex2sympy is exponential in nesting depth: 15 levels already take seconds
 
 
 def _too_deep(s: str) -> bool:

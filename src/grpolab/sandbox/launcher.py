@@ -7,7 +7,7 @@ launcher is the PID namespace's init and stays the trusted root of the run:
 1. joins the slot's cgroup (when there is one) and reads the job from stdin;
 2. builds a minimal root file system and pivots into it (see `_build_root`): the candidate sees an
    empty working directory, the interpreter, its standard library and the shared libraries these
-   load, /dev/null-like devices, and a private tmpfs on /tmp; nothing of the host (no /proc, no
+   load, /dev/null-like devices, and a private noexec tmpfs on /tmp; nothing of the host (no /proc, no
    repository, no datasets, no site-packages);
 3. forks the *candidate* before it reads the job (so no test is in its memory): it drops to the
    slot uid, sets rlimits, re-arms PR_SET_PDEATHSIG after the uid change, sets no_new_privs and
@@ -88,7 +88,7 @@ def _build_root(libc, cfg):
     """Mount a minimal read-only root (in this private mount namespace), pivot into it; the workdir."""
     import ctypes
 
-    rdonly, nosuid, nodev, remount, bind, rec = 1, 2, 4, 32, 4096, 16384
+    rdonly, nosuid, nodev, noexec, remount, bind, rec = 1, 2, 4, 8, 32, 4096, 16384
 
     def mount(src, target, fstype, flags, data):
         args = [a.encode() if a is not None else None for a in (src, target, fstype, data)]
@@ -112,7 +112,9 @@ def _build_root(libc, cfg):
     for d in plan["masks"]:  # e.g. site-packages inside the standard library: an empty directory
         mount("tmpfs", new + d, "tmpfs", rdonly | nosuid | nodev, "size=4k,nr_inodes=2,mode=755")
     os.mkdir(new + "/tmp", 0o755)
-    mount("tmpfs", new + "/tmp", "tmpfs", nosuid | nodev,
+    # the only writable mount, noexec: nothing written there can be execve'd, mapped executable by
+    # ld.so or dlopen'ed (machine code in anonymous memory still runs: see docs/security.md)
+    mount("tmpfs", new + "/tmp", "tmpfs", nosuid | nodev | noexec,
           f"size={cfg['tmpfs_mb']}m,nr_inodes={cfg['tmpfs_inodes']},mode=1777")
     workdir = "/tmp/work"
     os.mkdir(new + workdir, 0o700)

@@ -54,6 +54,42 @@ def check_optional_count(key: str, value) -> int | None:
     return value
 
 
+def check_optional_int(key: str, value, lo: int) -> int | None:
+    """None or an int (not a bool) >= lo."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < lo):
+        raise ConfigError(f"task_args.{key}: expected an integer >= {lo}, got {value!r}")
+    return value
+
+
+def check_optional_fraction(key: str, value) -> float | None:
+    """None or a number strictly between 0 and 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1):
+        raise ConfigError(f"task_args.{key}: expected a number in (0, 1), got {value!r}")
+    return value
+
+
+def check_held_out(eval_size, eval_fraction) -> None:
+    """eval_size (None or >= 0) and eval_fraction (None or in (0, 1)), not both."""
+    check_optional_count("eval_size", eval_size)
+    check_optional_fraction("eval_fraction", eval_fraction)
+    if eval_fraction is not None and eval_size is not None:
+        raise ConfigError("task_args.eval_fraction: give eval_size or eval_fraction, not both")
+
+
+def check_choice(key: str, value, allowed: tuple[str, ...]) -> str:
+    """One of `allowed`."""
+    if value not in allowed:
+        raise ConfigError(f"task_args.{key}: allowed values are {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def check_optional_name(key: str, value, what: str = "a field name") -> str | None:
+    """None or a non-empty string (the name of a field, column or split)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"task_args.{key}: expected {what} (string), got {value!r}")
+    return value
+
+
 def check_optional_path(key: str, value) -> str | Path | None:
     if value is not None and not isinstance(value, (str, Path)):
         raise ConfigError(f"task_args.{key}: expected a file path, got {value!r}")
@@ -86,9 +122,9 @@ def resolve_template(value, presets: dict[str, str], fields: tuple[str, ...] = (
         return presets[value]
     placeholders = [f"{{{name}}}" for name in fields]
     if any(p not in value for p in placeholders):
+        preset = f"a preset ({', '.join(presets)}) or " if presets else ""
         raise ConfigError(
-            f"task_args.template: expected a preset ({', '.join(presets)}) or a format string "
-            f"containing {' and '.join(placeholders)}, got {value!r}"
+            f"task_args.template: expected {preset}a format string containing {' and '.join(placeholders)}, got {value!r}"
         )
     try:
         value.format(**{name: "x" for name in fields})

@@ -52,7 +52,10 @@ from pathlib import Path
 from grpolab.batch import Example
 from grpolab.tasks._args import (
     FileSplitTask,
-    check_optional_count,
+    check_choice,
+    check_held_out,
+    check_optional_int,
+    check_optional_name,
     check_optional_path,
     check_optional_str,
     split_held_out,
@@ -208,23 +211,13 @@ class DatasetTask(FileSplitTask):
                               "or a directory written by Dataset.save_to_disk)")
         check_optional_path("path", path)
         check_optional_path("eval_path", eval_path)
-        if format not in FORMATS:
-            raise ConfigError(f"task_args.format: allowed values are {', '.join(FORMATS)}, got {format!r}")
-        if answer_format not in ANSWER_FORMATS:
-            raise ConfigError(f"task_args.answer_format: allowed values are {', '.join(ANSWER_FORMATS)}, "
-                              f"got {answer_format!r}")
+        check_choice("format", format, FORMATS)
+        check_choice("answer_format", answer_format, ANSWER_FORMATS)
         for key, value in (("prompt_column", prompt_column), ("answer_column", answer_column),
                            ("id_column", id_column), ("split", split), ("eval_split", eval_split)):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"task_args.{key}: expected a column or split name (string), got {value!r}")
-        check_optional_count("eval_size", eval_size)
-        if eval_fraction is not None:
-            if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or not 0 < eval_fraction < 1:
-                raise ConfigError(f"task_args.eval_fraction: expected a number in (0, 1), got {eval_fraction!r}")
-            if eval_size is not None:
-                raise ConfigError("task_args.eval_fraction: give eval_size or eval_fraction, not both")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ConfigError(f"task_args.limit: expected an integer >= 1, got {limit!r}")
+            check_optional_name(key, value, "a column or split name")
+        check_held_out(eval_size, eval_fraction)
+        check_optional_int("limit", limit, 1)
         self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "auto"}]
         self._opts = dict(prompt_column=prompt_column, answer_column=answer_column, id_column=id_column,

@@ -41,7 +41,16 @@ from pathlib import Path
 
 from grpolab.batch import Example
 from grpolab.rewards.extract import gsm8k_answer, last_boxed
-from grpolab.tasks._args import FileSplitTask, check_optional_path, check_optional_str
+from grpolab.tasks._args import (
+    FileSplitTask,
+    check_choice,
+    check_held_out,
+    check_optional_int,
+    check_optional_name,
+    check_optional_path,
+    check_optional_str,
+    resolve_template,
+)
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import iter_jsonl
 
@@ -134,31 +143,13 @@ class QATask(FileSplitTask):
             raise ConfigError("task_args.path: required for task 'qa' (a .jsonl or .parquet file)")
         check_optional_path("path", path)
         check_optional_path("eval_path", eval_path)
-        if format not in FORMATS:
-            raise ConfigError(f"task_args.format: allowed values are {', '.join(FORMATS)}, got {format!r}")
-        if answer_format not in ANSWER_FORMATS:
-            raise ConfigError(
-                f"task_args.answer_format: allowed values are {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
-            )
+        check_choice("format", format, FORMATS)
+        check_choice("answer_format", answer_format, ANSWER_FORMATS)
         for key, value in (("question_key", question_key), ("answer_key", answer_key), ("id_key", id_key)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"task_args.{key}: expected a field name (string), got {value!r}")
-        if eval_size is not None and (isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size < 0):
-            raise ConfigError(f"task_args.eval_size: expected an integer >= 0, got {eval_size!r}")
-        if eval_fraction is not None:
-            if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or not 0 < eval_fraction < 1:
-                raise ConfigError(f"task_args.eval_fraction: expected a number in (0, 1), got {eval_fraction!r}")
-            if eval_size is not None:
-                raise ConfigError("task_args.eval_fraction: give eval_size or eval_fraction, not both")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ConfigError(f"task_args.limit: expected an integer >= 1, got {limit!r}")
-        if not isinstance(template, str) or "{question}" not in template:
-            raise ConfigError(f"task_args.template: expected a format string containing {{question}}, got {template!r}")
-        try:
-            template.format(question="x")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(f"task_args.template: not a valid format string ({e!r})") from e
-        self.template = template
+            check_optional_name(key, value)
+        check_held_out(eval_size, eval_fraction)
+        check_optional_int("limit", limit, 1)
+        self.template = resolve_template(template, {})
         self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "auto"}]
         self._opts = dict(question_key=question_key, answer_key=answer_key, id_key=id_key, answer_format=answer_format)

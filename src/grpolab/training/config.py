@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from grpolab.algo.presets import AlgoConfig, resolve_algo
+from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
 from grpolab.util.fields import ConfigError, coerce_field, field_docs
 from grpolab.util.fileio import atomic_write
@@ -47,6 +48,8 @@ class Config:
     """Policy-gradient method and its options, e.g. `algo=grpo algo.beta=0.04` (see docs/algorithms.md)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter (peft, the `lora` extra): lora.r=16 trains a rank-16 adapter instead of every weight; the reference is then the policy with its adapter off (see the LoRA section of README.md)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Multi-turn environment (docs/agents.md): env.name=retry_arithmetic, a TRL environment class `file.py:Name`, tools or a gym-style class; empty = single-turn."""
     G: int = 8
     """Completions sampled per prompt (the group size; num_generations in TRL). G=1 gives GRPO no signal."""
     batch_size: int = 32
@@ -91,6 +94,8 @@ class Config:
     """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep on disk."""
+    resume: str = "never"
+    """never (an `out` that already holds a run is refused; continue it with `grpolab train --resume OUT`) or auto: the same command starts a new run where `out` holds none, and otherwise continues the newest checkpoint that verifies, so that torchrun --max-restarts and requeued jobs recover by themselves; each continuation is recorded in OUT/restarts.jsonl (docs/distributed.md)."""
     samples_per_step: int = 4
     """Completions per step written to samples.jsonl."""
     reward_timeout_s: float = 10.0
@@ -265,6 +270,7 @@ def validate(cfg: Config) -> None:
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),
         (cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
+        (cfg.resume in ("never", "auto"), "resume", "must be never or auto"),
         (cfg.samples_per_step >= 0, "samples_per_step", "must be >= 0"),
         (cfg.reward_timeout_s > 0, "reward_timeout_s", "must be > 0"),
         (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),
@@ -277,6 +283,7 @@ def validate(cfg: Config) -> None:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
     validate_lora(cfg.lora)
+    validate_env(cfg.env)
     from grpolab.tasks import TASKS
 
     if cfg.task not in TASKS:  # caught here, before any model is loaded
@@ -330,6 +337,12 @@ def help_text() -> str:
     for f in dataclasses.fields(LoraConfig):
         lines.append(f"  lora.{f.name}={f.default!r}")
         lines.append(textwrap.fill(ldocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += ["", "  env.* options (multi-turn environments, docs/agents.md; env.name empty = single-turn):"]
+    edocs = field_docs(EnvConfig)
+    for f in dataclasses.fields(EnvConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  env.{f.name}={default!r}")
+        lines.append(textwrap.fill(edocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     lines += ["", "  algo=NAME and algo.* options:"]
     adocs = field_docs(AlgoConfig)
     for f in dataclasses.fields(AlgoConfig):

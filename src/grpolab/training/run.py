@@ -8,13 +8,59 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch import nn
 
+from grpolab.algo.advantages import AdvantageComponent
+from grpolab.algo.kl import AdaptiveKL
+from grpolab.model.passes import PassSpec
+from grpolab.model.precision import Precision
+from grpolab.parallel.distributed import SINGLE, Dist
+from grpolab.rewards.scoring import RewardFn
 from grpolab.training.config import Config
+
+if TYPE_CHECKING:  # transformers is imported when a model is loaded, not by this module
+    from transformers import PreTrainedTokenizerBase
+
+    from grpolab.batch import Example
+    from grpolab.training.agents import Environments
+
+
+class Task(Protocol):
+    """What a step reads of a task (the interface every task class follows: grpolab.tasks)."""
+
+    name: str
+    system_prompt: str | None
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]: ...
+
+    def eval_set(self) -> list[Example]: ...
+
+
+class Reference(Protocol):
+    """pi_ref (grpolab.model.reference: FrozenCopy, AdapterOff; sharded: grpolab.parallel.fsdp's wrapper):
+    `with ref.model() as m:` gives the network to run without gradients."""
+
+    def model(self) -> contextlib.AbstractContextManager[nn.Module]: ...
+
+
+class Component(Protocol):
+    """A stateful part of a run besides the policy, saved in each checkpoint (grpolab.training.checkpoint)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def main_reward(reward_fns: Sequence[RewardFn]) -> str:
+    """The name of the main reward: the one with the largest weight (the first of equals). Evaluation
+    accuracy, the audit's gold check and the aha diagnostics read it."""
+    return max(reward_fns, key=lambda f: f.weight).name
 
 
 @dataclass
@@ -26,36 +72,47 @@ class Run:
     device: torch.device
     amp_dtype: torch.dtype | None
     """Autocast dtype of the scoring passes (update, reference, critic), None for plain fp32 (grpolab.model.precision)."""
-    tokenizer: Any
-    policy: Any
+    tokenizer: PreTrainedTokenizerBase
+    policy: nn.Module
+    """The policy: a transformers causal LM, or under LoRA its peft wrapper (grpolab.model.lora)."""
     optimizer: torch.optim.Optimizer | None
-    scheduler: Any
-    task: Any
-    reward_fns: list
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    task: Task
+    reward_fns: list[RewardFn]
     eos_ids: set[int]
-    advantage: Any
-    """The advantage component: grpolab.algo.advantages.GroupBaseline, or grpolab.model.critic.Critic for PPO.
-    Both offer targets, add_loss, step, trained_params and state_dict."""
-    kl: Any
-    """grpolab.algo.kl.AdaptiveKL: the current beta (fixed unless algo.adaptive_kl)."""
-    ref: Any | None = None
+    advantage: AdvantageComponent
+    """The advantage component: grpolab.algo.advantages.GroupBaseline, or grpolab.model.critic.Critic for PPO."""
+    kl: AdaptiveKL
+    """The current beta (fixed unless algo.adaptive_kl)."""
+    ref: Reference | None = None
     """The reference pi_ref (grpolab.model.reference: a frozen copy, or under LoRA the policy with its adapter
     off; `with ref.model() as m:` gives the network), or None when beta = 0 (no KL term, no reference pass)."""
     log: Callable[[str], None] = print
-    components: dict[str, Any] = field(default_factory=dict)
+    components: dict[str, Component] = field(default_factory=dict)
     """Stateful parts besides the policy (e.g. {"critic": Critic}), saved as NAME.pt in each checkpoint."""
-    dist: Any = None
-    """grpolab.parallel.distributed.Dist: this process's rank and the world size (None: one process)."""
-    precision: Any = None
-    """grpolab.model.precision.Precision: the autocast dtype of each phase and why (None: fp32 everywhere)."""
+    dist: Dist | None = None
+    """This process's rank and the world size (None: one process); read it as `ranks`."""
+    precision: Precision | None = None
+    """The autocast dtype of each phase and why (None: fp32 everywhere)."""
     nonfinite_streak: int = 0
     """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
+    environments: Environments | None = None
+    """The multi-turn environment (grpolab.training.agents), None for single-turn rollouts (env.name empty)."""
 
-    def autocast(self):
-        """The autocast context of the model passes (a no-op in fp32)."""
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+    def pass_spec(self) -> PassSpec:
+        """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
+        scoring passes, sampling temperature, micro-batch size."""
+        return PassSpec(self.device, self.amp_dtype, self.cfg.temperature, self.cfg.micro_batch)
+
+    @property
+    def ranks(self) -> Dist:
+        """This process's place among the data-parallel ranks (one process: grpolab.parallel.distributed.SINGLE)."""
+        return self.dist or SINGLE
+
+    @property
+    def main_reward(self) -> str:
+        """The name of the reward with the largest weight (`main_reward`)."""
+        return main_reward(self.reward_fns)
 
     @property
     def rollout_dtype(self) -> torch.dtype | None:
@@ -82,4 +139,4 @@ def step_rng(seed: int, step: int, device: torch.device, rank: int = 0) -> tuple
     return random.Random(s), g
 
 
-__all__ = ["Run", "step_rng"]
+__all__ = ["Component", "Reference", "Run", "Task", "main_reward", "step_rng"]

@@ -1,11 +1,11 @@
 """One training step, top to bottom, as stages over one `Batch`:
 
-    batch = collect(run, step)            B prompts, G completions each, verifier rewards   rollout.py, rewards/
-                                          (DAPO: drop all-equal groups and sample more)       shaping.py
-    reference(run, batch)                 log pi_ref of the completions, when beta > 0        microbatch.py
-    shape(run, batch)                     overlong penalty, KL in the reward                  shaping.py
-    batch.adv = run.advantage.targets()   A (N,) from the group, or (N, C) from a critic      advantages.py, critic.py
-    update(run, batch)                    algo.mu AdamW updates of the policy objective       losses.py
+    batch = collect(run, step)            B prompts, G completions each, verifier rewards   model/generate.py, rewards/
+                                          (DAPO: drop all-equal groups and sample more)       algo/shaping.py
+    reference(run, batch)                 log pi_ref of the completions, when beta > 0        model/passes.py
+    shape(run, batch)                     overlong penalty, KL in the reward                  algo/shaping.py
+    batch.adv = run.advantage.targets()   A (N,) from the group, or (N, C) from a critic      algo/advantages.py, model/critic.py
+    update(run, batch)                    algo.mu AdamW updates of the policy objective       algo/losses.py
     -> metrics                            one flat dict per step (docs/metrics.md)
 
 Each stage reads the Batch and fills in its own fields; nothing else is shared. The raw verifier
@@ -23,7 +23,9 @@ import time
 import torch
 from torch import Tensor
 
+from grpolab.algo.advantages import per_token
 from grpolab.algo.losses import policy_loss
+from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
 from grpolab.model.generate import generate, use_lean
@@ -45,6 +47,8 @@ from grpolab.parallel.distributed import (
 )
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
 from grpolab.rewards import score_completions
+from grpolab.rewards.scoring import Scores
+from grpolab.training.agents import ENV_REWARD, add_env_reward, agent_rollout
 from grpolab.training.diagnostics import aha_metrics
 from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Run, step_rng
@@ -65,8 +69,27 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
 def score(run: Run, rollout: Rollout, examples: list[Example]):
     """Verifiable rewards for every completion (examples repeated G times to match the layout)."""
     per_completion = [e for e in examples for _ in range(rollout.G)]
-    return score_completions(run.reward_fns, rollout.texts, per_completion, timeout_s=run.cfg.reward_timeout_s,
+    verifiers = [f for f in run.reward_fns if f.name != ENV_REWARD]  # the environment's reward: add_env_reward
+    return score_completions(verifiers, rollout.texts, per_completion, timeout_s=run.cfg.reward_timeout_s,
                              workers=run.cfg.reward_workers)
+
+
+def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
+                      generator: torch.Generator | None = None) -> tuple[Rollout, Scores, dict]:
+    """Roll out and score: single-turn (rollout_examples), or multi-turn in the run's environment
+    (grpolab.training.agents), whose own reward joins the verifiers' as `env`. Returns (rollout,
+    scores, info: the environments' metrics and time/score_s)."""
+    if run.environments is None:
+        rollout = rollout_examples(run, examples, G=G, greedy=greedy, generator=generator)
+        t0 = time.perf_counter()
+        scores = score(run, rollout, examples)
+        return rollout, scores, {"time/score_s": time.perf_counter() - t0}
+    with gathered(run.policy):
+        rollout, env_rewards, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
+    t0 = time.perf_counter()
+    scores = score(run, rollout, examples)
+    add_env_reward(scores, env_rewards, run.environments.settings.reward_weight)
+    return rollout, scores, {**info, "time/score_s": time.perf_counter() - t0}
 
 
 def collect(run: Run, step: int) -> Batch:
@@ -89,14 +112,13 @@ def collect(run: Run, step: int) -> Batch:
             break
         examples = run.task.sample(need * d.world, rng)[rank_slice(need * d.world, d)]  # this rank's share
         t0 = time.perf_counter()
-        rollout = rollout_examples(run, examples, G=cfg.G, generator=generator)
-        t1 = time.perf_counter()
-        scores = score(run, rollout, examples)
-        t_score += time.perf_counter() - t1
-        t_generate += t1 - t0
+        rollout, scores, info = rollout_and_score(run, examples, G=cfg.G, generator=generator)
+        scoring_s = info.pop("time/score_s")
+        t_score += scoring_s
+        t_generate += time.perf_counter() - t0 - scoring_s
         part = Batch(examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn)  # (n,)
         sampled_rewards.append(part.raw_reward)
-        round_metrics.append((scores.metrics, len(rollout.texts)))
+        round_metrics.append(({**scores.metrics, **info}, len(rollout.texts)))
         n_groups += len(examples)
         if algo.dynamic_sampling:
             part = part.keep_groups(informative_groups(part.raw_reward, cfg.G))
@@ -123,21 +145,35 @@ def reference(run: Run, batch: Batch) -> None:
     """batch.ref_logp (N, C): log pi_ref of the completions, one no-grad pass (only with a reference)."""
     if run.ref is not None:
         with run.ref.model() as ref:  # a frozen copy, or the LoRA policy with its adapter off
-            batch.ref_logp = logp_without_grad(run, ref, batch.rollout)
+            batch.ref_logp = logp_without_grad(run.pass_spec(), ref, batch.rollout)
 
 
 def shape(run: Run, batch: Batch) -> None:
     """batch.reward (N,) and batch.token_reward (N, C): every reward change after the verifiers
     (grpolab.algo.shaping), plus `groups/zero_std_frac` of the shaped reward."""
     algo, rollout = run.cfg.algo, batch.rollout
-    kl_in_reward = batch.ref_logp is not None and algo.kl_placement == "in_reward"
+    kl_in_reward = batch.ref_logp is not None and algo.kl_in_reward
     with gathered(run.policy, kl_in_reward and run.cfg.top_p < 1):  # FSDP: a no-grad policy pass (top_p < 1)
+        sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, top_p=run.cfg.top_p) \
+            if kl_in_reward else None  # (N, C) log pi_theta of the sampled tokens
         shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
                                max_len=run.cfg.max_new_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
-                               policy_logp=sampled_token_logp(run, rollout) if kl_in_reward else None)
+                               policy_logp=sampled)
     batch.reward, batch.token_reward = shaped.reward, shaped.token_reward
     batch.metrics.update(shaped.metrics)
     batch.metrics["groups/zero_std_frac"] = 1.0 - float(informative_groups(batch.reward, rollout.G).float().mean())
+
+
+def computed_groups(batch: Batch, algo: AlgoConfig, computes_every_group: bool) -> Tensor:
+    """(B,) bool: the prompt groups update() runs through the policy. A group whose sequences all have
+    zero advantage adds nothing to the policy gradient and is skipped, unless a KL term in the loss
+    (with a reference) or the advantage component (a critic's value loss) needs every group.
+    grpolab.training.token_credit asks this too, to mark the rows never computed."""
+    rollout = batch.rollout
+    adv_tok = per_token(batch.adv, rollout.completion_ids.shape)  # (N, C)
+    has_signal = (adv_tok.abs() * rollout.completion_mask).sum(-1) > 0  # (N,)
+    every = (batch.ref_logp is not None and algo.kl_in_loss) or computes_every_group
+    return has_signal.view(-1, rollout.G).any(-1) | every  # (B,)
 
 
 def update(run: Run, batch: Batch) -> dict:
@@ -148,20 +184,18 @@ def update(run: Run, batch: Batch) -> dict:
     not finite is skipped (the weights stay as they were) and counted: update/nonfinite_skipped, and
     run.nonfinite_streak for the loop's stop rule. Micro-batches hold whole groups (the
     prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
-    the policy gradient and is not computed at all (unless a KL term in the loss or a critic needs it);
-    the normalisers n_seq / n_tok still count it, so the loss is unchanged.
+    the policy gradient and is not computed at all (`computed_groups`); the normalisers n_seq / n_tok
+    still count it, so the loss is unchanged.
     """
     cfg, algo, rollout = run.cfg, run.cfg.algo, batch.rollout
     N, C = rollout.completion_ids.shape
-    mask = rollout.completion_mask  # (N, C)
-    adv_tok = batch.adv if batch.adv.dim() == 2 else batch.adv[:, None].expand(N, C)  # (N, C)
-    kl_in_loss = batch.ref_logp is not None and algo.kl_placement == "in_loss"
-    has_signal = (adv_tok.abs() * mask).sum(-1) > 0  # (N,)
-    compute_all = kl_in_loss or run.advantage.computes_every_group
-    groups = (has_signal.view(-1, rollout.G).any(-1) | compute_all).nonzero().squeeze(-1)  # (g,)
-    batches = micro_batches(rollout, groups, cfg.micro_batch)
+    spec = run.pass_spec()
+    adv_tok = per_token(batch.adv, (N, C))  # (N, C)
+    kl_in_loss = batch.ref_logp is not None and algo.kl_in_loss
+    groups = computed_groups(batch, algo, run.advantage.computes_every_group).nonzero().squeeze(-1)  # (g,)
+    batches = micro_batches(rollout, groups, spec.micro_batch)
     old_logp, last_logp, entropy_tok = torch.zeros((N, C)), torch.zeros((N, C)), torch.zeros((N, C))
-    d = run.dist or SINGLE
+    d = run.ranks
     n_seq, n_tok, n_batches = (int(x) for x in global_counts(d, N, batch.n_tokens, len(batches)))  # global batch
     loss_infos: list[tuple[dict, float]] = []
     entropy_infos: list[tuple[dict, float]] = []
@@ -172,12 +206,12 @@ def update(run: Run, batch: Batch) -> dict:
         loss_sum = 0.0
         for rows in passes(d, batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
             if rows is None:
-                idle_pass(run, rollout)
+                idle_pass(spec, run.policy, rollout)
                 n_idle += 1
                 continue
-            part = slice_groups(rollout, rows, run.device)
+            part = slice_groups(rollout, rows, spec.device)
             width, part_mask = part.width, part.completion_mask
-            logp, entropy = policy_logp(run, part, with_entropy=(epoch == 0))  # (b, C') each
+            logp, entropy = policy_logp(spec, run.policy, part, with_entropy=(epoch == 0))  # (b, C') each
             last_logp[rows, :width] = logp.detach().cpu()
             if epoch == 0:
                 old_logp[rows, :width] = logp.detach().cpu()
@@ -189,7 +223,7 @@ def update(run: Run, batch: Batch) -> dict:
                 logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
                 beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
                 n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_new_tokens)
-            loss, value_info = run.advantage.add_loss(loss, run, part, batch)
+            loss, value_info = run.advantage.add_loss(loss, spec, part, batch)
             loss.backward()
             loss_sum += float(loss.detach())
             loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
@@ -235,12 +269,11 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     t_update = time.perf_counter()
     reference(run, batch)
     shape(run, batch)
-    batch.adv = run.advantage.targets(run, batch)  # (N,) or (N, C)
+    batch.adv = run.advantage.targets(run.pass_spec(), batch)  # (N,) or (N, C)
     metrics = {**batch.metrics, "adv/abs_mean": float(batch.adv.abs().mean())}
     metrics.update(update(run, batch))
     kl_measured = "kl" in metrics  # in the loss or in the reward: the adaptive controller's input
-    main_reward = max(run.reward_fns, key=lambda f: f.weight).name
-    metrics.update(aha_metrics(batch, main_reward, run.cfg.reflection_phrases))  # docs/metrics.md, "aha"
+    metrics.update(aha_metrics(batch, run.main_reward, run.cfg.reflection_phrases))  # docs/metrics.md, "aha"
     lengths = batch.rollout.lengths  # (N,)
     metrics = {"step": step, "kl": 0.0, "clip/frac": 0.0, "entropy": float("nan"), **metrics,
                "time/update_s": time.perf_counter() - t_update,
@@ -251,9 +284,9 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
                "memory/peak_mb": peak_memory_mb(run.device),
                "params/trained": float(run.trained_params()),
                "time/step_s": time.perf_counter() - t_start}
-    metrics = reduce_metrics(run.dist or SINGLE, metrics)  # data parallel: over ranks; one process: as is
+    metrics = reduce_metrics(run.ranks, metrics)  # data parallel: over ranks; one process: as is
     if kl_measured:
-        run.kl.update(metrics["kl"], len(batch.reward) * (run.dist or SINGLE).world)
+        run.kl.update(metrics["kl"], len(batch.reward) * run.ranks.world)
     return metrics, batch
 
 

@@ -1,9 +1,11 @@
 """The loop around the training step: setup, evaluation before and after, checkpoints, the summary.
 
-    run = setup(cfg)                          models, optimizer, task, verifiers   (grpolab.training.run.Run)
+    run = setup(cfg)                          policy, reference (beta > 0), critic (PPO), optimizer, task,
+                                              verifiers   (grpolab.training.run.Run)
     evaluate(run, held_out)                   greedy accuracy before training
     for step in start+1..steps:
-        metrics, batch = train_step(run, step)     collect -> shape -> advantages -> update  (grpolab.training.step)
+        metrics, batch = train_step(run, step)     collect -> reference -> shape -> advantages -> update
+                                                   (grpolab.training.step)
         log metrics, samples; checkpoint every save_every steps
     evaluate(run, held_out); summary.json
 
@@ -33,12 +35,14 @@ from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
 from grpolab.rewards import build_rewards
+from grpolab.rewards.scoring import RewardFn
 from grpolab.tasks import build_task
+from grpolab.training.agents import ENV_REWARD, load_environments
 from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.run import Run
-from grpolab.training.step import rollout_examples, score, train_step
+from grpolab.training.step import rollout_and_score, train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
@@ -47,17 +51,26 @@ ReportWriter = Callable[[Path, torch.device], None]
 """Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
 
 
-def check_out_dir(out: Path, resume: bool) -> None:
-    """Refuse to overwrite an existing run (exit 2) unless resuming it."""
+def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
+    """Refuse to overwrite an existing run (exit 2) unless resuming it. Returns whether the run in `out`
+    is continued: `resume` (--resume), or `auto` (resume=auto) and `out` holds a run (its config.yaml)."""
+    import os
+
+    if auto and not resume:
+        resume = (out / "config.yaml").exists()
     if resume:
         if not (out / "config.yaml").exists():
             from grpolab.training.config import not_a_run_message
 
             raise ConfigError(not_a_run_message(out))
-        return
+        return True
     if out.exists() and any((out / n).exists() for n in ("metrics.jsonl", "config.yaml", "checkpoints")):
-        raise ConfigError(f"out: {out} already holds a run; continue it with `grpolab train --resume {out}` "
-                          f"or choose another out=DIR (nothing was written)")
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        hint = (f" torchrun restarted this worker (restart {restarted}): start the job with resume=auto so that a "
+                f"restart continues the newest checkpoint (docs/distributed.md);" if restarted else "")
+        raise ConfigError(f"out: {out} already holds a run;{hint} continue it with `grpolab train --resume {out}` "
+                          f"(or run the same command with resume=auto) or choose another out=DIR (nothing was written)")
+    return False
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:
@@ -102,6 +115,9 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     path = model_dir(cfg.model, log=log)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(path)
+    environments = load_environments(cfg.env, tokenizer, task.system_prompt)  # checked before any model load
+    if environments is not None and cfg.env.reward_weight > 0:  # the environment's reward, filled in by the step
+        reward_fns.append(RewardFn(ENV_REWARD, cfg.env.reward_weight, _filled_by_the_step))
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
     policy = load_policy(path, torch.device("cpu") if fsdp else device)
     policy.train()
@@ -122,7 +138,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                             decoder=cfg.decoder,
                             recorded=out / precision.FILE if resume else None)
     log(prec.describe())
-    if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.autocast()
+    if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec()'s autocast
         ref.store_linear_in(prec.update)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
@@ -132,7 +148,13 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     return Run(cfg=cfg, out=out, device=device, amp_dtype=prec.update, tokenizer=tokenizer, policy=policy,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
                eos_ids=eos_token_ids(policy, tokenizer), advantage=advantage, kl=AdaptiveKL.from_algo(algo),
-               ref=ref, log=log, components=components, dist=dist, precision=prec)
+               ref=ref, log=log, components=components, dist=dist, precision=prec, environments=environments)
+
+
+def _filled_by_the_step(completion: str, example: Example) -> float:
+    """Stands for the environment's reward among the run's rewards; never called: grpolab.training.step.score
+    leaves it out and grpolab.training.agents.add_env_reward fills its column in."""
+    raise AssertionError("the environment's reward comes from the environment, not from a verifier call")
 
 
 def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
@@ -154,7 +176,9 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
     if out and limit > 0 and batch.adv is not None:
         from grpolab.training.token_credit import token_credit
 
-        for rec, tokens in zip(out, token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit)):
+        credit = token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit,
+                              computes_every_group=run.advantage.computes_every_group)
+        for rec, tokens in zip(out, credit):
             rec["tokens"] = tokens
     return out
 
@@ -163,12 +187,11 @@ def evaluate(run: Run, examples: list[Example]) -> dict:
     """Greedy completions on held-out prompts. accuracy = mean of the main (highest-weight) reward."""
     if not examples:
         return {}
-    main = max(run.reward_fns, key=lambda f: f.weight).name
+    main = run.main_reward
     totals, mains, lengths = [], [], []
     for s in range(0, len(examples), run.cfg.eval_batch):
         chunk = examples[s:s + run.cfg.eval_batch]
-        rollout = rollout_examples(run, chunk, G=1, greedy=True)
-        scores = score(run, rollout, chunk)
+        rollout, scores, _ = rollout_and_score(run, chunk, G=1, greedy=True)  # multi-turn in an environment too
         totals += scores.total
         mains += scores.per_fn[main]
         lengths += rollout.lengths.tolist()
@@ -181,7 +204,7 @@ def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
     `policy`/`optimizer`: stand-ins holding the gathered full states of a sharded run (grpolab.parallel.fsdp)."""
     from grpolab.training.checkpoint import save_checkpoint
 
-    state = {"step": step, "world_size": (run.dist or distributed.SINGLE).world}
+    state = {"step": step, "world_size": run.ranks.world}
     if run.kl.adaptive:
         state["kl_beta"] = run.kl.value
     return save_checkpoint(run.out, step, run.policy if policy is None else policy, run.tokenizer,
@@ -189,13 +212,15 @@ def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
                            keep_last=run.cfg.keep_checkpoints, components=run.components)
 
 
-def resume_state(run: Run) -> int:
+def resume_state(run: Run, how: str = "--resume") -> int:
     """Load the newest checkpoint of run.out that verifies against its manifest (components included;
-    a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none)."""
+    a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none).
+    Rank 0 records the continuation in OUT/restarts.jsonl (see record_restart)."""
     from grpolab.training.checkpoint import latest_good_checkpoint, load_checkpoint
 
     ck = latest_good_checkpoint(run.out, log=run.log)
     if ck is None:
+        record_restart(run, 0, None, how)
         return 0
     policy, optimizer = sharding.load_views(run)  # FSDP: the full states are sharded into the run's
     state = load_checkpoint(ck, policy, optimizer, run.scheduler, components=run.components)
@@ -206,7 +231,40 @@ def resume_state(run: Run) -> int:
                           f"{state.get('world_size', 1)}): each rank's share of the batch depends on it")
     if run.kl.adaptive and "kl_beta" in state:
         run.kl.value = state["kl_beta"]
+    record_restart(run, int(state["step"]), ck.name, how)
     return int(state["step"])
+
+
+RESTARTS = "restarts.jsonl"
+
+
+def record_restart(run: Run, step: int, checkpoint: str | None, how: str) -> None:
+    """One line of OUT/restarts.jsonl (rank 0) per continuation of a run: the step it continues after,
+    the checkpoint, the time, how it was continued, torchrun's restart count when under torchrun, the
+    steps that had been logged after that checkpoint and are trained again, and the cause where known."""
+    import os
+    import time
+
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    # the largest over the ranks (every rank calls this): after a lost host, the new host's agent counts from 0
+    highest = distributed.global_max(run.ranks, float(count) if count and count.isdigit() else -1.0)
+    if not run.ranks.main:
+        return
+    restart = int(highest) if highest >= 0 else None
+    logged = [r.get("step") for r in read_jsonl(run.out / "metrics.jsonl")] if (run.out / "metrics.jsonl").exists() else []
+    redone = sorted(x for x in logged if isinstance(x, int) and x > step)
+    cause = (f"torchrun restarted the workers (restart {restart} of at most "
+             f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}): a worker of the previous attempt failed or was lost"
+             if restart else "the same command was run again (resume=auto): a relaunched or requeued job"
+             if how == "resume=auto" else None)
+    record = {"step": step, "checkpoint": checkpoint, "time": time.time(),
+              "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "how": how,
+              "torchelastic_restart_count": restart, "world_size": run.ranks.world,
+              "steps_redone": redone, "cause": cause}
+    with open(run.out / RESTARTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None) -> dict:
@@ -219,9 +277,13 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     d = distributed.from_environment(cfg.device, cfg.fsdp)  # torchrun: this process's rank; else one process
     distributed.check_supported(cfg, d)
     log = (console.print if console is not None else print) if d.main else _quiet
+    how = "--resume" if resume else "resume=auto"
+    # resume=auto: continue the run in OUT if there is one (every rank decides before the barrier
+    # below, so before rank 0 writes anything: all see the same OUT); otherwise a new run
+    resume = check_out_dir(Path(cfg.out), resume, auto=cfg.resume == "auto")
     run = setup(cfg, resume=resume, log=log, dist=d)
     distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
-    start = resume_state(run) if resume else 0
+    start = resume_state(run, how) if resume else 0
     main = d.main  # only rank 0 writes files, evaluates and shows progress
     if main:
         run.out.mkdir(parents=True, exist_ok=True)
@@ -333,7 +395,7 @@ def save_or_stop(run: Run, step: int) -> None:
     the disk refuses it."""
     from grpolab.training.checkpoint import is_write_failure, latest_checkpoint
 
-    d = run.dist or distributed.SINGLE
+    d = run.ranks
     error = None
     policy, optimizer = sharding.full_views(run)  # FSDP: every rank gathers the full states for rank 0
     if d.main:

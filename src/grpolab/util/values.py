@@ -90,7 +90,12 @@ def canonical(x: Any) -> str:
 
 
 def _numbers_equal(expected, actual, rel_tol: float) -> bool:
-    if type(expected) is int and type(actual) is int:
+    if type(expected) is int:
+        # An int is graded exactly: an int equal to it, or a float whose value is exactly that
+        # integer (Python compares int and float exactly: 2**53 + 1 != float(2**53 + 1)). No
+        # tolerance, not even near 0: 1e-13 is not 0, math.gamma(21) is not 20!.
+        if type(actual) is float:
+            return math.isfinite(actual) and actual == expected
         return expected == actual
     fe, fa = type(expected) is float, type(actual) is float
     if (fe and not math.isfinite(expected)) or (fa and not math.isfinite(actual)):
@@ -106,10 +111,12 @@ def _numbers_equal(expected, actual, rel_tol: float) -> bool:
 def plain_equal(expected: Any, actual: Any, rel_tol: float = 1e-9) -> bool:
     """Type-strict equality of plain values; never raises (anything odd is simply unequal).
 
-    bool only equals bool; int and float compare numerically (floats with `rel_tol`; an int too
-    large for a float is unequal to every float); str, bytes, list, tuple must match in type and,
-    recursively, in content; set equals set or frozenset; dict equals dict (order ignored, values
-    compared recursively with the same rules).
+    bool only equals bool. An expected int equals an int of the same value or a float exactly
+    equal to it (no tolerance); an expected float equals an int or float within `rel_tol` (and an
+    absolute 1e-12 around 0); an int too large for a float is unequal to every float. (Set
+    elements and dict keys compare exactly, as Python's do.) str, bytes, list, tuple must match in
+    type and, recursively, in content; set equals set or frozenset; dict equals dict (order
+    ignored, values compared recursively with the same rules).
     """
     try:
         return _equal(expected, actual, rel_tol)

@@ -1,14 +1,14 @@
 """Hand-written CPU kernels, compiled on first use with the machine's C compiler, loaded with ctypes.
 
 One so far: `decode_attention`, the attention of one decode step for every row and head
-(decode_attention.c). In the lean decode step (grpolab.model.decoder) of SmolLM2 on the 2-core development
-CPU, torch's batched products (48 tiny (3 x 64) x (64 x S) products per layer) spent 13.7-18.8 ms of
-each 16-row step on it, the kernel 5.7-7.5 ms, against 4.6-5.6 ms for merely summing the cached keys
-and values (benchmarks/decode_attention_share.py); the whole step took 56.53 against 65.90 ms
-(benchmarks/decode_ab.py; docs/performance.md, "The decode-attention kernel").
+(decode_attention.c). In the lean decode step (grpolab.model.decoder) torch's batched products for it
+are many tiny ones (for SmolLM2, 48 (3 x 64) x (64 x S) products per layer), which read the cached keys
+and values far below the memory's speed; the kernel walks each (row, kv head) pair once and comes close
+to the cost of merely reading the cache. Measured in docs/performance.md, "The decode-attention kernel"
+(benchmarks/decode_attention_share.py and benchmarks/decode_ab.py).
 
 The source is compiled once per machine into grpolab's cache (`$GRPOLAB_CACHE/kernels`, by default
-`~/.cache/grpolab/model/kernels`), named by a hash of the source,
+`~/.cache/grpolab/kernels`), named by a hash of the source,
 the flags, the compiler's version and the CPU's flags (-march=native code never runs on another CPU),
 written to a temporary file and renamed into place. Before first use it is checked against the torch
 path on random inputs. Without a C compiler, on a platform other than Linux, when the build or the check

@@ -1,0 +1,291 @@
+"""Run the tool calls of model turns: every failure becomes an error message and a counted event.
+
+`ToolRunner.run(items)` runs one turn's parsed calls in the order they were written and returns a
+Reply with one `tool` message per call. What can go wrong, the message the model reads, and the
+event counted (Reply.events):
+
+    a block that does not parse          "Error: could not parse the tool call: ..."   parse
+    a tool the environment does not have "Error: unknown tool 'x'. Available: ..."     unknown_tool
+    arguments that do not fit the schema "Error: bad arguments for tool 'x': ..."      bad_arguments
+    a tool that raises                   "Error: tool 'x' raised ValueError: ..."      exception
+    a tool that runs past timeout_s      "Error: tool 'x' timed out after 2 s ..."     timeout
+    a result longer than max_result_chars  the result, cut, ending "...[truncated N chars]"  truncated
+
+A result that is not a string is converted: `json.dumps` when it can be, else `str`. Calls per
+tool name are counted in Reply.calls for the tools the environment offers (a name the model made up
+is counted only as `unknown_tool`, so that hostile names cannot grow the metrics without bound).
+
+Tools run on one process-wide thread pool (`tool_pool()`), each call waited for at most `timeout_s`.
+A Python thread cannot be killed: a tool that hangs keeps its worker thread until it returns (if
+ever). The call still gets its error message and the trajectory goes on; `stuck_calls()` says how
+many timed-out calls are still running, and once every worker of the pool is stuck, later calls
+time out without starting. A tool that may hang for good should enforce its own limit (the
+`python` tool of builtin.py runs code in the sandbox, which kills it).
+
+`run_turns(envs, turn_texts)` steps many trajectories' environments concurrently (one task per
+trajectory on a second pool, so that steps waiting for their tools never take the tools' workers);
+within a trajectory calls run one after another, in order, because a stateful environment's tools
+may depend on each other. A step therefore takes at most (calls in the turn, capped by
+calls.MAX_CALLS) x timeout_s, plus the time to wait for a free worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from grpolab.env.base import Reply
+from grpolab.env.calls import ParseError, ToolCall
+from grpolab.env.schema import prepare_arguments
+
+log = logging.getLogger(__name__)
+
+TOOL_WORKERS = 32
+"""Threads running tool calls, process-wide."""
+STEP_WORKERS = 128
+"""Threads stepping environments in run_turns (they mostly wait for tools)."""
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_RESULT_CHARS = 4000
+MAX_ERROR_CHARS = 300
+"""Longest exception text quoted back to the model."""
+
+_pools_lock = threading.Lock()
+_pools: dict[str, ThreadPoolExecutor] = {}
+_stuck_lock = threading.Lock()
+_stuck = 0
+
+
+def _pool(kind: str, workers: int) -> ThreadPoolExecutor:
+    """The process-wide pool of this kind, created on first use."""
+    with _pools_lock:
+        if kind not in _pools:
+            _pools[kind] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpolab-env-{kind}")
+        return _pools[kind]
+
+
+def tool_pool() -> ThreadPoolExecutor:
+    """The shared pool that runs tool calls (and gym steps)."""
+    return _pool("tool", TOOL_WORKERS)
+
+
+def step_pool() -> ThreadPoolExecutor:
+    """The shared pool that runs Environment.step for run_turns."""
+    return _pool("step", STEP_WORKERS)
+
+
+def stuck_calls() -> int:
+    """Calls that timed out and are still running on the tool pool (their threads cannot be killed)."""
+    return _stuck
+
+
+def _mark_stuck(future) -> None:
+    """Count a timed-out call until its thread finally returns."""
+    global _stuck
+    with _stuck_lock:
+        _stuck += 1
+
+    def done(_f) -> None:
+        global _stuck
+        with _stuck_lock:
+            _stuck -= 1
+
+    future.add_done_callback(done)
+
+
+def to_text(result: Any) -> str:
+    """A tool's result as the text of a tool message: strings as they are, else JSON, else str()."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return str(result)
+
+
+def cut(text: str, max_chars: int) -> tuple[str, int]:
+    """`text` cut to `max_chars` with a visible marker; (text, number of characters removed)."""
+    if len(text) <= max_chars:
+        return text, 0
+    removed = len(text) - max_chars
+    return f"{text[:max_chars]}...[truncated {removed} chars]", removed
+
+
+def short_error(e: BaseException) -> str:
+    """`Type: message` of an exception, bounded (its str() may itself fail or be huge)."""
+    try:
+        msg = str(e)
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        msg = ""
+    msg = msg if len(msg) <= MAX_ERROR_CHARS else msg[:MAX_ERROR_CHARS] + "..."
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+class Raised:
+    """A tool's exception, carried back from its worker thread as a value."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _invoke(fn: Callable, arguments: dict, convert: bool = True) -> Any:
+    """Run one tool in a worker thread and (with `convert`) turn its result into text there.
+
+    Conversion happens here so that a hostile __str__ or a huge json.dumps is covered by the
+    timeout too. Every exception (SystemExit included) is returned, never raised, so that the
+    waiting thread can tell the tool's failures from its own interruption.
+    """
+    try:
+        result = fn(**arguments)
+        if inspect.isawaitable(result):  # an async tool (TRL accepts them): run it to completion here
+            result = asyncio.run(_await(result))
+        return to_text(result) if convert else result
+    except BaseException as e:  # noqa: BLE001 - the tool's failure is the model's error message
+        return Raised(e)
+
+
+async def _await(awaitable):
+    """asyncio.run needs a coroutine; this wraps any awaitable."""
+    return await awaitable
+
+
+def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True) -> Any:
+    """Run `fn(**arguments)` on the tool pool: its text (or, without `convert`, its value), a
+    `Raised` carrying the exception it raised, or None if it did not return within timeout_s."""
+    future = tool_pool().submit(_invoke, fn, arguments, convert)
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        if not future.cancel():  # already running: it keeps its thread
+            _mark_stuck(future)
+        return None
+
+
+class ToolRunner:
+    """Runs parsed calls against a set of tools (name -> function) and their schemas.
+
+    functions: the callables, by the name the model calls them with.
+    schemas: name -> OpenAI function schema, used to check arguments (a tool without a schema
+        gets its arguments unchecked).
+    timeout_s: longest wait for one call (a tool may set its own as a `timeout_s` attribute).
+    max_result_chars: longer results are cut, marked.
+    """
+
+    def __init__(self, functions: Mapping[str, Callable], schemas: Mapping[str, dict] | None = None, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not (isinstance(max_result_chars, int) and max_result_chars > 0):
+            raise ValueError(f"max_result_chars must be a positive integer, got {max_result_chars!r}")
+        self.functions = dict(functions)
+        self.schemas = dict(schemas or {})
+        self.timeout_s = float(timeout_s)
+        self.max_result_chars = max_result_chars
+
+    def run(self, items: Sequence[ToolCall | ParseError]) -> Reply:
+        """Run the calls in order; one tool message per item, errors included. done is False."""
+        reply = Reply(parsed=list(items))
+        for item in items:
+            reply.messages.append(self.run_one(item, reply.events, reply.calls))
+        return reply
+
+    def run_one(self, item: ToolCall | ParseError, events: Counter, calls: Counter) -> dict:
+        """One call's tool message; failures are counted in `events`, calls per tool in `calls`."""
+        if isinstance(item, ParseError):
+            events["parse"] += 1
+            return {"role": "tool", "content": f"Error: could not parse the tool call: {item.reason}. "
+                                               'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'}
+        name = item.name
+        fn = self.functions.get(name)
+        if fn is None:
+            events["unknown_tool"] += 1
+            available = ", ".join(sorted(self.functions)[:30]) or "none"
+            return {"role": "tool", "name": name[:100],
+                    "content": f"Error: unknown tool {name[:100]!r}. Available tools: {available}."}
+        calls[name] += 1
+        arguments, err = (item.arguments, None)
+        if name in self.schemas:
+            arguments, err = prepare_arguments(self.schemas[name], item.arguments)
+        if err:
+            events["bad_arguments"] += 1
+            return {"role": "tool", "name": name, "content": f"Error: bad arguments for tool {name!r}: {err}."}
+        return {"role": "tool", "name": name, "content": self._result(name, fn, arguments, events)}
+
+    def timeout_for(self, fn: Callable) -> float:
+        """The wait for one call: the tool's own `timeout_s` attribute if it sets one, else the runner's.
+
+        A tool that queues for a shared resource (the sandbox's slots) declares a longer wait
+        than a pure function needs.
+        """
+        own = getattr(fn, "timeout_s", None)
+        if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0:
+            return float(own)
+        return self.timeout_s
+
+    def _result(self, name: str, fn: Callable, arguments: dict, events: Counter) -> str:
+        """The content of the tool message for one valid call."""
+        timeout_s = self.timeout_for(fn)
+        out = call_with_timeout(fn, arguments, timeout_s)
+        if out is None:
+            events["timeout"] += 1
+            return f"Error: tool {name!r} timed out after {timeout_s:g} s and was abandoned; try a simpler call."
+        if isinstance(out, Raised):
+            events["exception"] += 1
+            return f"Error: tool {name!r} raised {short_error(out.error)}"
+        text, removed = cut(out, self.max_result_chars)
+        if removed:
+            events["truncated"] += 1
+        return text
+
+
+def _failed_step(error: BaseException | None) -> Reply:
+    """The Reply of an environment whose step raised (error) or did not return in time (None)."""
+    if error is None:
+        return Reply(messages=[{"role": "user", "content": "Error: the environment did not answer in time."}],
+                     done=True, events=Counter(timeout=1))
+    return Reply(messages=[{"role": "user", "content": f"Error: the environment failed: {short_error(error)}"}],
+                 done=True, events=Counter(exception=1))
+
+
+def _safe_step(env: Any, text: str) -> Reply:
+    """env.step(text), with a raising step turned into a final Reply (the trajectory ends)."""
+    try:
+        reply = env.step(text)
+    except Exception as e:  # noqa: BLE001 - a bug in a user's environment ends its trajectory only
+        log.warning("environment %s: step raised %s", type(env).__name__, short_error(e))
+        return _failed_step(e)
+    if not isinstance(reply, Reply):
+        return _failed_step(TypeError(f"{type(env).__name__}.step returned {type(reply).__name__}, not a Reply"))
+    return reply
+
+
+def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None) -> list[Reply]:
+    """Step every trajectory's environment with its model turn, concurrently; Replies in order.
+
+    Each tool call inside a step has its own timeout (the environment's runner). step_timeout_s,
+    if given, bounds the wait for the whole batch: a step still running then gets a final
+    Reply with a `timeout` event (for environments of unknown code, whose step may hang).
+    """
+    if len(envs) != len(turn_texts):
+        raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns")
+    if len(envs) == 1 and step_timeout_s is None:  # no thread hop for a single trajectory
+        return [_safe_step(envs[0], turn_texts[0])]
+    futures = [step_pool().submit(_safe_step, env, text) for env, text in zip(envs, turn_texts)]
+    deadline = None if step_timeout_s is None else time.monotonic() + step_timeout_s
+    out = []
+    for f in futures:
+        try:
+            out.append(f.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic())))
+        except FutureTimeout:
+            f.cancel()
+            out.append(_failed_step(None))
+    return out
+

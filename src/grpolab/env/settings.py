@@ -1,0 +1,54 @@
+"""The `env.*` keys of a recipe: which environment answers the model's turns, and the limits of a
+multi-turn trajectory. env.name empty (the default) keeps the single-turn rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grpolab.util.fields import ConfigError
+
+
+@dataclass
+class EnvConfig:
+    """Multi-turn rollouts (docs/agents.md)."""
+
+    name: str = ""
+    """Environment: a built-in name (retry_arithmetic, guess_number, calculator_python), `module:Name` or `file.py:Name` (a TRL environment_factory class, a list of tool functions, or a gym-style class); empty = single-turn."""
+    max_turns: int = 3
+    """Most model turns per trajectory; a trajectory still going after this many is stopped (env/stopped_max_turns)."""
+    max_turn_tokens: int = 64
+    """Most tokens the model may write in one turn; a turn that reaches it without EOS ends its trajectory."""
+    max_model_tokens: int = 128
+    """The trajectory's token budget: every token the model writes, over all its turns (env/stopped_budget when spent)."""
+    max_env_tokens: int = 256
+    """Most tokens the environment may add to one trajectory (tool results, feedback, role headers); a reply past it ends the trajectory (env/stopped_env_tokens)."""
+    tool_timeout_s: float = 5.0
+    """Time limit of one tool call; past it the model gets an error message and the run goes on (env/errors_timeout)."""
+    max_result_chars: int = 2000
+    """A tool result longer than this is cut, with a visible marker (env/errors_truncated)."""
+    reward_weight: float = 1.0
+    """Weight of the environment's own reward (its reward() / TRL's get_reward()), logged as reward/env; 0 ignores it."""
+    options: dict = field(default_factory=dict)
+    """Keyword arguments for the environment class's constructor, e.g. env.options.max_value=100."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name)
+
+
+def validate_env(env: EnvConfig) -> None:
+    """ConfigError (exit 2) naming the key for an impossible value."""
+    checks = [
+        (env.max_turns >= 1, "env.max_turns", "must be >= 1"),
+        (env.max_turn_tokens >= 1, "env.max_turn_tokens", "must be >= 1"),
+        (env.max_model_tokens >= env.max_turn_tokens, "env.max_model_tokens",
+         f"must be >= env.max_turn_tokens ({env.max_turn_tokens}): the budget covers at least one whole turn"),
+        (env.max_env_tokens >= 1, "env.max_env_tokens", "must be >= 1"),
+        (env.tool_timeout_s > 0, "env.tool_timeout_s", "must be > 0 seconds"),
+        (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
+        (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
+        (isinstance(env.options, dict), "env.options", "must be a mapping of constructor arguments"),
+    ]
+    for ok, key, msg in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {msg}")

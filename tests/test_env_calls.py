@@ -1,0 +1,94 @@
+"""Parsing Hermes/Qwen tool calls out of a model turn: every block, in order, hostile input bounded."""
+
+import json
+import time
+
+from grpolab.env.calls import (
+    MAX_BLOCK_CHARS,
+    MAX_CALLS,
+    ParseError,
+    ToolCall,
+    has_tool_call,
+    parse_tool_calls,
+)
+
+
+def block(payload) -> str:
+    return f"<tool_call>\n{payload if isinstance(payload, str) else json.dumps(payload)}\n</tool_call>"
+
+
+def test_no_call_is_an_empty_list():
+    assert parse_tool_calls("The answer is 42.") == []
+    assert not has_tool_call("The answer is 42.")
+
+
+def test_one_qwen_style_call():
+    text = "Let me compute.\n" + block({"name": "calculator", "arguments": {"expression": "2+3"}})
+    (call,) = parse_tool_calls(text)
+    assert call == ToolCall("calculator", {"expression": "2+3"}, raw=call.raw)
+    assert json.loads(call.raw)["name"] == "calculator"
+
+
+def test_several_calls_in_one_turn_keep_their_order():
+    text = "".join(block({"name": f"t{i}", "arguments": {"i": i}}) + " text " for i in range(5))
+    calls = parse_tool_calls(text)
+    assert [c.name for c in calls] == ["t0", "t1", "t2", "t3", "t4"]
+    assert [c.arguments["i"] for c in calls] == list(range(5))
+
+
+def test_missing_arguments_means_no_arguments():
+    (call,) = parse_tool_calls(block({"name": "now"}))
+    assert call == ToolCall("now", {}, raw=call.raw)
+
+
+def reason_of(text: str) -> str:
+    (item,) = parse_tool_calls(text)
+    assert isinstance(item, ParseError), item
+    return item.reason
+
+
+def test_every_malformed_block_is_a_parse_error_with_a_reason():
+    assert "malformed JSON" in reason_of(block('{"name": "f", "arguments": {"x": 1}'))
+    assert "missing \"name\"" in reason_of(block({"arguments": {}}))
+    assert "non-empty string" in reason_of(block({"name": 3, "arguments": {}}))
+    assert "non-empty string" in reason_of(block({"name": "  ", "arguments": {}}))
+    assert "must be a JSON object, got a string" in reason_of(block({"name": "f", "arguments": '{"x": 1}'}))
+    assert "must be a JSON object, got list" in reason_of(block({"name": "f", "arguments": [1]}))
+    assert "expected a JSON object" in reason_of(block("[1, 2]"))
+    assert "empty" in reason_of("<tool_call>  </tool_call>")
+    assert "NaN is not valid JSON" in reason_of(block('{"name": "f", "arguments": {"x": NaN}}'))
+    assert "duplicate key 'x'" in reason_of(block('{"name": "f", "arguments": {"x": 1, "x": 2}}'))
+    assert "nested deeper" in reason_of(block('{"name": "f", "arguments": {"x": ' + "[" * 40 + "]" * 40 + "}}"))
+
+
+def test_unclosed_block_is_reported_and_parsing_goes_on():
+    good = block({"name": "g", "arguments": {}})
+    items = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}\n' + good + '\n<tool_call>{"name": "h"')
+    assert [type(i) for i in items] == [ParseError, ToolCall, ParseError]
+    assert all("without a closing" in i.reason for i in (items[0], items[2]))
+    assert items[1].name == "g"
+
+
+def test_number_of_blocks_is_capped():
+    text = block({"name": "f", "arguments": {}}) * (MAX_CALLS + 10)
+    items = parse_tool_calls(text)
+    assert len(items) == MAX_CALLS + 1
+    assert all(isinstance(i, ToolCall) for i in items[:MAX_CALLS])
+    assert isinstance(items[-1], ParseError) and f"more than {MAX_CALLS}" in items[-1].reason
+
+
+def test_long_block_is_refused_without_decoding_and_raw_is_cut():
+    payload = json.dumps({"name": "f", "arguments": {"x": "a" * (MAX_BLOCK_CHARS + 10)}})
+    (item,) = parse_tool_calls(block(payload))
+    assert isinstance(item, ParseError) and "longer than" in item.reason
+    assert len(item.raw) < 300
+
+
+def test_huge_hostile_input_is_quick():
+    hostile = ["<tool_call>" * 200_000, "<tool_call>" + "[" * 1_000_000, block("{" * 8000),
+               "x" * 2_000_000 + block({"name": "f"}), ("<tool_call>{}</tool_call>" * 100_000)]
+    t = time.monotonic()
+    for text in hostile:
+        items = parse_tool_calls(text)
+        assert len(items) <= MAX_CALLS + 1
+    assert time.monotonic() - t < 2.0
