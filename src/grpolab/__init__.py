@@ -19,7 +19,7 @@ _LAZY = {
     "evaluate": "grpolab.app.api:evaluate",
     "build_config": "grpolab.training.config:build_config",
     "Config": "grpolab.training.config:Config",
-    "ConfigError": "grpolab.batch:ConfigError",
+    "ConfigError": "grpolab.util.fields:ConfigError",
     "Example": "grpolab.batch:Example",
     "REWARDS": "grpolab.rewards:REWARDS",
 }
