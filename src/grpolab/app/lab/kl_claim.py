@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 
 CLAIM = "the KL term keeps the policy near the reference (beta = 0 vs beta > 0)"
-TEXT_FILE = Path(__file__).resolve().parents[3] / "data" / "retention_text.json"
+TEXT_FILE = Path(__file__).resolve().parents[2] / "data" / "retention_text.json"
 
 
 def retention_text() -> str:
