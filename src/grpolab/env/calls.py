@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from grpolab.util.strict_json import StrictJSONError, strict_json_loads
+
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 MAX_CALLS = 16
@@ -31,6 +33,8 @@ MAX_BLOCK_CHARS = 8192
 """Longest block content (characters between the tags) that is decoded."""
 MAX_DEPTH = 16
 """Deepest bracket nesting accepted in a call's JSON."""
+MAX_INT_DIGITS = 100
+"""Longest integer accepted in a call's arguments (digits)."""
 RAW_KEEP_CHARS = 200
 """How much of a refused block's text a ParseError keeps (enough to show the model what it wrote)."""
 
@@ -57,66 +61,14 @@ def _cut(text: str) -> str:
     return text if len(text) <= RAW_KEEP_CHARS else text[:RAW_KEEP_CHARS] + "..."
 
 
-def _too_deep(text: str, limit: int) -> bool:
-    """True if brackets outside strings nest deeper than `limit` (one linear pass).
-
-    Checked before json.loads so that a deeply nested payload is refused cheaply instead of
-    running the decoder into its recursion limit.
-    """
-    depth, in_str, esc = 0, False, False
-    for c in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
-
-
-class _Refused(ValueError):
-    """Raised by the strict JSON hooks; its message is the ParseError's reason."""
-
-
-def _no_duplicates(pairs: list) -> dict:
-    """object_pairs_hook: a key written twice makes the call ambiguous, so it is refused."""
-    keys = [k for k, _ in pairs]
-    if len(keys) != len(set(keys)):
-        dup = next(k for k in keys if keys.count(k) > 1)
-        raise _Refused(f"duplicate key {dup!r} in the JSON object")
-    return dict(pairs)
-
-
-def _no_constant(name: str):
-    """parse_constant: NaN and Infinity are not JSON."""
-    raise _Refused(f"{name} is not valid JSON")
-
-
 def _decode(body: str) -> dict | str:
-    """The JSON object of one block, or a reason why it is refused."""
+    """The JSON object of one block (grpolab.util.strict_json), or a reason why it is refused."""
     if not body:
         return "the block is empty; expected a JSON object with \"name\" and \"arguments\""
-    if len(body) > MAX_BLOCK_CHARS:
-        return f"the block is longer than {MAX_BLOCK_CHARS} characters"
-    if _too_deep(body, MAX_DEPTH):
-        return f"the JSON is nested deeper than {MAX_DEPTH} levels"
     try:
-        payload = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except _Refused as e:
-        return str(e)
-    except json.JSONDecodeError as e:
-        return f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}"
-    except (ValueError, RecursionError) as e:  # e.g. an integer with too many digits
-        return f"malformed JSON: {str(e)[:100]}"
+        payload = strict_json_loads(body, max_chars=MAX_BLOCK_CHARS, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
+    except StrictJSONError as e:
+        return f"the JSON is {e}" if str(e).startswith(("nested", "longer")) else str(e)
     if not isinstance(payload, dict):
         return f"expected a JSON object with \"name\" and \"arguments\", got {type(payload).__name__}"
     return payload

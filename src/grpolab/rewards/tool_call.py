@@ -27,70 +27,8 @@ from grpolab.batch import Example
 from grpolab.rewards.extract import last_tag_content
 from grpolab.rewards.tools import TOOL_FUNCTIONS, ToolError, run_tool
 from grpolab.util.fields import ConfigError
+from grpolab.util.strict_json import StrictJSONError, strict_json_loads
 from grpolab.util.values import plain_equal
-
-
-class StrictJSONError(ValueError):
-    """Input that a strict JSON reader refuses."""
-
-
-def _depth_exceeds(s: str, max_depth: int) -> bool:
-    """Bracket nesting deeper than max_depth, counted outside strings (linear scan)."""
-    depth, in_str, esc = 0, False, False
-    for c in s:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "[{":
-            depth += 1
-            if depth > max_depth:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
-
-
-def strict_json_loads(s: str, *, max_chars: int = 4096, max_depth: int = 8, max_int_digits: int = 15):
-    """json.loads that refuses NaN/Infinity, non-finite floats, duplicate keys, huge ints, deep nesting."""
-    if len(s) > max_chars:
-        raise StrictJSONError(f"longer than {max_chars} characters")
-    if _depth_exceeds(s, max_depth):
-        raise StrictJSONError(f"nested deeper than {max_depth}")
-
-    def pairs(items):
-        keys = [k for k, _ in items]
-        if len(keys) != len(set(keys)):
-            raise StrictJSONError("duplicate key")
-        return dict(items)
-
-    def const(name):
-        raise StrictJSONError(f"{name} is not JSON")
-
-    def integer(text):
-        if len(text.lstrip("-")) > max_int_digits:
-            raise StrictJSONError("integer too large")
-        return int(text)
-
-    def number(text):
-        if len(text) > 64:
-            raise StrictJSONError("number too long")
-        x = float(text)
-        if x in (float("inf"), float("-inf")) or x != x:
-            raise StrictJSONError("non-finite number")
-        return x
-
-    try:
-        return json.loads(s, object_pairs_hook=pairs, parse_constant=const, parse_int=integer, parse_float=number)
-    except StrictJSONError:
-        raise
-    except (ValueError, RecursionError) as e:
-        raise StrictJSONError(str(e)[:200]) from e
 
 
 def parse_call(payload: str, *, max_chars: int = 4096, max_depth: int = 8) -> tuple[str, dict]:

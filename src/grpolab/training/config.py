@@ -333,20 +333,19 @@ def help_text() -> str:
         lines.append(f"  {f.name}={shown!r}")
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     lines += ["", "  lora.* options (LoRA through peft; lora.r=0, the default, trains every weight):"]
-    ldocs = field_docs(LoraConfig)
-    for f in dataclasses.fields(LoraConfig):
-        lines.append(f"  lora.{f.name}={f.default!r}")
-        lines.append(textwrap.fill(ldocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += _option_lines("lora.", LoraConfig)
     lines += ["", "  env.* options (multi-turn environments, docs/agents.md; env.name empty = single-turn):"]
-    edocs = field_docs(EnvConfig)
-    for f in dataclasses.fields(EnvConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        lines.append(f"  env.{f.name}={default!r}")
-        lines.append(textwrap.fill(edocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += _option_lines("env.", EnvConfig)
     lines += ["", "  algo=NAME and algo.* options:"]
-    adocs = field_docs(AlgoConfig)
-    for f in dataclasses.fields(AlgoConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        lines.append(f"  algo.{f.name}={default!r}")
-        lines.append(textwrap.fill(adocs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    lines += _option_lines("algo.", AlgoConfig)
     return "\n".join(lines)
+
+
+def _option_lines(prefix: str, cls: type) -> list[str]:
+    """`PREFIX.field=default` and its documentation, for each field of the nested settings `cls`."""
+    docs, lines = field_docs(cls), []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"  {prefix}{f.name}={default!r}")
+        lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
+    return lines
