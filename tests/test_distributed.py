@@ -4,9 +4,11 @@ function of the prompt, so both see the same data; the sampling itself is per ra
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,131 @@ def test_a_one_column_slice_is_widened_without_changing_its_log_probs(tiny_model
     wide, wide_entropy = policy_logp(spec, tiny_model, part, with_entropy=True)
     assert wide.shape == narrow.shape == (4, 1)
     assert torch.allclose(wide, narrow, atol=1e-6) and torch.allclose(wide_entropy, narrow_entropy, atol=1e-5)
+
+
+# Elastic runs (issue 23): resume=auto under torchrun --max-restarts, and two hosts on one machine.
+
+def _clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    return {**env, **extra}
+
+
+def _elastic_env(**extra: str) -> dict:
+    # A fresh worker store for each round of the rendezvous: with torch's shared agent store (its
+    # default), restarted workers met the previous attempt's gloo addresses ("connectFullMesh failed:
+    # Connection refused") and a replacement host waited for an address the survivor never wrote
+    # (docs/distributed.md, "Restarts").
+    return _clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **extra)
+
+
+def _wait_for_pid(path: Path, procs, timeout: float = 120.0) -> int:
+    """The pid a worker held by GRPOLAB_TEST_HOLD (tests/ddp_worker.py) wrote into `path`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text().strip() if path.exists() else ""
+        if text:
+            return int(text)
+        assert all(p.poll() is None for p in procs), "the job ended before reaching the step to hold"
+        time.sleep(0.1)
+    raise AssertionError(f"no worker held after {timeout}s")
+
+
+def _same_step_two(a_dir: Path, b_dir: Path) -> None:
+    a, b = (weights(p / "checkpoints" / "step-000002") for p in (a_dir, b_dir))
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    oa, ob = (torch.load(p / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True) for p in (a_dir, b_dir))
+    assert all(torch.equal(oa["state"][i]["exp_avg_sq"], ob["state"][i]["exp_avg_sq"]) for i in oa["state"])
+
+
+def test_a_sigkilled_worker_is_restarted_by_torchrun_and_the_run_resumes_exactly(pair, tiny_model_dir, tmp_path):
+    """torchrun --max-restarts 1, resume=auto: rank 1's worker is SIGKILLed from outside at the start of
+    step 2 (after the step-1 checkpoint); torchrun restarts both workers with the same command, which
+    continues the step-1 checkpoint; the job succeeds with the uninterrupted run's weights, bit for bit."""
+    _, two = pair
+    out, hold = tmp_path / "elastic", tmp_path / "hold.pid"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(WORKER),
+           str(out), str(tiny_model_dir), "2", "steps=2", "save_every=1", "resume=auto"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_elastic_env(GRPOLAB_TEST_HOLD=f"1:2:{hold}"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        pid = _wait_for_pid(hold, [proc])
+        os.kill(pid, signal.SIGKILL)
+        log, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, log[-4000:]
+    assert f"failed (exitcode: -9) local_rank: 1 (pid: {pid})" in log  # torchrun saw the kill and restarted
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    (rec,) = read_jsonl(out / "restarts.jsonl")
+    assert (rec["step"], rec["checkpoint"], rec["torchelastic_restart_count"], rec["world_size"]) == \
+        (1, "step-000001", 1, 2), rec
+    assert "torchrun restarted" in rec["cause"] and rec["steps_redone"] == []
+    _same_step_two(two, out)
+
+
+def _two_hosts_or_skip():
+    from netns_helpers import unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(f"two hosts on one machine need network namespaces: {why}")
+
+
+
+
+def _close_to(a_dir: Path, b_dir: Path) -> None:
+    a, b = weights(a_dir / "checkpoints" / "step-000002"), weights(b_dir / "checkpoints" / "step-000002")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), (k, (a[k] - b[k]).abs().max())
+
+
+def test_two_hosts_fsdp_reach_the_parameters_of_one_process(pair, tiny_model_dir, tmp_path):
+    """Two network namespaces joined by a veth pair, one torchrun agent in each (--nnodes 2
+    --nproc_per_node 1, c10d rendezvous on 10.77.0.1, gloo over the veth): with fsdp=true, after 2
+    steps, the parameters of 1 process on the same global batch within the tolerance above."""
+    _two_hosts_or_skip()
+    from netns_helpers import TwoHosts
+
+    one, _ = pair
+    out = tmp_path / "fsdp2hosts"
+    args = [str(WORKER), str(out), str(tiny_model_dir), "2", "steps=2", "save_every=1", "fsdp=true"]
+    with TwoHosts() as hosts, open(tmp_path / "host0.log", "w+") as log:
+        agents = [hosts.agent(h, [], args, _elastic_env(), log if h == 0 else None) for h in (0, 1)]
+        codes = [a.wait(timeout=240) for a in agents]
+        log.seek(0)
+        assert codes == [0, 0], log.read()[-4000:]
+    _close_to(one, out)
+
+
+def test_two_hosts_survive_a_lost_host(pair, tiny_model_dir, tmp_path):
+    """Two hosts as above, plain data parallelism, --max-restarts 1 and resume=auto. At the start of step 2
+    (after the step-1 checkpoint) the host running rank 1 is lost: every process in its namespace is
+    SIGKILLed. The surviving agent restarts its worker and waits in the rendezvous; the lost host's
+    command is run again (a replacement machine); the job finishes from the step-1 checkpoint, and its
+    step-2 parameters equal one process's on the same global batch within the tolerance above."""
+    _two_hosts_or_skip()
+    from netns_helpers import TwoHosts
+
+    one, _ = pair
+    out, hold = tmp_path / "ddp2hosts", tmp_path / "hold.pid"
+    args = [str(WORKER), str(out), str(tiny_model_dir), "2", "steps=2", "save_every=1", "resume=auto"]
+    env = _elastic_env(GRPOLAB_TEST_HOLD=f"1:2:{hold}")
+    with TwoHosts() as hosts:
+        agents = [hosts.agent(h, ["--max-restarts", "1"], args, env) for h in (0, 1)]
+        lost = hosts.host_of(_wait_for_pid(hold, agents))
+        # c10d ranks the machines by address: rank 1 runs on host 1, and host 0, which holds the
+        # rendezvous store the survivor and the replacement meet in, survives
+        assert lost == 1
+        hosts.kill_host(lost)
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000001"]
+        replacement = hosts.agent(lost, ["--max-restarts", "1"], args, env)
+        codes = [agents[1 - lost].wait(timeout=240), replacement.wait(timeout=240)]
+        assert codes == [0, 0]
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    (rec,) = read_jsonl(out / "restarts.jsonl")
+    assert rec["step"] == 1 and rec["checkpoint"] == "step-000001" and rec["torchelastic_restart_count"] == 1
+    _close_to(one, out)

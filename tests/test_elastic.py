@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from e2e_helpers import changed, read_jsonl, varied_score, weights
 
+import grpolab
 from grpolab import rewards as rewards_mod
 from grpolab.app.cli import main
 
@@ -27,7 +28,9 @@ def test_resume_auto_starts_a_run_then_continues_it(tiny_model_dir, tmp_path, ca
     cmd = ["train", f"model={tiny_model_dir}", f"out={out}", *FAST, "save_every=1", "resume=auto"]
     assert main([*cmd, "steps=1"]) == 0  # nothing there yet: a new run, no restart recorded
     assert not (out / "restarts.jsonl").exists()
-    assert main([*cmd, "steps=2"]) == 0  # the same command (steps raised): continues after step 1
+    # the same settings again (steps raised), through the Python API: continues after step 1
+    summary = grpolab.train(overrides=[a for a in cmd[1:] if a != "resume=auto"] + ["steps=2"], resume="auto")
+    assert summary["steps"] == 2
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     (rec,) = read_jsonl(out / "restarts.jsonl")
     assert rec["step"] == 1 and rec["checkpoint"] == "step-000001" and rec["how"] == "resume=auto"

@@ -200,7 +200,7 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     from grpolab.training import trainer
 
     if isinstance(resume, str) and resume == "auto":  # the setting, not a directory named auto
-        settings["resume"], resume = "auto", None
+        overrides, resume = [*(overrides or []), "resume=auto"], None
     with _registered(rewards) as specs:
         cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
                           **settings)
