@@ -67,8 +67,9 @@ def generate_turns(model, tokenizer, prompt_ids: list[list[int]], respond: Respo
                        device=device)
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    # cache slots: every model token, every environment token, and the holes of rows waiting in a turn
-    capacity = max_turns * max_turn_tokens + max_env_tokens + max_turns * (max_env_tokens + 1)
+    # cache slots: each turn takes max_turn_tokens (a row that ended its turn early waits as holes), and
+    # each reply, left-padded to the batch's longest, at most max_env_tokens plus the turn's EOS
+    capacity = max_turns * (max_turn_tokens + max_env_tokens + 1)
     was_training = model.training
     model.eval()
     try:
@@ -157,10 +158,7 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
         add_pos = pos[:, None] + add_mask.cumsum(-1)  # (n', L): positions go on after each row's last token
         pos = add_pos[:, -1]
         logits = stepper.extend(add_ids, add_mask, add_pos * add_mask)
-    for tr in trajs:
-        if not tr.stop:
-            tr.stop = "max_turns"
-    return trajs
+    return trajs  # every trajectory has its stop: the last turn gives each live row one
 
 
 def _as_rollout(trajs: list[Trajectory], tokenizer, ids, mask, G, pad_id) -> Rollout:

@@ -125,6 +125,10 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
     finally:
         for env in envs:
             close_environment(env)
+    for h, tr in zip(history, trajs):
+        if tr.stop == "env_tokens":  # the last reply was refused by the budget: it is not in the tokens either
+            while h and h[-1]["role"] != "assistant":
+                h.pop()
     rollout.conversations = [h[len(prompts[i // G]):] for i, h in enumerate(history)]
     return rollout, rewards, trajectory_metrics(rollout, trajs, events, calls, rewards)
 

@@ -121,6 +121,14 @@ class Config:
     alert_window: int = 10
     """Steps in the rolling window of aha/length_reward_corr_rolling and of the alert for a reward falling while the KL rises."""
 
+    @property
+    def max_completion_tokens(self) -> int:
+        """The most tokens the model may write for one sample: max_new_tokens, or in a multi-turn run the
+        trajectory's budget env.max_model_tokens. The length constant of Dr. GRPO's normaliser and of
+        the overlong penalty."""
+        return self.env.max_model_tokens if self.env.enabled else self.max_new_tokens
+
+
 
 def _default_reflection_phrases() -> list[str]:
     from grpolab.training.diagnostics import DEFAULT_REFLECTION_PHRASES
@@ -259,8 +267,9 @@ def validate(cfg: Config) -> None:
         (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
         (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
         (cfg.max_nonfinite_updates >= 1, "max_nonfinite_updates", "must be >= 1"),
-        (cfg.algo.overlong_buffer <= cfg.max_new_tokens, "algo.overlong_buffer",
-         f"{cfg.algo.overlong_buffer} tokens is longer than max_new_tokens={cfg.max_new_tokens}: every completion "
+        (cfg.algo.overlong_buffer <= cfg.max_completion_tokens, "algo.overlong_buffer",
+         f"{cfg.algo.overlong_buffer} tokens is longer than "
+         f"{'env.max_model_tokens' if cfg.env.enabled else 'max_new_tokens'}={cfg.max_completion_tokens}: every completion "
          f"would be punished; lower it (DAPO used 20% of the limit)"),
         (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
         (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),

@@ -154,7 +154,9 @@ class CollapseWatcher:
                                       "signal (raise G, change the task's difficulty or the temperature)")
         tr = m.get("completion/truncated_frac")
         if isinstance(tr, (int, float)) and tr > cfg.alert_truncated_frac:
-            fired["truncated"] = f"{tr:.0%} of completions hit max_new_tokens={cfg.max_new_tokens} (raise it)"
+            fired["truncated"] = (f"{tr:.0%} of trajectories were cut by env.max_turn_tokens={cfg.env.max_turn_tokens} "
+                                  f"or env.max_model_tokens={cfg.env.max_model_tokens} (raise them)" if cfg.env.enabled
+                                  else f"{tr:.0%} of completions hit max_new_tokens={cfg.max_new_tokens} (raise it)")
         if len(self.rewards) >= self.window:
             steps = list(range(len(self.rewards)))
             cr, ck = pearson(steps, list(self.rewards)), pearson(steps, list(self.kls))

@@ -67,11 +67,13 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):
-    """Verifiable rewards for every completion (examples repeated G times to match the layout)."""
+    """Verifiable rewards for every completion (examples repeated G times to match the layout). In a
+    multi-turn rollout, TRL-form functions get each row's conversation (rollout.conversations), the
+    per-sample form its last turn's text (rollout.texts)."""
     per_completion = [e for e in examples for _ in range(rollout.G)]
     verifiers = [f for f in run.reward_fns if f.name != ENV_REWARD]  # the environment's reward: add_env_reward
-    return score_completions(verifiers, rollout.texts, per_completion, timeout_s=run.cfg.reward_timeout_s,
-                             workers=run.cfg.reward_workers)
+    return score_completions(verifiers, rollout.texts, per_completion, conversations=rollout.conversations,
+                             timeout_s=run.cfg.reward_timeout_s, workers=run.cfg.reward_workers)
 
 
 def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
@@ -157,7 +159,7 @@ def shape(run: Run, batch: Batch) -> None:
         sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, top_p=run.cfg.top_p) \
             if kl_in_reward else None  # (N, C) log pi_theta of the sampled tokens
         shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
-                               max_len=run.cfg.max_new_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
+                               max_len=run.cfg.max_completion_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
                                policy_logp=sampled)
     batch.reward, batch.token_reward = shaped.reward, shaped.token_reward
     batch.metrics.update(shaped.metrics)
@@ -222,7 +224,7 @@ def update(run: Run, batch: Batch) -> dict:
             loss, info = policy_loss(
                 logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
                 beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
-                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_new_tokens)
+                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_completion_tokens)
             loss, value_info = run.advantage.add_loss(loss, spec, part, batch)
             loss.backward()
             loss_sum += float(loss.detach())
