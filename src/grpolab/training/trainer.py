@@ -162,7 +162,9 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
     function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`).
     With `run` (and run.cfg.sample_tokens > 0), each also gets `tokens`: the per-token advantage,
     log-prob, ratio and clip decision, entropy and KL of its first sample_tokens tokens
-    (grpolab.training.token_credit, for the report's credit view)."""
+    (grpolab.training.token_credit, for the report's credit view). A multi-turn row also gets
+    `conversation` (the messages after the prompt: assistant, tool and user turns), and `stop` (why it
+    ended) where the rollout records it (`stops`)."""
     rollout = batch.rollout
     out = []
     for i in range(min(k, len(rollout.texts))):
@@ -172,6 +174,11 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
                     "reward_shaped": float(batch.reward[i]),
                     "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
                     "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])})
+        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
+            out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
+            stops = getattr(rollout, "stops", None)  # per row, when the rollout records them
+            if stops is not None:
+                out[-1]["stop"] = stops[i]
     limit = run.cfg.sample_tokens if run is not None else 0
     if out and limit > 0 and batch.adv is not None:
         from grpolab.training.token_credit import token_credit
@@ -188,15 +195,20 @@ def evaluate(run: Run, examples: list[Example]) -> dict:
     if not examples:
         return {}
     main = run.main_reward
-    totals, mains, lengths = [], [], []
+    totals, mains, lengths, turns = [], [], [], []
     for s in range(0, len(examples), run.cfg.eval_batch):
         chunk = examples[s:s + run.cfg.eval_batch]
-        rollout, scores, _ = rollout_and_score(run, chunk, G=1, greedy=True)  # multi-turn in an environment too
+        rollout, scores, info = rollout_and_score(run, chunk, G=1, greedy=True)  # multi-turn in an environment too
+        if "env/turns_mean" in info:
+            turns.append((info["env/turns_mean"], len(chunk)))
         totals += scores.total
         mains += scores.per_fn[main]
         lengths += rollout.lengths.tolist()
-    return {"accuracy": sum(mains) / len(mains), "reward": sum(totals) / len(totals),
-            "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
+    out = {"accuracy": sum(mains) / len(mains), "reward": sum(totals) / len(totals),
+           "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
+    if turns:  # in an environment: model turns per trajectory
+        out["turns"] = sum(t * n for t, n in turns) / len(examples)
+    return out
 
 
 def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
