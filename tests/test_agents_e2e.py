@@ -100,3 +100,20 @@ def test_two_ranks_train_in_an_environment(chatty_model_dir, tmp_path):
     rows = read_jsonl(out / "metrics.jsonl")
     assert len(rows) == 1 and rows[0]["env/turns_mean"] > 1.0
     assert (out / "checkpoints" / "step-000001").exists()
+
+
+def test_audit_reports_turns_and_calls_in_an_environment(chatty_model_dir):
+    from grpolab.app.audit import audit
+    from grpolab.training.config import build_config
+
+    cfg = build_config(None, [f"model={chatty_model_dir}", "G=4", "batch_size=8", "env.name=retry_arithmetic",
+                              "env.max_turns=2", "env.max_turn_tokens=4", "env.max_model_tokens=8",
+                              "rewards=[{name: math, weight: 0.0}]"])  # as recipes/agent.yaml: the environment scores
+    lines: list[str] = []
+    res = audit(cfg, n_prompts=2, log=lines.append)
+    env = res["env"]
+    assert 1.0 < env["turns_mean"] <= 2.0 and env["tool_calls_mean"] == 0 and env["calls_parsed"] is None
+    assert sum(v for k, v in env.items() if k.startswith("stopped_")) == pytest.approx(1.0)
+    assert res["main_reward"] == "env" and not res["gold_failures"]  # gold answers checked by math, not the env
+    text = "\n".join(lines)
+    assert "turns per trajectory" in text and "suggested env.max_model_tokens" in text

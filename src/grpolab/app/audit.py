@@ -12,6 +12,9 @@ and verifiers:
   * the truncation rate at max_new_tokens;
   * the point-biserial correlation of completion length with the main verifier's score (a positive one
     says longer answers are more often right: length can be expected to rise);
+  * in an environment (env.name): turns and tool calls per trajectory, the share of written tool calls
+    that parse, and how trajectories stopped; success is then any reward from the environment when its
+    reward is the main one;
   * a suggested G and max_new_tokens, with the reason.
 Exit status 1 when a run would learn nothing (every sampled group has equal rewards) or a gold answer
 fails its verifier; 0 otherwise.
@@ -98,17 +101,51 @@ def suggest_max_new_tokens(lengths: list[float], truncated: float, current: int)
     return current, f"{truncated:.0%} truncated: the limit fits"
 
 
+def env_summary(infos: list[tuple[dict, int]]) -> dict:
+    """In an environment: turns per trajectory, tool calls per trajectory, the share of tool calls that
+    parse, and how trajectories stopped (the env/* metrics of the audit's rollouts, weighted by size)."""
+    n = sum(k for _, k in infos)
+
+    def mean(key: str) -> float:
+        return sum(i.get(key, 0.0) * k for i, k in infos) / n
+
+    calls = sum(i.get("env/tool_calls_mean", 0.0) * k for i, k in infos)
+    parse_errors = sum(i.get("env/errors_parse", 0.0) for i, _ in infos)
+    out = {"turns_mean": mean("env/turns_mean"), "tool_calls_mean": calls / n,
+           "calls_parsed": calls / (calls + parse_errors) if calls + parse_errors else None}
+    out.update({k.removeprefix("env/"): mean(k) for k in {k for i, _ in infos for k in i if k.startswith("env/stopped_")}})
+    return out
+
+
+def env_rows(env: dict | None) -> list[list]:
+    """The audit table's rows for an environment run (none for single-turn)."""
+    if env is None:
+        return []
+    stops = ", ".join(f"{k.removeprefix('stopped_')} {v:.0%}" for k, v in sorted(env.items()) if k.startswith("stopped_"))
+    parsed = "no call written" if env["calls_parsed"] is None else f"{env['calls_parsed']:.0%} of written calls parse"
+    return [["turns per trajectory", env["turns_mean"], f"stopped: {stops}"],
+            ["tool calls per trajectory", env["tool_calls_mean"], parsed]]
+
+
 def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     """Measure everything listed in the module docstring. Returns the numbers and `ok`."""
     from grpolab.app.lab.tables import table
-    from grpolab.training.step import rollout_examples, score
+    from grpolab.training.agents import ENV_REWARD
+    from grpolab.training.step import rollout_and_score
     from grpolab.training.trainer import setup
 
     t0 = time.perf_counter()
     run = setup(cfg, training=False, log=log)
     main = run.main_reward
     examples = run.task.sample(n_prompts, random.Random(f"grpolab/app/audit/{cfg.seed}"))
-    failures, renderings = check_gold(run.reward_fns, examples, cfg.reward_timeout_s, cfg.reward_workers)
+    verifiers = [f for f in run.reward_fns if f.name != ENV_REWARD]  # the environment's reward needs a rollout
+    failures, renderings = (check_gold(verifiers, examples, cfg.reward_timeout_s, cfg.reward_workers) if verifiers
+                            else ([], []))
+    in_env = run.environments is not None
+    # success of one sample: the main reward at 1; in an environment whose reward is the main one, any
+    # reward at all (e.g. retry_arithmetic pays less than 1 for a right answer after feedback)
+    success = (lambda x: x > 0.0) if main == ENV_REWARD else (lambda x: x >= 1.0)
+    env_infos = []
     G = cfg.G
     import torch
 
@@ -116,9 +153,9 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     oks, totals, lengths, trunc = [], [], [], []
     for s in range(0, len(examples), max(1, cfg.batch_size // G)):
         chunk = examples[s:s + max(1, cfg.batch_size // G)]
-        rollout = rollout_examples(run, chunk, G=G, generator=gen)
-        sc = score(run, rollout, chunk)
-        oks += [1.0 if x >= 1.0 else 0.0 for x in sc.per_fn[main]]
+        rollout, sc, info = rollout_and_score(run, chunk, G=G, generator=gen)
+        env_infos.append((info, len(rollout.texts)))
+        oks += [1.0 if success(x) else 0.0 for x in sc.per_fn[main]]
         totals += list(sc.total)
         lengths += rollout.lengths.tolist()
         trunc += rollout.truncated.float().tolist()
@@ -132,7 +169,9 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     truncated = sum(trunc) / len(trunc)
     corr = point_biserial(lengths, oks)
     g_sug, g_why = suggest_G(ps, G) if all(p == 0 for p in ps) or all(p == 1 for p in ps) else suggest_G(ps_s, G)
-    t_sug, t_why = suggest_max_new_tokens(lengths, truncated, cfg.max_new_tokens)
+    # the length limit that cuts a sample: max_new_tokens, or in an environment the budget of a trajectory
+    limit_key = "env.max_model_tokens" if in_env else "max_new_tokens"
+    t_sug, t_why = suggest_max_new_tokens(lengths, truncated, cfg.max_completion_tokens)
     res = {
         "task": cfg.task, "model": cfg.model, "G": G, "max_new_tokens": cfg.max_new_tokens, "prompts": len(examples),
         "main_reward": main, "gold_failures": failures, "gold_renderings": renderings,
@@ -142,6 +181,8 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
         "suggested_G": g_sug, "suggested_G_reason": g_why, "suggested_max_new_tokens": t_sug,
         "suggested_max_new_tokens_reason": t_why,
     }
+    if in_env:
+        res["env"] = env_summary(env_infos)
     problems = []
     if failures:
         problems.append(f"{len(failures)} of {len(examples)} gold answers score < 1 through `{main}`: the verifier "
@@ -159,10 +200,12 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
         [f"pass@{G}", res[f"pass@{G}"], "share of prompts with a right completion"],
         ["zero-variance groups", zero_var, "observed; expected at G=4/8/16/32 (rates smoothed): " +
          "/".join(f"{v:.2f}" for v in res["expected_zero_var"].values())],
-        ["truncated", truncated, f"at max_new_tokens={cfg.max_new_tokens}; mean length {res['length_mean']:.1f}"],
+        ["truncated", truncated, (f"cut by env.max_turn_tokens={cfg.env.max_turn_tokens} or " if in_env else "at ")
+         + f"{limit_key}={cfg.max_completion_tokens}; mean length {res['length_mean']:.1f}"],
         ["length~correct corr", corr, "point-biserial; > 0: longer answers are more often right"],
+        *env_rows(res.get("env")),
         ["suggested G", g_sug, g_why],
-        ["suggested max_new_tokens", t_sug, t_why],
+        [f"suggested {limit_key}", t_sug, t_why],
     ]
     log(f"audit: task={cfg.task} model={cfg.model} G={G} on {len(examples)} prompts ({res['time_s']:.0f} s)")
     values = table(["check", "value"], [r[:2] for r in rows]).splitlines()
