@@ -174,3 +174,36 @@ def test_sample_errors(tiny_run, capsys):
     assert "-k: must be >= 1" in capsys.readouterr().err
     assert main(["sample", str(tiny_run), "--index", "999"]) == 2
     assert "--index: must be in" in capsys.readouterr().err
+
+
+def test_chat_env_runs_the_tool_calls_a_turn_writes(capsys):
+    """--env: a tool call in the model's turn is run and its result printed and given back; a turn with no
+    call ends the exchange; an environment that needs a task's fields is refused with the reason."""
+    from grpolab.app.chat import _env_reply, _environment
+    from grpolab.util.fields import ConfigError
+
+    env = _environment("calculator_python")
+    assert {t["function"]["name"] for t in env.tools} == {"calculator", "python"}
+    added = _env_reply(env, 'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "17 * 3"}}'
+                            '</tool_call>')
+    assert added == [{"role": "tool", "name": "calculator", "content": "51"}] or (
+        len(added) == 1 and added[0]["role"] == "tool" and added[0]["content"] == "51")
+    assert "tool> 51" in capsys.readouterr().out
+    assert _env_reply(env, "It is 51.") == []
+    assert _env_reply(None, "anything") == []
+    with pytest.raises(ConfigError, match="needs an example's fields"):
+        _environment("guess_number")
+
+
+def test_chat_with_env_shows_the_tools_and_talks(lively_dir):
+    term = Terminal([sys.executable, "-c", CLI, "chat", str(lively_dir), "--temperature", "0", "--max-new-tokens", "4",
+                     "--env", "calculator_python", "--max-turns", "2"])
+    try:
+        term.read_until("you> ")
+        term.type("What is 17 * 3?")
+        assert "model> " in term.read_until("you> ")
+        term.type("/quit")
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()

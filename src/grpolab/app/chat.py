@@ -10,7 +10,9 @@ A run directory means its newest checkpoint (a plain Hugging Face directory: it 
 sampling settings). Nothing is downloaded.
 
 chat: each reply is streamed token by token as it is generated, with the whole conversation in the
-model's chat template. /reset starts a new conversation, /quit (or Ctrl-D) leaves; Ctrl-C stops a
+model's chat template. With --env, the environment's tools are shown to the model (in templates that
+show tools) and every tool call it writes is run, its result shown and given back, up to --max-turns
+model turns per message. /reset starts a new conversation, /quit (or Ctrl-D) leaves; Ctrl-C stops a
 reply early. When the conversation outgrows the model's context, the oldest turns are dropped (and
 the console says so).
 """
@@ -45,17 +47,56 @@ def resolve_target(target: str) -> tuple[Path, dict | None, str]:
     return model_dir(target, log=lambda msg: print(msg, file=sys.stderr)), None, target
 
 
-def _fit(tokenizer, history: list[dict], system: str | None, limit: int) -> tuple[list[int], int]:
-    """Prompt ids of the conversation, dropping the oldest exchanges until it fits in `limit` tokens.
-    Returns (ids, number of messages dropped)."""
-    from grpolab.model.template import chat_prompts
+def _fit(tokenizer, history: list[dict], system: str | None, limit: int,
+         tools: list[dict] | None = None) -> tuple[list[int], int]:
+    """Prompt ids of the conversation (with the environment's tool schemas, for templates that show
+    them), dropping the oldest exchanges until it fits in `limit` tokens. Returns (ids, messages dropped)."""
+    from grpolab.model.template import chat_prompts, render
 
     dropped = 0
     while True:
-        (ids,) = chat_prompts(tokenizer, [history[dropped:]], system)
+        if tools:
+            msgs = ([{"role": "system", "content": system}] if system else []) + history[dropped:]
+            ids = tokenizer(render(tokenizer, msgs, add_generation_prompt=True, tools=tools),
+                            add_special_tokens=False)["input_ids"]
+        else:
+            (ids,) = chat_prompts(tokenizer, [history[dropped:]], system)
         if len(ids) <= limit or len(history) - dropped <= 1:
             return ids, dropped
         dropped += 2  # one user turn and the reply to it
+
+
+def _environment(spec: str | None):
+    """One environment for the chat session (--env), reset with no example fields; None without --env."""
+    if spec is None:
+        return None
+    from grpolab.env import EnvConfigError, load_environment
+
+    try:
+        env = load_environment(spec)()
+    except EnvConfigError as e:
+        raise ConfigError(f"--env: {e}") from None
+    try:
+        env.reset({})
+    except Exception as e:  # noqa: BLE001 (an environment that needs a task's fields, e.g. guess_number)
+        raise ConfigError(f"--env {spec}: its reset() needs an example's fields ({type(e).__name__}: {e}); chat "
+                          f"takes environments whose tools work without a task, e.g. calculator_python") from None
+    return env
+
+
+def _env_reply(env, text: str) -> list[dict]:
+    """What the environment adds after the model's turn (tool results, feedback), printed; [] when the
+    turn made no call or the environment ended the exchange."""
+    if env is None:
+        return []
+    from grpolab.env import run_turns
+
+    (reply,) = run_turns([env], [text])
+    if reply.done:
+        return []
+    for m in reply.messages:
+        print(f"{m['role']}> {m['content']}", flush=True)
+    return list(reply.messages)
 
 
 def chat_main(argv: list[str]) -> int:
@@ -69,12 +110,17 @@ def chat_main(argv: list[str]) -> int:
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    ap.add_argument("--env", default=None, help="an environment whose tools the model may call, as env.name takes "
+                    "it (calculator_python, a TRL environment class file.py:Name, ...; docs/agents.md)")
+    ap.add_argument("--max-turns", type=int, default=4, help="with --env: most model turns per message (default 4)")
     ns = ap.parse_args(argv)
-    if ns.max_new_tokens < 1:
-        raise ConfigError("--max-new-tokens: must be >= 1")
+    if ns.max_new_tokens < 1 or ns.max_turns < 1:
+        raise ConfigError("--max-new-tokens and --max-turns: must be >= 1")
     if ns.temperature < 0 or not 0 < ns.top_p <= 1:
         raise ConfigError("--temperature must be >= 0 and --top-p in (0, 1]")
     path, _, name = resolve_target(ns.target)
+    env = _environment(ns.env)
+    tools = list(getattr(env, "tools", None) or []) or None
 
     import torch
     from transformers import TextStreamer
@@ -115,27 +161,33 @@ def chat_main(argv: list[str]) -> int:
             print(f"unknown command {text.split()[0]!r}; {HELP}", flush=True)
             continue
         history.append({"role": "user", "content": line})
-        ids, dropped = _fit(tokenizer, history, ns.system, limit)
-        if dropped:
-            history = history[dropped:]
-            print(f"(the conversation outgrew the model's context of {context} tokens: "
-                  f"dropped the oldest {dropped} messages)", flush=True)
-        print("model> ", end="", flush=True)
-        input_ids = torch.tensor([ids], device=model.device)
-        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        try:
-            with torch.no_grad():
-                out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), streamer=streamer,
-                                     max_new_tokens=ns.max_new_tokens, do_sample=ns.temperature > 0,
-                                     temperature=ns.temperature if ns.temperature > 0 else None,
-                                     top_p=ns.top_p if ns.temperature > 0 else None, top_k=None,
-                                     eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-            reply_ids = out[0, len(ids):].tolist()
-        except KeyboardInterrupt:  # stop this reply; keep the conversation
-            reply_ids = list(streamer.token_cache)
-            print(" (stopped)", end="")
-        print(flush=True)
-        history.append({"role": "assistant", "content": tokenizer.decode(reply_ids, skip_special_tokens=True)})
+        for _ in range(ns.max_turns):  # without --env: one turn
+            ids, dropped = _fit(tokenizer, history, ns.system, limit, tools)
+            if dropped:
+                history = history[dropped:]
+                print(f"(the conversation outgrew the model's context of {context} tokens: "
+                      f"dropped the oldest {dropped} messages)", flush=True)
+            print("model> ", end="", flush=True)
+            input_ids = torch.tensor([ids], device=model.device)
+            streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            try:
+                with torch.no_grad():
+                    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), streamer=streamer,
+                                         max_new_tokens=ns.max_new_tokens, do_sample=ns.temperature > 0,
+                                         temperature=ns.temperature if ns.temperature > 0 else None,
+                                         top_p=ns.top_p if ns.temperature > 0 else None, top_k=None,
+                                         eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+                reply_ids = out[0, len(ids):].tolist()
+            except KeyboardInterrupt:  # stop this reply; keep the conversation
+                reply_ids = list(streamer.token_cache)
+                print(" (stopped)", end="")
+            print(flush=True)
+            text = tokenizer.decode(reply_ids, skip_special_tokens=True)
+            history.append({"role": "assistant", "content": text})
+            added = _env_reply(env, text)
+            if not added:
+                break
+            history += added
 
 
 def sample_main(argv: list[str]) -> int:
