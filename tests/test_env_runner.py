@@ -278,3 +278,18 @@ def test_runner_options_are_checked_and_tools_may_set_their_own_timeout():
     runner = ToolRunner({"patient": patient}, {"patient": cached_schema(patient)}, timeout_s=0.1)
     reply = runner.run(parse_tool_calls(call("patient", seconds=0.3)))
     assert reply.messages[0]["content"] == "done" and not reply.events
+
+
+def test_a_tool_that_never_returns_does_not_keep_the_process_alive():
+    """A timed-out call's thread is a daemon: the interpreter exits at the end of a run instead of joining
+    it forever (a thread pool's workers would be joined at exit)."""
+    import subprocess
+    import sys
+
+    code = ("import threading, time\n"
+            "from grpolab.env.runner import call_with_timeout, stuck_calls\n"
+            "forever = threading.Event()\n"
+            "assert call_with_timeout(lambda: forever.wait(), {}, 0.2) is None\n"
+            "print('stuck', stuck_calls())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "stuck 1" in res.stdout, res.stderr[-2000:]

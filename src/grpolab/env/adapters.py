@@ -297,7 +297,7 @@ class GymAdapter:
         return None if obs is None else cut(to_text(obs), self.max_obs_chars)[0]
 
     def step(self, turn_text: str) -> Reply:
-        """env.step(turn_text) on the tool pool, with a timeout; the observation as a user message."""
+        """env.step(turn_text) on a daemon thread, with a timeout; the observation as a user message."""
         if self.finished:
             return Reply(done=True)
         out = call_with_timeout(lambda: self.env.step(turn_text), {}, self.timeout_s, convert=False)

@@ -15,18 +15,17 @@ A result that is not a string is converted: `json.dumps` when it can be, else `s
 tool name are counted in Reply.calls for the tools the environment offers (a name the model made up
 is counted only as `unknown_tool`, so that hostile names cannot grow the metrics without bound).
 
-Tools run on one process-wide thread pool (`tool_pool()`), each call waited for at most `timeout_s`.
-A Python thread cannot be killed: a tool that hangs keeps its worker thread until it returns (if
-ever). The call still gets its error message and the trajectory goes on; `stuck_calls()` says how
-many timed-out calls are still running, and once every worker of the pool is stuck, later calls
-time out without starting. A tool that may hang for good should enforce its own limit (the
-`python` tool of builtin.py runs code in the sandbox, which kills it).
+Each tool call runs on a daemon thread of its own, waited for at most `timeout_s`. A Python thread
+cannot be killed: a tool that hangs keeps its thread until it returns (if ever). The call still gets
+its error message and the trajectory goes on; `stuck_calls()` says how many timed-out calls are still
+running. Their threads are daemons, so a stuck tool never keeps the trainer from exiting at the end of
+a run (a pool's worker threads would: Python joins them at exit). A tool that may hang for good
+should enforce its own limit (the `python` tool of builtin.py runs code in the sandbox, which kills it).
 
-`run_turns(envs, turn_texts)` steps many trajectories' environments concurrently (one task per
-trajectory on a second pool, so that steps waiting for their tools never take the tools' workers);
-within a trajectory calls run one after another, in order, because a stateful environment's tools
-may depend on each other. A step therefore takes at most (calls in the turn, capped by
-calls.MAX_CALLS) x timeout_s, plus the time to wait for a free worker.
+`run_turns(envs, turn_texts)` steps many trajectories' environments concurrently (one daemon thread
+per trajectory); within a trajectory calls run one after another, in order, because a stateful
+environment's tools may depend on each other. A step therefore takes at most (calls in the turn,
+capped by calls.MAX_CALLS) x timeout_s.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from grpolab.env.base import Reply
@@ -49,56 +46,55 @@ from grpolab.env.schema import prepare_arguments
 
 log = logging.getLogger(__name__)
 
-TOOL_WORKERS = 32
-"""Threads running tool calls, process-wide."""
-STEP_WORKERS = 128
-"""Threads stepping environments in run_turns (they mostly wait for tools)."""
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_RESULT_CHARS = 4000
 MAX_ERROR_CHARS = 300
 """Longest exception text quoted back to the model."""
 
-_pools_lock = threading.Lock()
-_pools: dict[str, ThreadPoolExecutor] = {}
 _stuck_lock = threading.Lock()
 _stuck = 0
 
 
-def _pool(kind: str, workers: int) -> ThreadPoolExecutor:
-    """The process-wide pool of this kind, created on first use."""
-    with _pools_lock:
-        if kind not in _pools:
-            _pools[kind] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpolab-env-{kind}")
-        return _pools[kind]
-
-
-def tool_pool() -> ThreadPoolExecutor:
-    """The shared pool that runs tool calls (and gym steps)."""
-    return _pool("tool", TOOL_WORKERS)
-
-
-def step_pool() -> ThreadPoolExecutor:
-    """The shared pool that runs Environment.step for run_turns."""
-    return _pool("step", STEP_WORKERS)
-
-
 def stuck_calls() -> int:
-    """Calls that timed out and are still running on the tool pool (their threads cannot be killed)."""
+    """Calls that timed out and are still running (their threads cannot be killed)."""
     return _stuck
 
 
-def _mark_stuck(future) -> None:
-    """Count a timed-out call until its thread finally returns."""
+def _add_stuck(k: int) -> None:
     global _stuck
     with _stuck_lock:
-        _stuck += 1
+        _stuck += k
 
-    def done(_f) -> None:
-        global _stuck
-        with _stuck_lock:
-            _stuck -= 1
 
-    future.add_done_callback(done)
+class _Pending:
+    """fn(*args) running on a daemon thread: wait(timeout) -> (finished, value). A call still running
+    when its waiter gives up is counted in stuck_calls() until it returns."""
+
+    def __init__(self, fn: Callable, *args: Any) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self.value: Any = None
+
+        def run() -> None:
+            self.value = fn(*args)
+            with self._lock:
+                self._done.set()
+                if self._abandoned:
+                    _add_stuck(-1)
+
+        threading.Thread(target=run, name="grpolab-env", daemon=True).start()
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """True if the call finished within timeout_s (None: wait for it); else it is counted as stuck."""
+        if self._done.wait(timeout_s):
+            return True
+        with self._lock:
+            if self._done.is_set():
+                return True
+            self._abandoned = True
+            _add_stuck(1)
+        return False
 
 
 def to_text(result: Any) -> str:
@@ -158,15 +154,10 @@ async def _await(awaitable):
 
 
 def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True) -> Any:
-    """Run `fn(**arguments)` on the tool pool: its text (or, without `convert`, its value), a
+    """Run `fn(**arguments)` on a daemon thread: its text (or, without `convert`, its value), a
     `Raised` carrying the exception it raised, or None if it did not return within timeout_s."""
-    future = tool_pool().submit(_invoke, fn, arguments, convert)
-    try:
-        return future.result(timeout=timeout_s)
-    except FutureTimeout:
-        if not future.cancel():  # already running: it keeps its thread
-            _mark_stuck(future)
-        return None
+    call = _Pending(_invoke, fn, arguments, convert)
+    return call.value if call.wait(timeout_s) else None
 
 
 class ToolRunner:
@@ -278,14 +269,8 @@ def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s:
         raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns")
     if len(envs) == 1 and step_timeout_s is None:  # no thread hop for a single trajectory
         return [_safe_step(envs[0], turn_texts[0])]
-    futures = [step_pool().submit(_safe_step, env, text) for env, text in zip(envs, turn_texts)]
+    steps = [_Pending(_safe_step, env, text) for env, text in zip(envs, turn_texts)]
     deadline = None if step_timeout_s is None else time.monotonic() + step_timeout_s
-    out = []
-    for f in futures:
-        try:
-            out.append(f.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic())))
-        except FutureTimeout:
-            f.cancel()
-            out.append(_failed_step(None))
-    return out
+    return [s.value if s.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            else _failed_step(None) for s in steps]
 
