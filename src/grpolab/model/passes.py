@@ -1,6 +1,11 @@
 """Every forward pass over whole groups has its owner here: the policy's training pass, the no-grad
 passes (reference, old policy), the critic's and the FSDP idle pass. Each takes a PassSpec (device,
 autocast dtype, temperature, micro-batch), not the whole run.
+
+The one forward pass that is not here is generation's: the prefill and decode steps of
+grpolab.model.generate and grpolab.model.turns build and extend a KV cache token by token (through a
+stepper: the lean decoder or the model's own forward) and sample as they go; they score nothing. Every
+pass that scores completions (log-probs, entropies, values) is here.
 """
 
 from __future__ import annotations
