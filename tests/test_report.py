@@ -158,6 +158,92 @@ def test_a_newly_registered_objective_brings_its_own_clip_decision(monkeypatch):
     assert rec["ratio"] == pytest.approx([s] * 3, abs=1e-4) and rec["clip"] == [0, 0, 0]
 
 
+# -- multi-turn: the environment's tokens in the stream, the conversation ---------------------------
+
+# One group of G = 2 trajectories. Row 0 calls a tool and answers: model 4, environment 3 (the tool
+# result with its template headers), model 2. Row 1 answers, gets "try again" and answers again: model
+# 2, environment 1, model 2. The environment's positions hold exact zeros, as the passes leave them.
+VOCAB = ["<tool_call>", "add(7,5)", "</tool_call>", "<|im_end|>", "\n<|im_start|>tool\n", "12",
+         "<|im_end|>\n<|im_start|>assistant\n", "13", "\n<|im_start|>user\nNot right. Try again.<|im_end|>\n",
+         "<pad>"]
+STREAM = [[0, 1, 2, 3, 4, 5, 6, 5, 3], [7, 3, 8, 5, 3, 9, 9, 9, 9]]
+ENV = [[0, 0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 0, 0, 0, 0, 0, 0]]
+MODEL = [[1, 1, 1, 1, 0, 0, 0, 1, 1], [1, 1, 0, 1, 1, 0, 0, 0, 0]]
+CONVERSATIONS = [[{"role": "assistant", "content": "<tool_call>add(7,5)</tool_call>"},
+                  {"role": "tool", "name": "add", "content": "12"}, {"role": "assistant", "content": "12"}],
+                 [{"role": "assistant", "content": "13"}, {"role": "user", "content": "Not right. Try again."},
+                  {"role": "assistant", "content": "12"}]]
+VTOK = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: VOCAB[ids[0]])
+
+
+def multi_turn_batch(ref: bool = True) -> Batch:
+    model, env = torch.tensor(MODEL, dtype=torch.float), torch.tensor(ENV, dtype=torch.float)
+    log_ratio = torch.tensor([[0.4, 0.1, -0.2, 0.0, 0, 0, 0, 0.3, 0.1], [-0.3, 0.1, 0, 0.2, 0.0, 0, 0, 0, 0]]) * model
+    old = -torch.linspace(0.5, 2.0, 9).repeat(2, 1) * model  # (2, 9): 0 at the environment's tokens
+    rollout = Rollout(prompt_ids=torch.ones(2, 2, dtype=torch.long), prompt_mask=torch.ones(2, 2, dtype=torch.long),
+                      completion_ids=torch.tensor(STREAM), completion_mask=model, sample_logp=old,
+                      truncated=torch.tensor([False, False]), texts=["12", "12"], G=2, env_mask=env,
+                      conversations=[list(c) for c in CONVERSATIONS])
+    batch = Batch([SimpleNamespace(id="p0", prompt="What is 7 + 5?", answer="12")], rollout,
+                  torch.tensor([1.0, 0.75]), {"env": [1.0, 0.75]})
+    batch.reward, batch.adv = batch.raw_reward.clone(), torch.tensor([0.7071, -0.7071])
+    batch.old_logp, batch.last_logp = old, old + log_ratio
+    batch.entropy = torch.full((2, 9), 0.25) * model
+    batch.ref_logp = (old - 0.1) * model if ref else None
+    return batch
+
+
+def test_the_credit_stream_of_a_multi_turn_row_holds_the_environment_tokens_in_place():
+    """n and the shown tokens are the whole stream (model + environment), not the model's count; the
+    environment's tokens are marked (`env`) and carry no value at all."""
+    batch = multi_turn_batch()
+    a, b = token_credit(batch, [0, 1], VTOK, algo(), max_tokens=64, computes_every_group=False)
+    assert a["n"] == 9 and a["shown"] == 9 and a["n_env"] == 3 and b["n"] == 5 and b["n_env"] == 1
+    assert a["text"] == [VOCAB[x] for x in STREAM[0]] and b["text"][2].startswith("\n<|im_start|>user")
+    assert a["env"] == [bool(e) for e in ENV[0]] and b["env"] == [False, False, True, False, False]
+    for rec in (a, b):
+        for key in ("adv", "logp", "ratio", "entropy", "kl", "clip"):
+            got = rec[key]
+            assert len(got) == rec["shown"], key
+            assert all((v is None) == e for v, e in zip(got, rec["env"])), (key, got)  # null exactly there
+    assert a["adv"] == [0.7071] * 4 + [None] * 3 + [0.7071] * 2
+    assert a["ratio"][:4] == pytest.approx([math.exp(x) for x in (0.4, 0.1, -0.2, 0.0)], abs=1e-4)
+    assert a["ratio"][7:] == pytest.approx([math.exp(0.3), math.exp(0.1)], abs=1e-4)  # after the tool result
+    assert a["clip"][0] == 1 and b["clip"][0] == -1  # 1.49 > 1.2 with A > 0; 0.74 < 0.8 with A < 0
+    want = kl_per_token(batch.old_logp[:1], batch.ref_logp[:1], batch.rollout.completion_mask[:1], "k3")[0]
+    model_kl = want[torch.tensor(MODEL[0]) > 0].tolist()
+    assert [k for k in a["kl"] if k is not None] == pytest.approx(model_kl, abs=1e-4)
+    cut = token_credit(batch, [0], VTOK, algo(), max_tokens=5, computes_every_group=False)[0]
+    assert cut["n"] == 9 and cut["shown"] == 5 and cut["env"] == [False] * 4 + [True]
+
+
+def test_a_sequence_ratio_over_turns_averages_the_model_tokens_only():
+    """GSPO's s_i = exp(mean of the model's log ratios): the environment's zeros do not dilute it."""
+    batch = multi_turn_batch(ref=False)
+    rec = token_credit(batch, [0], VTOK, algo(objective="gspo"), max_tokens=64, computes_every_group=False)[0]
+    s = math.exp((0.4 + 0.1 - 0.2 + 0.0 + 0.3 + 0.1) / 6)
+    assert [r for r in rec["ratio"] if r is not None] == pytest.approx([s] * 6, abs=1e-4)
+
+
+FAKE_RUN = SimpleNamespace(cfg=SimpleNamespace(sample_tokens=64, algo=algo()), tokenizer=VTOK,
+                           advantage=SimpleNamespace(computes_every_group=False))
+
+
+def test_multi_turn_sample_records_carry_the_conversation_and_the_stop():
+    from grpolab.training.trainer import sample_records
+
+    batch = multi_turn_batch()
+    recs = sample_records(batch, 1, 2, run=FAKE_RUN)
+    assert [r["conversation"] for r in recs] == CONVERSATIONS and all("stop" not in r for r in recs)
+    assert [r["length"] for r in recs] == [6, 4]  # the model's tokens
+    assert recs[0]["tokens"]["env"] == [bool(e) for e in ENV[0]]
+    json.dumps(recs, allow_nan=False)  # what samples.jsonl gets
+    batch.rollout.stops = ["answer", "max_turns"]  # a rollout that records why each trajectory ended
+    assert [r["stop"] for r in sample_records(batch, 1, 2, run=FAKE_RUN)] == ["answer", "max_turns"]
+    single = sample_records(toy_batch([1.0, -1.0, 0.0, 0.0], ref=False), 1, 2, run=FAKE_RUN)
+    assert all("conversation" not in r and "stop" not in r and "env" not in r["tokens"] for r in single)
+
+
 def test_samples_jsonl_holds_bounded_per_token_values(run_a, run_b):
     recs = read_jsonl(run_a / "samples.jsonl")
     assert len(recs) == 3 * 4
@@ -175,6 +261,7 @@ def test_samples_jsonl_holds_bounded_per_token_values(run_a, run_b):
     assert any(t["shown"] < t["n"] for t in computed)  # the bound cut something
     assert all(c in (-1, 0, 1) for t in computed for c in t["clip"])
     assert all("tokens" not in r for r in read_jsonl(run_b / "samples.jsonl"))  # sample_tokens=0
+    assert all("conversation" not in r and "env" not in r["tokens"] and "n_env" not in r["tokens"] for r in recs)
     per_step = (run_a / "samples.jsonl").stat().st_size / 3
     assert per_step < 4 * (1000 + 60 * 6), per_step  # the documented bound
 
@@ -198,6 +285,8 @@ def test_train_writes_a_self_contained_report(run_a, run_b):
     machine = json.loads((run_a / "machine.json").read_text())
     assert machine["device"] == "cpu" and machine["torch"] == torch.__version__
     assert not (run_b / "report.html").exists() and not (run_b / "report_plots").exists()  # report=false
+    assert not any(p.startswith("env_") for p in pngs)  # single-turn: no environment panels
+    assert 'class="tok env' not in html and 'class="conversation"' not in html and "<th>whose</th>" not in html
 
 
 def test_a_comparison_overlays_the_runs(run_a, run_b, tmp_path, capsys):
@@ -262,6 +351,76 @@ def test_aha_metrics_and_alerts_get_their_panels(tmp_path, capsys):
     html = (run / "report.html").read_text()
     assert "Length-reward correlation: logged, but null (not a finite number) at every step" in html
     assert "alt=\"Length-reward correlation" not in html
+
+
+@pytest.fixture(scope="module")
+def multi_turn_run(tmp_path_factory) -> Path:
+    """A multi-turn run written by hand (no training): env/* metrics, and samples.jsonl records made by
+    sample_records from a Batch with env_mask and conversations; row 0 of step 3 records its stop."""
+    from grpolab.training.trainer import sample_records
+
+    run = tmp_path_factory.mktemp("report") / "agent"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 3\nmodel: m\ntask: arithmetic\nenv:\n  name: calculator_python\n")
+    rows = [{"step": s, "reward/mean": 0.5 + 0.1 * s, "completion/length_mean": 6.0, "env/turns_mean": 2.5 - 0.5 * s,
+             "env/tool_calls_mean": 0.5 * s, "env/env_token_frac": 0.3, "env/stopped_answer": 0.75,
+             "env/stopped_max_turns": 0.25, "env/stopped_budget": 0.0, "env/stopped_env_tokens": 0.0,
+             "env/calls/add": float(s)} for s in (1, 2, 3)]
+    rows[1]["env/errors_timeout"] = 2.0  # counts are logged at the steps where they happened
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = []
+    for step in (1, 2, 3):
+        batch = multi_turn_batch()
+        if step == 3:
+            batch.rollout.stops = ["answer", "max_turns"]
+        lines += [json.dumps(r) for r in sample_records(batch, step, 2, run=FAKE_RUN)]
+    (run / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run)]) == 0
+    return run
+
+
+def test_a_multi_turn_page_greys_the_environment_tokens_and_shows_the_turns(multi_turn_run):
+    html = (multi_turn_run / "report.html").read_text()
+    assert not EXTERNAL.search(html)
+    views = re.findall(r'<div class="credit" id="credit-0-\d+">(.*?)</details>', html, re.DOTALL)
+    assert views, "no credit view"
+    for view in views:
+        env = re.findall(r'<span class="tok env"([^>]*)>', view)
+        model = re.findall(r'<span class="tok(?: clip)?" style="background:([^"]*)"([^>]*)>', view)
+        assert env and model
+        assert all("data-" not in attrs and "style" not in attrs and "no credit" in attrs for attrs in env)
+        assert all(bg.startswith("rgba(") and "data-adv=" in attrs for bg, attrs in model)  # coloured as today
+        assert "the environment's (greyed, no credit)" in view and "<th>whose</th>" in view
+    row0 = next(v for v in views if "add(7,5)" in v)
+    assert len(re.findall(r'<span class="tok env"', row0)) == 3
+    assert len(re.findall(r'class="tok(?: clip)?" style', row0)) == 6
+    assert "<tr class=\"env\"><td>4</td>" in row0 and "9 tokens after the prompt: 6 the model's, 3" in row0
+    assert "Grey</span> tokens are the environment" in html
+    samples = html.split('id="samples"')[1]
+    assert samples.count('class="conversation"') == 6  # 2 per step, 3 steps
+    for label in ("assistant · turn 1", "tool · add", "assistant · turn 2", "user"):
+        assert f'<div class="role">{label}</div>' in samples, label
+    assert '<div class="turn user"><div class="role">user</div><pre>Not right. Try again.</pre>' in samples
+    assert "6 model tokens · 2 model turns · stopped: answer (ended by the environment" in samples
+    assert "stopped: max_turns (at env.max_turns)" in samples
+    assert samples.count("stopped:") == 2  # only step 3 recorded its stops
+
+
+def test_a_multi_turn_page_plots_the_environment_metrics_beside_reward_and_length(multi_turn_run):
+    html = (multi_turn_run / "report.html").read_text()
+    alts = re.findall(r'alt="([^"]*)"', html)
+    assert alts[:4] == ["Reward (verifiers, before shaping): total", "Completion length: mean",
+                        "Turns and tool calls per trajectory: model turns, tool calls",
+                        ("Environment tokens and stop reasons: environment tokens, stopped_answer, stopped_budget, "
+                         "stopped_env_tokens, stopped_max_turns")]
+    assert "Environment errors by kind: timeout" in alts and "Calls per tool: add" in alts
+    pngs = {p.name for p in (multi_turn_run / "report_plots").glob("*.png")}
+    assert {"env_turns.png", "env_shares.png", "env_errors.png", "env_calls.png"} <= pngs
+    from grpolab.app.report.load import load_run
+
+    run = load_run(multi_turn_run)
+    assert run.series("env/errors_timeout") == ([2], [2.0])
+    assert run.series("env/errors_timeout", fill=0.0) == ([1, 2, 3], [0.0, 2.0, 0.0])  # the panel's line
 
 
 def test_without_matplotlib_the_report_says_what_to_install(run_a, tmp_path, capsys, monkeypatch):
@@ -456,5 +615,19 @@ def test_the_report_in_a_real_browser(run_a, browser, tmp_path):
     browser.js("document.querySelector('.modes button[data-mode=entropy]').click()")
     after = browser.js("getComputedStyle(document.querySelector('.tok:not(.skip)')).backgroundColor")
     assert before != after  # the colour switch works (its script ran without an error)
+    errors, requests = browser.problems(page.as_uri())
+    assert errors == [] and requests == []
+
+
+def test_a_multi_turn_page_in_a_real_browser(multi_turn_run, browser):
+    """The environment's tokens stay grey when the colour switch repaints the model's."""
+    page = multi_turn_run / "report.html"
+    browser.open(page.as_uri())
+    grey = "getComputedStyle(document.querySelector('.creditview .tok.env')).backgroundColor"
+    model = "getComputedStyle(document.querySelector('.creditview .tok:not(.env)')).backgroundColor"
+    env_before, model_before = browser.js(grey), browser.js(model)
+    browser.js("document.querySelector('.modes button[data-mode=entropy]').click()")
+    assert browser.js(grey) == env_before == "rgb(234, 238, 242)" and browser.js(model) != model_before
+    assert browser.js("document.querySelectorAll('.conversation .turn').length") == 18
     errors, requests = browser.problems(page.as_uri())
     assert errors == [] and requests == []

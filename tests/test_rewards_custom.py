@@ -163,33 +163,38 @@ def test_not_callable_and_broken_file(reward_file, tmp_path):
 
 
 @pytest.mark.parametrize("on_error,fail", [("zero", 0.0), ("exclude", math.nan)])
-def test_non_finite_none_and_non_numbers_are_errors(reward_file, on_error, fail, caplog):
+def test_non_finite_and_non_numbers_are_errors_and_none_is_left_out(reward_file, on_error, fail, caplog):
     rf = one(reward_file, "bad_values")
     kinds = ["nan", "inf", "-inf", "none", "str", "list", "ok"]
     with caplog.at_level(logging.WARNING, logger="grpolab.rewards.scoring"):
         s = score_completions([rf], kinds, [EX_A] * len(kinds), on_error=on_error)
     got = s.per_fn["bad_values"]
     assert got[-1] == 0.5
-    for x in got[:-1]:
+    assert got[3] == 0.0 and s.none == {"bad_values": [3]}  # TRL form: None does not apply, not an error
+    for x in got[:3] + got[4:-1]:
         assert (math.isnan(x) if math.isnan(fail) else x == fail)
-    assert s.metrics["reward/errors"] == 6 and s.metrics["reward/timeouts"] == 0
+    assert s.metrics["reward/errors"] == 5 and s.metrics["reward/timeouts"] == 0
+    assert s.metrics["reward/none"] == 1 and s.metrics["reward/bad_values/none"] == 1
     assert all(math.isfinite(t) for t in s.total) == (on_error == "zero")
-    assert s.metrics["reward/bad_values/mean"] == (0.5 / 7 if on_error == "zero" else 0.5)
+    assert s.total[3] == 0.0  # a None adds nothing, under either on_error
+    assert s.metrics["reward/bad_values/mean"] == (0.5 / 6 if on_error == "zero" else 0.5)  # None left out
     joined = "\n".join(s.messages)
-    for words in ("returned NaN", "returned inf", "returned -inf", "returned None", "returned a str",
-                  "returned a list"):
+    for words in ("returned NaN", "returned inf", "returned -inf", "returned a str", "returned a list"):
         assert f"reward 'bad_values' {words}" in joined
+    assert "returned None" not in joined and "returned None" not in caplog.text
     assert "reward 'bad_values' returned NaN" in caplog.text  # logged, naming the function
 
 
-def test_per_sample_nan_and_inf_are_errors():
+def test_per_sample_nan_inf_and_none_are_errors():
     fns = [RewardFn("nan_fn", 1.0, lambda c, ex: float("nan")), RewardFn("inf_fn", 1.0, lambda c, ex: math.inf),
-           RewardFn("fine", 1.0, lambda c, ex: 1.0)]
+           RewardFn("none_fn", 1.0, lambda c, ex: None), RewardFn("fine", 1.0, lambda c, ex: 1.0)]
     s = score_completions(fns, ["a", "b"], [EX_A, EX_A])
-    assert s.per_fn == {"nan_fn": [0.0, 0.0], "inf_fn": [0.0, 0.0], "fine": [1.0, 1.0]}
-    assert s.total == [1.0, 1.0] and s.metrics["reward/errors"] == 4
+    assert s.per_fn == {"nan_fn": [0.0, 0.0], "inf_fn": [0.0, 0.0], "none_fn": [0.0, 0.0], "fine": [1.0, 1.0]}
+    assert s.total == [1.0, 1.0] and s.metrics["reward/errors"] == 6
+    assert s.metrics["reward/none"] == 0 and s.none == {}  # grpolab's form: None is a forgotten return
     assert any("'nan_fn' returned NaN" in m for m in s.messages)
     assert any("'inf_fn' returned inf" in m for m in s.messages)
+    assert any("'none_fn' returned None" in m for m in s.messages)
 
 
 @pytest.mark.parametrize("fn,message", [("short", "returned 1 scores for 2 completions"),

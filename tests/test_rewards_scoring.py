@@ -48,6 +48,24 @@ def test_weighted_total_and_metrics():
     assert s.metrics["reward/format/mean"] == pytest.approx(1 / 3)
     assert s.metrics["reward/math/mean"] == pytest.approx(2 / 3)
     assert s.metrics["reward/errors"] == 0 and s.metrics["reward/timeouts"] == 0
+    assert s.metrics["reward/none"] == 0 and s.none == {}
+    assert not [k for k in s.metrics if k.endswith("/none") and k != "reward/none"]  # per-sample form: no None
+
+
+def test_batch_none_adds_nothing_and_per_sample_none_is_an_error():
+    """RewardFn.batch (TRL form): None leaves the completion out; per-sample form: None is an error.
+
+        completion   batch (w 2)   per-sample (w 1)   total
+        0            0.5           1.0                2*0.5 + 1 = 2.0
+        1            None          None -> error, 0   0.0
+    """
+    fns = [RewardFn("b", 2.0, lambda cs, exs: [0.5, None], batch=True),
+           RewardFn("p", 1.0, lambda c, ex: 1.0 if c == "x" else None)]
+    s = score_completions(fns, ["x", "y"], [EX, EX])
+    assert s.total == [2.0, 0.0] and s.per_fn == {"b": [0.5, 0.0], "p": [1.0, 0.0]}
+    assert s.metrics["reward/b/mean"] == 0.5 and s.metrics["reward/p/mean"] == 0.5
+    assert s.metrics["reward/b/none"] == 1 and s.metrics["reward/none"] == 1 and s.none == {"b": [1]}
+    assert s.metrics["reward/errors"] == 1 and "reward 'p' returned None" in s.messages[0]
 
 
 def _boom(c, ex):

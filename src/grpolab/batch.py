@@ -43,6 +43,7 @@ class Rollout:
     G: int
     env_mask: torch.Tensor | None = None  # (N, C) float, 1 = a token the environment inserted (multi-turn)
     conversations: list[list[dict]] | None = None  # multi-turn: the messages after the prompt, per row
+    stops: list[str] | None = None  # multi-turn: why each trajectory ended (grpolab.model.turns.Trajectory.stop)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -65,7 +66,8 @@ class Rollout:
                        self.completion_mask[idx], self.sample_logp[idx], self.truncated[idx],
                        [self.texts[i] for i in il], self.G,
                        None if self.env_mask is None else self.env_mask[idx],
-                       None if self.conversations is None else [self.conversations[i] for i in il])
+                       None if self.conversations is None else [self.conversations[i] for i in il],
+                       None if self.stops is None else [self.stops[i] for i in il])
 
 
 def _pad_id_of(parts: list[Rollout]) -> int:
@@ -107,6 +109,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int | None = None) -> Rollout:
             [rpad(r.env_mask if r.env_mask is not None else torch.zeros_like(r.completion_mask), C, 0) for r in parts]),
         None if all(r.conversations is None for r in parts) else
         [c for r in parts for c in (r.conversations or [[] for _ in r.texts])],
+        None if all(r.stops is None for r in parts) else [s for r in parts for s in (r.stops or ["" for _ in r.texts])],
     )
 
 

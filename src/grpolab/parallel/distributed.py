@@ -35,6 +35,14 @@ from grpolab.util.fields import ConfigError
 COUNT_KEYS = ("reward/errors", "reward/timeouts", "dapo/groups_sampled", "dapo/groups_dropped", "dapo/groups_kept",
               "tokens/generated", "update/seqs_computed", "update/idle_passes")
 """Metrics that are totals over the batch: summed over ranks (every other metric is averaged)."""
+COUNT_PREFIXES = ("env/errors_", "env/calls/", "env/reward_")
+"""Families of counts: an environment's errors by kind, calls per tool, missing or failed rewards."""
+
+
+def is_count(key: str) -> bool:
+    """Whether a metric is a count (summed over ranks and resampling rounds) rather than a mean:
+    COUNT_KEYS, the `.../none` counts of rewards that did not apply, and the COUNT_PREFIXES families."""
+    return key in COUNT_KEYS or key.endswith("/none") or key.startswith(COUNT_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,7 @@ def sum_gradients(d: Dist, params) -> None:
 
 
 def reduce_metrics(d: Dist, metrics: dict) -> dict:
-    """Every numeric metric over the ranks that have it: the mean (the sum for COUNT_KEYS); the same
+    """Every numeric metric over the ranks that have it: the mean (the sum for counts, is_count); the same
     dict on every rank. (A rank that computed no micro-batch has no loss metrics: the mean is over the
     ranks that did.)"""
     if not d.active:
@@ -166,7 +174,7 @@ def reduce_metrics(d: Dist, metrics: dict) -> dict:
     total = _all_reduce(torch.stack([values, present]))
     out = dict(metrics)
     for k, v, n in zip(keys, total[0].tolist(), total[1].tolist()):
-        out[k] = v if k in COUNT_KEYS else v / max(n, 1.0)
+        out[k] = v if is_count(k) else v / max(n, 1.0)
     return out
 
 

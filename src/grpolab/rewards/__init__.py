@@ -19,7 +19,9 @@ A name may also point at a function of your own, by import path (`mypkg.rewards:
 (`path/to/rewards.py:my_fn`), written in TRL's form `fn(completions, prompts=..., **columns) ->
 list[float | None]` or grpolab's per-sample form `fn(completion, example) -> float`; other spec keys
 are passed to it as keyword arguments (grpolab.rewards.custom; docs/rewards.md). A registered
-factory may return either form too.
+factory may return either form too. In a multi-turn run the TRL form receives each completion's
+whole conversation as messages, the per-sample form the last turn's text; a None from the TRL form
+means "does not apply" (left out, counted in reward/none), as in TRL.
 
 A failing verifier never crashes a run: see grpolab.rewards.scoring.
 """

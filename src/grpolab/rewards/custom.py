@@ -10,14 +10,19 @@ The function is the reward itself (not a factory). Its form is read from its par
     TRL form    fn(completions, prompts=..., **columns) -> list[float | None]
                 a parameter named `completions`: called with keyword arguments, one call per group
                 of completions that share a prompt. `completions` are strings, or chat messages
-                ([{"role": "assistant", "content": text}]) when the prompt is a message list;
+                ([{"role": "assistant", "content": text}]) when the prompt is a message list; in a
+                multi-turn run, each completion is the whole conversation after the prompt
+                ([{"role": "assistant", ...}, {"role": "tool", "name": ..., "content": ...}, ...]),
+                as TRL gives a tool run's completions, and the prompts are message lists too.
                 `prompts` are the prompts as the task gave them (strings or message lists); every
                 other column of the example comes as a list, one value per completion: `answer`
                 (the reference answer) and each key of the example's meta (a dataset's other
                 columns, countdown's `numbers` and `target`, ...). A function without **kwargs gets
-                only the arguments it names.
+                only the arguments it names. A None in the returned list: the function does not
+                apply to that completion (TRL's meaning; grpolab.rewards.scoring).
     per-sample  fn(completion, example) -> float        (a first parameter named `completion`, or
-                two positional parameters): grpolab's own form, one call per completion.
+                two positional parameters): grpolab's own form, one call per completion; in a
+                multi-turn run `completion` is the last model turn's text. None is an error.
 
 Any other key of the spec (besides name, weight, label) is passed to the function as a keyword
 argument on every call. The metric name is the function's name (`reward/my_fn/mean`) unless the spec
@@ -141,17 +146,24 @@ def columns(examples: list[Example]) -> dict[str, list]:
 
 
 def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]], object]:
-    """Adapt a TRL-form function to RewardFn(batch=True): (completions, examples) -> its return value."""
+    """Adapt a TRL-form function to RewardFn(batch=True): (completions, examples) -> its return value.
+    `completions` are texts, or (multi-turn) each completion's conversation as a list of messages."""
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    def call(completions: list[str], examples: list[Example]):
+    def call(completions: list[str] | list[list[dict]], examples: list[Example]):
+        conversation = bool(completions) and isinstance(completions[0], list)  # multi-turn: messages already
         chat = bool(examples) and not isinstance(examples[0].prompt, str)
         kwargs = columns(examples)
         kwargs.update(options)
-        kwargs["prompts"] = [e.prompt for e in examples]
-        kwargs["completions"] = ([[{"role": "assistant", "content": c}] for c in completions] if chat
-                                 else list(completions))
+        # TRL's conversational form holds both: message-list completions come with message-list prompts
+        kwargs["prompts"] = [[{"role": "user", "content": e.prompt}] if conversation and isinstance(e.prompt, str)
+                             else e.prompt for e in examples]
+        if conversation:
+            kwargs["completions"] = list(completions)
+        else:
+            kwargs["completions"] = ([[{"role": "assistant", "content": c}] for c in completions] if chat
+                                     else list(completions))
         if not takes_any:
             kwargs = {k: v for k, v in kwargs.items() if k in params}
         return fn(**kwargs)

@@ -6,13 +6,23 @@ increments `reward/errors`; a call that runs past `timeout_s` (or raises Timeout
 and code verifiers do when their own budget runs out) does the same and increments
 `reward/timeouts`. Nothing raises out of it.
 
-A score must be a finite number (a bool counts as 0/1). NaN, inf, None, or anything else that is
-not a number is an error like a raise: it scores as above, is counted in `reward/errors`, and never
-enters the reward as a number. A batch function (RewardFn.batch, the TRL form) is called once per
-run of consecutive completions that share one example (one group of G in training, one completion in
-evaluation) and must return one score per completion: a list of another length is an error for
-every completion of that call. Each kind of failure is logged once per RewardFn (per run) as a warning
-that names the function, and every message is in `Scores.messages`.
+A score must be a finite number (a bool counts as 0/1). NaN, inf, anything else that is not a
+number, and None from a per-sample function are errors like a raise: they score as above, are counted
+in `reward/errors`, and never enter the reward as a number. A batch function (RewardFn.batch, the TRL
+form) is called once per run of consecutive completions that share one example (one group of G in
+training, one completion in evaluation) and must return one score per completion: a list of another
+length is an error for every completion of that call. Each kind of failure is logged once per
+RewardFn (per run) as a warning that names the function, and every message is in `Scores.messages`.
+
+None from a batch function follows TRL's GRPOTrainer (1.16, `_calculate_rewards`: None becomes NaN,
+and the functions are summed with nansum): the function does not apply to that completion. It adds
+nothing to the weighted total, is left out of `reward/<name>/mean`, is counted in `reward/<name>/none`
+and `reward/none`, and is never an error. Its slot in `Scores.per_fn` holds 0.0 (a finite number for
+whatever reads the scores); `Scores.none` lists where it was None.
+
+Multi-turn runs pass `conversations`: batch functions then receive, per completion, the messages
+after the prompt (assistant turns and the environment's tool / user messages, as TRL gives a tool
+run's completions), each call its own copy; per-sample functions keep receiving the text.
 
 A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
 sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
@@ -24,6 +34,7 @@ The verifiers shipped here bound their own time (worker processes, sandbox), so 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -42,9 +53,11 @@ ON_ERROR = ("zero", "exclude")
 class RewardFn:
     """A named, weighted reward function.
 
-    batch=False: fn(completion, example) -> float, one call per completion.
-    batch=True:  fn(completions, examples) -> list of floats, one call per group of completions that
-                 share an example (how grpolab.rewards runs TRL-style functions).
+    batch=False: fn(completion, example) -> float, one call per completion (None is an error).
+    batch=True:  fn(completions, examples) -> list of float | None, one call per group of completions
+                 that share an example (how grpolab.rewards runs TRL-style functions). `completions`
+                 are the texts, or in a multi-turn run each completion's conversation (a list of
+                 message dicts). None: the function does not apply to that completion.
     """
 
     name: str
@@ -59,18 +72,23 @@ class RewardFn:
 class Scores:
     """Scores of one batch.
 
-    total:    weighted sum per completion (NaN where on_error="exclude" dropped a sample).
-    per_fn:   each function's raw (unweighted) score per completion.
-    metrics:  "reward/<name>/mean" per function (over non-NaN scores), "reward/errors" and
-              "reward/timeouts" (counts in this call).
+    total:    weighted sum per completion (NaN where on_error="exclude" dropped a sample); a None
+              from a batch function adds nothing.
+    per_fn:   each function's raw (unweighted) score per completion (0.0 where it returned None).
+    metrics:  "reward/<name>/mean" per function (over its scores that are neither NaN nor None; 0.0
+              when there is none), "reward/errors", "reward/timeouts" and "reward/none" (counts in
+              this call), and "reward/<name>/none" for each batch function.
     messages: one line per failed call, naming the function ("reward 'f' returned NaN for
               completion 3"), at most MAX_MESSAGES.
+    none:     function name -> indices of the completions it returned None for (batch functions
+              only; absent when there was none).
     """
 
     total: list[float]
     per_fn: dict[str, list[float]]
     metrics: dict[str, float] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
+    none: dict[str, list[int]] = field(default_factory=dict)
 
 
 _OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
@@ -230,10 +248,16 @@ def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
 
 
 def score_completions(fns: list[RewardFn], completions: list[str], examples: list[Example], *,
-                      timeout_s: float = 10.0, workers: int = 4, on_error: str = "zero") -> Scores:
-    """Score every completion with every reward function (see the module docstring)."""
+                      conversations: list[list[dict]] | None = None, timeout_s: float = 10.0,
+                      workers: int = 4, on_error: str = "zero") -> Scores:
+    """Score every completion with every reward function (see the module docstring).
+
+    conversations: per completion, the messages after the prompt (multi-turn runs,
+    Rollout.conversations); batch functions receive them instead of `completions`."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
+    if conversations is not None and len(conversations) != len(completions):
+        raise ValueError(f"{len(conversations)} conversations but {len(completions)} completions")
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     n = len(completions)
@@ -246,7 +270,11 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
             limits[k] = limit
         if rf.batch:
             for a, b in runs:
-                calls.append(lambda f=rf.fn, a=a, b=b: f(list(completions[a:b]), list(examples[a:b])))
+                if conversations is None:
+                    calls.append(lambda f=rf.fn, a=a, b=b: f(list(completions[a:b]), list(examples[a:b])))
+                else:  # each call its own copy: a function that edits its messages changes nothing else
+                    calls.append(lambda f=rf.fn, a=a, b=b: f(copy.deepcopy(list(conversations[a:b])),
+                                                             list(examples[a:b])))
                 groups.append(k)
                 spans.append((k, a, b))
         else:
@@ -264,11 +292,17 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     fail_value = 0.0 if on_error == "zero" else math.nan
     per_fn: dict[str, list[float]] = {}
     messages: list[str] = []
+    none: dict[str, list[int]] = {}
     errors = timeouts = 0
     for k, rf in enumerate(fns):
         scores = []
+        skipped: list[int] = []
         for j in range(n):
             status, value = results[(k, j)]
+            if status == _OK and value is None and rf.batch:  # TRL: does not apply to this completion
+                skipped.append(j)
+                scores.append(0.0)
+                continue
             if status == _OK:
                 try:
                     scores.append(_to_score(value))
@@ -285,12 +319,18 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 messages.append(message)
             scores.append(fail_value)
         per_fn[rf.name] = scores
+        if skipped:
+            none[rf.name] = skipped
 
-    total = [sum(rf.weight * per_fn[rf.name][j] for rf in fns) for j in range(n)]
+    total = [sum(rf.weight * per_fn[rf.name][j] for rf in fns) for j in range(n)]  # a None's 0.0 adds nothing
     metrics: dict[str, float] = {}
     for rf in fns:
-        valid = [s for s in per_fn[rf.name] if not math.isnan(s)]
+        skipped_set = set(none.get(rf.name, ()))
+        valid = [s for j, s in enumerate(per_fn[rf.name]) if j not in skipped_set and not math.isnan(s)]
         metrics[f"reward/{rf.name}/mean"] = sum(valid) / len(valid) if valid else 0.0
+        if rf.batch:
+            metrics[f"reward/{rf.name}/none"] = float(len(skipped_set))
     metrics["reward/errors"] = float(errors)
     metrics["reward/timeouts"] = float(timeouts)
-    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages)
+    metrics["reward/none"] = float(sum(len(v) for v in none.values()))
+    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages, none=none)

@@ -130,6 +130,7 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
             while h and h[-1]["role"] != "assistant":
                 h.pop()
     rollout.conversations = [h[len(prompts[i // G]):] for i, h in enumerate(history)]
+    rollout.stops = [t.stop for t in trajs]
     return rollout, rewards, trajectory_metrics(rollout, trajs, events, calls, rewards)
 
 

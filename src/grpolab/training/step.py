@@ -41,6 +41,7 @@ from grpolab.model.template import chat_prompts
 from grpolab.parallel.distributed import (
     SINGLE,
     global_counts,
+    is_count,
     rank_slice,
     reduce_metrics,
     sum_gradients,
@@ -127,7 +128,7 @@ def collect(run: Run, step: int) -> Batch:
         if not part.empty:
             kept.append(part)
     metrics = weighted_mean(round_metrics)
-    for k in ("reward/errors", "reward/timeouts"):  # counts: sum, not mean
+    for k in {k for m, _ in round_metrics for k in m if is_count(k)}:  # counts: sum over rounds, not mean
         metrics[k] = float(sum(m.get(k, 0.0) for m, _ in round_metrics))
     raw = torch.cat(sampled_rewards)  # (every sampled completion,)
     metrics.update({"time/generate_s": t_generate, "time/score_s": t_score, "reward/mean": float(raw.mean()),

@@ -176,7 +176,7 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
                     "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])})
         if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
             out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
-            stops = getattr(rollout, "stops", None)  # per row, when the rollout records them
+            stops = rollout.stops  # per row, in a multi-turn run
             if stops is not None:
                 out[-1]["stop"] = stops[i]
     limit = run.cfg.sample_tokens if run is not None else 0
@@ -202,9 +202,10 @@ def evaluate(run: Run, examples: list[Example]) -> dict:
         if "env/turns_mean" in info:
             turns.append((info["env/turns_mean"], len(chunk)))
         totals += scores.total
-        mains += scores.per_fn[main]
+        skipped = set(scores.none.get(main, ()))  # a TRL-form main reward that does not apply: left out
+        mains += [x for i, x in enumerate(scores.per_fn[main]) if i not in skipped]
         lengths += rollout.lengths.tolist()
-    out = {"accuracy": sum(mains) / len(mains), "reward": sum(totals) / len(totals),
+    out = {"accuracy": sum(mains) / max(1, len(mains)), "reward": sum(totals) / len(totals),
            "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
     if turns:  # in an environment: model turns per trajectory
         out["turns"] = sum(t * n for t, n in turns) / len(examples)

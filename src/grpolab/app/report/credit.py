@@ -3,7 +3,9 @@ default; entropy, log-prob, ratio or KL on a click), with a tooltip and a table 
 
 The per-token values come from samples.jsonl (`tokens`, written by grpolab.training.token_credit). Tokens of
 a row the update never computed (a zero-advantage group) are grey and say so: their log-prob,
-ratio, entropy and KL were not measured, and are not shown as zeros.
+ratio, entropy and KL were not measured, and are not shown as zeros. In a multi-turn sample the
+environment's tokens (tool results, replies, the chat template's role headers; `env` in the record) stand
+in place among the model's, greyed: context the model read, never sampled, so no credit.
 """
 
 from __future__ import annotations
@@ -78,13 +80,28 @@ def _shown(text: str) -> str:
     return escape(text.replace("\n", "\u21b5\n")) if text else "\u2205"
 
 
+ENV_TIP = ("environment token (tool result, reply or chat-template text): context the model read, not sampled, "
+           "no credit")
+
+
+def _is_env(tokens: dict, t: int) -> bool:
+    """Token t is the environment's (multi-turn records carry `env`, one boolean per shown token)."""
+    return _val(tokens, "env", t) is True
+
+
 def sample_view(sample: dict, phase: str, scale: float, uid: str) -> str:
     tokens = sample["tokens"]
     computed = bool(tokens.get("computed"))
+    multi = isinstance(tokens.get("env"), list)
     spans, rows = [], []
     for t, text in enumerate(tokens.get("text") or []):
         a, clip = _val(tokens, "adv", t), _val(tokens, "clip", t)
         vals = {k: _val(tokens, k, t) for k, _ in MODES}
+        if _is_env(tokens, t):
+            spans.append(f'<span class="tok env" title="{escape(f"{text!r}  {ENV_TIP}")}">{_shown(text)}</span>')
+            rows.append(f"<tr class=\"env\"><td>{t}</td><td><code>{escape(repr(text))}</code></td><td>environment</td>"
+                        + "<td>–</td>" * 6 + "</tr>")
+            continue
         if computed:
             tip = (f"{text!r}  A {_num(a, '{:+.3f}')} | ratio {_num(vals['ratio'], '{:.4f}')}"
                    f"{' (' + CLIP.get(clip, '') + ')' if clip else ' (not clipped)'} | entropy "
@@ -97,7 +114,8 @@ def sample_view(sample: dict, phase: str, scale: float, uid: str) -> str:
         data = " ".join(f'data-{k}="{v}"' for k, v in vals.items() if isinstance(v, (int, float)))
         cls = "tok" + (" clip" if clip else "") + ("" if computed else " skip")
         spans.append(f'<span class="{cls}" style="{style}" {data} title="{escape(tip)}">{_shown(text)}</span>')
-        rows.append(f"<tr><td>{t}</td><td><code>{escape(repr(text))}</code></td><td>{_num(a, '{:+.3f}')}</td>"
+        owner = "<td>model</td>" if multi else ""
+        rows.append(f"<tr><td>{t}</td><td><code>{escape(repr(text))}</code></td>{owner}<td>{_num(a, '{:+.3f}')}</td>"
                     f"<td>{_num(vals['logp'])}</td><td>{_num(vals['ratio'], '{:.4f}')}</td>"
                     f"<td>{escape(CLIP.get(clip, '')) if computed else '–'}</td><td>{_num(vals['entropy'])}</td>"
                     f"<td>{_num(vals['kl'], '{:.4f}')}</td></tr>")
@@ -106,13 +124,17 @@ def sample_view(sample: dict, phase: str, scale: float, uid: str) -> str:
                                 'reward, so the advantage is 0 and the update skipped the group; its log-probs, '
                                 'ratios, entropies and KL were never measured.</p>')
     more = f" (first {shown} of {n} tokens)" if shown < n else ""
+    if multi:
+        n_env = tokens.get("n_env") if isinstance(tokens.get("n_env"), int) else sum(x is True for x in tokens["env"])
+        more = (f" after the prompt: {n - n_env} the model's, {n_env} the environment's (greyed, no credit)"
+                + (f"; the first {shown} shown" if shown < n else ""))
     rewards = ", ".join(f"{escape(k)} {_num(v)}" for k, v in (sample.get("rewards") or {}).items())
     return f"""<div class="credit" id="{uid}">
 <div class="meta"><b>{escape(phase)}</b> · step {sample.get('step')} · reward {_num(sample.get('reward'))}
 ({rewards}) · advantage {_num(_adv(sample), '{:+.3f}')} · {n} tokens{more}</div>
 <div class="prompt">{escape(str(sample.get('prompt', '')))}</div>
 <div class="tokens">{''.join(spans)}</div>{note}
-<details><summary>every token's values</summary><table class="toktable"><tr><th>#</th><th>token</th><th>A</th>
+<details><summary>every token's values</summary><table class="toktable"><tr><th>#</th><th>token</th>{'<th>whose</th>' if multi else ''}<th>A</th>
 <th>log p</th><th>ratio</th><th>clip</th><th>entropy</th><th>KL</th></tr>{''.join(rows)}</table></details>
 </div>"""
 
@@ -131,7 +153,7 @@ SCRIPT = """
     return "rgba(130,80,200," + a + ")";
   }
   function paint(view, mode) {
-    var toks = view.querySelectorAll(".tok:not(.skip)"), scale = 0;
+    var toks = view.querySelectorAll(".tok:not(.skip):not(.env)"), scale = 0;
     toks.forEach(function (t) { var v = parseFloat(t.dataset[mode]);
       if (!isNaN(v)) scale = Math.max(scale, mode === "ratio" ? Math.abs(Math.log(v)) : Math.abs(v)); });
     if (scale === 0) scale = 1;
@@ -169,6 +191,10 @@ def credit_section(run: RunData, index: int) -> str:
               "stronger with |A|; <b>entropy</b>, <b>log-prob</b> (as surprise, -log p) and <b>KL</b>: darker "
               "= larger; <b>ratio</b>: blue above 1, orange below. A black outline marks a clipped token; grey "
               "tokens were not computed. Hover a token for its values.")
+    if any(_is_env(s["tokens"], t) for _, s in chosen for t in range(len(s["tokens"].get("text") or []))):
+        legend += (" <span class=\"tok env\">Grey</span> tokens are the environment's (tool results, replies, the "
+                   "chat template's role headers): the model read them as context but never sampled them, so they "
+                   "carry no credit and are left out of the loss.")
     views = "".join(sample_view(s, phase, scale, f"credit-{index}-{j}") for j, (phase, s) in enumerate(chosen))
     return f'<div class="creditview"><div class="modes">colour by {buttons}</div><p class="legend">{legend}</p>{views}</div>'
 

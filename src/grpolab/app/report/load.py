@@ -46,12 +46,13 @@ class RunData:
         steps = self.config.get("steps")
         return steps if isinstance(steps, int) else None
 
-    def series(self, key: str) -> tuple[list[int], list[float]]:
-        """(steps, values) of one metric; a null (non-finite) value is NaN, a missing one is left out."""
+    def series(self, key: str, fill: float | None = None) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric; a null (non-finite) value is NaN, a missing one is left out
+        (or is `fill`: a count logged only at the steps where it is not 0)."""
         xs, ys = [], []
         for m in self.metrics:
-            if key in m:
-                v = m[key]
+            if key in m or fill is not None:
+                v = m.get(key, fill)
                 xs.append(m["step"])
                 ys.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan"))
         return xs, ys

@@ -1,5 +1,6 @@
 """The report page: a header per run (config, model, machine, wall time, summary numbers), the
-plots (PNG inlined as data: URLs), samples from the start, middle and end, and the credit view.
+plots (PNG inlined as data: URLs), samples from the start, middle and end (a multi-turn sample's
+conversation turn by turn), and the credit view.
 
 The page is one file with no external reference at all: no script, style sheet, font or image
 is loaded from anywhere (every src is a data: URL; its one small script is inline).
@@ -33,9 +34,12 @@ figure img { width: 100%; height: auto; display: block; } figcaption { font-size
 .credit { border: 1px solid #d0d7de; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
 .tokens { font: 14px/1.9 ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre-wrap; margin: 6px 0; }
 .tok { border-radius: 3px; padding: 1px 0; margin: 0 1px; } .tok.clip { outline: 2px solid #000; } .tok:hover { outline: 2px solid #0969da; }
+.tok.env { background: #eaeef2; color: #8c959f; }
 .tok.skip { background: repeating-linear-gradient(45deg, #eaeef2, #eaeef2 4px, #f6f8fa 4px, #f6f8fa 8px); color: #6e7781; }
 .modes button { margin: 0 2px; border: 1px solid #d0d7de; background: #f6f8fa; border-radius: 4px; cursor: pointer; }
 .modes button.on { background: #0969da; color: #fff; } .modes button:disabled { color: #8c959f; cursor: default; } .legend { font-size: 12px; color: #57606a; }
+.turn { border-left: 3px solid #d0d7de; padding: 0 8px; margin: 4px 0; } .turn .role { font-size: 12px; font-weight: 600; color: #57606a; }
+.turn.assistant { border-color: #2f7ed8; } .turn.tool { border-color: #9a6700; background: #fbf8ef; } .turn.user { border-color: #8c959f; background: #f6f8fa; }
 .toktable td { font-size: 12px; padding: 1px 6px; } details { margin: 4px 0; } summary { cursor: pointer; color: #0969da; }
 """
 
@@ -156,6 +160,36 @@ def plots_section(plots: list[Plot]) -> str:
     return f'<div class="grid">{"".join(figs)}</div>'
 
 
+STOPS = {"answer": "ended by the environment or a turn without a tool call", "max_turns": "at env.max_turns",
+         "budget": "out of model tokens (env.max_model_tokens or a turn cut at env.max_turn_tokens)",
+         "env_tokens": "past env.max_env_tokens"}
+
+
+def conversation(messages) -> str:
+    """A multi-turn sample's messages after the prompt, turn by turn, each labelled by its role (the
+    model's turns numbered; a tool result with its tool's name)."""
+    out, turn = [], 0
+    for m in messages if isinstance(messages, list) else []:
+        if not isinstance(m, dict):
+            continue
+        role = str(m.get("role", "?"))
+        if role == "assistant":
+            turn += 1
+            label = f"assistant · turn {turn}"
+        elif role == "tool":
+            label = f"tool · {m['name']}" if m.get("name") else "tool"
+        else:
+            label = role
+        content = m.get("content")
+        text = content if isinstance(content, str) else "" if content is None else str(content)
+        calls = m.get("tool_calls")
+        if calls:
+            text += ("\n" if text else "") + f"tool calls: {calls}"
+        kind = role if role in ("assistant", "tool", "user") else "other"
+        out.append(f'<div class="turn {kind}"><div class="role">{escape(label)}</div><pre>{escape(text)}</pre></div>')
+    return f'<div class="conversation">{"".join(out)}</div>'
+
+
 def samples_section(run: RunData, per_phase: int = 4) -> str:
     """Samples of the first, middle and last step that has any."""
     steps = sorted({s["step"] for s in run.samples})
@@ -171,10 +205,19 @@ def samples_section(run: RunData, per_phase: int = 4) -> str:
         for s in [s for s in run.samples if s["step"] == st][:per_phase]:
             rewards = ", ".join(f"{escape(str(k))} {_fmt(v)}" for k, v in (s.get("rewards") or {}).items())
             shaped = "" if s.get("reward_shaped") == s.get("reward") else f" · shaped {_fmt(s.get('reward_shaped'))}"
+            turns = s.get("conversation")
+            if isinstance(turns, list):  # multi-turn: the conversation after the prompt, turn by turn
+                body = conversation(turns)
+                n = sum(isinstance(m, dict) and m.get("role") == "assistant" for m in turns)
+                stop, why = s.get("stop"), STOPS.get(str(s.get("stop")))
+                extra = f" model tokens · {n} model turn{'s' if n != 1 else ''}" + (
+                    f" · stopped: {escape(str(stop))}{f' ({escape(why)})' if why else ''}" if stop else "")
+            else:
+                body, extra = f'<pre>{escape(str(s.get("completion", "")))}</pre>', " tokens"
             cards.append(f'<div class="sample"><div class="prompt">{escape(str(s.get("prompt", "")))} '
                          f'<b>answer</b> {escape(str(s.get("answer", "")))}</div>'
-                         f'<pre>{escape(str(s.get("completion", "")))}</pre><div>reward {_fmt(s.get("reward"))} '
-                         f'({rewards}){shaped} · {s.get("length", "?")} tokens'
+                         f'{body}<div>reward {_fmt(s.get("reward"))} '
+                         f'({rewards}){shaped} · {s.get("length", "?")}{extra}'
                          f'{" · truncated" if s.get("truncated") else ""}</div></div>')
         out.append(f"<h3>{name}: step {st}</h3>{''.join(cards)}")
     return "".join(out)

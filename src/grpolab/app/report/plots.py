@@ -65,6 +65,7 @@ class Panel:
     ylabel: str
     keys: Callable[[list[RunData]], list[tuple[str, str]]]  # runs -> [(metric key, series label)]
     core: bool = True  # shown with a "no data" note when no run has it; False: left out silently
+    fill: float | None = None  # a step without the key has this value (counts logged only when non-zero)
 
 
 def fixed(*pairs: tuple[str, str]) -> Callable[[list[RunData]], list[tuple[str, str]]]:
@@ -100,6 +101,22 @@ def clip_keys(runs: list[RunData]) -> list[tuple[str, str]]:
     dual = any((m.get("clip/dual_frac") or 0) > 0 for r in runs for m in r.metrics)
     return pairs + ([("clip/dual_frac", "dual")] if dual else [])
 
+
+def env_share_keys(runs: list[RunData]) -> list[tuple[str, str]]:
+    """The environment's share of the tokens and the stop reasons' shares (multi-turn runs)."""
+    tokens = fixed(("env/env_token_frac", "environment tokens"))(runs)
+    return tokens + matching(lambda k: k.startswith("env/stopped_"), strip="env/")(runs)
+
+
+ENV_PANELS = [  # multi-turn runs (docs/agents.md), beside reward and length; left out when no run has them
+    Panel("env_turns", "Turns and tool calls per trajectory", "per trajectory",
+          fixed(("env/turns_mean", "model turns"), ("env/tool_calls_mean", "tool calls")), core=False),
+    Panel("env_shares", "Environment tokens and stop reasons", "fraction", env_share_keys, core=False),
+    Panel("env_errors", "Environment errors by kind", "count per step",
+          matching(lambda k: k.startswith("env/errors_"), strip="env/errors_"), core=False, fill=0.0),
+    Panel("env_calls", "Calls per tool", "calls per step",
+          matching(lambda k: k.startswith("env/calls/"), strip="env/calls/"), core=False, fill=0.0),
+]
 
 PANELS = [
     Panel("reward", "Reward (verifiers, before shaping)", "reward", reward_keys),
@@ -166,7 +183,7 @@ def curve_panel(panel: Panel, runs: list[RunData]) -> Plot:
         style = STYLES[ki % len(STYLES)] if len(runs) > 1 else "-"
         name = f"{r.label}: {lab}" if len(runs) > 1 else lab
         names.append(name)
-        xs, ys = r.series(k)
+        xs, ys = r.series(k, fill=panel.fill)
         ax.plot(xs, ys, color=colour, linestyle=style, linewidth=0.8, alpha=0.3)
         ax.plot(xs, smooth(ys, w), color=colour, linestyle=style, linewidth=2, label=name)
         if len(xs) == 1:
@@ -233,10 +250,12 @@ def eval_panel(runs: list[RunData]) -> Plot:
 
 
 def all_plots(runs: list[RunData]) -> list[Plot]:
-    """Every panel in page order; the optional ones (aha metrics) only when a run has them."""
-    out = [curve_panel(p, runs) for p in PANELS[:2]] + [eval_panel(runs)]
+    """Every panel in page order; the optional ones (environment and aha metrics) only when a run has them."""
+    out = [curve_panel(p, runs) for p in PANELS[:2]]
+    out += [plot for p in ENV_PANELS if (plot := curve_panel(p, runs)).series]
+    out += [eval_panel(runs)]
     out += [plot for p in PANELS[2:] if (plot := curve_panel(p, runs)).series or p.core]
     return out + [time_panel(runs)]
 
 
-__all__ = ["PANELS", "MissingPlotting", "Plot", "all_plots", "smooth", "window"]
+__all__ = ["ENV_PANELS", "PANELS", "MissingPlotting", "Plot", "all_plots", "smooth", "window"]
