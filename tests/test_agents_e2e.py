@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from e2e_helpers import changed, read_jsonl, weights
+from safetensors.torch import load_file
 
 from grpolab.algo.presets import ALGOS
 from grpolab.app.cli import main
