@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import importlib
 import importlib.util
 import inspect
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,7 @@ from grpolab.env.adapters import (
 )
 from grpolab.env.base import EnvConfigError, EnvironmentShapeError, is_environment
 from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S
+from grpolab.util.user_code import NotImportable, import_file
 
 KINDS = ("environment", "tools", "factory", "gym")
 GYM_METHODS = {"step", "reset", "render", "close", "seed", "get_wrapper_attr", "set_wrapper_attr", "has_wrapper_attr"}
@@ -87,21 +86,10 @@ def _module_from_file(path_text: str) -> Any:
         raise EnvironmentNotFound(
             f"environment file {path_text!r} does not exist (looked at {path.resolve()}); give a path to a .py "
             "file, relative to the current directory or absolute, followed by :Name")
-    resolved = str(path.resolve())
-    mod_name = "grpolab_env_" + path.stem + "_" + hashlib.sha1(resolved.encode()).hexdigest()[:10]
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, resolved)
-    if spec is None or spec.loader is None:
-        raise EnvironmentNotFound(f"environment file {path_text!r} cannot be imported as Python; name a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name
     try:
-        spec.loader.exec_module(module)
-    except BaseException as e:
-        sys.modules.pop(mod_name, None)
-        raise EnvConfigError(f"importing environment file {path_text!r} failed: {type(e).__name__}: {e}") from e
-    return module
+        return import_file(path, "grpolab_env")
+    except NotImportable as e:
+        raise EnvConfigError(f"environment file {path_text!r}: {e}") from e
 
 
 def _module_from_path(dotted: str) -> Any:

@@ -31,16 +31,15 @@ gives a `label`.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
-import sys
 from pathlib import Path
 from typing import Callable
 
 from grpolab.batch import Example
 from grpolab.util.fields import ConfigError
+from grpolab.util.user_code import NotImportable, import_file
 
 RESERVED = ("prompts", "completions")
 
@@ -55,20 +54,10 @@ def _load_file(path: Path, where: str):
     path = path.expanduser().resolve()
     if not path.is_file():
         raise ConfigError(f"{where}: reward file not found: {path}")
-    mod_name = "grpolab_user_rewards_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"{where}: cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file failed while it was imported
-        del sys.modules[mod_name]
-        raise ConfigError(f"{where}: importing {path} failed: {type(e).__name__}: {e}") from e
-    return module
+        return import_file(path, "grpolab_user_rewards")
+    except NotImportable as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def resolve(name: str, where: str) -> Callable:
