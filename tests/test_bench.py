@@ -161,3 +161,52 @@ def test_the_reward_is_the_same_text_function_on_both_sides():
     assert bench_spec.bench_reward([text]) == bench_spec.bench_reward([[{"role": "assistant", "content": text}]])
     scores = bench_spec.bench_reward([f"completion {i}" for i in range(20)])
     assert all(0 <= s <= 1 for s in scores) and len(set(scores)) > 10  # varied: no group left without signal
+
+
+def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and_environment(tiny_model_dir, tmp_path):
+    """--setting agent, without running a bench: grpolab's Config and TRL's GRPOTrainer are built from one Spec with
+    the same G, batch, temperature, turn limit, turn count, chat template and environment, and both render the
+    same prompt and tool-reply tokens (worker.agent_token_check, the check a real run does first)."""
+    from grpolab.app.bench.trl_side import make_trainer
+    from grpolab.model.load import load_tokenizer
+    from grpolab.model.template import render
+
+    spec = bench_spec.parse_spec(["--model", str(tiny_model_dir), "--setting", "agent", "--G", "2", "--prompts", "2",
+                                  "--new-tokens", "8", "--max-turns", "3", "--device", "cpu"])
+    assert spec.agent and (spec.new_tokens, spec.max_turns, spec.beta, spec.lora_r) == (8, 3, 0.0, 0)
+    lim = bench_spec.agent_limits(spec)
+    model = bench_spec.bench_model_dir(spec, str(tmp_path))
+    cfg = bench_spec.grpolab_config(spec, str(tmp_path / "run"), model=model)
+    assert (cfg.env.name, cfg.env.max_turns, cfg.env.max_turn_tokens) == (bench_spec.ENV_NAME, 3, 8)
+    assert cfg.env.max_model_tokens == 3 * 8 and cfg.env.max_env_tokens == lim["env_tokens"] == 2 * 64
+    assert (cfg.G, cfg.batch_size, cfg.temperature, cfg.top_p, cfg.model) == (2, 4, 1.0, 1.0, model)
+
+    tok = load_tokenizer(model)
+    assert tok.chat_template == bench_spec.BENCH_CHAT_TEMPLATE  # both sides load this directory
+    prompts = bench_spec.step_prompts(spec, bench_spec.bench_task(spec), 1)
+    trainer = make_trainer(spec, model, "fp32", prompts, str(tmp_path / "trl"), 1)
+    assert (trainer.num_generations, trainer.args.per_device_train_batch_size) == (2, 4)
+    assert (trainer.temperature, trainer.top_p) == (1.0, 1.0)
+    assert trainer.generation_config.max_new_tokens == lim["trl_max_new_tokens"] == 8  # one generate call = one turn
+    assert trainer.max_tool_calling_iterations == 3 - 1
+    assert trainer.max_completion_length == 3 * 8 + 2 * 64  # TRL's budget also counts the tool replies
+    assert [t.__name__ for t in trainer.tools] == ["add"] and trainer.chat_template is None  # prefix-preserving
+    assert trainer.processing_class.chat_template == bench_spec.BENCH_CHAT_TEMPLATE
+    assert bench_spec.BenchCalculator().add(a=2, b=3) == "5"
+
+    # the few-shot prompt is, token for token, the template's rendering of a real two-shot tool conversation
+    def shot(a, b):
+        call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+        return [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "add", "content": str(a + b)},
+                {"role": "assistant", "content": f"The answer is {a + b}."}]
+    system = [{"role": "system", "content": bench_spec.AGENT_TASK_ARGS["system_prompt"]}]
+    real = system + shot(12, 30) + shot(57, 16) + [{"role": "user", "content": "What is 1 + 2?"}]
+    ours = system + [{"role": "user", "content": bench_spec.AGENT_TASK_ARGS["template"].format(question="1 + 2")}]
+    tools = [bench_spec.BenchCalculator().add]
+    assert render(tok, ours, add_generation_prompt=True, tools=tools) == render(tok, real, add_generation_prompt=True, tools=tools)
+
+    check = worker.agent_token_check(spec)
+    assert check["agent_same_prompt_tokens"] and check["agent_same_tool_reply_tokens"]
+    with pytest.raises(Exception, match="--max-turns"):
+        bench_spec.parse_spec(["--max-turns", "2"])  # only the agent setting has turns

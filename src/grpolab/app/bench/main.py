@@ -72,7 +72,19 @@ def summarise(runs: list[dict]) -> dict:
         "trained_tokens": med(lambda s: s["trained_tokens"]),
         "timed_steps": len(steps), "step_s_all": [s["step_s"] for s in steps], "steps": steps,
     })
+    if steps and all("turns_mean" in s for s in steps):  # the agent setting: what each side's rollouts held
+        def mean(key):
+            vals = [s[key] for s in steps if s.get(key) is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        out["agent"] = {k: mean(k) for k in AGENT_SHAPES}
     return out
+
+
+AGENT_SHAPES = {"turns_mean": "turns/traj", "tool_calls_mean": "calls/traj", "generated_tokens": "model tok",
+                "env_tokens": "env tok", "tool_errors": "tool errors", "prompt_tokens_mean": "prompt tok"}
+"""The agent setting's shapes per step (means over the timed steps), with their table headings: they vary with
+sampling on each side, so the table prints them beside the times they explain."""
 
 
 def ratios(ours: dict, theirs: dict) -> dict:
@@ -118,6 +130,17 @@ def table(result: dict) -> str:
         label = "grpolab / " + name.replace("trl_", "TRL ")
         lines.append(f"{label:24}{_f(r['s_per_step'], '9.2f')}{_f(r['gen_tok_s'], '11.2f')}"
                      f"{_f(r['train_tok_s'], '13.2f')}{_f(r['peak_mb'], '9.2f')}")
+    if any(c.get("agent") for c in result["configs"].values()):
+        lines += ["", "multi-turn shapes, means over the timed steps (sampled, not forced: each side's own draw)",
+                  f"{'':24}" + "".join(f"{h:>13}" for h in AGENT_SHAPES.values())]
+        for name, c in result["configs"].items():
+            label = name.replace("trl_", "TRL ").replace("grpolab", f"grpolab {c['precision']}")
+            lines.append(f"{label:24}" + "".join(_f(c["agent"].get(k), "13.2f") for k in AGENT_SHAPES))
+        if result.get("logp_check", {}).get("agent_same_prompt_tokens") is not None:
+            c = result["logp_check"]
+            lines.append(f"same prompt tokens on both sides: {c['agent_same_prompt_tokens']} "
+                         f"({', '.join(map(str, c['agent_prompt_tokens']))} tokens); same tool-reply tokens: "
+                         f"{c['agent_same_tool_reply_tokens']}")
     if result.get("grpolab_vs_fastest_trl") is not None:
         lines.append(f"\ngrpolab s/step / TRL's faster configuration ({result['fastest_trl']}): "
                      f"{result['grpolab_vs_fastest_trl']:.3f}")

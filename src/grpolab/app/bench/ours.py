@@ -1,7 +1,9 @@
 """grpolab's side of the benchmark: grpolab.training.trainer.setup + grpolab.training.step.train_step, timed per phase.
 
 Every completion is forced to the full length by running with no EOS id (run.eos_ids = set()); the
-reward is grpolab.app.bench.spec.bench_reward. Phases: generation (time/generate_s), scoring
+reward is grpolab.app.bench.spec.bench_reward. The agent setting keeps EOS (a turn must end for its tool
+call to run) and loads the model from bench_model_dir (the shared chat template); its rollouts go
+through grpolab.training.agents with env.name = BenchCalculator. Phases: generation (time/generate_s), scoring
 (time/score_s), reference (the no-grad pass of pi_ref, timed around grpolab.training.step.reference), update
 (the rest of time/update_s: shaping, advantages, forward+backward, optimizer step).
 """
@@ -38,25 +40,28 @@ class _PhaseClock:
         self.mod.reference = self.orig
 
 
-def setup_run(spec: Spec, out: str, **overrides):
-    """The grpolab Run of the setting, with EOS disabled (every completion runs to new_tokens);
+def setup_run(spec: Spec, out: str, model: str | None = None, **overrides):
+    """The grpolab Run of the setting, with EOS disabled (every completion runs to new_tokens) except in the
+    agent setting; `model`: the directory to load instead of spec.model (bench_model_dir);
     `overrides`: Config fields to change (benchmarks/step_phases.py's --cpu-malloc)."""
     import dataclasses
 
     from grpolab.training.trainer import setup
 
-    cfg = dataclasses.replace(grpolab_config(spec, out), **overrides)
+    cfg = dataclasses.replace(grpolab_config(spec, out, model=model), **overrides)
     run = setup(cfg, log=lambda *_: None)
-    run.eos_ids = set()
+    if not spec.agent:
+        run.eos_ids = set()
     return run
 
 
 def measure(spec: Spec) -> dict:
     """One warm-up step, then spec.steps timed steps; per-step times, phases, tokens and peak memory."""
+    from grpolab.app.bench.spec import bench_model_dir
     from grpolab.training.step import peak_memory_mb, train_step
 
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-") as tmp:
-        run = setup_run(spec, f"{tmp}/run")
+        run = setup_run(spec, f"{tmp}/run", model=bench_model_dir(spec, tmp) if spec.agent else None)
         steps = []
         for step in range(1, spec.steps + 2):
             _sync(run.device)
@@ -79,6 +84,8 @@ def measure(spec: Spec) -> dict:
                 "prompt_tokens_mean": float(batch.rollout.prompt_mask.sum(-1).float().mean()),
                 "completion_tokens_mean": float(batch.rollout.lengths.float().mean()),
             })
+            if spec.agent:
+                steps[-1].update(agent_step(m, batch))
             print(f"grpolab step {step}{' (warm-up)' if step == 1 else ''}: {wall:.2f} s", file=sys.stderr, flush=True)
         phases = phase_precisions(run)
         label = phases["generation"] if phases["generation"] == phases["update"] else \
@@ -88,6 +95,16 @@ def measure(spec: Spec) -> dict:
                 "warmup": steps[0], "steps": steps[1:]}
         info.update(model_sizes(run.policy))
         return info
+
+
+def agent_step(m: dict, batch) -> dict:
+    """A multi-turn step's shapes, named as trl_side records TRL's: model turns and tool calls per
+    trajectory, tokens the environment added, tool-call turns that did not parse or failed."""
+    env_tokens = float(batch.rollout.env_mask.sum()) if batch.rollout.env_mask is not None else 0.0
+    errors = sum(v for k, v in m.items() if k.startswith("env/errors_"))
+    return {"turns_mean": m.get("env/turns_mean"), "tool_calls_mean": m.get("env/tool_calls_mean"),
+            "env_tokens": env_tokens, "tool_errors": float(errors),
+            "stopped": {k.split("env/stopped_")[1]: v for k, v in m.items() if k.startswith("env/stopped_")}}
 
 
 def phase_precisions(run) -> dict:

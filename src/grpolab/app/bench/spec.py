@@ -3,6 +3,12 @@
 A `Spec` is the resolved setting (model, prompts per step, G, forced completion length, beta, LoRA
 rank, device, precision, steps); the parent process writes it as JSON and every worker reads it, so
 grpolab and TRL see exactly the same numbers, prompts and reward function.
+
+The multi-turn setting (`--setting agent`) adds what both sides share for tool use: one chat template
+(Qwen2.5's, on SmolLM2's <|im_start|>/<|im_end|> tokens, written into a copy of the model directory
+that both load: `bench_model_dir`), one environment written once in TRL's `environment_factory` form
+(`BenchCalculator`, whose tool `add` runs when the model writes a `<tool_call>`), the same few-shot
+prompts, and limits that mean the same on both sides (`agent_limits`).
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ SETTINGS = {  # --setting presets; an explicit flag overrides the preset's value
     "a": {"new_tokens": 64, "beta": 0.0, "lora_r": 0},
     "b": {"new_tokens": 128, "beta": 0.04, "lora_r": 0},
     "c": {"new_tokens": 128, "beta": 0.04, "lora_r": 16},
+    # multi-turn: new_tokens is the most tokens of one model turn; max_turns model turns (max_turns - 1 tool calls)
+    "agent": {"new_tokens": 48, "beta": 0.0, "lora_r": 0, "agent": True, "max_turns": 3},
 }
-DEFAULTS = {"new_tokens": 64, "beta": 0.0, "lora_r": 0}
+DEFAULTS = {"new_tokens": 64, "beta": 0.0, "lora_r": 0, "agent": False, "max_turns": 3}
 INSTALL_TRL = ("TRL is not installed; the comparison needs it: pip install 'grpolab[bench]' "
                "(trl==1.16.0, peft), or run grpolab alone with --against none")
 LOGP_TOL = 1e-3  # fp32: max |log pi_grpolab - log pi_TRL| over the check's tokens
 
-USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c] [--prompts 2] [--G 8] [--new-tokens 64]
-                     [--beta 0] [--lora-r 0] [--precision auto|fp32|bf16] [--trl-precision both]
+USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c|agent] [--prompts 2] [--G 8] [--new-tokens 64]
+                     [--beta 0] [--lora-r 0] [--max-turns 3] [--precision auto|fp32|bf16] [--trl-precision both]
                      [--device cpu|cuda|auto] [--against trl|none] [--steps 3] [--rounds 2] [--json-out FILE]
                      [--threads 0] [--lr 1e-6] [--seed 0]
 
@@ -33,7 +41,10 @@ alternating (grpolab, TRL, grpolab, TRL, ...), one warm-up step then --steps tim
 Every completion is forced to --new-tokens tokens (no early EOS) on both sides, so both do the same
 work; a log-prob check first confirms that both compute the same per-token log-probs.
 --against none: grpolab alone, its phases against the FLOP floor of this machine.
-Settings: a = 64 tokens, beta 0; b = 128 tokens, beta 0.04; c = b with LoRA r=16 on all linear layers."""
+Settings: a = 64 tokens, beta 0; b = 128 tokens, beta 0.04; c = b with LoRA r=16 on all linear layers;
+agent = multi-turn tool use against TRL's environment_factory: at most --max-turns 3 model turns of at most
+--new-tokens 48 tokens each, ended by EOS (not forced: a tool call needs the turn to end), one tool `add`,
+the same Qwen2.5 chat template and few-shot prompts on both sides."""
 
 
 @dataclass
@@ -57,6 +68,8 @@ class Spec:
     seed: int = 0
     threads: int = 0  # torch CPU threads in every worker (0: torch's default)
     json_out: str | None = None
+    agent: bool = False  # multi-turn tool use (--setting agent): new_tokens is then the limit of one turn
+    max_turns: int = 3  # agent: most model turns per trajectory (TRL: max_tool_calling_iterations = max_turns - 1)
 
     @property
     def completions(self) -> int:
@@ -68,8 +81,15 @@ class Spec:
     def describe(self) -> str:
         ft = f"LoRA r={self.lora_r} on all linear layers" if self.lora_r else "full fine-tuning"
         head = f"setting {self.setting}: " if self.setting else ""
+        if self.agent:
+            lim = agent_limits(self)
+            length = (f"multi-turn tool use (env {ENV_NAME.split(':')[1]}, Qwen2.5 chat template): at most "
+                      f"{self.max_turns} turns of at most {self.new_tokens} tokens each (ended by EOS, not forced), "
+                      f"TRL budget {lim['trl_max_completion_length']} tokens with tool replies")
+        else:
+            length = f"{self.new_tokens} new tokens (forced)"
         return (f"{head}{self.model}, {self.prompts} prompts x G={self.G} = {self.completions} completions, "
-                f"{self.new_tokens} new tokens (forced), beta {self.beta:g}, {ft}")
+                f"{length}, beta {self.beta:g}, {ft}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,12 +104,14 @@ def parser() -> argparse.ArgumentParser:
                                  description=USAGE.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m (bundled) or a local HF model directory")
-    ap.add_argument("--setting", choices=sorted(SETTINGS), help="a preset (a, b, c); explicit flags override it")
+    ap.add_argument("--setting", choices=sorted(SETTINGS), help="a preset (a, b, c, agent); explicit flags override it")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step (default 2)")
     ap.add_argument("--G", type=int, default=8, help="completions per prompt (default 8)")
-    ap.add_argument("--new-tokens", type=int, help="completion length, forced on both sides (default 64)")
+    ap.add_argument("--new-tokens", type=int, help="completion length, forced on both sides (default 64); --setting agent: the most "
+                    "tokens of one turn, not forced (48)")
     ap.add_argument("--beta", type=float, help="KL coefficient; > 0 adds the reference pass (default 0)")
     ap.add_argument("--lora-r", type=int, help="LoRA rank on all linear layers, 0 = full fine-tuning (default 0)")
+    ap.add_argument("--max-turns", type=int, help="--setting agent: most model turns per trajectory (default 3)")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="grpolab's precision")
     ap.add_argument("--trl-precision", default="both", choices=["fp32", "bf16", "both"],
                     help="TRL's precision (bf16=True/False); both = two TRL configurations (default)")
@@ -110,8 +132,8 @@ def parser() -> argparse.ArgumentParser:
 def parse_spec(argv: list[str]) -> Spec:
     """The command line as a Spec. argparse exits 2 on a malformed flag; a bad value raises ConfigError (2)."""
     ns = parser().parse_args(argv)
-    preset = SETTINGS[ns.setting] if ns.setting else DEFAULTS
-    vals = {k: getattr(ns, k) if getattr(ns, k) is not None else preset[k] for k in DEFAULTS}
+    preset = {**DEFAULTS, **(SETTINGS[ns.setting] if ns.setting else {})}
+    vals = {k: getattr(ns, k, None) if getattr(ns, k, None) is not None else preset[k] for k in DEFAULTS}
     spec = Spec(model=ns.model, setting=ns.setting, prompts=ns.prompts, G=ns.G, precision=ns.precision,
                 trl_precision=ns.trl_precision, device=ns.device, against=ns.against, steps=ns.steps,
                 rounds=ns.rounds, lr=ns.lr, seed=ns.seed, threads=ns.threads, json_out=ns.json_out, **vals)
@@ -131,6 +153,8 @@ def check(spec: Spec) -> None:
         (spec.rounds >= 1, "--rounds", "must be >= 1"),
         (spec.lr > 0, "--lr", "must be > 0"),
         (spec.threads >= 0, "--threads", "must be >= 0 (0 = torch's default)"),
+        (spec.max_turns >= 1, "--max-turns", "must be >= 1"),
+        (spec.agent or spec.max_turns == DEFAULTS["max_turns"], "--max-turns", "applies to --setting agent only"),
     ]
     for ok, flag, msg in rules:
         if not ok:
@@ -143,12 +167,19 @@ def bench_reward(completions, **kwargs) -> list[float]:
     TRL passes chat completions as message lists, grpolab as strings; both read the same text."""
     out = []
     for c in completions:
-        text = c if isinstance(c, str) else "".join(m["content"] for m in c if isinstance(m, dict))
+        text = c if isinstance(c, str) else "".join(str(m.get("content") or "") for m in c if isinstance(m, dict))
         out.append((zlib.crc32(text.encode("utf-8")) % 1009) / 1008)
     return out
 
 
 REWARD_NAME = "grpolab.app.bench.spec:bench_reward"
+
+
+def bench_task(spec: Spec):
+    """The task both sides draw their prompts from: arithmetic (the agent setting: with its few-shot prompt)."""
+    from grpolab.tasks import build_task
+
+    return build_task("arithmetic", spec.seed, dict(AGENT_TASK_ARGS) if spec.agent else {})
 
 
 def step_prompts(spec: Spec, task, n_steps: int) -> list[list]:
@@ -171,25 +202,209 @@ def step_prompts(spec: Spec, task, n_steps: int) -> list[list]:
     return out
 
 
-def grpolab_recipe(spec: Spec, out: str, precision: str | None = None) -> dict:
-    """The grpolab config of the setting (micro-batching and everything else at grpolab's defaults)."""
-    recipe = {"model": spec.model, "task": "arithmetic", "rewards": [{"name": REWARD_NAME}],
+def grpolab_recipe(spec: Spec, out: str, precision: str | None = None, model: str | None = None) -> dict:
+    """The grpolab config of the setting (micro-batching and everything else at grpolab's defaults).
+    `model`: the directory to load instead of spec.model (the agent setting's copy with its chat template)."""
+    recipe = {"model": model or spec.model, "task": "arithmetic", "rewards": [{"name": REWARD_NAME}],
               "G": spec.G, "batch_size": spec.completions, "max_new_tokens": spec.new_tokens,
               "algo": {"name": "grpo", "beta": spec.beta}, "precision": precision or spec.precision,
               "lr": spec.lr, "device": spec.device, "seed": spec.seed, "steps": spec.steps + 1, "out": out,
               "threads": spec.threads,
               "eval_size": 0, "save_every": 0, "tensorboard": False, "progress": False, "report": False}
+    if spec.agent:
+        lim = agent_limits(spec)
+        recipe.update(task_args=dict(AGENT_TASK_ARGS), temperature=1.0, top_p=1.0,
+                      env={"name": ENV_NAME, "max_turns": lim["max_turns"], "max_turn_tokens": lim["turn_tokens"],
+                           "max_model_tokens": lim["model_tokens"], "max_env_tokens": lim["env_tokens"]})
     if spec.lora_r:
         recipe["lora"] = {"r": spec.lora_r, "alpha": 2.0 * spec.lora_r, "dropout": 0.0, "target_modules": "all-linear"}
     return recipe
 
 
-def grpolab_config(spec: Spec, out: str, precision: str | None = None):
+def grpolab_config(spec: Spec, out: str, precision: str | None = None, model: str | None = None):
     """The validated grpolab Config of the setting (ConfigError, exit 2, naming the key)."""
     from grpolab.training.config import build_config
 
-    return build_config(grpolab_recipe(spec, out, precision))
+    return build_config(grpolab_recipe(spec, out, precision, model))
 
 
-__all__ = ["Spec", "SETTINGS", "INSTALL_TRL", "LOGP_TOL", "bench_reward", "check", "grpolab_config",
-           "parse_spec", "step_prompts"]
+# ----------------------------------------------------------------------------- the multi-turn setting
+
+ENV_REPLY_TOKENS = 64
+"""Environment tokens allowed per tool reply (the reply and the template's role headers around it: about 17
+for a sum); with the limits of `agent_limits` no limit but the turn's and the turn count ever binds."""
+
+# Qwen2.5's chat template, as TRL 1.16 ships it (trl/chat_templates/qwen2_5.jinja): it renders tools and tool
+# calls (TRL's supports_tool_calling), appends only (TRL's is_chat_template_prefix_preserving and grpolab's
+# append_only_problem), and TRL knows how to parse its tool calls (add_response_schema). SmolLM2 has the same
+# <|im_start|>/<|im_end|> special tokens, so the bundled model reads it as its own format plus a tools section.
+BENCH_CHAT_TEMPLATE = (
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    "    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    "    {%- endif %}\n"
+    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    "    {%- for tool in tools %}\n"
+    "        {{- \"\\n\" }}\n"
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+    "{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == "
+    "\"assistant\" and not message.tool_calls) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n"
+    "        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n"
+    "            {{- '\\n' + message.content }}\n"
+    "        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n"
+    "            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n"
+    "            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    "            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n"
+    "            {{- tool_call.arguments | tojson }}\n"
+    "            {{- '}\\n</tool_call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
+
+class BenchCalculator:
+    """The agent setting's environment, written once in TRL's `environment_factory` form and given as is to
+    both sides (grpolab: env.name=grpolab.app.bench.spec:BenchCalculator; TRL: environment_factory=BenchCalculator).
+    Its one tool, `add`, runs when the model writes a `<tool_call>` for it; a turn without a call ends the
+    trajectory. It owns no reward: both sides score with `bench_reward`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def reset(self, **kwargs) -> None:
+        """A new trajectory: nothing to add to the prompt (the few-shot prompt is the task's)."""
+        self.calls = 0
+
+    def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+
+        Returns:
+            The sum, as text.
+        """
+        self.calls += 1
+        return str(int(a) + int(b))
+
+
+ENV_NAME = "grpolab.app.bench.spec:BenchCalculator"
+
+
+def _shot(a: int, b: int) -> str:
+    """One solved example in the template's own rendering: the question, the assistant's call, the tool's reply,
+    the assistant's answer, then the next user turn opens."""
+    return (f"What is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+            f'{{{{"name": "add", "arguments": {{{{"a": {a}, "b": {b}}}}}}}}}\n</tool_call><|im_end|>\n'
+            f"<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n"
+            f"<|im_start|>assistant\nThe answer is {a + b}.<|im_end|>\n<|im_start|>user\n")
+
+
+# The bundled model writes no tool call when only shown the tools section; after two solved examples in the
+# conversation it calls `add` in some of its first turns (docs/performance.md, "Multi-turn: tool use against
+# TRL's environment_factory"). The examples are part of the user message's text, written in the template's
+# rendering (special tokens included), so the prompt is token for token the rendering of a real two-shot tool
+# conversation on both sides (tests/test_bench.py checks it).
+AGENT_TASK_ARGS = {"digits": 2, "operators": "+", "system_prompt": "You are a helpful assistant.",
+                   "template": _shot(12, 30) + _shot(57, 16) + "What is {question}?"}
+FEWSHOT_EXAMPLES = ((12, 30), (57, 16))
+
+
+def agent_limits(spec: Spec) -> dict:
+    """The multi-turn limits of both sides, from --new-tokens (T, one turn) and --max-turns (K):
+
+    grpolab  env.max_turn_tokens = T, env.max_turns = K, env.max_model_tokens = K T,
+             env.max_env_tokens = (K - 1) ENV_REPLY_TOKENS
+    TRL      generation_kwargs max_new_tokens = T (each generate call: one turn), max_tool_calling_iterations = K - 1,
+             max_completion_length = K T + (K - 1) ENV_REPLY_TOKENS (TRL's budget counts the tool replies too)
+
+    so a turn ends at EOS or T tokens on both, at most K turns, and neither total budget binds first."""
+    T, K = spec.new_tokens, spec.max_turns
+    env = max(1, (K - 1) * ENV_REPLY_TOKENS)
+    return {"turn_tokens": T, "max_turns": K, "model_tokens": K * T, "env_tokens": env,
+            "trl_max_new_tokens": T, "trl_tool_iterations": K - 1, "trl_max_completion_length": K * T + (K - 1) * ENV_REPLY_TOKENS}
+
+
+def bench_model_dir(spec: Spec, dest: str) -> str:
+    """The model directory both sides load. The agent setting: a copy of spec.model's directory in `dest`
+    (weights linked, not copied) whose chat template is BENCH_CHAT_TEMPLATE; otherwise spec.model's own."""
+    import json
+    import os
+    from pathlib import Path
+
+    from grpolab.model.load import model_dir
+
+    src = Path(model_dir(spec.model, log=lambda *_: None))
+    if not spec.agent:
+        return str(src)
+    out = Path(dest) / "bench-model"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json") or not f.is_file():
+            continue
+        if not (out / f.name).exists():
+            os.symlink(f.resolve(), out / f.name)
+    cfg = json.loads((src / "tokenizer_config.json").read_text()) if (src / "tokenizer_config.json").exists() else {}
+    cfg.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "chat_template.jinja").write_text(BENCH_CHAT_TEMPLATE)
+    return str(out)
+
+
+__all__ = [
+    "AGENT_TASK_ARGS",
+    "BENCH_CHAT_TEMPLATE",
+    "ENV_NAME",
+    "INSTALL_TRL",
+    "LOGP_TOL",
+    "SETTINGS",
+    "BenchCalculator",
+    "Spec",
+    "agent_limits",
+    "bench_model_dir",
+    "bench_reward",
+    "bench_task",
+    "check",
+    "grpolab_config",
+    "parse_spec",
+    "step_prompts",
+]

@@ -8,6 +8,11 @@ top_p 1, reward function and prompts (shuffle_dataset=False, in grpolab's order)
 logging, no saving. Its defaults that stay: loss_type "dapo", gradient_checkpointing=True, AdamW.
 With LoRA: peft_config=LoraConfig(r, lora_alpha=2r, lora_dropout=0, target_modules="all-linear"), the
 same adapter as grpolab's lora.r=r lora.alpha=2r (every linear layer but the LM head).
+
+The agent setting: environment_factory=BenchCalculator, the tokenizer of bench_model_dir (Qwen2.5's template,
+TRL's response parser for it), generation_kwargs={"max_new_tokens": T} (one generate call is one turn),
+max_tool_calling_iterations = K - 1 and max_completion_length = K T + (K - 1) ENV_REPLY_TOKENS (spec.agent_limits);
+no min_new_tokens: a turn ends at EOS, as grpolab's does.
 """
 
 from __future__ import annotations
@@ -46,24 +51,53 @@ def make_trainer(spec: Spec, model_path: str, precision: str, prompts: list[list
     on_cpu = _device(spec) == "cpu"
     args = GRPOConfig(
         output_dir=out_dir, per_device_train_batch_size=spec.completions, num_generations=spec.G,
-        gradient_accumulation_steps=1, max_completion_length=spec.new_tokens,
-        generation_kwargs={"min_new_tokens": spec.new_tokens}, beta=spec.beta, learning_rate=spec.lr,
+        gradient_accumulation_steps=1, beta=spec.beta, learning_rate=spec.lr,
         temperature=1.0, top_p=1.0, bf16=precision == "bf16", use_cpu=on_cpu, report_to="none",
         logging_strategy="no", save_strategy="no", max_steps=max_steps, shuffle_dataset=False, seed=spec.seed,
-        disable_tqdm=True, use_vllm=False)
+        disable_tqdm=True, use_vllm=False, **trl_shape_args(spec))
     peft_config = None
     if spec.lora_r:
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0, target_modules="all-linear",
                                  task_type="CAUSAL_LM")
+    agent = {}
+    if spec.agent:
+        import os
+
+        from grpolab.app.bench.spec import BenchCalculator
+
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        agent = {"environment_factory": BenchCalculator, "processing_class": agent_tokenizer(model_path)}
     trainer = GRPOTrainer(model=str(model_path), reward_funcs=bench_reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": prompts}), peft_config=peft_config,
-                          callbacks=callbacks)
+                          callbacks=callbacks, **agent)
     if trainer.args.steps_per_generation != 1 or trainer.num_iterations != 1:
         raise RuntimeError(f"TRL would not generate at every optimizer step (steps_per_generation="
                            f"{trainer.args.steps_per_generation}, num_iterations={trainer.num_iterations})")
     return trainer
+
+
+def trl_shape_args(spec: Spec) -> dict:
+    """GRPOConfig's length arguments: forced length (single-turn), or the agent setting's limits."""
+    if not spec.agent:
+        return {"max_completion_length": spec.new_tokens, "generation_kwargs": {"min_new_tokens": spec.new_tokens}}
+    from grpolab.app.bench.spec import agent_limits
+
+    lim = agent_limits(spec)
+    return {"max_completion_length": lim["trl_max_completion_length"],
+            "generation_kwargs": {"max_new_tokens": lim["trl_max_new_tokens"]},
+            "max_tool_calling_iterations": lim["trl_tool_iterations"]}
+
+
+def agent_tokenizer(model_path: str):
+    """The tokenizer TRL would load itself (AutoProcessor, left padding and truncation) from the agent setting's
+    model directory, with the response parser TRL has for Qwen2.5's template (add_response_schema)."""
+    from transformers import AutoProcessor
+    from trl.chat_template_utils import add_response_schema
+
+    tok = AutoProcessor.from_pretrained(str(model_path), truncation_side="left", padding_side="left")
+    return add_response_schema(tok)  # ValueError if the template is not the one TRL ships as Qwen2.5's
 
 
 def _device(spec: Spec) -> str:
@@ -85,8 +119,9 @@ class _Clock:
     """Accumulated seconds and counts of the wrapped trainer methods."""
 
     def __init__(self):
-        self.v = {"generation_s": 0.0, "score_s": 0.0, "gen_and_score_s": 0.0, "generations": 0,
-                  "generated_tokens": 0.0, "trained_tokens": 0.0, "prompt_tokens": 0.0, "seqs": 0.0}
+        self.v = {"generation_s": 0.0, "score_s": 0.0, "gen_and_score_s": 0.0, "generations": 0, "rollouts": 0,
+                  "generated_tokens": 0.0, "trained_tokens": 0.0, "prompt_tokens": 0.0, "seqs": 0.0,
+                  "turn_rows": 0.0, "tool_calls": 0.0, "tool_failures": 0.0, "env_tokens": 0.0}
 
     def wrap(self, trainer) -> None:
         v = self.v
@@ -100,6 +135,7 @@ class _Clock:
             _sync()
             v["generation_s"] += time.perf_counter() - t
             v["generations"] += 1
+            v["turn_rows"] += float(len(out[0]))  # one turn of each row in this generate call
             v["generated_tokens"] += float(sum(len(c) for c in out[0]))
             return out
 
@@ -115,16 +151,32 @@ class _Clock:
             out = both(*a, **k)
             _sync()
             v["gen_and_score_s"] += time.perf_counter() - t
-            v["trained_tokens"] += float(out["completion_mask"].sum())
+            v["rollouts"] += 1
+            cmask = out["completion_mask"]
+            if "tool_mask" in out:  # multi-turn: the model's tokens are completion_mask * tool_mask
+                model = cmask * out["tool_mask"]
+                v["env_tokens"] += float((cmask - model).sum())
+                cmask = model
+            v["trained_tokens"] += float(cmask.sum())
             v["prompt_tokens"] += float(out["prompt_mask"].sum())
             v["seqs"] += float(out["completion_mask"].shape[0])
             return out
 
         trainer._generate_single_turn, trainer._calculate_rewards = timed_gen, timed_rew
         trainer._generate_and_score_completions = timed_both
+        if getattr(trainer, "tools", None):
+            loop = trainer._tool_call_loop
+
+            def counted_loop(*a, **k):
+                out = loop(*a, **k)
+                v["tool_calls"] += float(out[4])
+                v["tool_failures"] += float(out[5])
+                return out
+
+            trainer._tool_call_loop = counted_loop
 
 
-def _step_clock(clock: _Clock, steps: list):
+def _step_clock(clock: _Clock, steps: list, agent: bool = False):
     """A TrainerCallback recording each optimizer step: on_step_begin (after the data loader) to
     on_step_end (after the optimizer and scheduler step), with the wrapped methods' share of it."""
     from transformers import TrainerCallback
@@ -139,11 +191,15 @@ def _step_clock(clock: _Clock, steps: list):
             wall = time.perf_counter() - self.t
             d = {k: clock.v[k] - self.before[k] for k in clock.v}
             rest = d["gen_and_score_s"] - d["generation_s"] - d["score_s"]  # tokenising, the reference pass
+            seqs = max(d["seqs"], 1.0)
             steps.append({"step_s": wall, "generation_s": d["generation_s"], "score_s": d["score_s"],
                           "reference_s": max(0.0, rest), "update_s": max(0.0, wall - d["gen_and_score_s"]),
                           "generated_tokens": d["generated_tokens"], "trained_tokens": d["trained_tokens"],
-                          "generations": d["generations"], "seqs": d["seqs"],
-                          "prompt_tokens_mean": d["prompt_tokens"] / max(d["seqs"], 1.0)})
+                          "generations": d["generations"], "rollouts": d["rollouts"], "seqs": d["seqs"],
+                          "prompt_tokens_mean": d["prompt_tokens"] / seqs})
+            if agent:
+                steps[-1].update({"turns_mean": d["turn_rows"] / seqs, "tool_calls_mean": d["tool_calls"] / seqs,
+                                  "env_tokens": d["env_tokens"], "tool_errors": d["tool_failures"]})
             print(f"TRL step {len(steps)}{' (warm-up)' if len(steps) == 1 else ''}: {wall:.2f} s", file=sys.stderr,
                   flush=True)
 
@@ -159,13 +215,16 @@ def measure(spec: Spec, model_path: str, precision: str, prompts: list[list]) ->
     clock, steps = _Clock(), []
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-trl-") as tmp:
         trainer = make_trainer(spec, model_path, precision, prompts, tmp, spec.steps + 1,
-                               callbacks=[_step_clock(clock, steps)])
+                               callbacks=[_step_clock(clock, steps, spec.agent)])
         clock.wrap(trainer)
         trainer.train()
         trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    if len(steps) != spec.steps + 1 or any(s["generations"] != 1 for s in steps):
-        raise RuntimeError(f"TRL ran {len(steps)} steps with {[s['generations'] for s in steps]} generations each; "
-                           f"expected {spec.steps + 1} steps with one generation each")
+    # one rollout per optimizer step; single-turn: one generate call in it, multi-turn: one per turn
+    if len(steps) != spec.steps + 1 or any(s["rollouts"] != 1 or (s["generations"] != 1 and not spec.agent)
+                                           for s in steps):
+        raise RuntimeError(f"TRL ran {len(steps)} steps with {[s['rollouts'] for s in steps]} rollouts and "
+                           f"{[s['generations'] for s in steps]} generate calls each; expected {spec.steps + 1} "
+                           f"steps with one rollout each")
     device = torch.device(_device(spec))
     return {"precision": precision, "device": str(device), "trained_params": int(trained),
             "gradient_checkpointing": bool(trainer.args.gradient_checkpointing), "loss_type": trainer.loss_type,

@@ -22,7 +22,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpolab.app.bench.spec import LOGP_TOL, Spec, step_prompts
+from grpolab.app.bench.spec import (
+    ENV_NAME,
+    LOGP_TOL,
+    Spec,
+    bench_model_dir,
+    bench_task,
+    step_prompts,
+)
 from grpolab.util.fields import ConfigError
 
 
@@ -63,22 +70,26 @@ def run_grpolab(spec: Spec) -> dict:
 
 
 def run_trl(spec: Spec, precision: str) -> dict:
+    import tempfile
+
     from grpolab.app.bench.trl_side import import_trl, measure
-    from grpolab.tasks import build_task
 
     import_trl()  # before loading anything: a missing TRL says so at once
-    prompts = step_prompts(spec, build_task("arithmetic", spec.seed, {}), spec.steps + 1)
-    return measure(spec, _model_path(spec.model), precision, prompts)
+    prompts = step_prompts(spec, bench_task(spec), spec.steps + 1)
+    with tempfile.TemporaryDirectory(prefix="grpolab-bench-model-") as tmp:
+        return measure(spec, bench_model_dir(spec, tmp), precision, prompts)
 
 
 def run_check(spec: Spec, trl_model: str | None = None) -> dict:
-    """grpolab samples a few sequences (fp32, no EOS); grpolab and TRL score them; compare."""
+    """grpolab samples a few sequences (fp32, no EOS); grpolab and TRL score them; compare. The agent setting
+    checks the same on single-turn sequences of the same weights, then its own prompt and tool-reply tokens."""
     import torch
 
     from grpolab.app.bench.ours import check_sequences
     from grpolab.app.bench.trl_side import import_trl, trl_logps
 
     import_trl()
+    agent, spec = spec, Spec(**{**spec.to_dict(), "agent": False, "max_turns": Spec.max_turns})
     run, rollout, ours, msgs, ids = check_sequences(spec)
     G = rollout.G
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
@@ -95,7 +106,52 @@ def run_check(spec: Spec, trl_model: str | None = None) -> dict:
     if not same_prompts:
         raise CheckFailed("prompt check failed: TRL's chat template gives other prompt tokens than grpolab's")
     res["verdict"] = judge(diff)
+    if agent.agent:
+        res.update(agent_token_check(agent))
     return res
+
+
+def agent_token_check(spec: Spec, n_prompts: int = 2) -> dict:
+    """The agent setting: both sides' token ids of the first prompts (the few-shot conversation, the tools section
+    of the shared template) and of a tool reply between turns (grpolab's addition_ids, TRL's _get_tool_suffix_ids)
+    must be the same; CheckFailed names which differ."""
+    import tempfile
+
+    import torch
+
+    from grpolab.app.bench.trl_side import make_trainer
+    from grpolab.env.settings import EnvConfig
+    from grpolab.model.load import load_tokenizer
+    from grpolab.model.template import addition_ids, render
+    from grpolab.training.agents import load_environments, prompt_messages
+    from grpolab.training.run import step_rng
+
+    task = bench_task(spec)
+    with tempfile.TemporaryDirectory(prefix="grpolab-bench-model-") as tmp:
+        path = bench_model_dir(spec, tmp)
+        tok = load_tokenizer(path)
+        envs = load_environments(EnvConfig(name=ENV_NAME), tok, task.system_prompt)
+        tools = envs.tools or None
+        rng, _ = step_rng(spec.seed, 1, torch.device("cpu"))
+        examples = task.sample(n_prompts, rng)
+        ours = [list(tok(render(tok, prompt_messages(e, None, task.system_prompt), add_generation_prompt=True,
+                                tools=tools), add_special_tokens=False)["input_ids"]) for e in examples]
+        history = prompt_messages(examples[0], None, task.system_prompt) + [
+            {"role": "assistant", "content": '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'}]
+        reply = [{"role": "tool", "name": "add", "content": "3"}]
+        our_reply = addition_ids(tok, history, reply, tools)
+        msgs = step_prompts(Spec(**{**spec.to_dict(), "prompts": n_prompts}), task, 1)
+        trainer = make_trainer(spec, path, "fp32", msgs, f"{tmp}/trl", 1)
+        trainer._batch_environments = [None] * len(msgs)  # what _generate_and_score_completions sets per batch
+        theirs = [list(p) for p in trainer._tokenize_prompts(msgs)[0]]
+        their_reply = list(trainer._get_tool_suffix_ids(reply))
+    out = {"agent_same_prompt_tokens": ours == theirs, "agent_same_tool_reply_tokens": our_reply == their_reply,
+           "agent_prompt_tokens": [len(p) for p in ours], "agent_tool_reply_tokens": len(our_reply)}
+    if not out["agent_same_prompt_tokens"]:
+        raise CheckFailed("agent prompt check failed: grpolab and TRL render the tool prompt as other tokens")
+    if not out["agent_same_tool_reply_tokens"]:
+        raise CheckFailed(f"agent tool-reply check failed: grpolab adds {our_reply}, TRL {their_reply}")
+    return out
 
 
 def run_rate(spec: Spec) -> dict:
