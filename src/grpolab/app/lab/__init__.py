@@ -21,6 +21,7 @@ from grpolab.app.lab import (
     kl_claim,
     memory,
     scale,
+    tools,
 )
 
 LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
@@ -32,6 +33,7 @@ LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
     "aha": (aha.CLAIM, aha.run),
     "critic": (critic_claim.CLAIM, critic_claim.run),
     "kl": (kl_claim.CLAIM, kl_claim.run),
+    "tools": (tools.CLAIM, tools.run),
 }
 
 last_result: dict = {}

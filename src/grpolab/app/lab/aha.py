@@ -24,12 +24,7 @@ and algo=dr_grpo against algo=grpo on the same model (GRPO's per-sequence 1/|o| 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -74,33 +69,22 @@ def corpus(mix: dict[str, float], n: int, seed: int) -> list[tuple[str, str]]:
 def pretrained_model(mix_name: str, pretrain_steps: int, seed: int, log=print) -> tuple[Path, dict]:
     """The cached pre-trained model for these settings (built once). Returns (directory, info)."""
     from grpolab.app.lab import tinychar
-    from grpolab.model.load import cache_dir
+    from grpolab.app.lab.miniature import cached_model
 
     spec = {"mix": MIXES[mix_name], "pretrain_steps": pretrain_steps, "seed": seed, "model": MODEL,
             "n_texts": N_TEXTS, "version": VERSION}
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    target = cache_dir() / "lab" / f"aha-{mix_name}-{key}"
-    if (target / "pretrain.json").exists():
-        return target, json.loads((target / "pretrain.json").read_text())
-    log(f"pre-training the tiny model ({mix_name} mix, {pretrain_steps} steps; cached in {target})")
-    tok = tinychar.char_tokenizer()
-    model = tinychar.tiny_llama(tok, seed=seed, **MODEL)
-    info = tinychar.pretrain(model, tok, corpus(MIXES[mix_name], N_TEXTS, seed), steps=pretrain_steps, seed=seed,
-                             log=log)
-    info.update({"params": tinychar.n_params(model), "spec": spec})
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        tinychar.save(model, tok, tmp)
-        (tmp / "pretrain.json").write_text(json.dumps(info, indent=2))
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process built it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target, info
+
+    def build(directory: Path, target: Path) -> dict:
+        log(f"pre-training the tiny model ({mix_name} mix, {pretrain_steps} steps; cached in {target})")
+        tok = tinychar.char_tokenizer()
+        model = tinychar.tiny_llama(tok, seed=seed, **MODEL)
+        info = tinychar.pretrain(model, tok, corpus(MIXES[mix_name], N_TEXTS, seed), steps=pretrain_steps,
+                                 seed=seed, log=log)
+        info.update({"params": tinychar.n_params(model), "spec": spec})
+        tinychar.save(model, tok, directory)
+        return info
+
+    return cached_model(f"aha-{mix_name}", spec, build, log)
 
 
 def rl_config(model: Path, out: Path, *, steps: int, seed: int, algo: str, threads: int, lr: float):
@@ -117,30 +101,10 @@ def rl_config(model: Path, out: Path, *, steps: int, seed: int, algo: str, threa
 def train_arm(name: str, model: Path, out: Path, *, steps: int, seed: int, algo: str, threads: int,
               lr: float) -> tuple[list[dict], list[dict], float]:
     """One `grpolab train` run; returns (metrics records, sample records, seconds)."""
-    import contextlib
-    import io
+    from grpolab.app.lab.miniature import train_run
 
-    from grpolab.training.trainer import train
-    from grpolab.util.fileio import read_jsonl
-
-    run_dir = out / name
-    if (run_dir / "metrics.jsonl").exists():  # a previous lab run's output: replaced
-        shutil.rmtree(run_dir)
-    cfg = rl_config(model, run_dir, steps=steps, seed=seed, algo=algo, threads=threads, lr=lr)
-    t0 = time.perf_counter()
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):  # the trainer's own summary: kept in OUT/NAME/train.log
-        train(cfg)
-    (run_dir / "train.log").write_text(buf.getvalue())
-    for line in buf.getvalue().splitlines():
-        if line.startswith("warning:"):
-            print(f"  [{name}] {line}")
-    return read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "samples.jsonl"), time.perf_counter() - t0
-
-
-def _mean(xs):
-    xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
-    return sum(xs) / len(xs) if xs else float("nan")
+    # a previous lab run's output in OUT/NAME is replaced (train_run)
+    return train_run(name, rl_config(model, out / name, steps=steps, seed=seed, algo=algo, threads=threads, lr=lr))
 
 
 def per_step(metrics: list[dict], samples: list[dict]) -> list[dict]:
@@ -162,19 +126,8 @@ def per_step(metrics: list[dict], samples: list[dict]) -> list[dict]:
     return rows
 
 
-def blocks(rows: list[dict], n_blocks: int) -> list[dict]:
-    """Means of each column over n_blocks consecutive blocks of steps."""
-    n = len(rows)
-    out = []
-    for b in range(n_blocks):
-        part = rows[b * n // n_blocks:(b + 1) * n // n_blocks]
-        if part:
-            out.append({"steps": f"{part[0]['step']}-{part[-1]['step']}",
-                        **{k: _mean([r[k] for r in part]) for k in part[0] if k != "step"}})
-    return out
-
-
 def summary(rows: list[dict], n_blocks: int) -> dict:
+    from grpolab.app.lab.miniature import blocks
     from grpolab.training.diagnostics import pearson
 
     bl = blocks(rows, n_blocks)
@@ -189,28 +142,10 @@ def samples_at(samples: list[dict], step: int, k: int = 6) -> list[str]:
 
 def plot(arms: dict[str, list[dict]], path: Path) -> str | None:
     """Length and reward curves of every arm in one PNG; returns a message when matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:
-        return ("no PNG written: matplotlib is not installed (pip install 'grpolab[report]', "
-                "or pip install matplotlib)")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from grpolab.app.lab.miniature import plot_curves
 
-    fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, rows in arms.items():
-        steps = [r["step"] for r in rows]
-        ax_r.plot(steps, [r["reward"] for r in rows], label=name)
-        ax_l.plot(steps, [r["length"] for r in rows], label=name)
-    ax_r.set(title="reward (final answer only)", xlabel="step", ylabel="reward/mean")
-    ax_l.set(title="mean completion length", xlabel="step", ylabel="tokens (characters)")
-    for ax in (ax_r, ax_l):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    return plot_curves(arms, path, [("reward", "reward (final answer only)", "reward/mean"),
+                                    ("length", "mean completion length", "tokens (characters)")])
 
 
 def verdict(s: dict) -> str:
@@ -225,6 +160,7 @@ def verdict(s: dict) -> str:
 
 
 def run(argv: list[str]) -> dict:
+    from grpolab.app.lab.miniature import finish
     from grpolab.app.lab.tables import table
 
     ap = argparse.ArgumentParser(prog="grpolab lab aha", description=__doc__,
@@ -299,14 +235,4 @@ def run(argv: list[str]) -> dict:
             f"incorrect completions in the last block: {g['last']['length_incorrect']:.1f} tokens under grpo, "
             f"{dr['last']['length_incorrect']:.1f} under dr_grpo")
         print(res["ablation_verdict"])
-    note = plot(rows_by_arm, out / "aha.png")
-    res["png"] = None if note else str(out / "aha.png")
-    if note:
-        print(note)
-    res["time_s"] = time.perf_counter() - t0
-    res["verdict"] = main["verdict"]
-    res["per_step"] = rows_by_arm
-    (out / "aha.json").write_text(json.dumps(res, indent=2, default=float))
-    print(f"\n{res['verdict']}")
-    print(f"({res['time_s']:.0f} s in all; {out / 'aha.json'}" + (f", {res['png']})" if res["png"] else ")"))
-    return res
+    return finish(res, "grpo", rows_by_arm, out, "aha", plot, t0)
