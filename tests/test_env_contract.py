@@ -162,15 +162,11 @@ def test_trl_semantics_of_tool_methods():
     assert env.reward() is None
 
 
-def test_trl_derives_the_same_tool_names():
-    pytest.skip("TRL 1.16 has no standalone function that lists an environment's tools: the rule is inline in "
-                "GRPOTrainer.__init__ and _generate_and_score_completions (trl/trainer/grpo_trainer.py), "
-                "reachable only by building a trainer; test_trl_tool_rule_is_still_the_one_we_follow checks its "
-                "source instead")
-
-
 def test_trl_tool_rule_is_still_the_one_we_follow():
-    """Guard: the installed TRL still selects tools with the rule tool_method_names implements."""
+    """Guard: the installed TRL still selects tools with the rule tool_method_names implements. (TRL 1.16 has
+    no standalone function that lists an environment's tools to compare with: the rule is inline in
+    GRPOTrainer.__init__ and _generate_and_score_completions, reachable only by building a trainer, so
+    its source is checked instead.)"""
     spec = importlib.util.find_spec("trl")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("trl is not installed")
