@@ -8,13 +8,16 @@ environment (retry_arithmetic) still decides the turns: every wrong answer gets 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,52 @@ def test_audit_reports_turns_and_calls_in_an_environment(chatty_model_dir):
     assert res["main_reward"] == "env" and not res["gold_failures"]  # gold answers checked by math, not the env
     text = "\n".join(lines)
     assert "turns per trajectory" in text and "suggested env.max_model_tokens" in text
+
+
+def _agent_cli(model: Path, out: Path, *args: str) -> subprocess.Popen:
+    """`python -m grpolab train` of an agent run in its own session, so that signals reach only it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    base = [a for a in AGENT if not a.startswith(("steps=", "rewards="))] + ["rewards=[{name: format}]"]
+    return subprocess.Popen([sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", *base, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+
+
+def _wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = out / "metrics.jsonl"
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"{out}: fewer than {n} steps after {timeout}s")
+
+
+def test_sigterm_then_sigkill_of_an_agent_run_resume_exactly(chatty_model_dir, tmp_path):
+    """SIGTERM mid-run finishes the step, checkpoints and exits 143; a SIGKILL later loses at most the step
+    in flight; resumed each time, the final weights equal an uninterrupted agent run's, bit for bit."""
+    steps = ["steps=5", "save_every=1"]
+    straight = tmp_path / "straight"
+    proc = _agent_cli(chatty_model_dir, straight, *steps)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    out = tmp_path / "stopped"
+    proc = _agent_cli(chatty_model_dir, out, *steps)
+    _wait_for_steps(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and f"--resume {out}" in err and "Traceback" not in err, err[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    resume = [sys.executable, "-m", "grpolab", "train", "--resume", str(out)]
+    proc = subprocess.Popen(resume, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _wait_for_steps(out, 3, proc)
+    with contextlib.suppress(ProcessLookupError):  # (a resume that already finished: nothing to kill)
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc = subprocess.run(resume, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = Path("checkpoints") / "step-000005"
+    assert not changed(weights(straight / last), weights(out / last)), "a stopped, killed and resumed agent run drifted"
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5]
