@@ -109,7 +109,7 @@ LAYERS = [
     {"algo", "sandbox"},
     {"model", "rewards"},
     {"parallel", "tasks"},
-    {"env"},
+    {"env", "engine"},
     {"training"},
     {"app"},
     {"__main__", "rollout", "trainer"},

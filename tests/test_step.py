@@ -24,15 +24,19 @@ def test_step_rng_is_per_step_reproducible_and_on_the_device():
 
 
 def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_tokenizer):
-    """rollout_examples passes the step's generator through untouched, whatever the device. It used to
-    make a fresh CUDA generator seeded with the same seed on every call, so on a GPU every refill round
-    of dynamic sampling drew the same random numbers. Checked with a fake CUDA device and a stub
-    `generate`, so no GPU is needed (making a CUDA generator here would raise)."""
+    """rollout_examples passes the step's generator through the engine untouched, whatever the device. It
+    used to make a fresh CUDA generator seeded with the same seed on every call, so on a GPU every refill
+    round of dynamic sampling drew the same random numbers. Checked with a fake CUDA device and a stub
+    `generate` behind the native engine, so no GPU is needed (making a CUDA generator here would raise)."""
+    import grpolab.engine.native as native_mod
+    from grpolab.engine.native import NativeEngine
+
     seen = []
-    monkeypatch.setattr(step_mod, "generate", lambda *a, **k: seen.append(k["generator"]))
-    run = SimpleNamespace(tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), policy=None,
-                          device=torch.device("cuda"), amp_dtype=None, rollout_dtype=None, eos_ids={0},
-                          cfg=SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, decoder="auto"))
+    monkeypatch.setattr(native_mod, "generate", lambda *a, **k: seen.append(k["generator"]) or SimpleNamespace())
+    engine = NativeEngine(None, tiny_tokenizer, device=torch.device("cuda"), dtype=None, decoder="auto", eos_ids={0})
+    cfg = SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0)
+    run = SimpleNamespace(tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), engine=engine,
+                          sampling=lambda greedy=False: step_mod.Run.sampling(SimpleNamespace(cfg=cfg), greedy))
     gen = torch.Generator()
     examples = [SimpleNamespace(prompt="1+1?")]
     step_mod.rollout_examples(run, examples, G=2, generator=gen)

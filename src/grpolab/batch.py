@@ -6,6 +6,7 @@ Batch (what one step knows about its completions; each stage fills in its part).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -29,6 +30,26 @@ class Example:
     id: str = ""
 
 
+class Stop(str, Enum):
+    """Why a completion or a trajectory ended; one set of reasons for every engine. A str, so that
+    `stop == "answer"` holds and it is written to JSON as its value."""
+
+    EOS = "eos"  # single-turn: the model wrote an end-of-sequence token
+    LENGTH = "length"  # single-turn: max_new_tokens reached without EOS (truncated)
+    ANSWER = "answer"  # multi-turn: a turn the environment closed (it gave no reply, or said done)
+    MAX_TURNS = "max_turns"  # multi-turn: env.max_turns model turns
+    BUDGET = "budget"  # multi-turn: a turn ran out of tokens (env.max_turn_tokens or env.max_model_tokens)
+    ENV_TOKENS = "env_tokens"  # multi-turn: a reply would pass env.max_env_tokens
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the sample was cut by a limit rather than ended by the model or the environment."""
+        return self in (Stop.LENGTH, Stop.BUDGET, Stop.ENV_TOKENS)
+
+
 @dataclass
 class Rollout:
     """A batch of N = B*G completions, grouped contiguously: [p0 s0..s(G-1), p1 s0.., ...]."""
@@ -43,7 +64,8 @@ class Rollout:
     G: int
     env_mask: torch.Tensor | None = None  # (N, C) float, 1 = a token the environment inserted (multi-turn)
     conversations: list[list[dict]] | None = None  # multi-turn: the messages after the prompt, per row
-    stops: list[str] | None = None  # multi-turn: why each trajectory ended (grpolab.model.turns.Trajectory.stop)
+    stops: list[str] | None = None  # multi-turn: why each trajectory ended (Stop; grpolab.model.turns.Trajectory.stop)
+    version: int = 0  # the policy version that sampled it: optimizer steps taken when its weights were synced
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -67,7 +89,7 @@ class Rollout:
                        [self.texts[i] for i in il], self.G,
                        None if self.env_mask is None else self.env_mask[idx],
                        None if self.conversations is None else [self.conversations[i] for i in il],
-                       None if self.stops is None else [self.stops[i] for i in il])
+                       None if self.stops is None else [self.stops[i] for i in il], self.version)
 
 
 def _pad_id_of(parts: list[Rollout]) -> int:
@@ -110,6 +132,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int | None = None) -> Rollout:
         None if all(r.conversations is None for r in parts) else
         [c for r in parts for c in (r.conversations or [[] for _ in r.texts])],
         None if all(r.stops is None for r in parts) else [s for r in parts for s in (r.stops or ["" for _ in r.texts])],
+        min(r.version for r in parts),
     )
 
 

@@ -279,10 +279,11 @@ def policy_loss(
     n_tok: int,
     max_len: int,
     beta: float | None = None,
+    token_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch and its metrics.
 
-        loss = AGG( l_it + [algo.kl_in_loss] * beta * k_t )     over valid tokens
+        loss = AGG( w_it * l_it + [algo.kl_in_loss] * beta * k_t )     over valid tokens
 
     logp     (b,T) current-policy token log-probs (requires grad)
     old_logp (b,T) log-probs of the policy that sampled (or of theta_old when mu > 1); detached here
@@ -292,6 +293,8 @@ def policy_loss(
     n_seq, n_tok: sequences / valid tokens of the whole optimizer batch (micro-batch losses add up)
     max_len:  the max_new_tokens constant (token_sum_norm)
     beta:     overrides algo.beta (the current value of an AdaptiveKL)
+    token_weight (b,T) w_it, the sampler correction's importance weight (grpolab.algo.sampler), or
+              None (w = 1: the tokens were sampled by the trainer's own weights); detached here
 
     Metrics are floats, each a mean over this micro-batch's valid tokens (0.0 when it has none):
     loss/policy (the objective without KL), kl (mean k_t; only when ref_logp is given), loss/kl
@@ -313,6 +316,8 @@ def policy_loss(
     adv_tok = _where_valid(adv_tok, mask)  # (b, T)
 
     loss_tok, info = OBJECTIVES[algo.objective](logp, old_logp, adv_tok, mask, algo)  # (b, T)
+    if token_weight is not None:  # the sampler was not the trainer: w_it l_it
+        loss_tok = loss_tok * _where_valid(token_weight.detach().float(), mask)  # (b, T)
     total_tok = loss_tok  # (b, T)
 
     beta = algo.beta if beta is None else float(beta)

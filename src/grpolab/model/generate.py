@@ -9,69 +9,13 @@ The loop is ours, not `model.generate`, for three reasons that are each a speed-
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from grpolab.batch import Rollout
-from grpolab.model.cache import cache_of, left_pad, positions, with_cache
+from grpolab.batch import Rollout, Stop
+from grpolab.model.cache import positions
 from grpolab.model.sampling import sample_token
-
-
-class HFStepper:
-    """The rollout's model steps on the model's own forward and its KV cache (any causal LM)."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        self.cache, self.attn = cache_of(out), mask
-        return out.logits[:, -1]
-
-    def repeat(self, G: int) -> None:
-        self.cache.batch_repeat_interleave(G)
-        self.attn = self.attn.repeat_interleave(G, 0)
-
-    def keep(self, idx: torch.Tensor) -> None:
-        self.cache.batch_select_indices(idx)
-        self.attn = self.attn[idx]
-
-    def step(self, tok: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits after one new token per row; valid (n,) bool False: that row's slot is a hole (a row
-        waiting for the others to end their turn), which no later token attends to."""
-        new = torch.ones_like(self.attn[:, :1]) if valid is None else valid[:, None].to(self.attn.dtype)
-        self.attn = torch.cat([self.attn, new], dim=1)
-        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos[:, None],
-                         use_cache=True, **with_cache(self.model, self.cache))
-        self.cache = cache_of(out)
-        return out.logits[:, -1]
-
-    def extend(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Append L tokens per row onto the cache (environment tokens between turns), left-padded:
-        ids/mask/pos (n, L). Returns the logits after each row's last token (n, V)."""
-        self.attn = torch.cat([self.attn, mask.to(self.attn.dtype)], dim=1)
-        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, use_cache=True,
-                         logits_to_keep=1, **with_cache(self.model, self.cache))
-        self.cache = cache_of(out)
-        return out.logits[:, -1]
-
-
-def use_lean(decoder: str, dtype: torch.dtype | None, device: torch.device) -> bool:
-    """Whether a rollout in `dtype` (None: fp32) on `device` runs the lean step, for the `decoder` setting:
-    lean always; auto where it was measured faster than the HF forward: bf16 on a CPU (in fp32 its fused
-    products gain nothing and it copies the weights per rollout, so there it was slower; on a GPU it is
-    not yet measured); hf never. benchmarks/decode_step.py measures both; the figures are in
-    docs/performance.md, "The lean decode step"."""
-    return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device.type == "cpu")
-
-
-def stepper_for(model, dtype: torch.dtype, max_new_tokens: int, lean: bool):
-    """The lean step (grpolab.model.decoder) where the model is one it supports and `lean`, else HFStepper."""
-    from grpolab.model import decoder
-
-    w = decoder.weights_of(model, dtype) if lean else None
-    return decoder.LeanStepper(w, max_new_tokens) if w is not None else HFStepper(model)
+from grpolab.model.session import decode_session
+from grpolab.model.steppers import HFStepper, stepper_for, use_lean  # noqa: F401 (their old import path)
 
 
 @torch.no_grad()
@@ -83,26 +27,10 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
 
     lean: run the model through grpolab.model.decoder where it supports the model (Llama, Qwen2, Mistral),
     with its weights in `autocast_dtype` (else the model's own dtype); otherwise its HF forward."""
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = torch.tensor(sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long, device=device)
-    ids, mask = left_pad(prompt_ids, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    # One autocast context around the whole decode: autocast caches the low-precision copy of each
-    # weight only while its context is open, so entering it per forward call re-cast every weight at
-    # every token, which cost bf16 most of its gain over fp32 (benchmarks/bench_cpu.py; measured in
-    # docs/performance.md, "What the loop avoids").
-    was_training = model.training
-    model.eval()
-    try:
-        stepper = stepper_for(model, autocast_dtype or next(model.parameters()).dtype, max_new_tokens, lean)
-        hf = isinstance(stepper, HFStepper)  # the lean step holds its weights in the compute dtype already
-        amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype and hf else contextlib.nullcontext()
-        with amp:
-            return _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator,
-                           eos, pad_id)
-    finally:
-        model.train(was_training)
+    with decode_session(model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=max_new_tokens,
+                        lean=lean, eos_ids=eos_ids) as sess:
+        return _decode(sess.stepper, tokenizer, sess.ids, sess.mask, G, max_new_tokens, temperature, top_p, greedy,
+                       generator, sess.eos, sess.pad_id)
 
 
 def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator, eos,
@@ -146,6 +74,7 @@ def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p
         prompt_ids=ids.repeat_interleave(G, 0).cpu(), prompt_mask=mask.repeat_interleave(G, 0).cpu(),
         completion_ids=tokens.cpu(), completion_mask=cmask.cpu(), sample_logp=lps.float().cpu(),
         truncated=(~finished).cpu(), texts=texts, G=G,
+        stops=[Stop.EOS if f else Stop.LENGTH for f in finished.tolist()],
     )
 
 

@@ -11,7 +11,8 @@ run changes elsewhere:
   * a checkpoint holds the adapter (adapter_config.json + adapter_model.safetensors), not the model;
     grpolab.model.load.load_policy loads such a directory onto its base model, so `grpolab eval RUN` and
     `grpolab chat RUN` work on it as on any checkpoint;
-  * `grpolab export RUN --merged OUT` (grpolab.app.export) writes the merged weights as a plain model.
+  * `grpolab export RUN --merged OUT` (grpolab.app.export) writes the merged weights as a plain model;
+    an inference engine (grpolab.engine.vllm_engine) is sent them after each step (merged_weights).
 
 This module is a leaf: it imports only grpolab.batch at the top, and torch and peft (the optional
 `lora` extra) inside the functions that need them.
@@ -148,4 +149,33 @@ def trainable_parameters(model) -> list:
 
 
 __all__ = ["INSTALL", "LoraConfig", "adapter_base_path", "attach", "is_adapter_dir", "is_peft", "load_adapter",
-           "require_peft", "trainable_parameters", "validate_lora"]
+           "merged_weights", "require_peft", "trainable_parameters", "validate_lora"]
+
+
+def merged_weights(model) -> dict:
+    """The weights an inference engine should serve, under the plain model's names: the model's own
+    state, or under LoRA each adapted weight with its update merged in, W + (alpha / r) B A
+    (peft's get_delta_weight), computed aside: the policy's base weights are not touched (merging
+    in place and back would round them)."""
+    import torch
+
+    with torch.no_grad():
+        return _merged(model)
+
+
+def _merged(model) -> dict:
+    if not is_peft(model):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    out = {k.replace(".base_layer.", "."): v.detach() for k, v in base.state_dict().items() if "lora_" not in k}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not getattr(module, "merged", False):
+            key = f"{name}.weight"
+            w = out[key]
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    w = w + module.get_delta_weight(adapter).to(w.dtype)
+            out[key] = w
+    return out

@@ -16,16 +16,15 @@ This module knows nothing of tools or environments: `respond` is a plain functio
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from grpolab.batch import Rollout
+from grpolab.batch import Rollout, Stop
 from grpolab.model.cache import left_pad, positions
-from grpolab.model.generate import HFStepper, stepper_for
 from grpolab.model.sampling import sample_token
+from grpolab.model.session import decode_session
 
 
 @dataclass
@@ -36,7 +35,7 @@ class Trajectory:
     logp: list[float] = field(default_factory=list)  # 0.0 at environment tokens
     model: list[bool] = field(default_factory=list)  # True: the model sampled it
     turns: list[list[int]] = field(default_factory=list)  # the model's ids of each turn
-    stop: str = ""  # why it ended: "answer" (a turn the environment closed), "max_turns", "budget", "env_tokens"
+    stop: Stop | str = ""  # why it ended (grpolab.batch.Stop): answer, max_turns, budget, env_tokens
 
     def add(self, ids: list[int], logp: list[float] | None, model: bool) -> None:
         self.ids += ids
@@ -61,27 +60,15 @@ def generate_turns(model, tokenizer, prompt_ids: list[list[int]], respond: Respo
     every model token of every turn; max_env_tokens: the most environment tokens one trajectory may receive;
     max_turns: the most model turns. A turn that reaches a limit without EOS ends its trajectory
     (truncated); so does a reply that would pass max_env_tokens."""
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = torch.tensor(sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long,
-                       device=device)
-    ids, mask = left_pad(prompt_ids, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
     # cache slots: each turn takes max_turn_tokens (a row that ended its turn early waits as holes), and
     # each reply, left-padded to the batch's longest, at most max_env_tokens plus the turn's EOS
     capacity = max_turns * (max_turn_tokens + max_env_tokens + 1)
-    was_training = model.training
-    model.eval()
-    try:
-        stepper = stepper_for(model, autocast_dtype or next(model.parameters()).dtype, capacity, lean)
-        hf = isinstance(stepper, HFStepper)
-        amp = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype and hf else contextlib.nullcontext()
-        with amp:
-            trajs = _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens,
-                                  max_turns, temperature, top_p, greedy, generator, eos, pad_id)
-    finally:
-        model.train(was_training)
-    return _as_rollout(trajs, tokenizer, ids, mask, G, pad_id), trajs
+    with decode_session(model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=capacity, lean=lean,
+                        eos_ids=eos_ids) as sess:
+        ids, mask, pad_id = sess.ids, sess.mask, sess.pad_id
+        trajs = _decode_turns(sess.stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens,
+                              max_turns, temperature, top_p, greedy, generator, sess.eos, pad_id)
+    return as_rollout(trajs, tokenizer, ids, mask, G, pad_id), trajs
 
 
 def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens, max_turns,
@@ -127,22 +114,13 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
         replies = respond(row_list, turn_ids, eos_list)  # every turn is shown (an environment may score it)
         go_on, additions = [], []
         for i, r in enumerate(row_list):
+            stop = turn_stop(replies[i], eos_list[i], turn=turn, max_turns=max_turns,
+                             env_used=env_used[r], max_env_tokens=max_env_tokens,
+                             model_used=int(model_used[r]), max_model_tokens=max_model_tokens)
+            if stop is not None:
+                trajs[r].stop = stop
+                continue
             reply = replies[i]
-            if not eos_list[i]:  # the turn ran out of tokens: the trajectory is cut here
-                trajs[r].stop = "budget"
-                continue
-            if reply is None:
-                trajs[r].stop = "answer"
-                continue
-            if turn == max_turns:
-                trajs[r].stop = "max_turns"
-                continue
-            if env_used[r] + len(reply) > max_env_tokens:
-                trajs[r].stop = "env_tokens"
-                continue
-            if int(model_used[r]) >= max_model_tokens:
-                trajs[r].stop = "budget"
-                continue
             env_used[r] += len(reply)
             trajs[r].add(reply, None, model=False)
             go_on.append(i)
@@ -161,7 +139,25 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
     return trajs  # every trajectory has its stop: the last turn gives each live row one
 
 
-def _as_rollout(trajs: list[Trajectory], tokenizer, ids, mask, G, pad_id) -> Rollout:
+def turn_stop(reply: list[int] | None, ended_with_eos: bool, *, turn: int, max_turns: int, env_used: int,
+              max_env_tokens: int, model_used: int, max_model_tokens: int) -> Stop | None:
+    """Whether a trajectory ends after this turn, and why (None: it goes on with `reply`). Every engine's
+    multi-turn loop asks this, in this order: a turn cut by its token limit, the environment closing it,
+    the turn limit, a reply over the environment-token budget, the model-token budget spent."""
+    if not ended_with_eos:
+        return Stop.BUDGET
+    if reply is None:
+        return Stop.ANSWER
+    if turn == max_turns:
+        return Stop.MAX_TURNS
+    if env_used + len(reply) > max_env_tokens:
+        return Stop.ENV_TOKENS
+    if model_used >= max_model_tokens:
+        return Stop.BUDGET
+    return None
+
+
+def as_rollout(trajs: list[Trajectory], tokenizer, ids, mask, G, pad_id) -> Rollout:
     """The trajectories as one Rollout: completion = the whole stream after the prompt, right-padded;
     completion_mask marks the model's tokens, env_mask the environment's."""
     N = len(trajs)
@@ -176,7 +172,7 @@ def _as_rollout(trajs: list[Trajectory], tokenizer, ids, mask, G, pad_id) -> Rol
         emask[i, :L] = (~model).float()
         lps[i, :L] = torch.tensor(t.logp)
     texts = tokenizer.batch_decode([t.turns[-1] if t.turns else [] for t in trajs], skip_special_tokens=True)
-    truncated = torch.tensor([t.stop in ("budget", "env_tokens") for t in trajs])
+    truncated = torch.tensor([Stop(t.stop).truncated for t in trajs])
     return Rollout(prompt_ids=ids.repeat_interleave(G, 0).cpu(), prompt_mask=mask.repeat_interleave(G, 0).cpu(),
                    completion_ids=comp, completion_mask=cmask, sample_logp=lps, truncated=truncated, texts=texts,
-                   G=G, env_mask=emask)
+                   G=G, env_mask=emask, stops=[Stop(t.stop) for t in trajs])

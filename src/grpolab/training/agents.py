@@ -2,7 +2,7 @@
 
     envs = [factory() for each of the N = B*G trajectories];  env.reset(example fields)
     prompt = the user message (+ what reset returned), in the chat template, tools shown where it can
-    generate_turns(...)  (grpolab.model.turns): the model writes a turn;
+    run.engine.generate_turns(...)  (grpolab.engine: native or vLLM): the model writes a turn;
         respond: the batch's environments step concurrently (grpolab.env.run_turns); each reply's
                  messages become tokens by the template (grpolab.model.template.addition_ids)
     env rewards = env.reward() per trajectory; metrics: turns, calls, errors by kind, stop reasons
@@ -22,9 +22,8 @@ from grpolab.batch import Example, Rollout
 from grpolab.env import close_environment, load_environment, run_turns
 from grpolab.env.base import EnvConfigError
 from grpolab.env.settings import EnvConfig
-from grpolab.model.generate import use_lean
+from grpolab.engine.base import TurnLimits
 from grpolab.model.template import addition_ids, append_only_problem, render
-from grpolab.model.turns import generate_turns
 from grpolab.util.fields import ConfigError
 
 STOPS = ("answer", "max_turns", "budget", "env_tokens")
@@ -116,11 +115,9 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                 history[r] += reply.messages
             return out
 
-        rollout, trajs = generate_turns(
-            run.policy, tok, prompt_ids, respond, G=G, max_turn_tokens=s.max_turn_tokens,
-            max_model_tokens=s.max_model_tokens, max_env_tokens=s.max_env_tokens, max_turns=s.max_turns,
-            temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy, autocast_dtype=run.rollout_dtype,
-            generator=generator, eos_ids=run.eos_ids, lean=use_lean(run.cfg.decoder, run.rollout_dtype, run.device))
+        limits = TurnLimits(s.max_turn_tokens, s.max_model_tokens, s.max_env_tokens, s.max_turns)
+        rollout, trajs = run.engine.generate_turns(prompt_ids, respond, run.sampling(greedy), limits, G=G,
+                                                   generator=generator)
         rewards = [_safe_reward(env) for env in envs]
     finally:
         for env in envs:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from grpolab.algo.presets import AlgoConfig, resolve_algo
+from grpolab.engine.settings import RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
 from grpolab.util.fields import ConfigError, coerce_field, field_docs
@@ -50,6 +51,8 @@ class Config:
     """LoRA adapter (peft, the `lora` extra): lora.r=16 trains a rank-16 adapter instead of every weight; the reference is then the policy with its adapter off (see the LoRA section of README.md)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Multi-turn environment (docs/agents.md): env.name=retry_arithmetic, a TRL environment class `file.py:Name`, tools or a gym-style class; empty = single-turn."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout engine: rollout.engine=native|vllm|auto, its options, and the sampler/trainer correction (see the Rollout engines section of README.md)."""
     G: int = 8
     """Completions sampled per prompt (the group size; num_generations in TRL). G=1 gives GRPO no signal."""
     batch_size: int = 32
@@ -293,6 +296,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}: {msg}")
     validate_lora(cfg.lora)
     validate_env(cfg.env)
+    validate_rollout(cfg.rollout)
     from grpolab.tasks import TASKS
 
     if cfg.task not in TASKS:  # caught here, before any model is loaded
@@ -345,6 +349,8 @@ def help_text() -> str:
     lines += _option_lines("lora.", LoraConfig)
     lines += ["", "  env.* options (multi-turn environments, docs/agents.md; env.name empty = single-turn):"]
     lines += _option_lines("env.", EnvConfig)
+    lines += ["", "  rollout.* options (the rollout engine, README.md \"Rollout engines\"):"]
+    lines += _option_lines("rollout.", RolloutConfig)
     lines += ["", "  algo=NAME and algo.* options:"]
     lines += _option_lines("algo.", AlgoConfig)
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from torch import nn
 
 from grpolab.algo.advantages import AdvantageComponent
 from grpolab.algo.kl import AdaptiveKL
+from grpolab.engine.base import RolloutEngine, Sampling
 from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
@@ -98,6 +99,12 @@ class Run:
     """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
     environments: Environments | None = None
     """The multi-turn environment (grpolab.training.agents), None for single-turn rollouts (env.name empty)."""
+    engine: RolloutEngine | None = None
+    """What samples the rollouts (grpolab.engine: the native decode loop or vLLM), set by setup."""
+
+    def sampling(self, greedy: bool = False) -> Sampling:
+        """How the rollouts draw tokens: the run's temperature, top_p and max_new_tokens (greedy: argmax)."""
+        return Sampling(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, greedy)
 
     def pass_spec(self) -> PassSpec:
         """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the

@@ -28,7 +28,7 @@ from grpolab.algo.losses import policy_loss
 from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
-from grpolab.model.generate import generate, use_lean
+from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.model.passes import (
     idle_pass,
     logp_without_grad,
@@ -60,11 +60,7 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     """G completions for each example, in the model's chat template. `generator` (on run.device) is
     used as it is: the caller owns its stream."""
     ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
-    with gathered(run.policy):  # FSDP: unsharded once, not all-gathered per token (grpolab.parallel.fsdp)
-        return generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=run.cfg.max_new_tokens,
-                        temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy,
-                        autocast_dtype=run.rollout_dtype, generator=generator, eos_ids=run.eos_ids,
-                        lean=use_lean(run.cfg.decoder, run.rollout_dtype, run.device))
+    return run.engine.generate(ids, run.sampling(greedy), G=G, generator=generator)
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example]):
@@ -87,8 +83,7 @@ def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool
         t0 = time.perf_counter()
         scores = score(run, rollout, examples)
         return rollout, scores, {"time/score_s": time.perf_counter() - t0}
-    with gathered(run.policy):
-        rollout, env_rewards, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
+    rollout, env_rewards, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
     t0 = time.perf_counter()
     scores = score(run, rollout, examples)
     add_env_reward(scores, env_rewards, run.environments.settings.reward_weight)
@@ -156,8 +151,10 @@ def shape(run: Run, batch: Batch) -> None:
     (grpolab.algo.shaping), plus `groups/zero_std_frac` of the shaped reward."""
     algo, rollout = run.cfg.algo, batch.rollout
     kl_in_reward = batch.ref_logp is not None and algo.kl_in_reward
-    with gathered(run.policy, kl_in_reward and run.cfg.top_p < 1):  # FSDP: a no-grad policy pass (top_p < 1)
-        sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, top_p=run.cfg.top_p) \
+    exact = run.engine.samples_from_trainer  # else the sampler's log-probs are not the policy's: a pass
+    with gathered(run.policy, kl_in_reward and (run.cfg.top_p < 1 or not exact)):  # FSDP: a no-grad policy pass
+        sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, top_p=run.cfg.top_p,
+                                     sampler_is_policy=exact) \
             if kl_in_reward else None  # (N, C) log pi_theta of the sampled tokens
         shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
                                max_len=run.cfg.max_completion_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
@@ -188,7 +185,9 @@ def update(run: Run, batch: Batch) -> dict:
     run.nonfinite_streak for the loop's stop rule. Micro-batches hold whole groups (the
     prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
     the policy gradient and is not computed at all (`computed_groups`); the normalisers n_seq / n_tok
-    still count it, so the loss is unchanged.
+    still count it, so the loss is unchanged. When the engine that sampled is not the trainer (vLLM),
+    each token's policy term is weighted by the rollout.correction weight of log pi_old against the
+    sampler's log-probs (grpolab.algo.sampler), computed in the first pass and kept for every epoch.
     """
     cfg, algo, rollout = run.cfg, run.cfg.algo, batch.rollout
     N, C = rollout.completion_ids.shape
@@ -198,6 +197,8 @@ def update(run: Run, batch: Batch) -> dict:
     groups = computed_groups(batch, algo, run.advantage.computes_every_group).nonzero().squeeze(-1)  # (g,)
     batches = micro_batches(rollout, groups, spec.micro_batch)
     old_logp, last_logp, entropy_tok = torch.zeros((N, C)), torch.zeros((N, C)), torch.zeros((N, C))
+    correct = not run.engine.samples_from_trainer and run.cfg.rollout.correction != "none"
+    is_weight, is_clipped = torch.ones((N, C)), torch.zeros((N, C), dtype=torch.bool)
     d = run.ranks
     n_seq, n_tok, n_batches = (int(x) for x in global_counts(d, N, batch.n_tokens, len(batches)))  # global batch
     loss_infos: list[tuple[dict, float]] = []
@@ -218,6 +219,10 @@ def update(run: Run, batch: Batch) -> dict:
             last_logp[rows, :width] = logp.detach().cpu()
             if epoch == 0:
                 old_logp[rows, :width] = logp.detach().cpu()
+                if correct:
+                    is_weight[rows, :width], is_clipped[rows, :width] = correction_weights(
+                        old_logp[rows, :width], rollout.sample_logp[rows, :width], part_mask.cpu(),
+                        run.cfg.rollout.correction, run.cfg.rollout.correction_clip)
                 entropy_tok[rows, :width] = (entropy * part_mask).cpu()
                 tokens = float(part_mask.sum())
                 entropy_infos.append(({"entropy": float((entropy * part_mask).sum() / part_mask.sum().clamp(min=1))},
@@ -225,7 +230,8 @@ def update(run: Run, batch: Batch) -> dict:
             loss, info = policy_loss(
                 logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
                 beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
-                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_completion_tokens)
+                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_completion_tokens,
+                token_weight=is_weight[rows, :width].to(run.device) if correct else None)
             loss, value_info = run.advantage.add_loss(loss, spec, part, batch)
             loss.backward()
             loss_sum += float(loss.detach())
@@ -257,6 +263,10 @@ def update(run: Run, batch: Batch) -> dict:
                     "lr": run.scheduler.get_last_lr()[0], "kl/beta": beta})
     if grad_norms:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if not run.engine.samples_from_trainer and n_rows:  # over the computed rows: their log pi_old exists
+        computed = torch.cat(batches) if batches else torch.zeros(0, dtype=torch.long)
+        metrics.update(mismatch_metrics(old_logp[computed], rollout.sample_logp[computed],
+                                        rollout.completion_mask[computed], is_weight[computed], is_clipped[computed]))
     if is_sharded(run.policy):
         metrics["update/idle_passes"] = float(n_idle)
     return metrics
@@ -267,6 +277,7 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     t_start = time.perf_counter()
     batch = collect(run, step)
     if batch.empty:  # dynamic sampling found no informative group: nothing to learn from
+        run.engine.sync(run.policy, step)  # the weights did not move; the version does
         return {"step": step, **batch.metrics, "update/skipped": 1.0,
                 "time/step_s": time.perf_counter() - t_start}, batch
     t_update = time.perf_counter()
@@ -275,6 +286,8 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     batch.adv = run.advantage.targets(run.pass_spec(), batch)  # (N,) or (N, C)
     metrics = {**batch.metrics, "adv/abs_mean": float(batch.adv.abs().mean())}
     metrics.update(update(run, batch))
+    metrics["time/sync_s"] = run.engine.sync(run.policy, step)  # the next rollout samples these weights
+    metrics["rollout/policy_lag"] = float(step - 1 - batch.rollout.version)  # 0: sampled by the step's own weights
     kl_measured = "kl" in metrics  # in the loss or in the reward: the adaptive controller's input
     metrics.update(aha_metrics(batch, run.main_reward, run.cfg.reflection_phrases))  # docs/metrics.md, "aha"
     lengths = batch.rollout.lengths  # (N,)

@@ -25,6 +25,7 @@ import torch
 from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.batch import Batch, Example
+from grpolab.engine import EngineContext, EngineError, build_engine, choose
 from grpolab.model import precision
 from grpolab.model.generate import eos_token_ids
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
@@ -118,6 +119,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     environments = load_environments(cfg.env, tokenizer, task.system_prompt)  # checked before any model load
     if environments is not None and cfg.env.reward_weight > 0:  # the environment's reward, filled in by the step
         reward_fns.append(RewardFn(ENV_REWARD, cfg.env.reward_weight, _filled_by_the_step))
+    engine_name, why = choose_engine(cfg, path, device, dist, training=training)
+    log(f"rollout engine: {engine_name} ({why})")
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
     policy = load_policy(path, torch.device("cpu") if fsdp else device)
     policy.train()
@@ -145,10 +148,32 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                           weight_decay=cfg.weight_decay, sharded=fsdp)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
+    eos_ids = eos_token_ids(policy, tokenizer)
+    ctx = EngineContext(cfg.rollout, policy, tokenizer, path, device, prec.rollout, cfg.decoder, eos_ids,
+                        max_model_len=None, seed=cfg.seed)
+    try:
+        engine = build_engine(engine_name, ctx)
+    except EngineError as e:  # nothing written yet
+        raise RunStopped(f"rollout engine: {e}", 1) from e
+    if engine_name != "native":
+        log(f"rollout engine ready: {engine.describe()}")
     return Run(cfg=cfg, out=out, device=device, amp_dtype=prec.update, tokenizer=tokenizer, policy=policy,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
-               eos_ids=eos_token_ids(policy, tokenizer), advantage=advantage, kl=AdaptiveKL.from_algo(algo),
-               ref=ref, log=log, components=components, dist=dist, precision=prec, environments=environments)
+               eos_ids=eos_ids, advantage=advantage, kl=AdaptiveKL.from_algo(algo),
+               ref=ref, log=log, components=components, dist=dist, precision=prec, environments=environments,
+               engine=engine)
+
+
+def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, training: bool) -> tuple[str, str]:
+    """The rollout engine's name and why (grpolab.engine.choose); rollout.engine=vllm where it cannot run
+    is a usage error (exit 2), raised before anything is loaded or written."""
+    per_sample = cfg.max_completion_tokens
+    tokens = (cfg.steps * cfg.batch_size if training else 0) * per_sample + 2 * cfg.eval_size * per_sample
+    try:
+        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active,
+                      tokens=tokens)
+    except EngineError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _filled_by_the_step(completion: str, example: Example) -> float:
@@ -297,6 +322,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     run = setup(cfg, resume=resume, log=log, dist=d)
     distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
     start = resume_state(run, how) if resume else 0
+    run.engine.sync(run.policy, start)  # an engine with its own weights serves the checkpoint's
     main = d.main  # only rank 0 writes files, evaluates and shows progress
     if main:
         run.out.mkdir(parents=True, exist_ok=True)
@@ -322,7 +348,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     try:
         with StopSignals(log=log) as signals:
             for step in range(start + 1, cfg.steps + 1):
-                m, batch = train_step(run, step)
+                m, batch = engine_step(run, step)
                 watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
                 logger.log(m)
                 if cfg.samples_per_step and not batch.empty:
@@ -345,6 +371,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
         samples.close()
     with sharding.gathered(run.policy, cfg.eval_size > 0):
         after = evaluate(run, eval_set) if eval_set else None
+    run.engine.close()
     if not main:  # the other ranks are done: rank 0 writes the summary
         distributed.barrier(d)
         return {}
@@ -355,6 +382,15 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     print_summary(summary, console=console)
     distributed.barrier(d)
     return summary
+
+
+def engine_step(run: Run, step: int):
+    """train_step, with an engine that fails (vLLM refusing the new weights) stopping the run with its
+    reason (exit 1): the step was not checkpointed, the previous checkpoint is intact."""
+    try:
+        return train_step(run, step)
+    except EngineError as e:
+        raise RunStopped(f"step {step}: {e}. Continue with: {resume_command(run)}", 1) from e
 
 
 def _quiet(*args, **kwargs) -> None:

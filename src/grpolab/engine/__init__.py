@@ -1,0 +1,113 @@
+"""Rollout engines (layer 5, beside env/): what samples a step's completions, behind one seam.
+
+- `base`         the seam: RolloutEngine (generate, generate_turns, sync, close), Sampling, TurnLimits.
+- `native`       grpolab's own decode loop on the policy (grpolab.model.generate, grpolab.model.turns).
+- `vllm_engine`  vLLM in this process; weights synced after every optimizer step (the `vllm` extra).
+- `settings`     the recipe's rollout.* keys (RolloutConfig).
+
+ENGINES maps each `rollout.engine` name to its builder; `choose` resolves `auto` and says why. This
+is the only place that tells engines apart by name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grpolab.engine.base import EngineError, RolloutEngine, Sampling, TurnLimits
+from grpolab.engine.settings import RolloutConfig
+
+
+@dataclass
+class EngineContext:
+    """What an engine is built from."""
+
+    settings: RolloutConfig
+    policy: nn.Module
+    tokenizer: object
+    model_path: Path
+    device: torch.device
+    dtype: torch.dtype | None  # the rollout's compute dtype (grpolab.model.precision), None = fp32
+    decoder: str  # the `decoder` setting of the native engine
+    eos_ids: set[int]
+    max_model_len: int | None  # the longest sequence a rollout holds (None: the model's own limit)
+    seed: int
+
+
+def _native(ctx: EngineContext) -> RolloutEngine:
+    from grpolab.engine.native import NativeEngine
+
+    return NativeEngine(ctx.policy, ctx.tokenizer, device=ctx.device, dtype=ctx.dtype, decoder=ctx.decoder,
+                        eos_ids=ctx.eos_ids)
+
+
+def _vllm(ctx: EngineContext) -> RolloutEngine:
+    from grpolab.engine.vllm_engine import VllmEngine
+
+    return VllmEngine(ctx.settings, model_path=ctx.model_path, tokenizer=ctx.tokenizer, device=ctx.device,
+                      dtype=ctx.dtype, eos_ids=ctx.eos_ids, max_model_len=ctx.max_model_len, seed=ctx.seed)
+
+
+ENGINES: dict[str, Callable[[EngineContext], RolloutEngine]] = {"native": _native, "vllm": _vllm}
+
+# vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# auto on a CPU: vLLM where the run generates at least this many tokens. From the measurements in
+# docs/performance.md, "Rollout engines": start-up S (compiled) and the rates of both engines on this
+# model size give the break-even T = S / (1/rate_native - 1/rate_vllm).
+AUTO_MIN_TOKENS_CPU = 40_000
+
+
+def head_size(model_path: Path) -> int | None:
+    """The attention head size of the model in `model_path` (config.json), None if it cannot be read."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None
+
+
+def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> str | None:
+    """Why vLLM cannot serve this run (None: it can)."""
+    from grpolab.engine.vllm_engine import missing_reason
+
+    if distributed:
+        return "the vllm engine does not run under torchrun yet (each rank would start its own vLLM)"
+    hs = head_size(model_path)
+    if device.type == "cpu" and hs not in CPU_HEAD_SIZES:
+        return (f"vLLM's CPU attention does not take this model's head size ({hs}; it takes "
+                f"{', '.join(map(str, CPU_HEAD_SIZES))})")
+    return missing_reason()
+
+
+def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, distributed: bool,
+           tokens: int) -> tuple[str, str]:
+    """(engine name, why). `tokens`: the most tokens the run will generate (steps x batch x length)."""
+    if settings.engine == "native":
+        return "native", "rollout.engine=native"
+    unusable = vllm_unusable(model_path, device, distributed)
+    if settings.engine == "vllm":
+        if unusable:
+            raise EngineError(f"rollout.engine=vllm: {unusable}")
+        return "vllm", "rollout.engine=vllm"
+    if unusable:
+        return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
+    if device.type == "cpu" and tokens < AUTO_MIN_TOKENS_CPU:
+        return "native", (f"rollout.engine=auto: at most {tokens} tokens to generate, under the "
+                          f"{AUTO_MIN_TOKENS_CPU} where vLLM's start-up is repaid on a CPU")
+    return "vllm", ("rollout.engine=auto: vLLM is installed and supports the model"
+                    + (f", and up to {tokens} tokens repay its start-up" if device.type == "cpu" else " on a GPU"))
+
+
+def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
+    """The engine `name` (a key of ENGINES) for this run."""
+    return ENGINES[name](ctx)
+
+
+__all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "RolloutEngine", "Sampling", "TurnLimits",
+           "build_engine", "choose", "head_size", "vllm_unusable"]

@@ -1,0 +1,65 @@
+"""The seam between a training step and whatever samples its rollouts.
+
+    engine.generate(prompt_ids, sampling, G=G, generator=g)          -> Rollout (N = B*G rows)
+    engine.generate_turns(prompt_ids, respond, sampling, limits, ...) -> (Rollout, trajectories)
+    engine.sync(policy, version)   after every optimizer step: the engine samples from these weights
+    engine.close()
+
+Token ids in, token ids out: grpolab renders the chat template and tokenises; an engine never decodes
+and re-encodes the model's tokens. Every Rollout carries the log-prob of each sampled token under the
+engine's sampling distribution (after temperature and top-p) and the policy version that sampled it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from grpolab.batch import Rollout
+from grpolab.model.turns import Respond, Trajectory
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to draw tokens: the same for every engine."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """The limits of one multi-turn trajectory (env.* keys; grpolab.model.turns.generate_turns)."""
+
+    max_turn_tokens: int
+    max_model_tokens: int
+    max_env_tokens: int
+    max_turns: int
+
+
+class EngineError(RuntimeError):
+    """The engine failed to start or to take the new weights: the run stops, its last checkpoint intact."""
+
+
+class RolloutEngine(Protocol):
+    name: str
+    samples_from_trainer: bool
+    """True when the sampled log-probs are the trainer's own (the same weights, the same code): the
+    KL-in-reward shortcut may read them, and no importance correction applies."""
+    version: int
+    """Optimizer steps taken by the weights it samples from."""
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
+                 generator: torch.Generator | None = None) -> Rollout: ...
+
+    def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
+                       *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]: ...
+
+    def sync(self, policy: nn.Module, version: int) -> float: ...
+
+    def close(self) -> None: ...

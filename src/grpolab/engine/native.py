@@ -1,0 +1,62 @@
+"""grpolab's own decode loop as a rollout engine: it samples from the policy itself, so there is
+nothing to sync and its sampling log-probs are the trainer's (up to float rounding between the
+cached decoding and a full pass).
+
+It owns what its callers used to decide: the lean decode step or the model's own forward
+(grpolab.model.generate.use_lean), the rollout's autocast dtype, and FSDP's unsharding of the policy
+for the whole rollout (grpolab.parallel.fsdp.gathered)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from grpolab.batch import Rollout
+from grpolab.engine.base import Sampling, TurnLimits
+from grpolab.model.generate import generate, use_lean
+from grpolab.model.turns import Respond, Trajectory, generate_turns
+from grpolab.parallel.fsdp import gathered
+
+
+class NativeEngine:
+    name = "native"
+    samples_from_trainer = True
+
+    def __init__(self, policy: nn.Module, tokenizer, *, device: torch.device, dtype: torch.dtype | None,
+                 decoder: str, eos_ids: set[int]):
+        self.policy, self.tokenizer, self.dtype, self.eos_ids = policy, tokenizer, dtype, eos_ids
+        self.lean = use_lean(decoder, dtype, device)
+        self.version = 0
+
+    def describe(self) -> str:
+        how = "lean decode step" if self.lean else "the model's own forward"
+        return f"native ({how}, {'bf16' if self.dtype == torch.bfloat16 else 'fp32'})"
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
+                 generator: torch.Generator | None = None) -> Rollout:
+        with gathered(self.policy):  # FSDP: unsharded once, not all-gathered per token
+            rollout = generate(self.policy, self.tokenizer, prompt_ids, G=G, max_new_tokens=sampling.max_new_tokens,
+                               temperature=sampling.temperature, top_p=sampling.top_p, greedy=sampling.greedy,
+                               autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids, lean=self.lean)
+        rollout.version = self.version
+        return rollout
+
+    def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
+                       *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]:
+        with gathered(self.policy):
+            rollout, trajs = generate_turns(
+                self.policy, self.tokenizer, prompt_ids, respond, G=G, max_turn_tokens=limits.max_turn_tokens,
+                max_model_tokens=limits.max_model_tokens, max_env_tokens=limits.max_env_tokens,
+                max_turns=limits.max_turns, temperature=sampling.temperature, top_p=sampling.top_p,
+                greedy=sampling.greedy, autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids,
+                lean=self.lean)
+        rollout.version = self.version
+        return rollout, trajs
+
+    def sync(self, policy: nn.Module, version: int) -> float:
+        """Nothing to copy: the next rollout runs on the policy's weights as they are."""
+        self.version = version
+        return 0.0
+
+    def close(self) -> None:
+        pass

