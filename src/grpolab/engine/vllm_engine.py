@@ -79,7 +79,7 @@ class VllmEngine:
 
         self.dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
         self.eager = settings.vllm_eager
-        self.tokenizer, self.eos_ids, self.version = tokenizer, sorted(eos_ids), 0
+        self.tokenizer, self.eos_ids, self.version = tokenizer, set(eos_ids), 0
         self.pad_id = pad_id_of(tokenizer)
         threads = torch.get_num_threads()
         extra = {"gpu_memory_utilization": settings.vllm_gpu_memory} if device.type == "cuda" else {}
@@ -103,8 +103,9 @@ class VllmEngine:
 
         return SamplingParams(n=n, temperature=0.0 if sampling.greedy else sampling.temperature,
                               top_p=1.0 if sampling.greedy else sampling.top_p, max_tokens=max_tokens,
-                              logprobs=None if sampling.greedy else 0, seed=seed, stop_token_ids=self.eos_ids,
-                              detokenize=False, skip_special_tokens=False)
+                              logprobs=None if sampling.greedy else 0, seed=seed, stop_token_ids=sorted(self.eos_ids),
+                              detokenize=False, skip_special_tokens=False,
+                              ignore_eos=not self.eos_ids)  # no stop ids: vLLM would still stop at the config's EOS
 
     def _run(self, prompts: list[list[int]], params: list) -> list:
         from vllm.inputs import TokensPrompt

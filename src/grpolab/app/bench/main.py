@@ -104,6 +104,14 @@ def _f(x, fmt: str) -> str:
     return f"{'-':>{width}}" if x is None else format(x, fmt)
 
 
+def _label(name: str, c: dict | None = None) -> str:
+    """A configuration's row label: `grpolab bf16`, `grpolab+vllm bf16`, `TRL fp32` (precision where known)."""
+    if name.startswith("trl_"):
+        return name.replace("trl_", "TRL ")
+    base = name.replace("grpolab_", "grpolab+")
+    return f"{base} {c['precision']}" if c else base
+
+
 def table(result: dict) -> str:
     """The human-readable table of a result (what `grpolab bench` prints above the JSON line)."""
     spec = Spec.from_dict(result["spec"])
@@ -122,19 +130,20 @@ def table(result: dict) -> str:
         "".join(f"{p + ' s':>13}" for p in PHASES)
     lines.append(head)
     for name, c in result["configs"].items():
-        label = name.replace("trl_", "TRL ").replace("grpolab", f"grpolab {c['precision']}")
+        label = _label(name, c)
         lines.append(f"{label:24}{_f(c['s_per_step'], '9.2f')}{_f(c['gen_tok_s'], '11.1f')}"
                      f"{_f(c['train_tok_s'], '13.1f')}{_f(c['peak_mb'], '9.0f')}   "
                      + "".join(f"{_f(c['phases_s'][p], '13.2f')}" for p in PHASES))
-    for name, r in result.get("ratios", {}).items():
-        label = "grpolab / " + name.replace("trl_", "TRL ")
+    rows = [("grpolab / " + name.replace("trl_", "TRL "), r) for name, r in result.get("ratios", {}).items()]
+    rows += [(" / ".join(_label(n) for n in name.split("/")), r) for name, r in result.get("engine_ratios", {}).items()]
+    for label, r in rows:
         lines.append(f"{label:24}{_f(r['s_per_step'], '9.2f')}{_f(r['gen_tok_s'], '11.2f')}"
                      f"{_f(r['train_tok_s'], '13.2f')}{_f(r['peak_mb'], '9.2f')}")
     if any(c.get("agent") for c in result["configs"].values()):
         lines += ["", "multi-turn shapes, means over the timed steps (sampled, not forced: each side's own draw)",
                   f"{'':24}" + "".join(f"{h:>13}" for h in AGENT_SHAPES.values())]
         for name, c in result["configs"].items():
-            label = name.replace("trl_", "TRL ").replace("grpolab", f"grpolab {c['precision']}")
+            label = _label(name, c)
             lines.append(f"{label:24}" + "".join(_f(c["agent"].get(k), "13.2f") for k in AGENT_SHAPES))
         if result.get("logp_check", {}).get("agent_same_prompt_tokens") is not None:
             c = result["logp_check"]
@@ -188,8 +197,12 @@ def bench(spec: Spec) -> dict:
             _progress("grpolab bench: log-prob check (grpolab vs TRL on the same sequences, fp32)...")
             result["logp_check"] = run_worker("check", spec_path, tmp, label="log-prob check")
             _progress(f"  {result['logp_check']['verdict']}")
-        runs: dict[str, list[dict]] = {"grpolab": []}
-        order = [("grpolab", "grpolab", ())]
+        runs: dict[str, list[dict]] = {}
+        order = []
+        for engine in spec.engines():  # "grpolab" is the native engine's configuration, as before
+            name = "grpolab" if engine == "native" else f"grpolab_{engine}"
+            runs[name] = []
+            order.append((name, "grpolab", ("--engine", engine)))
         if spec.against == "trl":
             for p in spec.trl_precisions():
                 runs[f"trl_{p}"] = []
@@ -204,16 +217,23 @@ def bench(spec: Spec) -> dict:
                           f"({time.perf_counter() - t:.0f} s with loading)")
         configs = {name: summarise(rs) for name, rs in runs.items()}
         result["configs"] = configs
+        ours = [n for n in configs if n.startswith("grpolab")]
+        if len(ours) > 1:  # grpolab+vLLM against grpolab native
+            result["engine_ratios"] = {f"{n}/grpolab": ratios(configs[n], configs["grpolab"]) for n in ours[1:]}
         if spec.against == "trl":
-            result["ratios"] = {n: ratios(configs["grpolab"], c) for n, c in configs.items() if n != "grpolab"}
-            fastest = min((n for n in configs if n != "grpolab"), key=lambda n: configs[n]["s_per_step"])
+            first = ours[0]
+            theirs = [n for n in configs if n not in ours]
+            result["ratios"] = {n: ratios(configs[first], configs[n]) for n in theirs}
+            for n in ours[1:]:
+                result["engine_ratios"].update({f"{n}/{t}": ratios(configs[n], configs[t]) for t in theirs})
+            fastest = min(theirs, key=lambda n: configs[n]["s_per_step"])
             result["fastest_trl"] = fastest
-            result["grpolab_vs_fastest_trl"] = configs["grpolab"]["s_per_step"] / configs[fastest]["s_per_step"]
+            result["grpolab_vs_fastest_trl"] = configs[first]["s_per_step"] / configs[fastest]["s_per_step"]
         else:
             from grpolab.app.bench.floor import floor_table
 
             rates = run_worker("rate", spec_path, tmp, label="matmul rate")
-            ours = configs["grpolab"]
+            ours = configs[ours[0]]
             rows = floor_table(ours, rates, beta=spec.beta, lora=bool(spec.lora_r))
             s = ours["steps"]
             result["matmul_flops"] = rates

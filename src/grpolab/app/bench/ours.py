@@ -40,7 +40,7 @@ class _PhaseClock:
         self.mod.reference = self.orig
 
 
-def setup_run(spec: Spec, out: str, model: str | None = None, **overrides):
+def setup_run(spec: Spec, out: str, model: str | None = None, engine: str = "native", **overrides):
     """The grpolab Run of the setting, with EOS disabled (every completion runs to new_tokens) except in the
     agent setting; `model`: the directory to load instead of spec.model (bench_model_dir);
     `overrides`: Config fields to change (benchmarks/step_phases.py's --cpu-malloc)."""
@@ -48,20 +48,20 @@ def setup_run(spec: Spec, out: str, model: str | None = None, **overrides):
 
     from grpolab.training.trainer import setup
 
-    cfg = dataclasses.replace(grpolab_config(spec, out, model=model), **overrides)
+    cfg = dataclasses.replace(grpolab_config(spec, out, model=model, engine=engine), **overrides)
     run = setup(cfg, log=lambda *_: None)
     if not spec.agent:
-        run.eos_ids = set()
+        run.eos_ids = run.engine.eos_ids = set()  # the engine stops on its own copy
     return run
 
 
-def measure(spec: Spec) -> dict:
+def measure(spec: Spec, engine: str = "native") -> dict:
     """One warm-up step, then spec.steps timed steps; per-step times, phases, tokens and peak memory."""
     from grpolab.app.bench.spec import bench_model_dir
     from grpolab.training.step import peak_memory_mb, train_step
 
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-") as tmp:
-        run = setup_run(spec, f"{tmp}/run", model=bench_model_dir(spec, tmp) if spec.agent else None)
+        run = setup_run(spec, f"{tmp}/run", model=bench_model_dir(spec, tmp) if spec.agent else None, engine=engine)
         steps = []
         for step in range(1, spec.steps + 2):
             _sync(run.device)
@@ -90,7 +90,8 @@ def measure(spec: Spec) -> dict:
         phases = phase_precisions(run)
         label = phases["generation"] if phases["generation"] == phases["update"] else \
             f"{phases['generation']}/{phases['update']}"
-        info = {"precision": label, "phase_precision": phases, "device": str(run.device),
+        run.engine.close()
+        info = {"precision": label, "phase_precision": phases, "engine": run.engine.name, "device": str(run.device),
                 "trained_params": run.trained_params(), "peak_mb": peak_memory_mb(run.device),
                 "warmup": steps[0], "steps": steps[1:]}
         info.update(model_sizes(run.policy))

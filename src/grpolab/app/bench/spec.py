@@ -34,7 +34,7 @@ LOGP_TOL = 1e-3  # fp32: max |log pi_grpolab - log pi_TRL| over the check's toke
 USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c|agent] [--prompts 2] [--G 8] [--new-tokens 64]
                      [--beta 0] [--lora-r 0] [--max-turns 3] [--precision auto|fp32|bf16] [--trl-precision both]
                      [--device cpu|cuda|auto] [--against trl|none] [--steps 3] [--rounds 2] [--json-out FILE]
-                     [--threads 0] [--lr 1e-6] [--seed 0]
+                     [--threads 0] [--lr 1e-6] [--seed 0] [--engine native|vllm|both]
 
 The same GRPO configuration trained by grpolab and by TRL's GRPOTrainer, each in its own process,
 alternating (grpolab, TRL, grpolab, TRL, ...), one warm-up step then --steps timed steps each.
@@ -70,6 +70,10 @@ class Spec:
     json_out: str | None = None
     agent: bool = False  # multi-turn tool use (--setting agent): new_tokens is then the limit of one turn
     max_turns: int = 3  # agent: most model turns per trajectory (TRL: max_tool_calling_iterations = max_turns - 1)
+    engine: str = "native"  # grpolab's rollout engine(s): native, vllm, or both (two grpolab configurations)
+
+    def engines(self) -> list[str]:
+        return ["native", "vllm"] if self.engine == "both" else [self.engine]
 
     @property
     def completions(self) -> int:
@@ -126,6 +130,9 @@ def parser() -> argparse.ArgumentParser:
                     help="torch CPU threads of every worker, both sides (default 0: torch's own, one per core); on a "
                     "machine shared with other jobs, 1 avoids the slowdown of oversubscribed threads")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON result to FILE")
+    ap.add_argument("--engine", default="native", choices=["native", "vllm", "both"],
+                    help="grpolab's rollout engine (rollout.engine); both = grpolab native and grpolab+vLLM, each "
+                    "against TRL and against each other (default native)")
     return ap
 
 
@@ -136,7 +143,8 @@ def parse_spec(argv: list[str]) -> Spec:
     vals = {k: getattr(ns, k, None) if getattr(ns, k, None) is not None else preset[k] for k in DEFAULTS}
     spec = Spec(model=ns.model, setting=ns.setting, prompts=ns.prompts, G=ns.G, precision=ns.precision,
                 trl_precision=ns.trl_precision, device=ns.device, against=ns.against, steps=ns.steps,
-                rounds=ns.rounds, lr=ns.lr, seed=ns.seed, threads=ns.threads, json_out=ns.json_out, **vals)
+                rounds=ns.rounds, lr=ns.lr, seed=ns.seed, threads=ns.threads, json_out=ns.json_out, engine=ns.engine,
+                **vals)
     check(spec)
     return spec
 
@@ -202,7 +210,8 @@ def step_prompts(spec: Spec, task, n_steps: int) -> list[list]:
     return out
 
 
-def grpolab_recipe(spec: Spec, out: str, precision: str | None = None, model: str | None = None) -> dict:
+def grpolab_recipe(spec: Spec, out: str, precision: str | None = None, model: str | None = None,
+                   engine: str = "native") -> dict:
     """The grpolab config of the setting (micro-batching and everything else at grpolab's defaults).
     `model`: the directory to load instead of spec.model (the agent setting's copy with its chat template)."""
     recipe = {"model": model or spec.model, "task": "arithmetic", "rewards": [{"name": REWARD_NAME}],
@@ -210,7 +219,8 @@ def grpolab_recipe(spec: Spec, out: str, precision: str | None = None, model: st
               "algo": {"name": "grpo", "beta": spec.beta}, "precision": precision or spec.precision,
               "lr": spec.lr, "device": spec.device, "seed": spec.seed, "steps": spec.steps + 1, "out": out,
               "threads": spec.threads,
-              "eval_size": 0, "save_every": 0, "tensorboard": False, "progress": False, "report": False}
+              "eval_size": 0, "save_every": 0, "tensorboard": False, "progress": False, "report": False,
+              "rollout": {"engine": engine}}
     if spec.agent:
         lim = agent_limits(spec)
         recipe.update(task_args=dict(AGENT_TASK_ARGS), temperature=1.0, top_p=1.0,
@@ -221,11 +231,12 @@ def grpolab_recipe(spec: Spec, out: str, precision: str | None = None, model: st
     return recipe
 
 
-def grpolab_config(spec: Spec, out: str, precision: str | None = None, model: str | None = None):
+def grpolab_config(spec: Spec, out: str, precision: str | None = None, model: str | None = None,
+                   engine: str = "native"):
     """The validated grpolab Config of the setting (ConfigError, exit 2, naming the key)."""
     from grpolab.training.config import build_config
 
-    return build_config(grpolab_recipe(spec, out, precision, model))
+    return build_config(grpolab_recipe(spec, out, precision, model, engine))
 
 
 # ----------------------------------------------------------------------------- the multi-turn setting

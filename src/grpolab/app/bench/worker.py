@@ -63,10 +63,10 @@ def _model_path(name: str) -> str:
     return str(model_dir(name, log=lambda *_: None))
 
 
-def run_grpolab(spec: Spec) -> dict:
+def run_grpolab(spec: Spec, engine: str = "native") -> dict:
     from grpolab.app.bench.ours import measure
 
-    return measure(spec)
+    return measure(spec, engine)
 
 
 def run_trl(spec: Spec, precision: str) -> dict:
@@ -162,7 +162,7 @@ def run_rate(spec: Spec) -> dict:
 
 
 MODES = {  # what one worker process measures: mode -> fn(spec, parsed arguments) -> result dict
-    "grpolab": lambda spec, a: run_grpolab(spec),
+    "grpolab": lambda spec, a: run_grpolab(spec, a.engine),
     "trl": lambda spec, a: run_trl(spec, a.precision),
     "check": lambda spec, a: run_check(spec, a.trl_model),
     "rate": lambda spec, a: run_rate(spec),
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("spec", help="the Spec as a JSON file (written by grpolab bench)")
     ap.add_argument("out", help="where the result JSON goes")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="TRL's precision (mode trl)")
+    ap.add_argument("--engine", default="native", choices=["native", "vllm"], help="grpolab's rollout engine (mode grpolab)")
     ap.add_argument("--trl-model", help="mode check: give TRL this model instead (a check that must fail)")
     a = ap.parse_args(argv)
     with open(a.spec) as f:
