@@ -29,7 +29,7 @@ def train_cmd(algo: str, model: str, task: str, out: Path, steps: int, seed: int
     return [sys.executable, "-m", "grpolab.app.cli", "train", f"algo={algo}", f"model={model}", f"task={task}",
             f"out={out}", f"steps={steps}", f"seed={seed}", f"lr={lr}", "G=8", "batch_size=32", "micro_batch=32",
             "eval_size=0", "progress=false", "tensorboard=false", "report=false", "save_every=0",
-            "samples_per_step=8", "sample_tokens=64", "threads=1", "reward_workers=1", *extra]
+            "samples_per_step=8", "sample_tokens=64", "threads=1", "reward_workers=1", "rollout.engine=native", *extra]
 
 
 def within_sequence_spread(samples: list[dict]) -> float:

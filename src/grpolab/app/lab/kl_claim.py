@@ -101,7 +101,8 @@ def arm(beta: float, model: str, task: str, out: Path, steps: int, seed: int, lr
                         "algo": {"name": "grpo", "beta": beta}, "G": 8, "batch_size": 32, "micro_batch": 32,
                         "max_new_tokens": max_new_tokens, "lr": lr, "eval_size": 32, "save_every": 0,
                         "samples_per_step": 0, "tensorboard": False, "progress": False, "report": False,
-                        "threads": 1, "reward_workers": 1}, [])
+                        "threads": 1, "reward_workers": 1,
+                        "rollout": {"engine": "native"}}, [])  # the engine its numbers came from
     with contextlib.redirect_stdout(io.StringIO()):
         summary = train(cfg)
     ms = read_jsonl(out / "metrics.jsonl")

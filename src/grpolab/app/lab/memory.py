@@ -23,7 +23,7 @@ KEYS = (("params", "params trained"), ("peak_mb", "peak memory MB"), ("step_s", 
 def train_cmd(algo: str, steps: int, model: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "grpolab.app.cli", "train", f"algo={algo}", f"steps={steps}", f"out={out}",
             f"model={model}", "eval_size=0", "batch_size=16", "G=4", "max_new_tokens=16", "micro_batch=8",
-            "progress=false", "tensorboard=false", "algo.mu=1"]
+            "progress=false", "tensorboard=false", "algo.mu=1", "rollout.engine=native"]
 
 
 def train_one(algo: str, steps: int, model: str, workdir: Path) -> dict:

@@ -202,7 +202,8 @@ def rl_config(model: Path, run_dir: Path, data: tuple[Path, Path], env_class: st
               "algo": {"name": algo, "beta": 0.0}, "G": 8, "batch_size": 64, "micro_batch": 64,
               "temperature": 1.0, "lr": lr, "warmup_steps": 2, "eval_size": 64, "samples_per_step": 64,
               "save_every": 0, "tensorboard": False, "progress": False, "threads": threads, "reward_workers": 1,
-              "report": report, "sample_tokens": 0}
+              "report": report, "sample_tokens": 0,
+              "rollout": {"engine": "native"}}  # the lab measures a claim, on the engine its numbers came from
     return build_config(recipe, [])
 
 
