@@ -164,7 +164,8 @@ def run_python(code: str, *, timeout_s: float = 5.0, max_output_chars: int = 200
 
     Inside a tool call (grpolab.env.budget) the run waits for a sandbox slot, and runs, only until the
     call's deadline, and counts its own events: `timeout` when the program ran past timeout_s,
-    `truncated` when its output was cut, `budget` when no slot was free before the deadline.
+    `truncated` when its output was cut, `budget` when no slot was free before the deadline or the
+    program was stopped at it (the runner, waiting for the same deadline, usually reports that first).
     """
     from grpolab.sandbox import SandboxConfig, TestCase, run_tests
 
@@ -182,7 +183,10 @@ def run_python(code: str, *, timeout_s: float = 5.0, max_output_chars: int = 200
         parts.append(text)
         if removed:
             note_event("truncated")
-    if result.timed_out:
+    if result.timed_out and result.wall_s < timeout_s:  # stopped at the call's deadline, before its own limit
+        note_event("budget")
+        parts.append("Error: the program was stopped: the tool-time budget is spent.")
+    elif result.timed_out:
         note_event("timeout")
         parts.append(f"Error: the program ran longer than {timeout_s:g} s and was stopped.")
     elif result.load_error:
