@@ -5,6 +5,7 @@ instead of the model's (a random tiny model never writes these calls); later tur
 import json
 import shutil
 from pathlib import Path
+from typing import ClassVar
 
 from grpolab.env import close_environment, load_environment
 
@@ -42,7 +43,7 @@ class EchoTools:
 class Scripted:
     """A real environment whose first step gets the attacker's turn instead of the model's."""
 
-    tools: list = []
+    tools: ClassVar[list] = []
     inner_name = "calculator_python"
     turn = ""
 

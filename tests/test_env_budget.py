@@ -14,12 +14,12 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from scripted_envs import chatty_copy
 
 from grpolab.app.cli import main
-
 from grpolab.env import FunctionTools, load_environment, run_turns, stuck_calls
 from grpolab.env.budget import ToolBudget, call_deadline, note_event
 from grpolab.sandbox import SLOTS
@@ -88,7 +88,7 @@ def test_a_step_budget_bounds_the_whole_batch_over_its_turns():
 class _SlowEnv:
     """A user's environment whose step itself hangs (no ToolRunner to cut its calls)."""
 
-    tools: list = []
+    tools: ClassVar[list] = []
 
     def __init__(self) -> None:
         self.release = threading.Event()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from scripted_envs import chatty_copy
@@ -93,7 +94,7 @@ def test_the_parser_repairs_names_and_arguments_before_any_tool_sees_them():
 class _UserEnv:
     """A user's environment (no ToolRunner) whose reply and event names hold lone surrogates."""
 
-    tools: list = []
+    tools: ClassVar[list] = []
 
     def reset(self, fields):
         return None

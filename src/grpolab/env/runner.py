@@ -53,7 +53,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpolab.env.base import Reply
-from grpolab.env.budget import TrajectoryClock, current_clock, enter_call, trajectory_clock
+from grpolab.env.budget import (
+    TrajectoryClock,
+    current_clock,
+    enter_call,
+    trajectory_clock,
+)
 from grpolab.env.calls import ParseError, ToolCall
 from grpolab.env.schema import prepare_arguments
 from grpolab.util.text import safe_data
