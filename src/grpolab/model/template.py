@@ -151,6 +151,12 @@ def special_strings(tokenizer) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def _holds_special(text: str, specials: list[str]) -> bool:
+    """True if `text` contains one of `specials` (a first-character test skips most text in one pass)."""
+    firsts = {sp[0] for sp in specials}
+    return any(c in text for c in firsts) and any(sp in text for sp in specials)
+
+
 _MARK = "\ue000grpolab-env-text-{}\ue001"  # private-use characters: no template or tokenizer gives them meaning
 
 
@@ -162,7 +168,7 @@ def _marked(added: list[dict], specials: list[str]) -> tuple[list[dict], dict[st
     for m in added:
         m2 = dict(m)
         for k, v in m.items():
-            if k != "role" and isinstance(v, str) and any(sp in v for sp in specials):
+            if k != "role" and isinstance(v, str) and _holds_special(v, specials):
                 mark = _MARK.format(len(literal))
                 literal[mark] = v
                 m2[k] = mark
