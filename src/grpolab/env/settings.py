@@ -27,7 +27,7 @@ class EnvConfig:
     tool_budget_s: float = 60.0
     """Tool time of one trajectory, all its calls over all its turns (a call's wall time, waiting for a sandbox slot included); once spent, further calls are refused with an error message (env/errors_budget, env/tool_s_mean)."""
     step_tool_budget_s: float = 300.0
-    """Wall-clock time one step's rollout may spend waiting for its environments' tool calls, all turns together; once spent, every call still running is stopped and further ones refused (env/errors_budget, env/tool_wait_s)."""
+    """Wall-clock time one step's rollout may spend waiting for its environments' tool calls, all turns together (per collect round: DAPO's dynamic sampling gives each resampling round its own); once spent, every call still running is stopped and further ones refused (env/errors_budget, env/tool_wait_s)."""
     max_result_chars: int = 2000
     """A tool result longer than this is cut, with a visible marker (env/errors_truncated)."""
     reward_weight: float = 1.0
