@@ -106,7 +106,7 @@ class ToolBudget:
 # ----------------------------------------------------------------------------- what a running call sees
 
 _CLOCK: contextvars.ContextVar[TrajectoryClock | None] = contextvars.ContextVar("grpolab_tool_clock", default=None)
-_CALL: contextvars.ContextVar[tuple[float, Counter] | None] = contextvars.ContextVar("grpolab_tool_call", default=None)
+_CALL: contextvars.ContextVar[tuple[float | None, Counter] | None] = contextvars.ContextVar("grpolab_tool_call", default=None)
 
 
 def current_clock() -> TrajectoryClock | None:
@@ -124,9 +124,15 @@ def trajectory_clock(clock: TrajectoryClock | None):
         _CLOCK.reset(token)
 
 
-def enter_call(deadline: float, events: Counter) -> None:
-    """Set by the runner on the thread of one tool call: its deadline (monotonic) and its event counter."""
-    _CALL.set((deadline, events))
+@contextlib.contextmanager
+def in_call(deadline: float | None, events: Counter):
+    """Inside the block, the tool call in progress has this deadline (time.monotonic(); None: none) and
+    counts its own events into `events` (the runner wraps each call in it, on whichever thread runs it)."""
+    token = _CALL.set((deadline, events))
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
 
 
 def call_deadline() -> float | None:

@@ -53,12 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpolab.env.base import Reply
-from grpolab.env.budget import (
-    TrajectoryClock,
-    current_clock,
-    enter_call,
-    trajectory_clock,
-)
+from grpolab.env.budget import TrajectoryClock, current_clock, in_call, trajectory_clock
 from grpolab.env.calls import ParseError, ToolCall
 from grpolab.env.schema import prepare_arguments
 from grpolab.util.text import safe_data
@@ -165,13 +160,12 @@ def _invoke(fn: Callable, arguments: dict, convert: bool = True, deadline: float
     waiting thread can tell the tool's failures from its own interruption. The tool sees its
     deadline and counts its own events through grpolab.env.budget.
     """
-    if deadline is not None:
-        enter_call(deadline, events if events is not None else Counter())
     try:
-        result = fn(**arguments)
-        if inspect.isawaitable(result):  # an async tool (TRL accepts them): run it to completion here
-            result = asyncio.run(_await(result))
-        return to_text(result) if convert else result
+        with in_call(deadline, events if events is not None else Counter()):
+            result = fn(**arguments)
+            if inspect.isawaitable(result):  # an async tool (TRL accepts them): run it to completion here
+                result = asyncio.run(_await(result))
+            return to_text(result) if convert else result
     except BaseException as e:  # noqa: BLE001 - the tool's failure is the model's error message
         return Raised(e)
 
