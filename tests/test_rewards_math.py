@@ -155,3 +155,61 @@ def test_build_math_options():
 def test_workers_restart_after_shutdown():
     shutdown_workers()
     assert score("<answer>\\frac{6}{3}</answer>", "2") == 1.0
+
+
+# ---------------------------------------------------------------- issue 30: decimals and fractions are exact
+
+@pytest.mark.parametrize(
+    "answer,gold,expected",
+    [
+        ("3.0000001", "3.0", 0.0),  # math-verify alone rounds floats to 6 decimals: it scored 1 (the hack)
+        ("3.0000001", "3", 0.0),
+        ("0.0000001", "0.0000002", 0.0),  # scored 1 the same way
+        ("0.0000001", "0.0000001", 1.0),
+        ("3.0", "3", 1.0),  # 3.0 = 30/10 = 3
+        ("2.50", "\\frac{5}{2}", 1.0),
+        ("0.333333", "\\frac{1}{3}", 0.0),  # 333333/1000000 != 1/3
+        ("-\\frac{3}{4}", "-0.75", 1.0),
+        ("3/4", "\\dfrac{3}{4}", 1.0),
+        ("6/8", "0.75", 1.0),
+        ("\\frac12", "0.5", 1.0),
+        ("1,234.5", "\\frac{2469}{2}", 1.0),
+        ("-3/4", "3/4", 0.0),
+    ],
+)
+def test_plain_decimals_and_fractions_compare_exactly_as_rationals(answer, gold, expected, monkeypatch):
+    from grpolab.rewards import math_answer
+
+    def no_worker(*a, **k):
+        raise AssertionError("a pair of plain rationals must not reach math-verify")
+
+    monkeypatch.setattr(math_answer._POOL, "verify", no_worker)
+    assert score(f"<answer>{answer}</answer>", gold) == expected
+
+
+@pytest.mark.parametrize(
+    "answer,gold,expected",
+    [
+        ("3.0000001 cm", "3.0", 0.0),  # units stripped by math-verify: one number each, compared exactly
+        ("3.0 cm", "3", 1.0),
+        ("0.333333 m", "\\frac{1}{3}", 0.0),
+        ("0.5 cm", "\\frac{1}{2}", 1.0),
+        ("3.0000001\\pi", "3\\pi", 0.0),  # symbolic: the difference 1e-7*pi is not zero
+        ("1.5\\pi", "\\frac{3\\pi}{2}", 1.0),
+    ],
+)
+def test_numbers_math_verify_parses_are_exact_too(answer, gold, expected):
+    assert score(f"<answer>{answer}</answer>", gold) == expected
+
+
+def test_plain_rational_parses_exactly_or_refuses():
+    from fractions import Fraction
+
+    from grpolab.rewards.extract import plain_rational
+
+    assert plain_rational("3.0000001") == Fraction(30000001, 10_000_000)
+    assert plain_rational("$\\frac{1}{3}$") == Fraction(1, 3)
+    assert plain_rational("-\\tfrac{1.5}{3}") == Fraction(-1, 2)
+    assert plain_rational(" 3 / 4 ") == Fraction(3, 4)
+    for text in ("1/0", "--3/4", "3/-4", "1/2/3", "\\frac{x}{2}", "\\frac{\\sqrt2}{2}", "\\frac{1}{2}cm", "x"):
+        assert plain_rational(text) is None, text

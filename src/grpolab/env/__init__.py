@@ -7,6 +7,7 @@ Environment, passes it the model's turns as text, and appends the chat messages 
 - `calls`     parse Hermes/Qwen `<tool_call>{json}</tool_call>` blocks: ToolCall / ParseError.
 - `schema`    OpenAI function schemas from type hints and docstrings; argument checking.
 - `runner`    run a turn's calls (timeouts, errors as messages, counted events); run_turns for a batch.
+- `budget`    tool time: a budget per trajectory and per step; a call's deadline and events, seen by its tool.
 - `adapters`  FunctionTools (TRL tools=), FactoryEnvironment (TRL environment_factory=), GymAdapter.
 - `loading`   load_environment("module:Name" | "file.py:Name" | built-in name | object).
 - `builtin`   retry_arithmetic, guess_number, calculator_python (ENVIRONMENTS).

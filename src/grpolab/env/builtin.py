@@ -22,6 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 from grpolab.env.base import EnvConfigError, Reply
+from grpolab.env.budget import call_deadline, note_event
 from grpolab.env.runner import cut
 
 MAX_CODE_CHARS = 20_000
@@ -160,17 +161,33 @@ def run_python(code: str, *, timeout_s: float = 5.0, max_output_chars: int = 200
     The sandbox runs code against tests; here one trivial test (a function the setup defines)
     makes it load the program, which is all we want: its stdout, and the exception that stopped
     it (the sandbox's load_error). The sandbox's limits and isolation apply (docs/security.md).
+
+    Inside a tool call (grpolab.env.budget) the run waits for a sandbox slot, and runs, only until the
+    call's deadline, and counts its own events: `timeout` when the program ran past timeout_s,
+    `truncated` when its output was cut, `budget` when no slot was free before the deadline or the
+    program was stopped at it (the runner, waiting for the same deadline, usually reports that first).
     """
     from grpolab.sandbox import SandboxConfig, TestCase, run_tests
 
     if len(code) > MAX_CODE_CHARS:
         return f"Error: the program is longer than {MAX_CODE_CHARS} characters."
     cfg = SandboxConfig(timeout_s=timeout_s, isolation=isolation, max_output_bytes=max(4 * max_output_chars, 4096))
-    result = run_tests(code, [TestCase("call", fn=_DONE_FN)], cfg, setup=f"def {_DONE_FN}():\n    return None\n")
+    result = run_tests(code, [TestCase("call", fn=_DONE_FN)], cfg, setup=f"def {_DONE_FN}():\n    return None\n",
+                       deadline=call_deadline())
+    if result.no_slot:
+        note_event("budget")
+        return "Error: no sandbox slot became free in time; the program was not run."
     parts = []
     if result.stdout.strip():
-        parts.append(cut(result.stdout.rstrip("\n"), max_output_chars)[0])
-    if result.timed_out:
+        text, removed = cut(result.stdout.rstrip("\n"), max_output_chars)
+        parts.append(text)
+        if removed:
+            note_event("truncated")
+    if result.timed_out and result.wall_s < timeout_s:  # stopped at the call's deadline, before its own limit
+        note_event("budget")
+        parts.append("Error: the program was stopped: the tool-time budget is spent.")
+    elif result.timed_out:
+        note_event("timeout")
         parts.append(f"Error: the program ran longer than {timeout_s:g} s and was stopped.")
     elif result.load_error:
         parts.append(f"Error: {result.load_error}")

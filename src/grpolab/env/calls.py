@@ -11,7 +11,11 @@ text is the model's output, so it is treated as hostile input:
   refused, so that a call means one thing only;
 - the payload must be an object with a string `name`; `arguments`, when present, must be an object
   (a missing `arguments` is read as `{}`, as a call of a tool without parameters; the tool's schema
-  then says whether that is enough). Other keys are ignored.
+  then says whether that is enough). Other keys are ignored;
+- a `\\ud800` escape decodes to a lone UTF-16 surrogate, which no tokenizer or UTF-8 file accepts: the
+  name and every string of the arguments are repaired once, here (grpolab.util.text.safe_data; lone
+  surrogates become U+FFFD), before any tool sees them, and `ToolCall.repaired` says how many strings
+  were (the runner counts the call as an `invalid_unicode` event).
 
 An opening tag without its closing tag (the turn was cut off, or the model forgot it) is a
 `ParseError`; when another `<tool_call>` opens before the first one closes, the first is reported
@@ -24,6 +28,7 @@ import json
 from dataclasses import dataclass, field
 
 from grpolab.util.strict_json import StrictJSONError, strict_json_loads
+from grpolab.util.text import safe_data
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -41,11 +46,15 @@ RAW_KEEP_CHARS = 200
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One well-formed call: the tool's name, its arguments, and the block's text as written."""
+    """One well-formed call: the tool's name, its arguments, and the block's text as written.
+
+    repaired: strings of the decoded JSON (name, keys, values) that held UTF-16 surrogates and were
+    made valid text (module docstring); 0 for an ordinary call."""
 
     name: str
     arguments: dict = field(default_factory=dict)
     raw: str = ""
+    repaired: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ def _to_call(body: str, raw: str) -> ToolCall | ParseError:
     payload = _decode(body)
     if isinstance(payload, str):
         return ParseError(_cut(raw), payload)
+    payload, repaired = safe_data(payload)
     name = payload.get("name")
     if name is None:
         return ParseError(_cut(raw), "missing \"name\": expected {\"name\": <tool name>, \"arguments\": {...}}")
@@ -88,7 +98,7 @@ def _to_call(body: str, raw: str) -> ToolCall | ParseError:
     if not isinstance(arguments, dict):
         kind = "a string" if isinstance(arguments, str) else type(arguments).__name__
         return ParseError(_cut(raw), f"\"arguments\" must be a JSON object, got {kind}")
-    return ToolCall(name=name.strip(), arguments=arguments, raw=raw)
+    return ToolCall(name=name.strip(), arguments=arguments, raw=raw, repaired=repaired)
 
 
 def parse_tool_calls(text: str, max_calls: int = MAX_CALLS) -> list[ToolCall | ParseError]:

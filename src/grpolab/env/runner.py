@@ -10,6 +10,15 @@ event counted (Reply.events):
     a tool that raises                   "Error: tool 'x' raised ValueError: ..."      exception
     a tool that runs past timeout_s      "Error: tool 'x' timed out after 2 s ..."     timeout
     a result longer than max_result_chars  the result, cut, ending "...[truncated N chars]"  truncated
+    a tool-time budget spent (budget.py) "Error: tool 'x' was not run: ... budget ..."  budget
+    text with lone UTF-16 surrogates     the text, repaired (grpolab.util.text)        invalid_unicode
+
+Text is made safe once, where it crosses into the trainer: a call's name and arguments when the
+model's JSON is parsed (calls.py), and every string of a Reply (messages, event and tool names) when
+an environment's step returns it (`_safe_step`, which every environment's step goes through in
+run_turns): whatever a tool returns or raises, and whatever a user's environment answers, reaches
+the tokenizer, the metrics and samples.jsonl as valid Unicode. Tools may count events of their own
+(budget.note_event), which land in the same Reply.events.
 
 A result that is not a string is converted: `json.dumps` when it can be, else `str`. Calls per
 tool name are counted in Reply.calls for the tools the environment offers (a name the model made up
@@ -25,12 +34,15 @@ should enforce its own limit (the `python` tool of builtin.py runs code in the s
 `run_turns(envs, turn_texts)` steps many trajectories' environments concurrently (one daemon thread
 per trajectory); within a trajectory calls run one after another, in order, because a stateful
 environment's tools may depend on each other. A step therefore takes at most (calls in the turn,
-capped by calls.MAX_CALLS) x timeout_s.
+capped by calls.MAX_CALLS) x timeout_s, and at most the step's tool-time budget when run_turns is
+given the trajectories' clocks (budget.py): every call's wait is then cut to what is left of its
+trajectory's budget and of the step's, and the tool sees that deadline (budget.call_deadline).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 import logging
@@ -41,8 +53,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpolab.env.base import Reply
+from grpolab.env.budget import TrajectoryClock, current_clock, in_call, trajectory_clock
 from grpolab.env.calls import ParseError, ToolCall
 from grpolab.env.schema import prepare_arguments
+from grpolab.util.text import safe_data
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +64,9 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_RESULT_CHARS = 4000
 MAX_ERROR_CHARS = 300
 """Longest exception text quoted back to the model."""
+STEP_GRACE_S = 1.0
+"""How long run_turns waits past the step's tool-time budget for a step to hand back its reply (its calls
+were all cut at the budget; this is time to return)."""
 
 _stuck_lock = threading.Lock()
 _stuck = 0
@@ -68,7 +85,8 @@ def _add_stuck(k: int) -> None:
 
 class _Pending:
     """fn(*args) running on a daemon thread: wait(timeout) -> (finished, value). A call still running
-    when its waiter gives up is counted in stuck_calls() until it returns."""
+    when its waiter gives up is counted in stuck_calls() until it returns. The thread runs in a copy of
+    the caller's context (contextvars), so a trajectory's budget is seen by its calls."""
 
     def __init__(self, fn: Callable, *args: Any) -> None:
         self._done = threading.Event()
@@ -83,7 +101,8 @@ class _Pending:
                 if self._abandoned:
                     _add_stuck(-1)
 
-        threading.Thread(target=run, name="grpolab-env", daemon=True).start()
+        ctx = contextvars.copy_context()
+        threading.Thread(target=ctx.run, args=(run,), name="grpolab-env", daemon=True).start()
 
     def wait(self, timeout_s: float | None) -> bool:
         """True if the call finished within timeout_s (None: wait for it); else it is counted as stuck."""
@@ -132,18 +151,21 @@ class Raised:
         self.error = error
 
 
-def _invoke(fn: Callable, arguments: dict, convert: bool = True) -> Any:
+def _invoke(fn: Callable, arguments: dict, convert: bool = True, deadline: float | None = None,
+            events: Counter | None = None) -> Any:
     """Run one tool in a worker thread and (with `convert`) turn its result into text there.
 
     Conversion happens here so that a hostile __str__ or a huge json.dumps is covered by the
     timeout too. Every exception (SystemExit included) is returned, never raised, so that the
-    waiting thread can tell the tool's failures from its own interruption.
+    waiting thread can tell the tool's failures from its own interruption. The tool sees its
+    deadline and counts its own events through grpolab.env.budget.
     """
     try:
-        result = fn(**arguments)
-        if inspect.isawaitable(result):  # an async tool (TRL accepts them): run it to completion here
-            result = asyncio.run(_await(result))
-        return to_text(result) if convert else result
+        with in_call(deadline, events if events is not None else Counter()):
+            result = fn(**arguments)
+            if inspect.isawaitable(result):  # an async tool (TRL accepts them): run it to completion here
+                result = asyncio.run(_await(result))
+            return to_text(result) if convert else result
     except BaseException as e:  # noqa: BLE001 - the tool's failure is the model's error message
         return Raised(e)
 
@@ -153,10 +175,12 @@ async def _await(awaitable):
     return await awaitable
 
 
-def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True) -> Any:
+def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True,
+                      events: Counter | None = None) -> Any:
     """Run `fn(**arguments)` on a daemon thread: its text (or, without `convert`, its value), a
-    `Raised` carrying the exception it raised, or None if it did not return within timeout_s."""
-    call = _Pending(_invoke, fn, arguments, convert)
+    `Raised` carrying the exception it raised, or None if it did not return within timeout_s.
+    `events` receives the events the tool counts itself (budget.note_event)."""
+    call = _Pending(_invoke, fn, arguments, convert, time.monotonic() + timeout_s, events)
     return call.value if call.wait(timeout_s) else None
 
 
@@ -194,6 +218,8 @@ class ToolRunner:
             events["parse"] += 1
             return {"role": "tool", "content": f"Error: could not parse the tool call: {item.reason}. "
                                                'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'}
+        if getattr(item, "repaired", 0):
+            events["invalid_unicode"] += 1
         name = item.name
         fn = self.functions.get(name)
         if fn is None:
@@ -222,12 +248,27 @@ class ToolRunner:
         return self.timeout_s
 
     def _result(self, name: str, fn: Callable, arguments: dict, events: Counter) -> str:
-        """The content of the tool message for one valid call."""
+        """The content of the tool message for one valid call, within the trajectory's budget (if any)."""
         timeout_s = self.timeout_for(fn)
-        out = call_with_timeout(fn, arguments, timeout_s)
+        clock = current_clock()
+        left = clock.left() if clock is not None else timeout_s
+        if left <= 0:
+            events["budget"] += 1
+            return f"Error: tool {name!r} was not run: {clock.spent()}. Give your final answer now."
+        wait = min(timeout_s, left)
+        own: Counter = Counter()
+        t0 = time.monotonic()
+        out = call_with_timeout(fn, arguments, wait, events=own)
+        if clock is not None:
+            clock.charge(time.monotonic() - t0)
         if out is None:
+            if wait < timeout_s:
+                events["budget"] += 1
+                return (f"Error: tool {name!r} was stopped after {wait:.3g} s: {clock.spent()}. "
+                        "Give your final answer now.")
             events["timeout"] += 1
             return f"Error: tool {name!r} timed out after {timeout_s:g} s and was abandoned; try a simpler call."
+        events.update(own)  # the call has returned: its own counter is no longer written to
         if isinstance(out, Raised):
             events["exception"] += 1
             return f"Error: tool {name!r} raised {short_error(out.error)}"
@@ -237,40 +278,70 @@ class ToolRunner:
         return text
 
 
-def _failed_step(error: BaseException | None) -> Reply:
-    """The Reply of an environment whose step raised (error) or did not return in time (None)."""
+def _failed_step(error: BaseException | None, kind: str = "timeout") -> Reply:
+    """The Reply of an environment whose step raised (error) or did not return in time (None; counted
+    as `kind`: timeout, or budget when the step's tool-time budget ran out)."""
     if error is None:
         return Reply(messages=[{"role": "user", "content": "Error: the environment did not answer in time."}],
-                     done=True, events=Counter(timeout=1))
+                     done=True, events=Counter({kind: 1}))
     return Reply(messages=[{"role": "user", "content": f"Error: the environment failed: {short_error(error)}"}],
                  done=True, events=Counter(exception=1))
 
 
-def _safe_step(env: Any, text: str) -> Reply:
-    """env.step(text), with a raising step turned into a final Reply (the trajectory ends)."""
-    try:
-        reply = env.step(text)
-    except Exception as e:  # noqa: BLE001 - a bug in a user's environment ends its trajectory only
-        log.warning("environment %s: step raised %s", type(env).__name__, short_error(e))
-        return _failed_step(e)
-    if not isinstance(reply, Reply):
-        return _failed_step(TypeError(f"{type(env).__name__}.step returned {type(reply).__name__}, not a Reply"))
+def safe_reply(reply: Reply) -> Reply:
+    """The Reply with every string in it made valid Unicode (grpolab.util.text): messages, event kinds and
+    tool names; each repaired string counts one `invalid_unicode` event."""
+    messages, a = safe_data(reply.messages)
+    events, b = safe_data(dict(reply.events))
+    calls, c = safe_data(dict(reply.calls))
+    if a + b + c:
+        reply.messages, reply.events, reply.calls = messages, Counter(events), Counter(calls)
+        reply.events["invalid_unicode"] += a + b + c
     return reply
 
 
-def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None) -> list[Reply]:
+def _safe_step(env: Any, text: str, clock: TrajectoryClock | None = None) -> Reply:
+    """env.step(text) under the trajectory's tool-time budget, its Reply made safe (safe_reply); a raising
+    step is turned into a final Reply (the trajectory ends)."""
+    try:
+        with trajectory_clock(clock):
+            reply = env.step(text)
+    except Exception as e:  # noqa: BLE001 - a bug in a user's environment ends its trajectory only
+        log.warning("environment %s: step raised %s", type(env).__name__, ascii(short_error(e)))
+        reply = _failed_step(e)
+    if not isinstance(reply, Reply):
+        reply = _failed_step(TypeError(f"{type(env).__name__}.step returned {type(reply).__name__}, not a Reply"))
+    return safe_reply(reply)
+
+
+def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None,
+              clocks: Sequence[TrajectoryClock] | None = None) -> list[Reply]:
     """Step every trajectory's environment with its model turn, concurrently; Replies in order.
 
     Each tool call inside a step has its own timeout (the environment's runner). step_timeout_s,
     if given, bounds the wait for the whole batch: a step still running then gets a final
     Reply with a `timeout` event (for environments of unknown code, whose step may hang).
+    clocks: one per environment, their tool-time budgets (budget.ToolBudget.clocks; they share one
+    step clock). The wait counts against the step's budget; a step still running STEP_GRACE_S after
+    that budget is spent gets a final Reply with a `budget` event.
     """
-    if len(envs) != len(turn_texts):
-        raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns")
-    if len(envs) == 1 and step_timeout_s is None:  # no thread hop for a single trajectory
-        return [_safe_step(envs[0], turn_texts[0])]
-    steps = [_Pending(_safe_step, env, text) for env, text in zip(envs, turn_texts)]
-    deadline = None if step_timeout_s is None else time.monotonic() + step_timeout_s
+    if len(envs) != len(turn_texts) or (clocks is not None and len(clocks) != len(envs)):
+        raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns"
+                         + (f" and {len(clocks)} clocks" if clocks is not None else ""))
+    if not clocks:
+        return _step_all(envs, turn_texts, [None] * len(envs), step_timeout_s, "timeout")
+    with clocks[0].step.waiting() as step:
+        budget_s = max(0.0, step.left()) + STEP_GRACE_S
+        kind = "budget" if step_timeout_s is None or budget_s < step_timeout_s else "timeout"
+        return _step_all(envs, turn_texts, list(clocks), min(budget_s, step_timeout_s or budget_s), kind)
+
+
+def _step_all(envs: Sequence[Any], texts: Sequence[str], clocks: list, limit_s: float | None, kind: str) -> list[Reply]:
+    """run_turns' work: each step on a thread of its own (none for one step without a limit)."""
+    if len(envs) == 1 and limit_s is None:  # no thread hop for a single trajectory
+        return [_safe_step(envs[0], texts[0], clocks[0])]
+    steps = [_Pending(_safe_step, env, text, clock) for env, text, clock in zip(envs, texts, clocks)]
+    deadline = None if limit_s is None else time.monotonic() + limit_s
     return [s.value if s.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            else _failed_step(None) for s in steps]
+            else _failed_step(None, kind) for s in steps]
 

@@ -24,6 +24,10 @@ class EnvConfig:
     """Most tokens the environment may add to one trajectory (tool results, feedback, role headers); a reply past it ends the trajectory (env/stopped_env_tokens)."""
     tool_timeout_s: float = 5.0
     """Time limit of one tool call; past it the model gets an error message and the run goes on (env/errors_timeout)."""
+    tool_budget_s: float = 60.0
+    """Tool time of one trajectory, all its calls over all its turns (a call's wall time, waiting for a sandbox slot included); once spent, further calls are refused with an error message (env/errors_budget, env/tool_s_mean)."""
+    step_tool_budget_s: float = 300.0
+    """Wall-clock time one step's rollout may spend waiting for its environments' tool calls, all turns together (per collect round: DAPO's dynamic sampling gives each resampling round its own); once spent, every call still running is stopped and further ones refused (env/errors_budget, env/tool_wait_s)."""
     max_result_chars: int = 2000
     """A tool result longer than this is cut, with a visible marker (env/errors_truncated)."""
     reward_weight: float = 1.0
@@ -45,6 +49,8 @@ def validate_env(env: EnvConfig) -> None:
          f"must be >= env.max_turn_tokens ({env.max_turn_tokens}): the budget covers at least one whole turn"),
         (env.max_env_tokens >= 1, "env.max_env_tokens", "must be >= 1"),
         (env.tool_timeout_s > 0, "env.tool_timeout_s", "must be > 0 seconds"),
+        (env.tool_budget_s > 0, "env.tool_budget_s", "must be > 0 seconds"),
+        (env.step_tool_budget_s > 0, "env.step_tool_budget_s", "must be > 0 seconds"),
         (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
         (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
         (isinstance(env.options, dict), "env.options", "must be a mapping of constructor arguments"),

@@ -4,6 +4,8 @@ template, ready for the assistant turn.
 
 from __future__ import annotations
 
+import re
+
 
 def chat_prompts(tokenizer, prompts: list, system_prompt: str | None) -> list[list[int]]:
     """Token ids of each prompt wrapped in the model's chat template, ready for the assistant turn.
@@ -112,6 +114,80 @@ def addition_text(tokenizer, history: list[dict], added: list[dict], tools: list
     return render(tokenizer, history + added, add_generation_prompt=True, tools=tools)[cut:]
 
 
-def addition_ids(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """Token ids of `addition_text` (the template's special tokens, e.g. <|im_start|>, as their single ids)."""
-    return list(tokenizer(addition_text(tokenizer, history, added, tools), add_special_tokens=False)["input_ids"])
+def addition_ids(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None,
+                 events=None) -> list[int]:
+    """Token ids of `addition_text`: the template's special tokens (e.g. <|im_start|>) as their single ids,
+    and the environment's text as plain text, always.
+
+    A message's text that spells a special token (a tool printing `<|im_end|>`) must not become that
+    token: it would end the environment's turn, or open a fake one, in the token stream the model is
+    trained on. Such a text is tokenised on its own with the special tokens split into ordinary ones
+    (`split_special_tokens`); the rest of the addition as the template renders it. Each message string
+    escaped counts one `special_tokens_escaped` event in `events` (a Counter) when given. A message
+    without a special token (nearly all) is tokenised exactly as before, in one piece."""
+    specials = special_strings(tokenizer)
+    marked, literal = _marked(added, specials)
+    if not literal:
+        return _ids(tokenizer, addition_text(tokenizer, history, added, tools))
+    if events is not None:
+        events["special_tokens_escaped"] += len(literal)
+    text = addition_text(tokenizer, history, marked, tools)
+    if any(text.count(mark) != 1 for mark in literal):  # the template did not render each text as it was
+        return _ids(tokenizer, addition_text(tokenizer, history, _defanged(added, specials), tools))
+    ids: list[int] = []
+    for piece in re.split("(" + "|".join(map(re.escape, literal)) + ")", text):
+        if piece in literal:
+            ids += _ids(tokenizer, literal[piece], split=True)
+        elif piece:
+            ids += _ids(tokenizer, piece)
+    return ids
+
+
+def special_strings(tokenizer) -> list[str]:
+    """The texts a tokenizer turns into its special tokens (`<|im_end|>`, ...), longest first."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found = {t.content for t in added.values() if getattr(t, "special", False) and getattr(t, "content", "")}
+    found = found or {t for t in getattr(tokenizer, "all_special_tokens", []) if t}
+    return sorted(found, key=len, reverse=True)
+
+
+def _holds_special(text: str, specials: list[str]) -> bool:
+    """True if `text` contains one of `specials` (a first-character test skips most text in one pass)."""
+    firsts = {sp[0] for sp in specials}
+    return any(c in text for c in firsts) and any(sp in text for sp in specials)
+
+
+_MARK = "\ue000grpolab-env-text-{}\ue001"  # private-use characters: no template or tokenizer gives them meaning
+
+
+def _marked(added: list[dict], specials: list[str]) -> tuple[list[dict], dict[str, str]]:
+    """`added` with every string (but the role) that holds a special token's text replaced by a marker;
+    and marker -> that string."""
+    literal: dict[str, str] = {}
+    out = []
+    for m in added:
+        m2 = dict(m)
+        for k, v in m.items():
+            if k != "role" and isinstance(v, str) and _holds_special(v, specials):
+                mark = _MARK.format(len(literal))
+                literal[mark] = v
+                m2[k] = mark
+        out.append(m2)
+    return out, literal
+
+
+def _defanged(added: list[dict], specials: list[str]) -> list[dict]:
+    """The fallback for a template that changes the text it renders: a zero-width space after the first
+    character of every special token's text (`<\u200b|im_end|>`), which the tokenizer then reads as text."""
+    def defang(v):
+        if not isinstance(v, str):
+            return v
+        for sp in specials:
+            v = v.replace(sp, sp[0] + "\u200b" + sp[1:])
+        return v
+    return [{k: (v if k == "role" else defang(v)) for k, v in m.items()} for m in added]
+
+
+def _ids(tokenizer, text: str, split: bool = False) -> list[int]:
+    kw = {"split_special_tokens": True} if split else {}
+    return list(tokenizer(text, add_special_tokens=False, **kw)["input_ids"])

@@ -5,6 +5,10 @@ kill it when a comparison runs past its budget (sympy evaluating `9^{9^{9^9}}` n
 cannot be interrupted from another thread). Inside this process math-verify runs in the main
 thread, so its own signal.alarm timeouts work as a first, soft layer.
 
+When both sides parse to a single number each (after math-verify's normalisation, units stripped), the
+numbers are compared exactly (`exact_number`: a float by its decimal digits), not by math-verify's
+numeric comparison, which rounds floats to 6 decimals (3.0000001 would equal 3.0).
+
 Request:  {"id": int, "pred": str, "gold": str, "timeout": int, "units": bool}
 Answer:   {"id": int, "ok": bool} or {"id": int, "error": str}
 """
@@ -29,6 +33,21 @@ def _wrap(s: str) -> str:
             s = s[len(a) : len(s) - len(b)].strip()
             break
     return "\\boxed{" + s + "}"
+
+
+def exact_number(parsed):
+    """The first value math-verify parsed, as an exact sympy Rational if it is one finite number (a Float by
+    the decimal digits it was written with), else None."""
+    from sympy import Float, Number, Rational
+
+    if not parsed:
+        return None
+    v = parsed[0]
+    if isinstance(v, Float):
+        return Rational(str(v)) if v.is_finite else None
+    if isinstance(v, Number) and v.is_finite:
+        return Rational(v)
+    return None
 
 
 def main() -> None:
@@ -67,7 +86,11 @@ def main() -> None:
             gold = parse_gold(req["gold"], units, t)
             pred = parse(_wrap(req["pred"]), extraction_config=configs(units), parsing_timeout=t,
                          extraction_mode="first_match")
-            ok = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=t))
+            g, p = exact_number(gold), exact_number(pred)
+            if g is not None and p is not None:
+                ok = g == p
+            else:
+                ok = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=t))
             msg = {"id": rid, "ok": ok}
         except BaseException as e:  # noqa: BLE001 - any failure is an answer, not a crash
             msg = {"id": rid, "error": f"{type(e).__name__}: {str(e)[:200]}"}

@@ -131,6 +131,45 @@ def plain_number(text: str) -> Fraction | None:
         return None
 
 
+_FRAC_RE = re.compile(r"^\\[dt]?frac\s*(?:\{([^{}]*)\}|(\d))\s*(?:\{([^{}]*)\}|(\d))$")
+
+
+def plain_rational(text: str) -> Fraction | None:
+    """Parse a plain decimal or a plain fraction exactly, else None.
+
+    Accepted: what plain_number accepts; `a/b` with a and b plain numbers ("3/4", "-1.5/2"); LaTeX
+    `\\frac{a}{b}` (also `\\dfrac`, `\\tfrac`, `\\frac12`), optionally signed, with plain numbers
+    inside the braces; any of them inside `$...$`. A zero denominator is not a number (None).
+    Values are exact: `Fraction("3.0000001")` is 30000001/10000000, not 3.
+    """
+    value = plain_number(text)
+    if value is not None:
+        return value
+    s = text.strip()
+    for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)")):
+        if len(s) > len(a) + len(b) and s.startswith(a) and s.endswith(b):
+            s = s[len(a):-len(b)].strip()
+            break
+    if not s or len(s) > 140:
+        return None
+    sign = 1
+    if s[0] in "+-":
+        sign, s = (-1 if s[0] == "-" else 1), s[1:].strip()
+    m = _FRAC_RE.match(s)
+    if m:
+        num, den = m.group(1) if m.group(1) is not None else m.group(2), m.group(3) if m.group(3) is not None else m.group(4)
+    elif s.count("/") == 1:
+        num, den = s.split("/")
+    else:
+        return None
+    if num.strip()[:1] in ("+", "-") or den.strip()[:1] in ("+", "-"):
+        return None  # one sign, in front: "-3/4", not "--3/4" or "3/-4"
+    n, d = plain_number(num), plain_number(den)
+    if n is None or d is None or d == 0:
+        return None
+    return sign * n / d
+
+
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*(python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _ANY_BLOCK_RE = re.compile(r"```[ \t]*\n(.*?)```", re.DOTALL)
 

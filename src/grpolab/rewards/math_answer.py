@@ -1,7 +1,17 @@
 """The `math` reward: extract the final answer, compare it to the reference with math-verify.
 
-Time is bounded by construction. Plain numbers are compared exactly in-process (no sympy).
-Everything else goes to a pool of math-verify worker *processes* (grpolab.rewards._math_worker);
+What is exact and what is symbolic (docs/rewards.md):
+
+- both answers plain rationals (grpolab.rewards.extract.plain_rational: a decimal "3.0000001", "1,234",
+  a fraction "3/4", "\\frac{1}{2}"): compared exactly in-process as fractions.Fraction, no sympy, no
+  rounding: 3.0000001 != 3.0, 0.333333 != 1/3, 0.5 == \\frac{1}{2}.
+- otherwise math-verify decides, in a worker process. When what it parses on both sides is one
+  number each (units stripped: "7 cm" is 7), the worker compares them exactly too (a float by its
+  decimal digits); only answers that are expressions, sets, equations or intervals are compared
+  symbolically by math-verify, whose numeric comparison rounds floats inside them to 6 decimals.
+
+Time is bounded by construction. Everything that is not a pair of plain rationals goes to a pool of
+math-verify worker *processes* (grpolab.rewards._math_worker);
 a comparison that runs past its budget gets its worker killed and raises `RewardTimeout`, which
 `score_completions` counts as a timeout and scores 0. This works from any thread: math-verify's
 own signal.alarm timeouts are only used inside the worker, where they run in the main thread.
@@ -28,6 +38,7 @@ from grpolab.rewards.extract import (
     last_number,
     last_tag_content,
     plain_number,
+    plain_rational,
 )
 from grpolab.util.fields import ConfigError
 from grpolab.util.procs import kill_process_group
@@ -320,12 +331,9 @@ def math_score(completion: str, gold: str, *, extract: str = "auto", answer_tag:
         return 0.0
     if _explosive(ans) and not _explosive(gold):
         return 0.0
-    a, g = plain_number(ans), plain_number(gold)
-    if a is not None and g is not None:
-        if a == g:
-            return 1.0
-        if a.denominator == 1 and g.denominator == 1:
-            return 0.0
+    a, g = plain_rational(ans), plain_rational(gold)
+    if a is not None and g is not None:  # exact, as rationals (module docstring)
+        return 1.0 if a == g else 0.0
     return 1.0 if _POOL.verify(ans, gold, timeout_s, units) else 0.0
 
 

@@ -50,9 +50,14 @@ PARENT_EXTRA_S = 0.0  # the parent kills at timeout_s + this (tests raise it to 
 
 
 def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolation, *, setup: str = "",
-         check_setup: str = "", want_values: bool = False):
-    """One run under a given isolation (internal; run_tests picks the isolation)."""
-    slot = SLOTS.acquire()
+         check_setup: str = "", want_values: bool = False, deadline: float | None = None):
+    """One run under a given isolation (internal; run_tests picks the isolation). `deadline`
+    (time.monotonic()) bounds the wait for a slot and the run itself."""
+    slot = SLOTS.acquire(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    if slot is None:
+        result = SandboxResult(passed=[False] * len(tests), details=["no sandbox slot before the deadline"] * len(tests),
+                               timed_out=True, isolation=iso.describe(), no_slot=True)
+        return (result, []) if want_values else result
     workdir = None
     uid = None
     t0 = time.monotonic()
@@ -85,8 +90,9 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
         finally:
             os.close(w_fd)
         try:
+            end = t0 + cfg.timeout_s + PARENT_EXTRA_S
             out, err, res, timed_out, overflow = channel.pump(
-                proc, job, r_fd, t0 + cfg.timeout_s + PARENT_EXTRA_S, cfg.max_output_bytes)
+                proc, job, r_fd, end if deadline is None else min(end, deadline), cfg.max_output_bytes)
         finally:
             if not kill_process_group(proc):
                 log.error("sandbox: launcher %d did not die after SIGKILL", proc.pid)
@@ -216,17 +222,20 @@ def check_isolation(mode: str) -> Isolation:
 
 
 def run_tests(code: str, tests: Sequence[TestCase], config: SandboxConfig | None = None, *,
-              setup: str = "", check_setup: str = "") -> SandboxResult:
+              setup: str = "", check_setup: str = "", deadline: float | None = None) -> SandboxResult:
     """Run `code` (after `setup`) in the sandbox and grade it against `tests`.
 
     `check_setup` is the task's own trusted code (helpers its check code uses), run in the
-    checker's namespace before the first test.
+    checker's namespace before the first test. `deadline` (a time.monotonic() value, optional):
+    the run waits for a slot only until then (else it returns with `no_slot` and `timed_out`, the
+    code never run) and is killed then if still running, so a caller that gives up at its
+    deadline leaves no run behind it holding a slot.
     """
     cfg = (config or SandboxConfig()).validate()
     iso = check_isolation(cfg.isolation)
     if not tests:
         return SandboxResult(passed=[], details=[], isolation=iso.describe())
-    return _run(code, tests, cfg, iso, setup=setup, check_setup=check_setup)
+    return _run(code, tests, cfg, iso, setup=setup, check_setup=check_setup, deadline=deadline)
 
 
 def run_many(jobs: Sequence[tuple[str, Sequence[TestCase]]], config: SandboxConfig | None = None,

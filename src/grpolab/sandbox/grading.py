@@ -60,6 +60,7 @@ class SandboxResult:
     isolation: str = ""
     load_error: str | None = None
     tampered: bool = False
+    no_slot: bool = False  # the run's deadline passed before a slot was free: the code never ran
 
     @property
     def fraction(self) -> float:

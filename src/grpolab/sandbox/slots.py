@@ -69,8 +69,12 @@ class Slots:
         self._locks: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def acquire(self) -> int:
-        return self._q.get()
+    def acquire(self, timeout_s: float | None = None) -> int | None:
+        """A free slot, waiting for one at most timeout_s (None: as long as it takes); None if none freed."""
+        try:
+            return self._q.get(timeout=timeout_s) if timeout_s is not None else self._q.get()
+        except queue.Empty:
+            return None
 
     def release(self, k: int) -> None:
         self._q.put(k)

@@ -21,10 +21,12 @@ import torch
 from grpolab.batch import Example, Rollout
 from grpolab.env import close_environment, load_environment, run_turns
 from grpolab.env.base import EnvConfigError
+from grpolab.env.budget import ToolBudget
 from grpolab.env.settings import EnvConfig
 from grpolab.engine.base import TurnLimits
 from grpolab.model.template import addition_ids, append_only_problem, render
 from grpolab.util.fields import ConfigError
+from grpolab.util.text import safe_text
 
 STOPS = ("answer", "max_turns", "budget", "env_tokens")
 ENV_REWARD = "env"
@@ -75,6 +77,17 @@ def prompt_messages(e: Example, extra: str | None, system_prompt: str | None) ->
     return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": user}]
 
 
+def _safe(text: str | None, events: Counter) -> str | None:
+    """Text made valid Unicode (grpolab.util.text) where it enters the token stream here: the model's
+    decoded turn, what reset() appends to the prompt; a repair counts an `invalid_unicode` event."""
+    if not isinstance(text, str):
+        return text
+    out, k = safe_text(text)
+    if k:
+        events["invalid_unicode"] += 1
+    return out
+
+
 def _safe_reward(env) -> float | None:
     try:
         r = env.reward()
@@ -92,17 +105,18 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
     system = run.task.system_prompt
     tools = envs_cfg.tools or None
     envs = [envs_cfg.factory() for _ in range(len(examples) * G)]
+    budget = ToolBudget(len(envs), s.tool_budget_s, s.step_tool_budget_s)
+    events, calls = Counter(), Counter()
     try:
-        extras = [env.reset(example_fields(examples[i // G])) for i, env in enumerate(envs)]
+        extras = [_safe(env.reset(example_fields(examples[i // G])), events) for i, env in enumerate(envs)]
         prompts = [prompt_messages(e, extras[b * G], system) for b, e in enumerate(examples)]
         prompt_ids = [list(tok(render(tok, p, add_generation_prompt=True, tools=tools),
                                add_special_tokens=False)["input_ids"]) for p in prompts]
         history = [list(prompts[i // G]) for i in range(len(envs))]
-        events, calls = Counter(), Counter()
 
         def respond(rows: list[int], turn_ids: list[list[int]], ended: list[bool]) -> list[list[int] | None]:
-            texts = tok.batch_decode(turn_ids, skip_special_tokens=True)
-            replies = run_turns([envs[r] for r in rows], texts)
+            texts = [_safe(t, events) for t in tok.batch_decode(turn_ids, skip_special_tokens=True)]
+            replies = run_turns([envs[r] for r in rows], texts, clocks=[budget.clocks[r] for r in rows])
             out: list[list[int] | None] = []
             for r, text, reply, eos in zip(rows, texts, replies, ended):
                 history[r].append({"role": "assistant", "content": text})
@@ -111,7 +125,7 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                 if reply.done or not reply.messages or not eos:
                     out.append(None)
                     continue
-                out.append(addition_ids(tok, history[r], reply.messages, tools))
+                out.append(addition_ids(tok, history[r], reply.messages, tools, events=events))
                 history[r] += reply.messages
             return out
 
@@ -128,7 +142,7 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                 h.pop()
     rollout.conversations = [h[len(prompts[i // G]):] for i, h in enumerate(history)]
     rollout.stops = [t.stop for t in trajs]
-    return rollout, rewards, trajectory_metrics(rollout, trajs, events, calls, rewards)
+    return rollout, rewards, {**trajectory_metrics(rollout, trajs, events, calls, rewards), **budget.metrics()}
 
 
 def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter, rewards) -> dict:
