@@ -26,6 +26,12 @@ decoder=auto samples fp32 rollouts with the model's own forward, as when first r
 decode step's agreement with that forward is tested on its own (tests/test_decoder.py).
 Numbers are only comparable on the machine (CPU kind, PyTorch build) that recorded them: on another
 machine the fixed seed still gives one run, but not necessarily bit for bit this one.
+
+Re-recorded on 2026-12-02 on that day's second development machine, for that reason alone: there the
+commit before the rollout-engine seam (8e0c17a) no longer reproduced the earlier recording (step 3 of
+grpo moved by float rounding, with transformers 5.19 and 5.24 alike), and it and the commit with the
+seam gave bit-identical numbers for every preset (GRPOLAB_WRITE_GOLDEN=1 at each, compared key by key).
+The recording also holds rollout/policy_lag, added by the seam.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ def policy_pass_for_kl(monkeypatch):
     from grpolab.training import step
 
     monkeypatch.setattr(step, "sampled_token_logp",
-                        lambda spec, policy, rollout, top_p: logp_without_grad(spec, policy, rollout))
+                        lambda spec, policy, rollout, top_p, **kw: logp_without_grad(spec, policy, rollout))
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
