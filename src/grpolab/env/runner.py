@@ -26,6 +26,11 @@ should enforce its own limit (the `python` tool of builtin.py runs code in the s
 per trajectory); within a trajectory calls run one after another, in order, because a stateful
 environment's tools may depend on each other. A step therefore takes at most (calls in the turn,
 capped by calls.MAX_CALLS) x timeout_s.
+
+Where a synchronous tool runs is a choice (env.tool_thread): `ToolRunner(here=True)` runs it in the
+calling thread with no timeout, and `run_turns(sequential=True)` steps the trajectories one after
+another in the calling thread, so that a tool written for TRL (which calls sync tools on the main
+thread) may use `signal.alarm` for its own limit. Async tools keep their daemon thread and timeout.
 """
 
 from __future__ import annotations
@@ -153,9 +158,13 @@ async def _await(awaitable):
     return await awaitable
 
 
-def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True) -> Any:
+def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True,
+                      here: bool = False) -> Any:
     """Run `fn(**arguments)` on a daemon thread: its text (or, without `convert`, its value), a
-    `Raised` carrying the exception it raised, or None if it did not return within timeout_s."""
+    `Raised` carrying the exception it raised, or None if it did not return within timeout_s.
+    here: run it in the calling thread instead, waiting as long as it takes (env.tool_thread=main)."""
+    if here:
+        return _invoke(fn, arguments, convert)
     call = _Pending(_invoke, fn, arguments, convert)
     return call.value if call.wait(timeout_s) else None
 
@@ -168,10 +177,12 @@ class ToolRunner:
         gets its arguments unchecked).
     timeout_s: longest wait for one call (a tool may set its own as a `timeout_s` attribute).
     max_result_chars: longer results are cut, marked.
+    here: run synchronous tools in the calling thread, without a timeout (env.tool_thread=main).
     """
 
     def __init__(self, functions: Mapping[str, Callable], schemas: Mapping[str, dict] | None = None, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+                 here: bool = False) -> None:
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(max_result_chars, int) and max_result_chars > 0):
@@ -180,6 +191,7 @@ class ToolRunner:
         self.schemas = dict(schemas or {})
         self.timeout_s = float(timeout_s)
         self.max_result_chars = max_result_chars
+        self.here = here
 
     def run(self, items: Sequence[ToolCall | ParseError]) -> Reply:
         """Run the calls in order; one tool message per item, errors included. done is False."""
@@ -224,7 +236,7 @@ class ToolRunner:
     def _result(self, name: str, fn: Callable, arguments: dict, events: Counter) -> str:
         """The content of the tool message for one valid call."""
         timeout_s = self.timeout_for(fn)
-        out = call_with_timeout(fn, arguments, timeout_s)
+        out = call_with_timeout(fn, arguments, timeout_s, here=self.here and not inspect.iscoroutinefunction(fn))
         if out is None:
             events["timeout"] += 1
             return f"Error: tool {name!r} timed out after {timeout_s:g} s and was abandoned; try a simpler call."
@@ -258,17 +270,19 @@ def _safe_step(env: Any, text: str) -> Reply:
     return reply
 
 
-def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None) -> list[Reply]:
+def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None,
+              sequential: bool = False) -> list[Reply]:
     """Step every trajectory's environment with its model turn, concurrently; Replies in order.
 
     Each tool call inside a step has its own timeout (the environment's runner). step_timeout_s,
     if given, bounds the wait for the whole batch: a step still running then gets a final
     Reply with a `timeout` event (for environments of unknown code, whose step may hang).
+    sequential: step them one after another in the calling thread (env.tool_thread=main).
     """
     if len(envs) != len(turn_texts):
         raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns")
-    if len(envs) == 1 and step_timeout_s is None:  # no thread hop for a single trajectory
-        return [_safe_step(envs[0], turn_texts[0])]
+    if sequential or (len(envs) == 1 and step_timeout_s is None):  # no thread hop
+        return [_safe_step(env, text) for env, text in zip(envs, turn_texts)]
     steps = [_Pending(_safe_step, env, text) for env, text in zip(envs, turn_texts)]
     deadline = None if step_timeout_s is None else time.monotonic() + step_timeout_s
     return [s.value if s.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
