@@ -202,11 +202,11 @@ def _write_rows(rows, out: Path) -> Path:
 
 
 def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
-          overrides: list[str] | None = None, resume: str | Path | None = None, env: dict | None = None,
+          overrides: list[str] | None = None, resume: str | Path | None = None, trl_env: dict | None = None,
           env_task: bool = False, **settings):
     """The validated Config that `train` would run, and the rows to write for an in-memory dataset.
 
-    env: env.* settings from TRL's environment_factory= / tools= (see _environments); env_task (an
+    trl_env: env.* settings from TRL's environment_factory= / tools= (see _environments); env_task (an
     environment_factory was given): with no dataset, task or recipe task, the task is `env`. Returns (cfg, rows or None). Raises ConfigError exactly as
     the CLI does."""
     from grpolab.training.config import _deep_update, build_config, config_from_run
@@ -219,6 +219,7 @@ def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     else:
         recipe = _recipe_of(config)
     _deep_update(recipe, copy.deepcopy(settings))
+    env = trl_env
     if env:
         given = recipe.get("env") if isinstance(recipe.get("env"), dict) else {}
         clash = sorted(k for k in env if given.get(k) and k in ("name", "factories", "tools"))
@@ -287,7 +288,7 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     rewards, dataset, settings = _trl_settings(settings, rewards, dataset, reward_funcs, train_dataset)
     with _registered(rewards) as specs, _environments(environment_factory, tools) as env:
         cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
-                          env=env, env_task=environment_factory is not None, **settings)
+                          trl_env=env, env_task=environment_factory is not None, **settings)
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")

@@ -19,7 +19,8 @@ The function is the reward itself (not a factory). Its form is read from its par
                 other column of the example comes as a list, one value per completion: `answer`
                 (the reference answer) and each key of the example's meta (a dataset's other
                 columns, countdown's `numbers` and `target`, ...). A function without **kwargs gets
-                only the arguments it names. In a run with an environment, `environments` holds each
+                only the arguments it names. In a run with an environment, `prompts` are the prompts
+                the trajectories started from (messages; reset's text included), and `environments` holds each
                 completion's environment instance (the user's object an adapter wraps: the TRL class
                 instance, the OpenEnv or SkyRL environment), as TRL passes them; plain tool functions
                 have none (None). A None in the returned list: the function does not apply to that
@@ -151,14 +152,15 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    def call(completions: list[str] | list[list[dict]], examples: list[Example], environments: list | None = None):
+    def call(completions: list[str] | list[list[dict]], examples: list[Example], environments: list | None = None,
+             prompts: list | None = None):
         conversation = bool(completions) and isinstance(completions[0], list)  # multi-turn: messages already
         chat = bool(examples) and not isinstance(examples[0].prompt, str)
         kwargs = columns(examples)
         kwargs.update(options)
         # TRL's conversational form holds both: message-list completions come with message-list prompts
         kwargs["prompts"] = [[{"role": "user", "content": e.prompt}] if conversation and isinstance(e.prompt, str)
-                             else e.prompt for e in examples]
+                             else e.prompt for e in examples] if prompts is None else list(prompts)
         if environments is not None:  # the user's objects, as TRL passes its environment instances
             kwargs["environments"] = [getattr(e, "user_env", e) for e in environments]
         if conversation:
@@ -171,7 +173,7 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
         return fn(**kwargs)
 
     call.__name__ = getattr(fn, "__name__", "reward")
-    call.takes_environments = True  # type: ignore[attr-defined]
+    call.takes_context = True  # type: ignore[attr-defined]
     return call
 
 

@@ -23,9 +23,10 @@ whatever reads the scores); `Scores.none` lists where it was None.
 Multi-turn runs pass `conversations`: batch functions then receive, per completion, the messages
 after the prompt (assistant turns and the environment's tool / user messages, as TRL gives a tool
 run's completions), each call its own copy; per-sample functions keep receiving the text. They also
-pass `environments` (one per completion): a batch function whose callable has a true
-`takes_environments` attribute gets its group's slice as the keyword `environments` (TRL's reward
-functions read the trajectories' environment instances; grpolab.rewards.custom unwraps them).
+pass `context`, lists with one value per completion (`environments`: each trajectory's environment,
+`prompts`: the prompt it started from, reset's text included): a batch function whose callable has a
+true `takes_context` attribute gets its group's slices as keyword arguments (TRL's reward functions
+read the environment instances and the prompts; grpolab.rewards.custom passes them on).
 
 A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
 sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
@@ -61,7 +62,7 @@ class RewardFn:
                  that share an example (how grpolab.rewards runs TRL-style functions). `completions`
                  are the texts, or in a multi-turn run each completion's conversation (a list of
                  message dicts). None: the function does not apply to that completion. A callable
-                 with `takes_environments = True` is also given `environments=` in runs that have them.
+                 with `takes_context = True` is also given the run's context lists as keywords.
     """
 
     name: str
@@ -254,28 +255,29 @@ def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
     log.warning("%s (logged once per run for each function and kind of failure)", message)
 
 
-def _batch_call(f: Callable, texts: list, examples: list[Example], environments: list | None) -> Callable[[], object]:
-    """One call of a batch function over a group, with its environments when it takes them."""
-    if environments is not None and getattr(f, "takes_environments", False):
-        return lambda: f(texts, examples, environments=environments)
+def _batch_call(f: Callable, texts: list, examples: list[Example], context: dict[str, list]) -> Callable[[], object]:
+    """One call of a batch function over a group, with the group's context when it takes it."""
+    if context and getattr(f, "takes_context", False):
+        return lambda: f(texts, examples, **context)
     return lambda: f(texts, examples)
 
 
 def score_completions(fns: list[RewardFn], completions: list[str], examples: list[Example], *,
-                      conversations: list[list[dict]] | None = None, environments: list | None = None,
+                      conversations: list[list[dict]] | None = None, context: dict[str, list] | None = None,
                       timeout_s: float = 10.0, workers: int = 4, on_error: str = "zero") -> Scores:
     """Score every completion with every reward function (see the module docstring).
 
     conversations: per completion, the messages after the prompt (multi-turn runs,
     Rollout.conversations); batch functions receive them instead of `completions`.
-    environments: per completion, its trajectory's environment (multi-turn runs), for batch
-    functions that take them."""
+    context: name -> one value per completion (multi-turn runs: `environments`, `prompts`), for batch
+    functions that take it."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
     if conversations is not None and len(conversations) != len(completions):
         raise ValueError(f"{len(conversations)} conversations but {len(completions)} completions")
-    if environments is not None and len(environments) != len(completions):
-        raise ValueError(f"{len(environments)} environments but {len(completions)} completions")
+    for key, values in (context or {}).items():
+        if len(values) != len(completions):
+            raise ValueError(f"{len(values)} {key} but {len(completions)} completions")
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     n = len(completions)
@@ -291,7 +293,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 # each call its own copy of the conversations: a function that edits its messages changes nothing else
                 texts = list(completions[a:b]) if conversations is None else copy.deepcopy(list(conversations[a:b]))
                 calls.append(_batch_call(rf.fn, texts, list(examples[a:b]),
-                                         None if environments is None else list(environments[a:b])))
+                                         {k: list(v[a:b]) for k, v in (context or {}).items()}))
                 groups.append(k)
                 spans.append((k, a, b))
         else:

@@ -9,9 +9,9 @@
         respond: the batch's environments step (grpolab.env.run_turns: concurrently, or one after
                  another on this thread with env.tool_thread=main); each reply's messages become
                  tokens by the template (grpolab.model.template.addition_ids)
-    -> the rollout and its environments, still open: the step scores them (the environment's own
-       reward is the reward function `env_reward`, TRL-form functions read `environments`), then
-       closes them (close_all)
+    -> the rollout, its environments (still open) and prompts: the step scores them (the environment's
+       own reward is the reward function `env_reward`; TRL-form functions read `environments` and
+       `prompts`), then closes the environments (close_all)
 
 The model's tokens stay the ids it sampled; the environment's are marked in Rollout.env_mask, so
 every algorithm reads the model's tokens only (docs/agents.md, "The masks").
@@ -151,12 +151,12 @@ def env_reward(weight: float) -> RewardFn:
     scored with the others (grpolab.rewards.scoring), from the trajectories' environments. A None means
     it does not apply (reward/env/none, env/reward_none); a reward() that raises is an error
     (reward/errors, env/reward_errors) and adds nothing."""
-    def env(completions, examples, environments=None):
+    def env(completions, examples, environments=None, **context):
         if environments is None:  # scored outside a rollout (a gold-answer check): nothing to read
             return [None] * len(completions)
         return [_safe_reward(e) for e in environments]
 
-    env.takes_environments = True  # type: ignore[attr-defined]
+    env.takes_context = True  # type: ignore[attr-defined]
     return RewardFn(ENV_REWARD, weight, env, batch=True)
 
 
@@ -187,9 +187,10 @@ def _record(messages: list[dict], calls: dict[int, list[ToolCall]]) -> list[dict
 
 
 def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
-                  generator: torch.Generator | None = None) -> tuple[Rollout, list, dict]:
-    """G multi-turn trajectories per example. Returns (rollout, the N environments, metrics): the
-    environments are left open for scoring; the caller closes them (close_all)."""
+                  generator: torch.Generator | None = None) -> tuple[Rollout, dict[str, list], dict]:
+    """G multi-turn trajectories per example. Returns (rollout, context, metrics); context holds, per
+    trajectory, its `environments` (left open for scoring: the caller closes them, close_all) and the
+    `prompts` it started from, for the reward functions (as TRL passes both)."""
     envs_cfg: Environments = run.environments
     s = envs_cfg.settings
     tok = run.tokenizer
@@ -252,7 +253,7 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
     rollout.stops = [t.stop for t in trajs]
     info = trajectory_metrics(rollout, trajs, events, calls)
     info["env/group_prompts_differ"] = 0.0 if shared else 1.0
-    return rollout, envs, info
+    return rollout, {"environments": envs, "prompts": row_prompts}, info
 
 
 def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter) -> dict:

@@ -67,14 +67,14 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
                         lean=use_lean(run.cfg.decoder, run.rollout_dtype, run.device))
 
 
-def score(run: Run, rollout: Rollout, examples: list[Example], environments: list | None = None):
+def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):
     """Rewards for every completion (examples repeated G times to match the layout). In a multi-turn
-    rollout, TRL-form functions get each row's conversation (rollout.conversations) and its environment
-    (`environments`, as TRL passes them), the per-sample form its last turn's text (rollout.texts); the
-    environment's own reward is one of the functions (grpolab.training.agents.env_reward)."""
+    rollout, TRL-form functions get each row's conversation (rollout.conversations), its environment and
+    its prompt (`context`, as TRL passes them), the per-sample form its last turn's text (rollout.texts);
+    the environment's own reward is one of the functions (grpolab.training.agents.env_reward)."""
     per_completion = [e for e in examples for _ in range(rollout.G)]
     return score_completions(run.reward_fns, rollout.texts, per_completion, conversations=rollout.conversations,
-                             environments=environments, timeout_s=run.cfg.reward_timeout_s,
+                             context=context, timeout_s=run.cfg.reward_timeout_s,
                              workers=run.cfg.reward_workers)
 
 
@@ -89,12 +89,12 @@ def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool
         scores = score(run, rollout, examples)
         return rollout, scores, {"time/score_s": time.perf_counter() - t0}
     with gathered(run.policy):
-        rollout, envs, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
+        rollout, context, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
     t0 = time.perf_counter()
     try:
-        scores = score(run, rollout, examples, envs)
+        scores = score(run, rollout, examples, context)
     finally:
-        close_all(envs)
+        close_all(context["environments"])
     return rollout, scores, {**info, **env_reward_metrics(scores), "time/score_s": time.perf_counter() - t0}
 
 
