@@ -8,6 +8,8 @@ Environment, passes it the model's turns as text, and appends the chat messages 
 - `schema`    OpenAI function schemas from type hints and docstrings; argument checking.
 - `runner`    run a turn's calls (timeouts, errors as messages, counted events); run_turns for a batch.
 - `adapters`  FunctionTools (TRL tools=), FactoryEnvironment (TRL environment_factory=), GymAdapter.
+- `openenv`   OpenEnvAdapter: OpenEnv-style environments (pydantic actions, observation objects).
+- `skyrl`     SkyRLAdapter: SkyRL-gym-style environments ((env_config, extras), init, step -> dict).
 - `loading`   load_environment("module:Name" | "file.py:Name" | built-in name | object).
 - `builtin`   retry_arithmetic, guess_number, calculator_python (ENVIRONMENTS).
 - `settings`  the recipe's env.* keys (EnvConfig); not re-exported here, so that importing the

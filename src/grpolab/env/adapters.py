@@ -16,8 +16,9 @@ What follows TRL 1.16 (trl/trainer/grpo_trainer.py, `GRPOTrainer.__init__` and
   not), minus names starting with `_`, `reset` and `get_reward`; in that (alphabetical) order,
   after any standalone `tools=`. A class without a `reset` function is refused.
 - `reset` receives the example's fields as keyword arguments (TRL passes the whole dataset row,
-  `prompt` included; the rollout loop should pass the same); a returned string is appended to the
-  last user message, as is, with no separator; None appends nothing.
+  `prompt` included; the rollout loop passes the same); a returned string goes into the last
+  message of the prompt (grpolab.training.agents.prompt_messages: after a blank line, where TRL
+  appends it as is); None appends nothing.
 - instances are pooled and reused: created when more are needed at once than exist, never more.
 - `get_reward()` takes no argument and may be async; it is called once per finished trajectory; its
   None means "no reward for this sample". Tools may be async too.
