@@ -1,4 +1,6 @@
-"""Reward functions in TRL's form that only check what grpolab hands them (not part of any environment)."""
+"""Reward functions in TRL's form that only check what grpolab hands them, and an environment grpolab refuses."""
+
+import random
 
 
 def system_first(prompts, **kwargs):
@@ -9,3 +11,16 @@ def system_first(prompts, **kwargs):
 def varied(completions, **kwargs):
     """A reward that varies with the conversation, so that groups are not all equal."""
     return [float(sum(len(m["content"]) for m in c) % 3) for c in completions]
+
+
+class OwnGeneratorEnv:
+    """Draws its task from a generator of its own: the G trajectories of a group get different tasks."""
+
+    def __init__(self):
+        self.rng = random.Random()
+
+    def reset(self, **kwargs):
+        return f"What is {self.rng.randint(0, 10**9)} + 1?"
+
+    def get_reward(self) -> float:
+        return 0.0

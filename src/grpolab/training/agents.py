@@ -2,7 +2,8 @@
 
     envs = [factory() for each of the N = B*G trajectories] (env.factories: the example's `environment`
            column picks the factory, TRL's dict environment_factory)
-    env.reset(example fields), Python's `random` seeded per example (grpolab.env.base.seeded)
+    env.reset(example fields), Python's `random` seeded per example (grpolab.env.base.seeded), so
+           that the G trajectories of an example get one task (else the run is refused)
     prompt = the prompt (a string or TRL's messages) + what reset returned, or the messages reset
              returned, in the chat template, tools shown where it can
     generate_turns(...)  (grpolab.model.turns): the model writes a turn;
@@ -138,6 +139,21 @@ def prompt_messages(e: Example, extra, system_prompt: str | None) -> list[dict]:
     return msgs
 
 
+def check_group_prompts(prompts: list[list[dict]], examples: list[Example], G: int) -> None:
+    """The G trajectories of an example must start from one prompt: it is prefilled once per group, and
+    the training passes compute it once per group (grpolab.model.passes). An environment whose reset
+    writes different tasks for them (a random generator of its own, which grpolab.env.base.seeded does
+    not reach) is refused, naming the fix."""
+    for i in range(len(prompts)):
+        if prompts[i] != prompts[i - i % G]:
+            e = examples[i // G]
+            raise ConfigError(
+                f"env.name: the environments of example {e.id!r} wrote different prompts for its {G} trajectories "
+                f"({prompts[i - i % G][-1]['content'][:60]!r} and {prompts[i][-1]['content'][:60]!r}); a group must "
+                "share its task. Draw the task in reset from Python's `random` module (grpolab seeds it per "
+                "example) or from the example's fields (its `seed`, its id), not from a generator of its own")
+
+
 def _safe_reward(env) -> float | None:
     try:
         r = env.reward()
@@ -209,11 +225,9 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                 except EnvConfigError as e:  # a reset that breaks the contract (returns a number, say)
                     raise ConfigError(f"env.name: {e}") from None
         row_prompts = [prompt_messages(examples[i // G], extras[i], system) for i in range(N)]
-        # a group shares its prompt (prefilled once), unless its environments wrote different ones
-        shared = all(row_prompts[i] == row_prompts[i - i % G] for i in range(N))
-        first = range(0, N, G) if shared else range(N)
+        check_group_prompts(row_prompts, examples, G)
         prompt_ids = [list(tok(render(tok, row_prompts[i], add_generation_prompt=True, tools=tools_of[i]),
-                               add_special_tokens=False)["input_ids"]) for i in first]
+                               add_special_tokens=False)["input_ids"]) for i in range(0, N, G)]
         history = [list(p) for p in row_prompts]
         calls_at: list[dict[int, list[ToolCall]]] = [{} for _ in range(N)]
         events, calls = Counter(), Counter()
@@ -237,23 +251,20 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
             return out
 
         rollout, trajs = generate_turns(
-            run.policy, tok, prompt_ids, respond, G=G if shared else 1, max_turn_tokens=s.max_turn_tokens,
+            run.policy, tok, prompt_ids, respond, G=G, max_turn_tokens=s.max_turn_tokens,
             max_model_tokens=s.max_model_tokens, max_env_tokens=s.max_env_tokens, max_turns=s.max_turns,
             temperature=run.cfg.temperature, top_p=run.cfg.top_p, greedy=greedy, autocast_dtype=run.rollout_dtype,
             generator=generator, eos_ids=run.eos_ids, lean=use_lean(run.cfg.decoder, run.rollout_dtype, run.device))
     except BaseException:
         close_all(envs)
         raise
-    rollout.G = G  # per-row prompts were generated as groups of one; the groups are still G contiguous rows
     for h, tr in zip(history, trajs):
         if tr.stop == "env_tokens":  # the last reply was refused by the budget: it is not in the tokens either
             while h and h[-1]["role"] != "assistant":
                 h.pop()
     rollout.conversations = [_record(h[len(row_prompts[i]):], calls_at[i]) for i, h in enumerate(history)]
     rollout.stops = [t.stop for t in trajs]
-    info = trajectory_metrics(rollout, trajs, events, calls)
-    info["env/group_prompts_differ"] = 0.0 if shared else 1.0
-    return rollout, {"environments": envs, "prompts": row_prompts}, info
+    return rollout, {"environments": envs, "prompts": row_prompts}, trajectory_metrics(rollout, trajs, events, calls)
 
 
 def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter) -> dict:
