@@ -330,3 +330,30 @@ def test_what_trl_1_16_does_is_what_grpolab_follows():
     # get_reward: one more reward function per class that has it, weight 1, None for the other classes
     assert "return [e.get_reward() if type(e) is _env_type else None for e in environments]" in source
     assert "self.reward_weights = torch.cat([self.reward_weights, torch.ones(1)])" in source
+
+
+def test_standalone_tools_go_beside_an_environment_class_as_trls_tools():
+    from grpolab.app.api import _environments
+    from grpolab.env import EnvironmentShapeError
+
+    counter = _load(ENVS / "trl_counter.py").CounterEnv
+
+    def shout(text: str) -> str:
+        """Upper-case a text.
+
+        Args:
+            text: The text.
+        """
+        return text.upper()
+
+    env = load_environment(counter, tools=[shout])()
+    assert [t["function"]["name"] for t in env.tools] == ["shout", "increment", "peek"]  # standalone first, as TRL
+    with pytest.raises(EnvironmentShapeError, match="standalone tools .* go with an environment class"):
+        load_environment(f"{OPENENV}:GridEnvironment", tools=[shout])
+    with _environments(counter, [shout]) as env_keys:  # grpolab.train(environment_factory=..., tools=[...])
+        assert set(env_keys) == {"name", "tools"} and len(env_keys["tools"]) == 1
+        again = load_environment(env_keys["name"], tools=env_keys["tools"])()
+        assert [t["function"]["name"] for t in again.tools] == ["shout", "increment", "peek"]
+    with _environments(None, [shout]) as env_keys:  # tools= alone: the functions are the environment
+        assert list(env_keys) == ["name"] and load_environment(env_keys["name"]).kind == "tools"
+    assert not REGISTRY

@@ -1,5 +1,6 @@
 """Environments written for other trainers run unchanged (issue 28): TRL's environment_factory classes
-and reward functions (tests/envs/trl_counter.py), OpenEnv-style (tests/envs/openenv_style.py) and
+and reward functions (tests/envs/trl_counter.py), TRL's tools= functions with rewards written as in its
+examples/scripts/grpo_agent.py (tests/envs/trl_tools.py), OpenEnv-style (tests/envs/openenv_style.py) and
 SkyRL-gym-style (tests/envs/skyrl_style.py) environments, each trained 2 steps on the tiny model
 through the CLI and through grpolab.train with TRL's spellings, on TRL's conversational rows
 ({"prompt": [{"role": "user", ...}]}) and on plain strings.
@@ -25,7 +26,8 @@ import grpolab
 from grpolab.app.cli import main
 
 ENVS = Path(__file__).resolve().parent / "envs"
-TRL, OPENENV, SKYRL, CHECKS = (ENVS / f"{n}.py" for n in ("trl_counter", "openenv_style", "skyrl_style", "checks"))
+TRL, TOOLS, OPENENV, SKYRL, CHECKS = (ENVS / f"{n}.py" for n in ("trl_counter", "trl_tools", "openenv_style",
+                                                                  "skyrl_style", "checks"))
 COMMON = {"steps": 2, "batch_size": 4, "G": 2, "micro_batch": 4, "eval_size": 1, "progress": False, "report": False,
           "tensorboard": False, "lr": 1e-3, "algo.beta": 0.0}
 ENV = {"max_turns": 2, "max_turn_tokens": 2, "max_model_tokens": 4}
@@ -68,7 +70,17 @@ def check_written_prompt(m, steps):
     assert m["reward/level_seen/mean"] == 1.0  # the prompt holds what reset wrote (a random task), for every trajectory
 
 
+def check_tools_only(m, steps):
+    assert m["env/calls/increment"] > 0 and m.get("env/errors_exception", 0) == 0  # signal.alarm on the main thread
+    assert m["reward/structure_reward/mean"] > 0 and m["reward/argument_reward/mean"] > 0  # parsed tool_calls read
+    assert "reward/env/mean" not in m  # plain tools give no reward of their own (TRL adds no column either)
+
+
 CASES = {
+    "trl_tools_only": dict(env={"tools": (TOOLS, "TOOLS"), "tool_thread": "main"},
+                           rows=lambda form: [{**r, "answer": "done"} for r in counter_rows(form)],
+                           rewards=[(TOOLS, "structure_reward"), (TOOLS, "argument_reward"),
+                                    (TOOLS, "correctness_reward")], check=check_tools_only),
     "trl_tools": dict(env={"name": (TRL, "CounterEnv"), "tool_thread": "main"}, rows=counter_rows,
                       rewards=[(TRL, "reward_func"), (TRL, "level_seen")], check=check_tools),
     "trl_empty_prompt": dict(env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
@@ -103,7 +115,7 @@ def cli_args(case: dict, rows, tmp_path: Path) -> list[str]:
     args = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in COMMON.items()]
     args += [f"env.{k}={v}" for k, v in ENV.items()]
     for key, value in case["env"].items():
-        if key == "name":
+        if key in ("name", "tools"):  # a list of tool functions is an environment too
             args.append(f"env.name={value[0]}:{value[1]}")
         elif key == "factories":
             args += [f"env.factories.{k}={f}:{n}" for k, (f, n) in value.items()]
@@ -120,12 +132,14 @@ def cli_args(case: dict, rows, tmp_path: Path) -> list[str]:
 
 
 def api_kwargs(case: dict, rows) -> dict:
-    mods = {p: module(p) for p in (TRL, OPENENV, SKYRL, CHECKS)}
+    mods = {p: module(p) for p in (TRL, TOOLS, OPENENV, SKYRL, CHECKS)}
     env = dict(ENV)
     kw: dict = {}
     for key, value in case["env"].items():
         if key == "name":
             kw["environment_factory"] = getattr(mods[value[0]], value[1])
+        elif key == "tools":  # TRL's tools=[...] without an environment class
+            kw["tools"] = getattr(mods[value[0]], value[1])
         elif key == "factories":
             kw["environment_factory"] = {k: getattr(mods[f], n) for k, (f, n) in value.items()}
         else:
