@@ -25,6 +25,17 @@ dataset: a file or `datasets` directory (task=dataset, task_args.path), or rows 
 dicts, or a `datasets.Dataset`), which are written to OUT/dataset.jsonl so that the run can be
 resumed. task: a task name.
 
+TRL's spellings of GRPOTrainer are accepted as they are (docs/agents.md):
+
+    grpolab.train(environment_factory=WordleEnv, reward_funcs=[won], train_dataset=ds, max_steps=2, ...)
+
+environment_factory (a class or zero-argument callable: env.name; a dict of them: env.factories,
+routed by the rows' `environment` column), tools (functions: env.tools beside an environment class,
+else the environment itself), reward_funcs (= rewards), train_dataset (= dataset), max_steps (= steps).
+Without a dataset, a task or a recipe's task, environment_factory means TRL's train_dataset=None:
+task=env, the environment's reset writes every prompt. Objects are recorded as rewards are: by import
+path when they can be imported again, else registered by name for the duration of the call.
+
 Output: the CLI's progress and summary, all through one rich Console (`console=`, default a new one
 on stdout), so each step line, the evaluation notes and the summary table appear once, and the
 summary comes back as the return value, not printed again. Outside a terminal (a notebook, a log
@@ -64,7 +75,7 @@ def _recipe_of(config: ConfigLike) -> dict:
 def _import_path(fn: Callable) -> str | None:
     """`module:qualname` when `fn` can be imported again by that name in another process."""
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not mod or mod == "__main__" or mod.startswith("grpolab_user_rewards_") or "<" in qual:
+    if not mod or mod == "__main__" or mod.startswith(("grpolab_user_rewards_", "grpolab_env_")) or "<" in qual:
         return None
     try:
         obj = importlib.import_module(mod)
@@ -113,6 +124,64 @@ def _registered(rewards: Iterable | None):
         REWARDS.update(before)
 
 
+@contextlib.contextmanager
+def _environments(environment_factory, tools):
+    """The env.* settings for TRL's environment_factory= and tools= objects (see the module docstring);
+    objects that cannot be imported by name are registered (grpolab.env.loading.registered) for the block."""
+    from grpolab.env.loading import registered
+
+    with contextlib.ExitStack() as stack:
+        def spec(obj, base: str) -> str:
+            if isinstance(obj, str):
+                return obj
+            ref = _import_path(obj)
+            return ref if ref is not None else stack.enter_context(registered(obj, base))
+
+        if tools is not None and (callable(tools) or isinstance(tools, str)):
+            tools = [tools]
+        env: dict = {}
+        tool_specs = [spec(t, getattr(t, "__name__", "tool")) for t in (tools or [])]
+        if isinstance(environment_factory, dict):
+            if not environment_factory:
+                raise ConfigError("environment_factory: an empty dict; map environment names to classes")
+            env["factories"] = {str(k): spec(v, getattr(v, "__name__", str(k))) for k, v in environment_factory.items()}
+        elif environment_factory is not None:
+            if not callable(environment_factory) and not isinstance(environment_factory, str):
+                raise ConfigError(f"environment_factory: expected a class or a zero-argument function, got "
+                                  f"{type(environment_factory).__name__}")
+            env["name"] = spec(environment_factory, getattr(environment_factory, "__name__", "environment"))
+        if tool_specs and env:
+            env["tools"] = tool_specs
+        elif tool_specs:
+            env["name"] = stack.enter_context(registered(_tool_objects(tools), "tools"))
+        yield env
+
+
+def _tool_objects(tools) -> list:
+    """Tool functions (a spec string resolved to its function)."""
+    from grpolab.env.loading import load_tools
+
+    return load_tools(list(tools))
+
+
+def _trl_settings(settings: dict, rewards, dataset, reward_funcs, train_dataset):
+    """TRL's names folded into grpolab's: (rewards, dataset, settings); both spellings at once is an error."""
+    if reward_funcs is not None:
+        if rewards is not None:
+            raise ConfigError("reward_funcs: TRL's name for rewards; give one of rewards= and reward_funcs=")
+        rewards = reward_funcs
+    if train_dataset is not None:
+        if dataset is not None:
+            raise ConfigError("train_dataset: TRL's name for dataset; give one of dataset= and train_dataset=")
+        dataset = train_dataset
+    if "max_steps" in settings:
+        if "steps" in settings:
+            raise ConfigError("max_steps: TRL's name for steps; give one of steps= and max_steps=")
+        settings = {**settings, "steps": settings["max_steps"]}
+        del settings["max_steps"]
+    return rewards, dataset, settings
+
+
 def _write_rows(rows, out: Path) -> Path:
     """Rows in memory -> OUT/dataset.jsonl (atomic), so the run's config names a file."""
     from grpolab.util.fileio import atomic_write
@@ -133,10 +202,13 @@ def _write_rows(rows, out: Path) -> Path:
 
 
 def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
-          overrides: list[str] | None = None, resume: str | Path | None = None, **settings):
+          overrides: list[str] | None = None, resume: str | Path | None = None, trl_env: dict | None = None,
+          env_task: bool = False, **settings):
     """The validated Config that `train` would run, and the rows to write for an in-memory dataset.
 
-    Returns (cfg, rows or None). Raises ConfigError exactly as the CLI does."""
+    trl_env: env.* settings from TRL's environment_factory= / tools= (see _environments); env_task (an
+    environment_factory was given): with no dataset, task or recipe task, the task is `env`. Returns (cfg, rows or None). Raises ConfigError exactly as
+    the CLI does."""
     from grpolab.training.config import _deep_update, build_config, config_from_run
 
     if resume is not None:
@@ -147,6 +219,16 @@ def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     else:
         recipe = _recipe_of(config)
     _deep_update(recipe, copy.deepcopy(settings))
+    env = trl_env
+    if env:
+        given = recipe.get("env") if isinstance(recipe.get("env"), dict) else {}
+        clash = sorted(k for k in env if given.get(k) and k in ("name", "factories", "tools"))
+        if clash or (given.get("name") and "factories" in env) or (given.get("factories") and "name" in env):
+            raise ConfigError(f"environment_factory: the config already sets env.{(clash or ['name'])[0]}; give the "
+                              "environment one way")
+        recipe["env"] = {**given, **env}
+        if env_task and task is None and dataset is None and "task" not in recipe:
+            recipe["task"] = "env"  # TRL's train_dataset=None: the environment writes the prompts
     if task is not None:
         if not isinstance(task, str):
             raise ConfigError(f"task: expected a task name, got {type(task).__name__} (use dataset= for data)")
@@ -186,7 +268,7 @@ def _quiet_hub_bars():
 
 def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
           overrides: list[str] | None = None, resume: str | Path | None = None, console=None,
-          **settings) -> dict:
+          environment_factory=None, tools=None, reward_funcs=None, train_dataset=None, **settings) -> dict:
     """Train and return the summary (the dict written to OUT/summary.json).
 
     config: a Config, a dict, a recipe path or name, or None; settings: top-level keys (steps=5,
@@ -194,6 +276,8 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     task, dataset: see the module docstring; resume: a run directory to continue (its config.yaml,
     then the settings), or "auto" (the resume=auto setting: a new run where `out` holds none, else
     the run there continued; docs/distributed.md); console: a rich Console (default: a new one on stdout).
+    environment_factory, tools, reward_funcs, train_dataset (and max_steps= among the settings): TRL's
+    GRPOTrainer spellings (the module docstring).
     """
     from rich.console import Console
 
@@ -201,9 +285,10 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
 
     if isinstance(resume, str) and resume == "auto":  # the setting, not a directory named auto
         overrides, resume = [*(overrides or []), "resume=auto"], None
-    with _registered(rewards) as specs:
+    rewards, dataset, settings = _trl_settings(settings, rewards, dataset, reward_funcs, train_dataset)
+    with _registered(rewards) as specs, _environments(environment_factory, tools) as env:
         cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
-                          **settings)
+                          trl_env=env, env_task=environment_factory is not None, **settings)
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")

@@ -9,6 +9,8 @@ Environment, passes it the model's turns as text, and appends the chat messages 
 - `runner`    run a turn's calls (timeouts, errors as messages, counted events); run_turns for a batch.
 - `budget`    tool time: a budget per trajectory and per step; a call's deadline and events, seen by its tool.
 - `adapters`  FunctionTools (TRL tools=), FactoryEnvironment (TRL environment_factory=), GymAdapter.
+- `openenv`   OpenEnvAdapter: OpenEnv-style environments (pydantic actions, observation objects).
+- `skyrl`     SkyRLAdapter: SkyRL-gym-style environments ((env_config, extras), init, step -> dict).
 - `loading`   load_environment("module:Name" | "file.py:Name" | built-in name | object).
 - `builtin`   retry_arithmetic, guess_number, calculator_python (ENVIRONMENTS).
 - `settings`  the recipe's env.* keys (EnvConfig); not re-exported here, so that importing the

@@ -16,8 +16,9 @@ What follows TRL 1.16 (trl/trainer/grpo_trainer.py, `GRPOTrainer.__init__` and
   not), minus names starting with `_`, `reset` and `get_reward`; in that (alphabetical) order,
   after any standalone `tools=`. A class without a `reset` function is refused.
 - `reset` receives the example's fields as keyword arguments (TRL passes the whole dataset row,
-  `prompt` included; the rollout loop should pass the same); a returned string is appended to the
-  last user message, as is, with no separator; None appends nothing.
+  `prompt` included; the rollout loop passes the same); a returned string goes into the last
+  message of the prompt (grpolab.training.agents.prompt_messages: after a blank line, where TRL
+  appends it as is); None appends nothing.
 - instances are pooled and reused: created when more are needed at once than exist, never more.
 - `get_reward()` takes no argument and may be async; it is called once per finished trajectory; its
   None means "no reward for this sample". Tools may be async too.
@@ -31,7 +32,8 @@ Deliberate differences from TRL:
 - a failing call's content is "Error: ..." in words (TRL's is `str({"error": "..."})`), and
   arguments are checked against the schema before the tool runs (TRL calls `fn(**arguments)`
   and reports whatever TypeError results).
-- every call has a timeout (TRL waits forever).
+- every call has a timeout (TRL waits forever), on a daemon thread of its own (TRL runs sync tools
+  on the main thread): env.tool_thread=main (`here=True`) runs them in the calling thread, as TRL.
 - `reset` gets only the fields its signature accepts, unless it takes **kwargs (TRL passes all and
   a narrower signature raises TypeError).
 """
@@ -119,11 +121,16 @@ def tool_step(runner: ToolRunner, turn_text: str) -> Reply:
 class FunctionTools:
     """TRL's `tools=[fn, ...]`: plain functions as tools, no state, no reward of its own."""
 
+    user_env = None
+    """What a reward function's `environments` holds for this trajectory: nothing (TRL passes none)."""
+    has_reward = False
+    """Plain functions give no reward of their own (no `env` reward column)."""
+
     def __init__(self, tools: Sequence[Callable], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:
+                 max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False) -> None:
         functions, self.tools = _named_tools(list(tools), "FunctionTools")
         self.runner = ToolRunner(functions, {s["function"]["name"]: s for s in self.tools},
-                                 timeout_s=timeout_s, max_result_chars=max_result_chars)
+                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here)
 
     def reset(self, fields: dict) -> str | None:
         """Nothing to reset: plain functions keep no state."""
@@ -195,7 +202,8 @@ class FactoryEnvironment:
     """
 
     def __init__(self, factory: Callable[[], Any], *, tools: Sequence[Callable] = (), pool: InstancePool | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+                 here: bool = False) -> None:
         self._pool = pool if pool is not None else InstancePool(factory)
         self.instance = self._pool.acquire()
         cls = type(self.instance)
@@ -207,9 +215,19 @@ class FactoryEnvironment:
         methods = [getattr(self.instance, n) for n in tool_method_names(cls)]
         functions, self.tools = _named_tools(list(tools) + methods, cls.__name__)
         self.runner = ToolRunner(functions, {s["function"]["name"]: s for s in self.tools},
-                                 timeout_s=timeout_s, max_result_chars=max_result_chars)
+                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here)
         self._has_reward = _class_has(cls, "get_reward")
         self._closed = False
+
+    @property
+    def user_env(self) -> Any:
+        """The user's instance: what TRL's reward functions receive in `environments`."""
+        return self.instance
+
+    @property
+    def has_reward(self) -> bool:
+        """Whether the class defines get_reward (TRL then adds its reward column)."""
+        return self._has_reward
 
     def reset(self, fields: dict) -> str | None:
         """instance.reset(**fields); a string it returns is appended to the user message."""
@@ -280,7 +298,7 @@ class GymAdapter:
     """
 
     def __init__(self, env: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:
+                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False) -> None:
         if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
             raise EnvironmentShapeError(f"GymAdapter: {type(env).__name__} needs reset() and step(action) methods.")
         self.env = env
@@ -289,6 +307,12 @@ class GymAdapter:
         self.max_obs_chars = max_obs_chars
         self.total = 0.0
         self.finished = False
+        self.here = here
+
+    @property
+    def user_env(self) -> Any:
+        """The wrapped environment: what a TRL-form reward function receives in `environments`."""
+        return self.env
 
     def reset(self, fields: dict) -> str | None:
         """Reset the environment; its first observation as text (None if it gives none)."""
@@ -300,7 +324,7 @@ class GymAdapter:
         """env.step(turn_text) on a daemon thread, with a timeout; the observation as a user message."""
         if self.finished:
             return Reply(done=True)
-        out = call_with_timeout(lambda: self.env.step(turn_text), {}, self.timeout_s, convert=False)
+        out = call_with_timeout(lambda: self.env.step(turn_text), {}, self.timeout_s, convert=False, here=self.here)
         if out is None:
             self.finished = True
             return Reply([{"role": "user", "content": f"Error: the environment timed out after {self.timeout_s:g} s."}],

@@ -3,7 +3,8 @@
 The loop drives each trajectory's environment like this:
 
     env = make_env()                     # a zero-argument factory (see loading.load_environment)
-    extra = env.reset(example_fields)    # text appended to the last user message, or None
+    extra = env.reset(example_fields)    # text appended to the last user message, the whole prompt
+                                         # as a list of messages (SkyRL-gym's init), or None
     render the prompt, with env.tools as the tool schemas shown to the model
     loop:
         the model writes a turn
@@ -14,7 +15,14 @@ The loop drives each trajectory's environment like this:
     env.close()                          # optional: hands pooled resources back
 
 `reset` may be called again on the same object for a new example: an environment must not carry
-state from one trajectory to the next. Many trajectories' `step` calls run concurrently (in
+state from one trajectory to the next. The loop calls every trajectory's reset in the calling thread,
+with Python's `random` (and numpy's global generator, when numpy is loaded) seeded by `seeded(
+example_seed(fields))`, so that the G trajectories of one example draw the same task from an
+environment that makes its own (as TRL's "the environment writes the prompt" form does).
+
+An optional attribute `user_env` names the object a TRL-form reward function receives in its
+`environments` argument for this trajectory (the user's instance inside an adapter; None for plain
+tool functions); without it, the environment itself. Many trajectories' `step` calls run concurrently (in
 threads, see runner.run_turns), each on its own object.
 
 `Reply.messages` are chat messages in the usual form: `{"role": "tool", "name": ..., "content": ...}`
@@ -25,6 +33,10 @@ the loop need not render them for the model.
 
 from __future__ import annotations
 
+import contextlib
+import random
+import sys
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -67,8 +79,9 @@ class Environment(Protocol):
     tools: list[dict]
     """OpenAI function schemas shown to the model (may be empty)."""
 
-    def reset(self, fields: dict) -> str | None:
-        """Start a trajectory for an example (its fields); text to append to the user message."""
+    def reset(self, fields: dict) -> str | list[dict] | None:
+        """Start a trajectory for an example (its fields); text to append to the user message, or the
+        whole prompt as chat messages."""
         ...
 
     def step(self, turn_text: str) -> Reply:
@@ -95,3 +108,35 @@ def close_environment(env: Any) -> None:
     close = getattr(env, "close", None)
     if callable(close):
         close()
+
+
+def user_env(env: Any) -> Any:
+    """What a TRL-form reward function's `environments` holds for this trajectory (see the module docstring)."""
+    return getattr(env, "user_env", env)
+
+
+def example_seed(fields: dict) -> int:
+    """A seed for one example, the same for each of its G trajectories: its `seed` field if it is an
+    int, else the CRC-32 of its id (an example without either gets 0)."""
+    seed = fields.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed & 0x7FFFFFFF
+    return zlib.crc32(str(fields.get("id", "")).encode("utf-8")) & 0x7FFFFFFF
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Python's `random` (and numpy's global generator, if numpy is already imported) seeded with `seed`
+    inside the block, and put back as they were after it: the caller's streams are not disturbed."""
+    state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        if np is not None:
+            np.random.set_state(np_state)

@@ -14,22 +14,33 @@ trajectory). What the object is decides the adapter (`kind=` overrides the guess
                         `get_reward`: FactoryEnvironment (TRL's environment_factory)
     kind "gym"          a class with `reset` and `step` and no other public methods (gym's own
                         `render`, `close`, `seed` aside), or a gym/gymnasium Env subclass: GymAdapter
+    kind "openenv"      a class with `reset` and `step(action: <a pydantic model>)`, or an openenv
+                        Environment subclass: OpenEnvAdapter (grpolab.env.openenv)
+    kind "skyrl"        a class with `init(prompt)` and `step` and no `reset`, or a skyrl_gym Env
+                        subclass: SkyRLAdapter (grpolab.env.skyrl); the options are its env_config
     a zero-argument function is a factory: it is called once, and what it returns is classified.
     an instance (not a class) is deep-copied for each trajectory.
 
 A TRL environment whose only tool is named `step` looks like a gym environment: pass kind="factory".
 One instance is made at load time to check the shape and build the tool schemas (TRL does the same),
 so a missing docstring or type hint is reported before training starts.
+
+`tools=` (standalone functions, TRL's tools= beside environment_factory) go with a factory class.
+`here=True` runs sync tools and gym-style steps in the calling thread (env.tool_thread=main).
+`registered(obj)` names an object for the duration of a block, so that a spec string (a recipe's
+env.name, what grpolab.train records) can point at a class defined in a notebook.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +52,12 @@ from grpolab.env.adapters import (
     tool_method_names,
 )
 from grpolab.env.base import EnvConfigError, EnvironmentShapeError, is_environment
+from grpolab.env.openenv import OpenEnvAdapter, is_openenv_class
 from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S
+from grpolab.env.skyrl import SkyRLAdapter, env_config, is_skyrl_class
 from grpolab.util.user_code import NotImportable, import_file
 
-KINDS = ("environment", "tools", "factory", "gym")
+KINDS = ("environment", "tools", "factory", "gym", "openenv", "skyrl")
 GYM_METHODS = {"step", "reset", "render", "close", "seed", "get_wrapper_attr", "set_wrapper_attr", "has_wrapper_attr"}
 """Public methods a gym-style class has that are not tools."""
 
@@ -108,8 +121,30 @@ def _module_from_path(dotted: str) -> Any:
         raise EnvConfigError(f"importing environment module {dotted!r} failed: {type(e).__name__}: {e}") from e
 
 
+REGISTRY: dict[str, Any] = {}
+"""Objects named for a while by `registered` (a spec string finds them first)."""
+_registry_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def registered(obj: Any, base: str):
+    """A spec name for `obj` (`base`, or `base_2`, ... when taken) during the block, then removed."""
+    with _registry_lock:
+        name, n = base, 2
+        while name in REGISTRY:
+            name, n = f"{base}_{n}", n + 1
+        REGISTRY[name] = obj
+    try:
+        yield name
+    finally:
+        with _registry_lock:
+            REGISTRY.pop(name, None)
+
+
 def resolve(spec: str) -> tuple[Any, str]:
     """The object a spec names, and a display name for it."""
+    if spec in REGISTRY:
+        return REGISTRY[spec], getattr(REGISTRY[spec], "__name__", spec)
     if ":" not in spec:
         from grpolab.env.builtin import ENVIRONMENTS
 
@@ -148,10 +183,14 @@ def _class_kind(cls: type) -> str | None:
     """
     if all(callable(getattr(cls, m, None)) for m in ("reset", "step", "reward")):
         return "environment"
+    if is_skyrl_class(cls):
+        return "skyrl"
     if not callable(getattr(cls, "reset", None)):
         return None
     if callable(getattr(cls, "get_reward", None)):
         return "factory"
+    if is_openenv_class(cls):
+        return "openenv"
     if _is_gym_class(cls):
         return "gym"
     return "factory" if tool_method_names(cls) else None
@@ -172,42 +211,59 @@ def _shape_error(name: str, obj: Any) -> EnvironmentShapeError:
     return EnvironmentShapeError(
         f"environment {name!r} is a {type(obj).__name__} of no known shape. Accepted: a class with "
         "reset(**fields) whose public methods are tools (TRL's environment_factory), optionally get_reward(); "
-        "a gym-style class with reset() and step(action) -> (observation, reward, done); a list of tool "
-        "functions (TRL's tools=); an object with reset/step/reward and tools (grpolab.env.Environment); or a "
-        "zero-argument function returning one of these. Pass kind=... to choose when the guess is wrong.")
+        "a gym-style class with reset() and step(action) -> (observation, reward, done); an OpenEnv-style class "
+        "(step takes a pydantic action); a SkyRL-gym-style class ((env_config, extras), init(prompt), step -> dict); "
+        "a list of tool functions (TRL's tools=); an object with reset/step/reward and tools "
+        "(grpolab.env.Environment); or a zero-argument function returning one of these. Pass kind=... to choose "
+        "when the guess is wrong.")
 
 
-def _adapter(kind: str, make: Callable[[], Any], options: dict) -> Callable[[], Any]:
-    """The per-trajectory factory for an object of a known kind (`make` builds the user's object)."""
-    if kind == "environment":
-        def checked():
-            env = make()
-            if not is_environment(env):
-                raise EnvironmentShapeError(f"{type(env).__name__} has reset/step/reward but no `tools` attribute; "
-                                            "set self.tools = [] (or its tool schemas) in __init__")
-            return env
-        return checked
-    if kind == "gym":
-        return lambda: GymAdapter(make(), timeout_s=options["timeout_s"], max_obs_chars=options["max_result_chars"])
-    if kind == "factory":
-        pool = InstancePool(make)
-        return lambda: FactoryEnvironment(make, pool=pool, **options)
-    raise ValueError(kind)
+def _checked(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
+    def checked():
+        env = make()
+        if not is_environment(env):
+            raise EnvironmentShapeError(f"{type(env).__name__} has reset/step/reward but no `tools` attribute; "
+                                        "set self.tools = [] (or its tool schemas) in __init__")
+        return env
+    return checked
+
+
+def _gym(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
+    return lambda: GymAdapter(make(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"],
+                              here=opts["here"])
+
+
+def _openenv(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
+    return lambda: OpenEnvAdapter(make(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"],
+                                  here=opts["here"])
+
+
+def _factory(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
+    pool = InstancePool(make)
+    return lambda: FactoryEnvironment(make, pool=pool, tools=tools, **opts)
+
+
+ADAPTERS: dict[str, Callable[[Callable[[], Any], dict, list], Callable[[], Any]]] = {
+    "environment": _checked, "gym": _gym, "openenv": _openenv, "factory": _factory}
+"""kind -> (make the user's object, run options, standalone tools) -> a per-trajectory factory ("tools" and
+"skyrl" are built in environment_factory: neither has an object to make before reset)."""
 
 
 def environment_factory(obj: Any, *, name: str | None = None, kind: str | None = None,
                         timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                        options: dict | None = None) -> EnvironmentFactory:
+                        options: dict | None = None, tools: Sequence[Callable] = (),
+                        here: bool = False) -> EnvironmentFactory:
     """An EnvironmentFactory for an already imported object (see the module docstring).
 
-    options: keyword arguments for the class's constructor (a recipe's environment options).
+    options: keyword arguments for the class's constructor (a recipe's environment options); for a
+    SkyRL-style class, its env_config. tools: standalone tool functions beside a factory class's methods.
     """
     name = name or getattr(obj, "__name__", type(obj).__name__)
     if kind is not None and kind not in KINDS:
         raise EnvConfigError(f"environment kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    run_opts = {"timeout_s": timeout_s, "max_result_chars": max_result_chars}
+    run_opts = {"timeout_s": timeout_s, "max_result_chars": max_result_chars, "here": here}
     if isinstance(obj, (list, tuple)) or kind == "tools":
-        fns = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        fns = list(tools) + (list(obj) if isinstance(obj, (list, tuple)) else [obj])
         if not fns:
             raise EnvironmentShapeError(f"environment {name!r} is an empty list; list at least one tool function")
         FunctionTools(fns, **run_opts)  # checks the schemas now
@@ -215,6 +271,12 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
     if inspect.isclass(obj):
         make = functools.partial(obj, **options) if options else obj
         found = kind or _class_kind(obj)
+        if found == "skyrl":  # made per trajectory at reset, from (env_config, the example's fields)
+            config = env_config(options or {})
+            SkyRLAdapter(obj, config)  # checks the shape now
+            return _with_tools(EnvironmentFactory(
+                lambda: SkyRLAdapter(obj, config, timeout_s=timeout_s, max_obs_chars=max_result_chars, here=here),
+                name, "skyrl"), tools)
     elif callable(obj) and not any(callable(getattr(obj, m, None)) for m in ("reset", "step")):
         if _required_params(obj) > 0:  # a single tool function
             return environment_factory([obj], name=name, kind="tools", **run_opts)
@@ -231,9 +293,10 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
                 raise EnvConfigError(f"environment {name!r} is an instance that cannot be copied per trajectory "
                                      f"({type(e).__name__}: {e}); pass its class or a zero-argument function") from e
         make = functools.partial(copy.deepcopy, obj)
-    if found is None or found == "tools":
+    if found is None or found not in ADAPTERS:
         raise _shape_error(name, obj)
-    factory = EnvironmentFactory(_adapter(found, make, run_opts), name, found)
+    factory = _with_tools(EnvironmentFactory(ADAPTERS[found](make, run_opts, list(tools)), name, found),
+                          tools if found != "factory" else ())
     probe_env = factory()  # builds schemas and checks the shape now, not at the first rollout
     close = getattr(probe_env, "close", None)
     if found == "factory" and callable(close):
@@ -241,9 +304,31 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
     return factory
 
 
+def _with_tools(factory: EnvironmentFactory, tools: Sequence[Callable]) -> EnvironmentFactory:
+    """Refuse standalone tools for an adapter that cannot offer them (only factory classes and tool lists do)."""
+    if tools:
+        raise EnvironmentShapeError(f"environment {factory.name!r} is {factory.kind}-style: standalone tools "
+                                    "(env.tools, TRL's tools= beside environment_factory) go with an environment class "
+                                    "whose public methods are tools, or alone")
+    return factory
+
+
+def load_tools(specs: Sequence[Any]) -> list[Callable]:
+    """Standalone tool functions from specs ("module:fn", "file.py:fn", a registered name) or functions."""
+    out = []
+    for spec in specs:
+        fn = resolve(spec.strip())[0] if isinstance(spec, str) else spec
+        if not callable(fn) or inspect.isclass(fn):
+            raise EnvironmentShapeError(f"tool {spec!r} is a {type(fn).__name__}, not a function")
+        out.append(fn)
+    return out
+
+
 def load_environment(spec: Any, *, kind: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, options: dict | None = None) -> EnvironmentFactory:
-    """Resolve a spec ("module:Name", "file.py:Name", a built-in name, or an object) to a factory.
+                     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, options: dict | None = None,
+                     tools: Sequence[Any] = (), here: bool = False) -> EnvironmentFactory:
+    """Resolve a spec ("module:Name", "file.py:Name", a built-in name, a registered name, or an object)
+    to a factory. tools: standalone tool functions (or their specs) beside a factory class's methods.
 
     Raises EnvironmentNotFound (a missing file, module or name) or EnvironmentShapeError (an
     object of no known shape); both are ValueErrors whose message names the fix.
@@ -252,5 +337,5 @@ def load_environment(spec: Any, *, kind: str | None = None, timeout_s: float = D
         obj, name = resolve(spec.strip())
     else:
         obj, name = spec, None
-    return environment_factory(obj, name=name, kind=kind, timeout_s=timeout_s, max_result_chars=max_result_chars,
-                               options=options)
+    return environment_factory(obj, name=name, kind=kind or None, timeout_s=timeout_s,
+                               max_result_chars=max_result_chars, options=options, tools=load_tools(tools), here=here)

@@ -37,6 +37,11 @@ environment's tools may depend on each other. A step therefore takes at most (ca
 capped by calls.MAX_CALLS) x timeout_s, and at most the step's tool-time budget when run_turns is
 given the trajectories' clocks (budget.py): every call's wait is then cut to what is left of its
 trajectory's budget and of the step's, and the tool sees that deadline (budget.call_deadline).
+
+Where a synchronous tool runs is a choice (env.tool_thread): `ToolRunner(here=True)` runs it in the
+calling thread with no timeout, and `run_turns(sequential=True)` steps the trajectories one after
+another in the calling thread, so that a tool written for TRL (which calls sync tools on the main
+thread) may use `signal.alarm` for its own limit. Async tools keep their daemon thread and timeout.
 """
 
 from __future__ import annotations
@@ -176,10 +181,14 @@ async def _await(awaitable):
 
 
 def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True,
-                      events: Counter | None = None) -> Any:
+                      events: Counter | None = None, here: bool = False) -> Any:
     """Run `fn(**arguments)` on a daemon thread: its text (or, without `convert`, its value), a
     `Raised` carrying the exception it raised, or None if it did not return within timeout_s.
-    `events` receives the events the tool counts itself (budget.note_event)."""
+    `events` receives the events the tool counts itself (budget.note_event).
+    here: run it in the calling thread instead, waiting as long as it takes (env.tool_thread=main);
+    the tool still sees its deadline (budget.call_deadline) and may stop itself there."""
+    if here:
+        return _invoke(fn, arguments, convert, time.monotonic() + timeout_s, events)
     call = _Pending(_invoke, fn, arguments, convert, time.monotonic() + timeout_s, events)
     return call.value if call.wait(timeout_s) else None
 
@@ -192,10 +201,12 @@ class ToolRunner:
         gets its arguments unchecked).
     timeout_s: longest wait for one call (a tool may set its own as a `timeout_s` attribute).
     max_result_chars: longer results are cut, marked.
+    here: run synchronous tools in the calling thread, without a timeout (env.tool_thread=main).
     """
 
     def __init__(self, functions: Mapping[str, Callable], schemas: Mapping[str, dict] | None = None, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+                 here: bool = False) -> None:
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(max_result_chars, int) and max_result_chars > 0):
@@ -204,6 +215,7 @@ class ToolRunner:
         self.schemas = dict(schemas or {})
         self.timeout_s = float(timeout_s)
         self.max_result_chars = max_result_chars
+        self.here = here
 
     def run(self, items: Sequence[ToolCall | ParseError]) -> Reply:
         """Run the calls in order; one tool message per item, errors included. done is False."""
@@ -258,7 +270,8 @@ class ToolRunner:
         wait = min(timeout_s, left)
         own: Counter = Counter()
         t0 = time.monotonic()
-        out = call_with_timeout(fn, arguments, wait, events=own)
+        out = call_with_timeout(fn, arguments, wait, events=own,
+                              here=self.here and not inspect.iscoroutinefunction(fn))
         if clock is not None:
             clock.charge(time.monotonic() - t0)
         if out is None:
@@ -315,7 +328,7 @@ def _safe_step(env: Any, text: str, clock: TrajectoryClock | None = None) -> Rep
 
 
 def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None,
-              clocks: Sequence[TrajectoryClock] | None = None) -> list[Reply]:
+              clocks: Sequence[TrajectoryClock] | None = None, sequential: bool = False) -> list[Reply]:
     """Step every trajectory's environment with its model turn, concurrently; Replies in order.
 
     Each tool call inside a step has its own timeout (the environment's runner). step_timeout_s,
@@ -324,10 +337,14 @@ def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s:
     clocks: one per environment, their tool-time budgets (budget.ToolBudget.clocks; they share one
     step clock). The wait counts against the step's budget; a step still running STEP_GRACE_S after
     that budget is spent gets a final Reply with a `budget` event.
+    sequential: step them one after another in the calling thread (env.tool_thread=main); the budgets
+    still cut each call's wait, but a step that hangs in the calling thread cannot be stopped.
     """
     if len(envs) != len(turn_texts) or (clocks is not None and len(clocks) != len(envs)):
         raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns"
                          + (f" and {len(clocks)} clocks" if clocks is not None else ""))
+    if sequential:
+        return [_safe_step(env, text, clock) for env, text, clock in zip(envs, turn_texts, clocks or [None] * len(envs))]
     if not clocks:
         return _step_all(envs, turn_texts, [None] * len(envs), step_timeout_s, "timeout")
     with clocks[0].step.waiting() as step:

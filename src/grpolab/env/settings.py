@@ -7,13 +7,23 @@ from dataclasses import dataclass, field
 
 from grpolab.util.fields import ConfigError
 
+TOOL_THREADS = ("worker", "main")
+
 
 @dataclass
 class EnvConfig:
     """Multi-turn rollouts (docs/agents.md)."""
 
     name: str = ""
-    """Environment: a built-in name (retry_arithmetic, guess_number, calculator_python), `module:Name` or `file.py:Name` (a TRL environment_factory class, a list of tool functions, or a gym-style class); empty = single-turn."""
+    """Environment: a built-in name (retry_arithmetic, guess_number, calculator_python), `module:Name` or `file.py:Name` (a TRL environment_factory class, a list of tool functions, a gym-style, OpenEnv-style or SkyRL-gym-style class); empty = single-turn."""
+    factories: dict = field(default_factory=dict)
+    """Several environments by name, as TRL's dict environment_factory: each example picks one by its `environment` column, e.g. env.factories.math=envs.py:MathEnv env.factories.game=envs.py:Game (instead of env.name)."""
+    kind: str = ""
+    """The adapter, when the guess from the object's shape is wrong: factory (TRL's environment_factory), tools, gym, openenv, skyrl or environment; empty = guess."""
+    tools: list = field(default_factory=list)
+    """Standalone tool functions offered besides an environment class's methods, as TRL's tools= next to environment_factory: `module:fn` or `file.py:fn` each."""
+    tool_thread: str = "worker"
+    """Where a synchronous tool call (and a gym-style step) runs: worker (a daemon thread, with env.tool_timeout_s) or main (the main thread, one call after another, no timeout: as TRL runs them, so a tool may use signal.alarm)."""
     max_turns: int = 3
     """Most model turns per trajectory; a trajectory still going after this many is stopped (env/stopped_max_turns)."""
     max_turn_tokens: int = 64
@@ -37,7 +47,7 @@ class EnvConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.name)
+        return bool(self.name) or bool(self.factories)
 
 
 def validate_env(env: EnvConfig) -> None:
@@ -54,6 +64,12 @@ def validate_env(env: EnvConfig) -> None:
         (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
         (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
         (isinstance(env.options, dict), "env.options", "must be a mapping of constructor arguments"),
+        (env.tool_thread in TOOL_THREADS, "env.tool_thread", f"must be one of {', '.join(TOOL_THREADS)}"),
+        (not (env.name and env.factories), "env.factories",
+         "give env.name (one environment) or env.factories (several, routed by the `environment` column), not both"),
+        (all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in env.factories.items()), "env.factories",
+         "must map environment names to specs, e.g. env.factories.math=envs.py:MathEnv"),
+        (all(isinstance(t, str) and t for t in env.tools), "env.tools", "must list `module:fn` or `file.py:fn` specs"),
     ]
     for ok, key, msg in checks:
         if not ok:

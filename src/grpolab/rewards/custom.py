@@ -8,8 +8,9 @@ A reward spec's `name` may point at a function instead of a registered reward:
 The function is the reward itself (not a factory). Its form is read from its parameters:
 
     TRL form    fn(completions, prompts=..., **columns) -> list[float | None]
-                a parameter named `completions`: called with keyword arguments, one call per group
-                of completions that share a prompt. `completions` are strings, or chat messages
+                a parameter named `completions`, `prompts` or `environments`, or only keyword-able
+                parameters and **kwargs (TRL calls every function with keywords): called with
+                keyword arguments, one call per group of completions that share a prompt. `completions` are strings, or chat messages
                 ([{"role": "assistant", "content": text}]) when the prompt is a message list; in a
                 multi-turn run, each completion is the whole conversation after the prompt
                 ([{"role": "assistant", ...}, {"role": "tool", "name": ..., "content": ...}, ...]),
@@ -18,8 +19,12 @@ The function is the reward itself (not a factory). Its form is read from its par
                 other column of the example comes as a list, one value per completion: `answer`
                 (the reference answer) and each key of the example's meta (a dataset's other
                 columns, countdown's `numbers` and `target`, ...). A function without **kwargs gets
-                only the arguments it names. A None in the returned list: the function does not
-                apply to that completion (TRL's meaning; grpolab.rewards.scoring).
+                only the arguments it names. In a run with an environment, `prompts` are the prompts
+                the trajectories started from (messages; reset's text included), and `environments` holds each
+                completion's environment instance (the user's object an adapter wraps: the TRL class
+                instance, the OpenEnv or SkyRL environment), as TRL passes them; plain tool functions
+                have none (None). A None in the returned list: the function does not apply to that
+                completion (TRL's meaning; grpolab.rewards.scoring).
     per-sample  fn(completion, example) -> float        (a first parameter named `completion`, or
                 two positional parameters): grpolab's own form, one call per completion; in a
                 multi-turn run `completion` is the last model turn's text. None is an error.
@@ -41,7 +46,9 @@ from grpolab.batch import Example
 from grpolab.util.fields import ConfigError
 from grpolab.util.user_code import NotImportable, import_file
 
-RESERVED = ("prompts", "completions")
+RESERVED = ("prompts", "completions", "environments")
+TRL_KEYWORDS = ("completions", "prompts", "environments", "completion_ids", "trainer_state")
+"""Keywords TRL's GRPOTrainer passes every reward function (besides the dataset's columns)."""
 
 
 def is_reference(name: object) -> bool:
@@ -103,8 +110,13 @@ def is_batch(fn: Callable, where: str) -> bool:
         return False
     positional = [p for p in params.values()
                   if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if any(name in params for name in TRL_KEYWORDS):  # e.g. fn(environments, **kwargs)
+        return True
     if len(positional) >= 2 or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params.values()):
         return False
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()) and \
+            not any(p.default is p.empty for p in positional):
+        return True  # fn(**kwargs): TRL calls it with keywords
     raise ConfigError(
         f"{where}: cannot tell how to call {getattr(fn, '__name__', fn)!r}: write it as "
         f"fn(completions, prompts=None, **kwargs) -> list (TRL's form) or fn(completion, example) -> float"
@@ -140,14 +152,17 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    def call(completions: list[str] | list[list[dict]], examples: list[Example]):
+    def call(completions: list[str] | list[list[dict]], examples: list[Example], environments: list | None = None,
+             prompts: list | None = None):
         conversation = bool(completions) and isinstance(completions[0], list)  # multi-turn: messages already
         chat = bool(examples) and not isinstance(examples[0].prompt, str)
         kwargs = columns(examples)
         kwargs.update(options)
         # TRL's conversational form holds both: message-list completions come with message-list prompts
         kwargs["prompts"] = [[{"role": "user", "content": e.prompt}] if conversation and isinstance(e.prompt, str)
-                             else e.prompt for e in examples]
+                             else e.prompt for e in examples] if prompts is None else list(prompts)
+        if environments is not None:  # the user's objects, as TRL passes its environment instances
+            kwargs["environments"] = [getattr(e, "user_env", e) for e in environments]
         if conversation:
             kwargs["completions"] = list(completions)
         else:
@@ -158,6 +173,7 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
         return fn(**kwargs)
 
     call.__name__ = getattr(fn, "__name__", "reward")
+    call.takes_context = True  # type: ignore[attr-defined]
     return call
 
 

@@ -22,7 +22,11 @@ whatever reads the scores); `Scores.none` lists where it was None.
 
 Multi-turn runs pass `conversations`: batch functions then receive, per completion, the messages
 after the prompt (assistant turns and the environment's tool / user messages, as TRL gives a tool
-run's completions), each call its own copy; per-sample functions keep receiving the text.
+run's completions), each call its own copy; per-sample functions keep receiving the text. They also
+pass `context`, lists with one value per completion (`environments`: each trajectory's environment,
+`prompts`: the prompt it started from, reset's text included): a batch function whose callable has a
+true `takes_context` attribute gets its group's slices as keyword arguments (TRL's reward functions
+read the environment instances and the prompts; grpolab.rewards.custom passes them on).
 
 A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
 sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
@@ -57,7 +61,8 @@ class RewardFn:
     batch=True:  fn(completions, examples) -> list of float | None, one call per group of completions
                  that share an example (how grpolab.rewards runs TRL-style functions). `completions`
                  are the texts, or in a multi-turn run each completion's conversation (a list of
-                 message dicts). None: the function does not apply to that completion.
+                 message dicts). None: the function does not apply to that completion. A callable
+                 with `takes_context = True` is also given the run's context lists as keywords.
     """
 
     name: str
@@ -82,6 +87,8 @@ class Scores:
               completion 3"), at most MAX_MESSAGES.
     none:     function name -> indices of the completions it returned None for (batch functions
               only; absent when there was none).
+    errors:   function name -> indices of the completions whose call failed (raised, timed out, or
+              returned something that is not a score); absent when there was none.
     """
 
     total: list[float]
@@ -89,6 +96,7 @@ class Scores:
     metrics: dict[str, float] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
     none: dict[str, list[int]] = field(default_factory=dict)
+    errors: dict[str, list[int]] = field(default_factory=dict)
 
 
 _OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
@@ -247,17 +255,29 @@ def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
     log.warning("%s (logged once per run for each function and kind of failure)", message)
 
 
+def _batch_call(f: Callable, texts: list, examples: list[Example], context: dict[str, list]) -> Callable[[], object]:
+    """One call of a batch function over a group, with the group's context when it takes it."""
+    if context and getattr(f, "takes_context", False):
+        return lambda: f(texts, examples, **context)
+    return lambda: f(texts, examples)
+
+
 def score_completions(fns: list[RewardFn], completions: list[str], examples: list[Example], *,
-                      conversations: list[list[dict]] | None = None, timeout_s: float = 10.0,
-                      workers: int = 4, on_error: str = "zero") -> Scores:
+                      conversations: list[list[dict]] | None = None, context: dict[str, list] | None = None,
+                      timeout_s: float = 10.0, workers: int = 4, on_error: str = "zero") -> Scores:
     """Score every completion with every reward function (see the module docstring).
 
     conversations: per completion, the messages after the prompt (multi-turn runs,
-    Rollout.conversations); batch functions receive them instead of `completions`."""
+    Rollout.conversations); batch functions receive them instead of `completions`.
+    context: name -> one value per completion (multi-turn runs: `environments`, `prompts`), for batch
+    functions that take it."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
     if conversations is not None and len(conversations) != len(completions):
         raise ValueError(f"{len(conversations)} conversations but {len(completions)} completions")
+    for key, values in (context or {}).items():
+        if len(values) != len(completions):
+            raise ValueError(f"{len(values)} {key} but {len(completions)} completions")
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     n = len(completions)
@@ -270,11 +290,10 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
             limits[k] = limit
         if rf.batch:
             for a, b in runs:
-                if conversations is None:
-                    calls.append(lambda f=rf.fn, a=a, b=b: f(list(completions[a:b]), list(examples[a:b])))
-                else:  # each call its own copy: a function that edits its messages changes nothing else
-                    calls.append(lambda f=rf.fn, a=a, b=b: f(copy.deepcopy(list(conversations[a:b])),
-                                                             list(examples[a:b])))
+                # each call its own copy of the conversations: a function that edits its messages changes nothing else
+                texts = list(completions[a:b]) if conversations is None else copy.deepcopy(list(conversations[a:b]))
+                calls.append(_batch_call(rf.fn, texts, list(examples[a:b]),
+                                         {k: list(v[a:b]) for k, v in (context or {}).items()}))
                 groups.append(k)
                 spans.append((k, a, b))
         else:
@@ -293,6 +312,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     per_fn: dict[str, list[float]] = {}
     messages: list[str] = []
     none: dict[str, list[int]] = {}
+    failed: dict[str, list[int]] = {}
     errors = timeouts = 0
     for k, rf in enumerate(fns):
         scores = []
@@ -313,6 +333,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 timeouts += 1
             else:
                 errors += 1
+            failed.setdefault(rf.name, []).append(j)
             kind, message = _describe(rf.name, j, status, value)
             _warn_once(rf, kind, message)
             if len(messages) < MAX_MESSAGES:
@@ -333,4 +354,4 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     metrics["reward/errors"] = float(errors)
     metrics["reward/timeouts"] = float(timeouts)
     metrics["reward/none"] = float(sum(len(v) for v in none.values()))
-    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages, none=none)
+    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages, none=none, errors=failed)

@@ -14,6 +14,7 @@ Interface every task class follows:
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from grpolab.util.fields import ConfigError
 
@@ -25,11 +26,15 @@ TASKS: dict[str, str] = {
     "tools": "grpolab.tasks.tools:ToolsTask",
     "dataset": "grpolab.tasks.dataset:DatasetTask",
     "longsum": "grpolab.tasks.longsum:LongSumTask",
+    "env": "grpolab.tasks.env_prompts:EnvironmentTask",
 }
 
 
-def build_task(name: str, seed: int, task_args: dict | None = None):
-    """Instantiate the task registered under `name` (raises ConfigError listing known names)."""
+def build_task(name: str, seed: int, task_args: dict | None = None, *, environment: bool = False):
+    """Instantiate the task registered under `name` (raises ConfigError listing known names).
+
+    environment: the run has an environment, which may write the prompts (dataset, env); passed to the
+    task classes whose constructor takes `environment`."""
     if name not in TASKS:
         raise ConfigError(f"task: unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     module, cls = TASKS[name].split(":")
@@ -37,7 +42,12 @@ def build_task(name: str, seed: int, task_args: dict | None = None):
         task_cls = getattr(importlib.import_module(module), cls)
     except (ImportError, AttributeError) as e:  # a registered task whose module is missing
         raise ConfigError(f"task: {name!r} is not available in this install ({e})") from e
+    args = dict(task_args or {})
+    if "environment" in args:
+        raise ConfigError("task_args.environment: reserved (set env.name for a run with an environment)")
+    if environment and "environment" in inspect.signature(task_cls).parameters:
+        args["environment"] = True
     try:
-        return task_cls(seed=seed, **(task_args or {}))
+        return task_cls(seed=seed, **args)
     except TypeError as e:
         raise ConfigError(f"task_args: {e}") from e

@@ -41,6 +41,12 @@ Options (`task_args`):
 
 Every bad row is a ConfigError naming the file and row: a missing column, an empty prompt, a
 malformed message list, an answer that is not text.
+
+In a run with an environment (build_task(..., environment=True), which the trainer passes when env.name
+or env.factories is set) the environment may write the prompt, as in TRL: a row may then have an
+empty prompt (text, or messages whose user turns are empty: reset's text is appended to the last one),
+no prompt column at all (TRL's routing rows carry only an `environment` column), and no answer (the
+answer is then "", and with no answer in any row the default rewards are none but the environment's).
 """
 
 from __future__ import annotations
@@ -150,8 +156,13 @@ def _pick(row: dict, where: str, column: str | None, defaults: tuple[str, ...], 
                       f"{_columns_of(row)}); set task_args.{opt}")
 
 
-def parse_prompt(value, where: str, column: str) -> str | list[dict]:
-    """A non-empty string, or a list of chat messages ending with a user turn."""
+def _user_text_empty(msgs: list[dict]) -> bool:
+    return not any(m["content"].strip() for m in msgs if m["role"] == "user")
+
+
+def parse_prompt(value, where: str, column: str, allow_empty: bool = False) -> str | list[dict]:
+    """A non-empty string, or a list of chat messages ending with a user turn (allow_empty: whose user
+    turns may all be empty, when an environment writes the prompt)."""
     if isinstance(value, str):
         if not value.strip():
             raise ConfigError(f"{where}: empty prompt (column {column!r})")
@@ -173,7 +184,7 @@ def parse_prompt(value, where: str, column: str) -> str | list[dict]:
     if msgs[-1]["role"] != "user":
         raise ConfigError(f"{where}: the messages of column {column!r} must end with a user turn "
                           f"(the model writes the next assistant turn), got {msgs[-1]['role']!r}")
-    if not any(m["content"].strip() for m in msgs if m["role"] == "user"):
+    if _user_text_empty(msgs) and not allow_empty:
         raise ConfigError(f"{where}: empty prompt (every user message of column {column!r} is empty)")
     return msgs
 
@@ -204,8 +215,9 @@ class DatasetTask(FileSplitTask):
                  answer_column: str | None = _AUTO, id_column: str = "id", answer_format: str = "auto",
                  split: str = "train", eval_split: str | None = None, eval_path=None,
                  eval_size: int | None = None, eval_fraction: float | None = None, limit: int | None = None,
-                 system_prompt: str | None = None):
+                 system_prompt: str | None = None, environment: bool = False):
         self.seed = seed
+        self.environment = environment
         if path is None:
             raise ConfigError("task_args.path: required for task 'dataset' (a .jsonl, .parquet or .csv file, "
                               "or a directory written by Dataset.save_to_disk)")
@@ -239,6 +251,8 @@ class DatasetTask(FileSplitTask):
                 held = held[:eval_size]
         self._train, self._eval = train, held
         self.eval_size = len(held)
+        if environment and not any(e.answer for e in train + held):
+            self.default_rewards = []  # no reference answers: the environment's reward is the reward
 
     def _split_rows(self, splits, split, eval_split, eval_path, fmt, eval_fraction):
         """(training rows, held-out rows or None for a seeded fraction, where the held-out rows came from)."""
@@ -290,14 +304,8 @@ class DatasetTask(FileSplitTask):
         o = self._opts
         out = []
         for where, row in rows:
-            pcol = _pick(row, where, o["prompt_column"], PROMPT_COLUMNS, "prompt", "prompt_column")
-            prompt = parse_prompt(row[pcol], where, pcol)
-            if o["answer_column"] is None:
-                acol, answer = None, ""
-            else:
-                acol = _pick(row, where, None if o["answer_column"] == _AUTO else o["answer_column"],
-                             ANSWER_COLUMNS, "answer", "answer_column")
-                answer = parse_answer(row[acol], where, acol, o["answer_format"])
+            pcol, prompt = self._prompt(row, where)
+            answer = self._answer(row, where)
             rid = row.get(o["id_column"])
             meta = {k: v for k, v in row.items() if k != pcol}
             out.append(Example(prompt=prompt, answer=answer, meta=meta,
@@ -305,3 +313,34 @@ class DatasetTask(FileSplitTask):
         if not out and not allow_empty:
             raise ConfigError(f"task_args.{key}: no rows in {self.path}")
         return out
+
+    def _prompt(self, row: dict, where: str) -> tuple[str | None, str | list[dict]]:
+        """(the prompt's column, the prompt); with an environment, "" or empty messages are allowed."""
+        o = self._opts
+        try:
+            pcol = _pick(row, where, o["prompt_column"], PROMPT_COLUMNS, "prompt", "prompt_column")
+        except ConfigError:
+            if self.environment and o["prompt_column"] is None:
+                return None, ""  # no prompt column: reset's text is the prompt
+            raise
+        value = row[pcol]
+        if self.environment and (value == "" or value == [] or (isinstance(value, str) and not value.strip())):
+            return pcol, ""
+        prompt = parse_prompt(value, where, pcol, allow_empty=self.environment)
+        return pcol, prompt
+
+    def _answer(self, row: dict, where: str) -> str:
+        """The reference answer; with an environment, a row without one has "" (the environment scores)."""
+        o = self._opts
+        if o["answer_column"] is None:
+            return ""
+        try:
+            acol = _pick(row, where, None if o["answer_column"] == _AUTO else o["answer_column"],
+                         ANSWER_COLUMNS, "answer", "answer_column")
+        except ConfigError:
+            if self.environment and o["answer_column"] == _AUTO:
+                return ""
+            raise
+        if self.environment and row[acol] in ("", None):
+            return ""
+        return parse_answer(row[acol], where, acol, o["answer_format"])

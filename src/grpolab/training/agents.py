@@ -1,11 +1,18 @@
 """Multi-turn rollouts with an environment: the collect stage of a step when `env.name` is set.
 
-    envs = [factory() for each of the N = B*G trajectories];  env.reset(example fields)
-    prompt = the user message (+ what reset returned), in the chat template, tools shown where it can
+    envs = [factory() for each of the N = B*G trajectories] (env.factories: the example's `environment`
+           column picks the factory, TRL's dict environment_factory)
+    env.reset(example fields), Python's `random` seeded per example (grpolab.env.base.seeded), so
+           that the G trajectories of an example get one task (else the run is refused)
+    prompt = the prompt (a string or TRL's messages) + what reset returned, or the messages reset
+             returned, in the chat template, tools shown where it can
     run.engine.generate_turns(...)  (grpolab.engine: native or vLLM): the model writes a turn;
-        respond: the batch's environments step concurrently (grpolab.env.run_turns); each reply's
-                 messages become tokens by the template (grpolab.model.template.addition_ids)
-    env rewards = env.reward() per trajectory; metrics: turns, calls, errors by kind, stop reasons
+        respond: the batch's environments step (grpolab.env.run_turns: concurrently, or one after
+                 another on this thread with env.tool_thread=main); each reply's messages become
+                 tokens by the template (grpolab.model.template.addition_ids)
+    -> the rollout, its environments (still open) and prompts: the step scores them (the environment's
+       own reward is the reward function `env_reward`; TRL-form functions read `environments` and
+       `prompts`), then closes the environments (close_all)
 
 The model's tokens stay the ids it sampled; the environment's are marked in Rollout.env_mask, so
 every algorithm reads the model's tokens only (docs/agents.md, "The masks").
@@ -14,57 +21,98 @@ every algorithm reads the model's tokens only (docs/agents.md, "The masks").
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from grpolab.batch import Example, Rollout
 from grpolab.env import close_environment, load_environment, run_turns
-from grpolab.env.base import EnvConfigError
+from grpolab.env.base import EnvConfigError, example_seed, seeded
 from grpolab.env.budget import ToolBudget
+from grpolab.env.calls import ToolCall
 from grpolab.env.settings import EnvConfig
 from grpolab.engine.base import TurnLimits
 from grpolab.model.template import addition_ids, append_only_problem, render
+from grpolab.rewards.scoring import RewardFn, Scores
 from grpolab.util.fields import ConfigError
 from grpolab.util.text import safe_text
 
 STOPS = ("answer", "max_turns", "budget", "env_tokens")
 ENV_REWARD = "env"
 """Name of the environment's own reward among the run's rewards (reward/env/mean)."""
+ROUTE_COLUMN = "environment"
+"""The column that picks an example's environment among env.factories (TRL's multi-environment field)."""
 
 
 @dataclass
 class Environments:
-    """What a run needs to roll out in an environment: the factory, its tools, the settings."""
+    """What a run needs to roll out in an environment: the factory, its tools, the settings; with
+    env.factories, one (factory, tools) per name in `routes` (`factory` and `tools` are the first's)."""
 
     factory: object
     tools: list[dict]
     settings: EnvConfig
+    routes: dict[str, tuple[object, list[dict]]] = field(default_factory=dict)
+    has_reward: bool = True
+    """Whether any of its environments gives a reward of its own (TRL: the class has get_reward)."""
 
     @property
     def name(self) -> str:
-        return self.settings.name
+        return self.settings.name or ", ".join(f"{k}={v}" for k, v in self.settings.factories.items())
+
+    def pick(self, e: Example) -> tuple[object, list[dict]]:
+        """(factory, tool schemas) of an example's environment: the only one, or its `environment` column's."""
+        if not self.routes:
+            return self.factory, self.tools
+        name = e.meta.get(ROUTE_COLUMN)
+        if name not in self.routes:
+            raise ConfigError(f"example {e.id!r} has `{ROUTE_COLUMN}={name!r}`, which is not among env.factories "
+                              f"({', '.join(sorted(self.routes))}); give every row an `{ROUTE_COLUMN}` column naming one")
+        return self.routes[name]
+
+    def fields(self, e: Example) -> dict:
+        """What reset receives: the example's fields; routed, without the `environment` column (as TRL)."""
+        out = example_fields(e)
+        if self.routes:
+            out.pop(ROUTE_COLUMN, None)
+        return out
 
 
-def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None) -> Environments | None:
-    """The run's environments (None when env.name is empty), checked before training: the environment
-    loads, and the chat template renders a tool conversation append-only (else ConfigError, exit 2)."""
-    if not settings.enabled:
-        return None
+def _load_one(spec: str, s: EnvConfig, tokenizer, system_prompt: str | None, key: str):
+    """(factory, tools, has_reward) of one environment spec, checked: it loads, and the chat template renders
+    a conversation with its tools append-only (else ConfigError, exit 2)."""
     try:
-        factory = load_environment(settings.name, timeout_s=settings.tool_timeout_s,
-                                   max_result_chars=settings.max_result_chars, options=settings.options or None)
+        factory = load_environment(spec, kind=s.kind or None, timeout_s=s.tool_timeout_s,
+                                   max_result_chars=s.max_result_chars, options=s.options or None, tools=s.tools,
+                                   here=s.tool_thread == "main")
         probe = factory()
     except EnvConfigError as e:
-        raise ConfigError(f"env.name: {e}") from None
+        raise ConfigError(f"{key}: {e}") from None
     tools = list(getattr(probe, "tools", None) or [])
+    has_reward = bool(getattr(probe, "has_reward", True))
     close_environment(probe)
     problem = append_only_problem(tokenizer, tools or None, system_prompt)
     if problem:
-        raise ConfigError(f"env.name={settings.name}: {problem}. A multi-turn trajectory is trained on the "
+        raise ConfigError(f"{key}={spec}: {problem}. A multi-turn trajectory is trained on the "
                           f"tokens the template renders, so it must only ever append; use a model whose chat "
                           f"template does (the bundled SmolLM2's does)")
-    return Environments(factory, tools, settings)
+    return factory, tools, has_reward
+
+
+def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None) -> Environments | None:
+    """The run's environments (None when env.name and env.factories are empty), checked before training."""
+    if not settings.enabled:
+        return None
+    if settings.name:
+        factory, tools, has_reward = _load_one(settings.name, settings, tokenizer, system_prompt, "env.name")
+        return Environments(factory, tools, settings, has_reward=has_reward)
+    routes, rewarded = {}, []
+    for name, spec in settings.factories.items():
+        factory, tools, has_reward = _load_one(spec, settings, tokenizer, system_prompt, f"env.factories.{name}")
+        routes[name] = (factory, tools)
+        rewarded.append(has_reward)
+    first = next(iter(routes.values()))
+    return Environments(first[0], first[1], settings, routes=routes, has_reward=any(rewarded))
 
 
 def example_fields(e: Example) -> dict:
@@ -72,9 +120,39 @@ def example_fields(e: Example) -> dict:
     return {"prompt": e.prompt, "answer": e.answer, "id": e.id, **e.meta}
 
 
-def prompt_messages(e: Example, extra: str | None, system_prompt: str | None) -> list[dict]:
-    user = e.prompt + (f"\n\n{extra}" if extra else "")
-    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": user}]
+def prompt_messages(e: Example, extra, system_prompt: str | None) -> list[dict]:
+    """The prompt a trajectory starts from: the example's prompt (a string is one user message; TRL's
+    message list as it is) with reset's text appended to the last message after a blank line (its
+    whole content when that is empty: the environment writes the prompt), or the messages reset
+    returned; `system_prompt` first unless there is a system message. An empty prompt is an error."""
+    if isinstance(extra, list):  # the environment wrote the whole prompt (SkyRL-gym's init)
+        msgs = [dict(m) for m in extra]
+    else:
+        msgs = [{"role": "user", "content": e.prompt}] if isinstance(e.prompt, str) else [dict(m) for m in e.prompt]
+        if extra:
+            text = msgs[-1]["content"]
+            msgs[-1] = {**msgs[-1], "content": f"{text}\n\n{extra}" if text.strip() else extra}
+    if system_prompt and not any(m["role"] == "system" for m in msgs):
+        msgs.insert(0, {"role": "system", "content": system_prompt})
+    if not any(isinstance(m.get("content"), str) and m["content"].strip() for m in msgs if m["role"] == "user"):
+        raise ConfigError(f"example {e.id!r}: empty prompt, and the environment's reset() returned no text for it; "
+                          "give the data a prompt column or return the task's text from reset()")
+    return msgs
+
+
+def check_group_prompts(prompts: list[list[dict]], examples: list[Example], G: int) -> None:
+    """The G trajectories of an example must start from one prompt: it is prefilled once per group, and
+    the training passes compute it once per group (grpolab.model.passes). An environment whose reset
+    writes different tasks for them (a random generator of its own, which grpolab.env.base.seeded does
+    not reach) is refused, naming the fix."""
+    for i in range(len(prompts)):
+        if prompts[i] != prompts[i - i % G]:
+            e = examples[i // G]
+            raise ConfigError(
+                f"env.name: the environments of example {e.id!r} wrote different prompts for its {G} trajectories "
+                f"({prompts[i - i % G][-1]['content'][:60]!r} and {prompts[i][-1]['content'][:60]!r}); a group must "
+                "share its task. Draw the task in reset from Python's `random` module (grpolab seeds it per "
+                "example) or from the example's fields (its `seed`, its id), not from a generator of its own")
 
 
 def _safe(text: str | None, events: Counter) -> str | None:
@@ -96,65 +174,120 @@ def _safe_reward(env) -> float | None:
         return float("nan")
 
 
+def env_reward(weight: float) -> RewardFn:
+    """The environment's own reward (its reward(), TRL's get_reward()) as one reward function, `env`:
+    scored with the others (grpolab.rewards.scoring), from the trajectories' environments. A None means
+    it does not apply (reward/env/none, env/reward_none); a reward() that raises is an error
+    (reward/errors, env/reward_errors) and adds nothing."""
+    def env(completions, examples, environments=None, **context):
+        if environments is None:  # scored outside a rollout (a gold-answer check): nothing to read
+            return [None] * len(completions)
+        return [_safe_reward(e) for e in environments]
+
+    env.takes_context = True  # type: ignore[attr-defined]
+    return RewardFn(ENV_REWARD, weight, env, batch=True)
+
+
+def env_reward_metrics(scores: Scores) -> dict:
+    """env/reward_none and env/reward_errors: trajectories whose environment gave no reward, or whose reward() raised."""
+    if ENV_REWARD not in scores.per_fn:
+        return {}
+    return {"env/reward_none": float(len(scores.none.get(ENV_REWARD, ()))),
+            "env/reward_errors": float(len(scores.errors.get(ENV_REWARD, ())))}
+
+
+def close_all(envs) -> None:
+    """Close every trajectory's environment (a pooled instance goes back to its pool)."""
+    for env in envs:
+        close_environment(env)
+
+
+def _record(messages: list[dict], calls: dict[int, list[ToolCall]]) -> list[dict]:
+    """The conversation as reward functions and samples see it: each assistant turn that made tool calls
+    carries them as TRL's parsed `tool_calls` (its text keeps the <tool_call> blocks)."""
+    out = []
+    for k, m in enumerate(messages):
+        if k in calls:
+            m = {**m, "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                     for c in calls[k]]}
+        out.append(m)
+    return out
+
+
 def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
-                  generator: torch.Generator | None = None) -> tuple[Rollout, list[float | None], dict]:
-    """G multi-turn trajectories per example. Returns (rollout, the environments' rewards (N,), metrics)."""
+                  generator: torch.Generator | None = None) -> tuple[Rollout, dict[str, list], dict]:
+    """G multi-turn trajectories per example. Returns (rollout, context, metrics); context holds, per
+    trajectory, its `environments` (left open for scoring: the caller closes them, close_all) and the
+    `prompts` it started from, for the reward functions (as TRL passes both)."""
     envs_cfg: Environments = run.environments
     s = envs_cfg.settings
     tok = run.tokenizer
     system = run.task.system_prompt
-    tools = envs_cfg.tools or None
-    envs = [envs_cfg.factory() for _ in range(len(examples) * G)]
-    budget = ToolBudget(len(envs), s.tool_budget_s, s.step_tool_budget_s)
+    N = len(examples) * G
+    picked = [envs_cfg.pick(examples[i // G]) for i in range(N)]
+    tools_of = [tools or None for _, tools in picked]
+    envs = [factory() for factory, _ in picked]
+    budget = ToolBudget(N, s.tool_budget_s, s.step_tool_budget_s)
     events, calls = Counter(), Counter()
     try:
-        extras = [_safe(env.reset(example_fields(examples[i // G])), events) for i, env in enumerate(envs)]
-        prompts = [prompt_messages(e, extras[b * G], system) for b, e in enumerate(examples)]
-        prompt_ids = [list(tok(render(tok, p, add_generation_prompt=True, tools=tools),
-                               add_special_tokens=False)["input_ids"]) for p in prompts]
-        history = [list(prompts[i // G]) for i in range(len(envs))]
+        extras = []
+        for i, env in enumerate(envs):  # in this thread, in order: reproducible draws from a seeded `random`
+            fields = envs_cfg.fields(examples[i // G])
+            with seeded(example_seed(fields)):
+                try:
+                    extras.append(_safe(env.reset(fields), events))
+                except EnvConfigError as e:  # a reset that breaks the contract (returns a number, say)
+                    raise ConfigError(f"env.name: {e}") from None
+        row_prompts = [prompt_messages(examples[i // G], extras[i], system) for i in range(N)]
+        check_group_prompts(row_prompts, examples, G)
+        prompt_ids = [list(tok(render(tok, row_prompts[i], add_generation_prompt=True, tools=tools_of[i]),
+                               add_special_tokens=False)["input_ids"]) for i in range(0, N, G)]
+        history = [list(p) for p in row_prompts]
+        calls_at: list[dict[int, list[ToolCall]]] = [{} for _ in range(N)]
 
         def respond(rows: list[int], turn_ids: list[list[int]], ended: list[bool]) -> list[list[int] | None]:
             texts = [_safe(t, events) for t in tok.batch_decode(turn_ids, skip_special_tokens=True)]
-            replies = run_turns([envs[r] for r in rows], texts, clocks=[budget.clocks[r] for r in rows])
+            replies = run_turns([envs[r] for r in rows], texts, clocks=[budget.clocks[r] for r in rows],
+                                sequential=s.tool_thread == "main")
             out: list[list[int] | None] = []
             for r, text, reply, eos in zip(rows, texts, replies, ended):
                 history[r].append({"role": "assistant", "content": text})
+                made = [c for c in reply.parsed if isinstance(c, ToolCall)]
+                if made:
+                    calls_at[r][len(history[r]) - 1 - len(row_prompts[r])] = made
                 events.update(reply.events)
                 calls.update(reply.calls)
                 if reply.done or not reply.messages or not eos:
                     out.append(None)
                     continue
-                out.append(addition_ids(tok, history[r], reply.messages, tools, events=events))
+                out.append(addition_ids(tok, history[r], reply.messages, tools_of[r], events=events))
                 history[r] += reply.messages
             return out
 
         limits = TurnLimits(s.max_turn_tokens, s.max_model_tokens, s.max_env_tokens, s.max_turns)
         rollout, trajs = run.engine.generate_turns(prompt_ids, respond, run.sampling(greedy), limits, G=G,
                                                    generator=generator)
-        rewards = [_safe_reward(env) for env in envs]
-    finally:
-        for env in envs:
-            close_environment(env)
+    except BaseException:
+        close_all(envs)
+        raise
     for h, tr in zip(history, trajs):
         if tr.stop == "env_tokens":  # the last reply was refused by the budget: it is not in the tokens either
             while h and h[-1]["role"] != "assistant":
                 h.pop()
-    rollout.conversations = [h[len(prompts[i // G]):] for i, h in enumerate(history)]
+    rollout.conversations = [_record(h[len(row_prompts[i]):], calls_at[i]) for i, h in enumerate(history)]
     rollout.stops = [t.stop for t in trajs]
-    return rollout, rewards, {**trajectory_metrics(rollout, trajs, events, calls, rewards), **budget.metrics()}
+    metrics = {**trajectory_metrics(rollout, trajs, events, calls), **budget.metrics()}
+    return rollout, {"environments": envs, "prompts": row_prompts}, metrics
 
 
-def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter, rewards) -> dict:
+def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter) -> dict:
     """docs/metrics.md, "Environments": per-trajectory means, error counts by kind, stop shares."""
     n = len(trajs)
     env_tokens = float(rollout.env_mask.sum()) if rollout.env_mask is not None else 0.0
     model_tokens = float(rollout.completion_mask.sum())
     m = {"env/turns_mean": sum(len(t.turns) for t in trajs) / n,
          "env/tool_calls_mean": sum(calls.values()) / n,
-         "env/env_token_frac": env_tokens / max(1.0, env_tokens + model_tokens),
-         "env/reward_none": float(sum(r is None for r in rewards)),
-         "env/reward_errors": float(sum(r is not None and r != r for r in rewards))}
+         "env/env_token_frac": env_tokens / max(1.0, env_tokens + model_tokens)}
     for stop in STOPS:
         m[f"env/stopped_{stop}"] = sum(t.stop == stop for t in trajs) / n
     for kind, k in events.items():
@@ -162,13 +295,3 @@ def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter,
     for name, k in calls.items():
         m[f"env/calls/{name}"] = float(k)
     return m
-
-
-def add_env_reward(scores, rewards: list[float | None], weight: float) -> None:
-    """The environment's reward as one more reward source, `env`: per_fn["env"], weight * r added to the
-    total. A None (the environment gives no reward for that trajectory) or a failed reward() adds
-    nothing and is counted (env/reward_none, env/reward_errors), as TRL leaves a None out."""
-    vals = [0.0 if r is None or r != r else r for r in rewards]
-    scores.per_fn[ENV_REWARD] = vals
-    scores.total = [t + weight * v for t, v in zip(scores.total, vals)]
-    scores.metrics[f"reward/{ENV_REWARD}/mean"] = sum(vals) / max(1, len(vals))

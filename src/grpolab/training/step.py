@@ -49,7 +49,7 @@ from grpolab.parallel.distributed import (
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
 from grpolab.rewards import score_completions
 from grpolab.rewards.scoring import Scores
-from grpolab.training.agents import ENV_REWARD, add_env_reward, agent_rollout
+from grpolab.training.agents import agent_rollout, close_all, env_reward_metrics
 from grpolab.training.diagnostics import aha_metrics
 from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Run, step_rng
@@ -63,31 +63,34 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     return run.engine.generate(ids, run.sampling(greedy), G=G, generator=generator)
 
 
-def score(run: Run, rollout: Rollout, examples: list[Example]):
-    """Verifiable rewards for every completion (examples repeated G times to match the layout). In a
-    multi-turn rollout, TRL-form functions get each row's conversation (rollout.conversations), the
-    per-sample form its last turn's text (rollout.texts)."""
+def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):
+    """Rewards for every completion (examples repeated G times to match the layout). In a multi-turn
+    rollout, TRL-form functions get each row's conversation (rollout.conversations), its environment and
+    its prompt (`context`, as TRL passes them), the per-sample form its last turn's text (rollout.texts);
+    the environment's own reward is one of the functions (grpolab.training.agents.env_reward)."""
     per_completion = [e for e in examples for _ in range(rollout.G)]
-    verifiers = [f for f in run.reward_fns if f.name != ENV_REWARD]  # the environment's reward: add_env_reward
-    return score_completions(verifiers, rollout.texts, per_completion, conversations=rollout.conversations,
-                             timeout_s=run.cfg.reward_timeout_s, workers=run.cfg.reward_workers)
+    return score_completions(run.reward_fns, rollout.texts, per_completion, conversations=rollout.conversations,
+                             context=context, timeout_s=run.cfg.reward_timeout_s,
+                             workers=run.cfg.reward_workers)
 
 
 def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
                       generator: torch.Generator | None = None) -> tuple[Rollout, Scores, dict]:
     """Roll out and score: single-turn (rollout_examples), or multi-turn in the run's environment
-    (grpolab.training.agents), whose own reward joins the verifiers' as `env`. Returns (rollout,
+    (grpolab.training.agents), scored while its environments are open, then closed. Returns (rollout,
     scores, info: the environments' metrics and time/score_s)."""
     if run.environments is None:
         rollout = rollout_examples(run, examples, G=G, greedy=greedy, generator=generator)
         t0 = time.perf_counter()
         scores = score(run, rollout, examples)
         return rollout, scores, {"time/score_s": time.perf_counter() - t0}
-    rollout, env_rewards, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
+    rollout, context, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
     t0 = time.perf_counter()
-    scores = score(run, rollout, examples)
-    add_env_reward(scores, env_rewards, run.environments.settings.reward_weight)
-    return rollout, scores, {**info, "time/score_s": time.perf_counter() - t0}
+    try:
+        scores = score(run, rollout, examples, context)
+    finally:
+        close_all(context["environments"])
+    return rollout, scores, {**info, **env_reward_metrics(scores), "time/score_s": time.perf_counter() - t0}
 
 
 def collect(run: Run, step: int) -> Batch:

@@ -36,9 +36,8 @@ from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
 from grpolab.rewards import build_rewards
-from grpolab.rewards.scoring import RewardFn
 from grpolab.tasks import build_task
-from grpolab.training.agents import ENV_REWARD, load_environments
+from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
@@ -106,7 +105,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         check_out_dir(out, resume)
         if resume:
             check_same_lora(out, cfg)
-    task = build_task(cfg.task, cfg.seed, cfg.task_args)
+    task = build_task(cfg.task, cfg.seed, cfg.task_args, environment=cfg.env.enabled)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
     if cfg.threads:
@@ -117,8 +116,14 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(path)
     environments = load_environments(cfg.env, tokenizer, task.system_prompt)  # checked before any model load
-    if environments is not None and cfg.env.reward_weight > 0:  # the environment's reward, filled in by the step
-        reward_fns.append(RewardFn(ENV_REWARD, cfg.env.reward_weight, _filled_by_the_step))
+    if environments is not None and environments.has_reward and cfg.env.reward_weight > 0:
+        if any(f.name == ENV_REWARD for f in reward_fns):
+            raise ConfigError(f"rewards: the label {ENV_REWARD!r} is the environment's own reward; give yours another label")
+        reward_fns.append(env_reward(cfg.env.reward_weight))  # the environment's own reward, one reward column
+    if not reward_fns:
+        raise ConfigError("rewards: no reward source: the task has no default reward and the environment gives none "
+                          "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
+                          "environment class a get_reward(self) method")
     engine_name, why = choose_engine(cfg, path, device, dist, training=training)
     log(f"rollout engine: {engine_name} ({why})")
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
@@ -174,12 +179,6 @@ def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, traini
                       tokens=tokens)
     except EngineError as e:
         raise ConfigError(str(e)) from None
-
-
-def _filled_by_the_step(completion: str, example: Example) -> float:
-    """Stands for the environment's reward among the run's rewards; never called: grpolab.training.step.score
-    leaves it out and grpolab.training.agents.add_env_reward fills its column in."""
-    raise AssertionError("the environment's reward comes from the environment, not from a verifier call")
 
 
 def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
