@@ -57,10 +57,11 @@ ENGINES: dict[str, Callable[[EngineContext], RolloutEngine]] = {"native": _nativ
 
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-# auto on a CPU: vLLM where the run generates at least this many tokens. From the measurements in
-# docs/performance.md, "Rollout engines": start-up S (compiled) and the rates of both engines on this
-# model size give the break-even T = S / (1/rate_native - 1/rate_vllm).
-AUTO_MIN_TOKENS_CPU = 40_000
+# auto on a CPU: vLLM where the run may generate at least this many tokens (steps x batch x the length
+# limit, an upper bound). From docs/performance.md, "Rollout engines": vLLM's compiled start-up S and the
+# two engines' token rates on the bundled model give the break-even T = S / (1/rate_native - 1/rate_vllm)
+# of about 1e5 generated tokens; completions that end at EOS write about half their limit, hence twice that.
+AUTO_MIN_TOKENS_CPU = 200_000
 
 
 def head_size(model_path: Path) -> int | None:
