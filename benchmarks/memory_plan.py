@@ -6,14 +6,14 @@
 Each configuration runs in a process of its own: grpolab.training.trainer.setup builds the run (the
 bundled SmolLM2-135M, or a random-weight Qwen2.5-0.5B / 1.5B built once from benchmarks/configs/ with
 the shipped tokenizer: nothing is downloaded), every completion is forced to max_new_tokens (no EOS,
-as grpolab bench does), step 1 runs unmeasured (it creates AdamW's state), then step 2 is measured
-phase by phase (grpolab.training.step's collect, reference, shape, update; the optimizer step inside
+as grpolab bench does), AdamW's state is created first (what a first step leaves), then one step is
+measured phase by phase (grpolab.training.step's collect, reference, shape, update; the optimizer step inside
 update). The prediction is grpolab.training.plan.plan for the same config, the step's prompt width
 and the precision the run chose.
 
 What is measured: on a CPU, the bytes torch's CPU allocator has live, from the profiler's memory
 events (torch.profiler, profile_memory=True: every allocation and free of the c10 CPU allocator,
-timestamped) on top of the bytes of every tensor alive when step 2 starts (weights, AdamW state, the
+timestamped) on top of the bytes of every tensor alive when the step starts (weights, AdamW state, the
 reference): the CPU counterpart of torch.cuda.max_memory_allocated, which is what the model predicts
 (tensor bytes). Peak RSS is printed beside it (`ru_maxrss`, the whole process: the Python runtime,
 libraries, the model load, and glibc's heap, which cpu_malloc=keep never gives back), for context
@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
@@ -43,24 +44,25 @@ BASE = ["eval_size=0", "report=false", "tensorboard=false", "progress=false", "s
 SETS = {
     "cpu": {  # about 10 GB at most (the 2-core machine is shared): short sequences, small G, LoRA for 1.5B
         "smollm2-full-fp32": ("bundled:smollm2-135m", ["precision=fp32", "G=4", "batch_size=8", "micro_batch=4",
-                                               "max_new_tokens=64", "algo.beta=0.04"]),
-        "smollm2-full-fp32-ckpt": ("bundled:smollm2-135m", ["precision=fp32", "G=4", "batch_size=8", "micro_batch=4",
-                                                    "max_new_tokens=64", "algo.beta=0.04", "grad_checkpointing=true"]),
-        "smollm2-full-bf16-long": ("bundled:smollm2-135m", ["precision=bf16", "G=8", "batch_size=16", "micro_batch=16",
-                                                    "max_new_tokens=128"]),
-        "smollm2-full-bf16-long-ckpt": ("bundled:smollm2-135m", ["precision=bf16", "G=8", "batch_size=16", "micro_batch=16",
-                                                         "max_new_tokens=128", "grad_checkpointing=true"]),
-        "smollm2-lora-bf16-ppo": ("bundled:smollm2-135m", ["precision=bf16", "algo=ppo", "algo.beta=0.04", "lora.r=16",
-                                                   "G=4", "batch_size=8", "micro_batch=4", "max_new_tokens=32"]),
+                                                       "max_new_tokens=32", "algo.beta=0.04"]),
+        "smollm2-full-bf16-long": ("bundled:smollm2-135m", ["precision=bf16", "G=8", "batch_size=16",
+                                                            "micro_batch=16", "max_new_tokens=128"]),
+        "smollm2-full-bf16-long-ckpt": ("bundled:smollm2-135m", ["precision=bf16", "G=8", "batch_size=16",
+                                                                 "micro_batch=16", "max_new_tokens=128",
+                                                                 "grad_checkpointing=true"]),
+        "smollm2-lora-bf16-ppo": ("bundled:smollm2-135m", ["precision=bf16", "algo=ppo", "algo.beta=0.04",
+                                                           "lora.r=16", "G=4", "batch_size=8", "micro_batch=4",
+                                                           "max_new_tokens=32"]),
         "qwen0.5b-full-fp32": ("random:qwen2.5-0.5b", ["precision=fp32", "G=2", "batch_size=4", "micro_batch=2",
-                                                "max_new_tokens=32"]),
-        "qwen0.5b-lora-bf16-ckpt": ("random:qwen2.5-0.5b", ["precision=bf16", "lora.r=16", "algo.beta=0.04", "G=4",
-                                                     "batch_size=8", "micro_batch=8", "max_new_tokens=64",
-                                                     "grad_checkpointing=true"]),
+                                                       "max_new_tokens=32"]),
+        "qwen0.5b-lora-bf16-ckpt": ("random:qwen2.5-0.5b", ["precision=bf16", "lora.r=16", "algo.beta=0.04",
+                                                            "G=4", "batch_size=8", "micro_batch=8",
+                                                            "max_new_tokens=64", "grad_checkpointing=true"]),
         "qwen1.5b-lora-fp32": ("random:qwen2.5-1.5b", ["precision=fp32", "lora.r=16", "G=2", "batch_size=4",
-                                                "micro_batch=4", "max_new_tokens=32"]),
+                                                       "micro_batch=4", "max_new_tokens=32"]),
         "qwen1.5b-lora-bf16-ckpt": ("random:qwen2.5-1.5b", ["precision=bf16", "lora.r=16", "G=4", "batch_size=8",
-                                                     "micro_batch=8", "max_new_tokens=32", "grad_checkpointing=true"]),
+                                                            "micro_batch=8", "max_new_tokens=32",
+                                                            "grad_checkpointing=true"]),
     },
     "gpu": {  # one H200: real sizes, bf16, a few minutes in all
         "smollm2-full-bf16": ("random:smollm2-135m", ["precision=bf16", "G=8", "batch_size=64", "micro_batch=16",
@@ -113,10 +115,9 @@ def live_cpu_bytes() -> int:
     seen: dict[int, int] = {}
     for o in gc.get_objects():
         try:
-            if type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter):
-                if o.device.type == "cpu":
-                    s = o.untyped_storage()
-                    seen[s.data_ptr()] = s.nbytes()
+            if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+                s = o.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
         except (RuntimeError, TypeError):  # tensors without storage (meta, sparse)
             continue
     return sum(seen.values())
@@ -126,7 +127,7 @@ class Phases:
     """Wraps grpolab.training.step's stages (train_step looks them up at each call) in named ranges."""
 
     NAMES = ("collect", "reference", "shape", "update")
-    LABEL = {"collect": "generation", "reference": "reference", "shape": "shaping", "update": "update",
+    LABEL: ClassVar[dict[str, str]] = {"collect": "generation", "reference": "reference", "shape": "shaping", "update": "update",
              "optimizer": "optimizer"}
 
     def __init__(self, run, device):
@@ -180,14 +181,27 @@ def cpu_peaks(prof, start: int) -> dict[str, int]:
     return out
 
 
+def make_optimizer_state(run) -> None:
+    """What a first step leaves behind, without its minutes on a small CPU: AdamW's moments (and the
+    critic's). An AdamW step on zero gradients creates them and moves no weight (weight decay 0)."""
+    import torch
+
+    opts = [run.optimizer] + ([run.advantage.optimizer] if hasattr(run.advantage, "optimizer") else [])
+    for opt in opts:
+        for group in opt.param_groups:
+            assert group["weight_decay"] == 0, "a zero-gradient step would move the weights"
+            for p in group["params"]:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def measure(name: str, model: str, overrides: list[str], device: str) -> dict:
     """One configuration in this process (see the module docstring)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from grpolab.model.shapes import Shape
     from grpolab.training.config import build_config
-    from grpolab.training.plan import plan
     from grpolab.training.step import train_step
     from grpolab.training.trainer import setup
 
@@ -197,41 +211,49 @@ def measure(name: str, model: str, overrides: list[str], device: str) -> dict:
     run = setup(cfg, log=lambda *a: None)
     run.eos_ids = set()  # every completion runs to max_new_tokens
     dev = run.device
-    t = time.perf_counter()
-    train_step(run, 1)
+    make_optimizer_state(run)
     gc.collect()
-    res = {"config": name, "model": model, "overrides": overrides, "device": dev.type, "step1_s": time.perf_counter() - t}
+    res = {"config": name, "model": model, "overrides": overrides, "device": dev.type}
     with Phases(run, dev) as ph:
         if dev.type == "cuda":
             torch.cuda.synchronize()
             t = time.perf_counter()
-            metrics, batch = train_step(run, 2)
+            metrics, batch = train_step(run, 1)
             measured = dict(ph.cuda_peaks)
         else:
             start = live_cpu_bytes()
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                 t = time.perf_counter()
-                metrics, batch = train_step(run, 2)
+                metrics, batch = train_step(run, 1)
             measured = cpu_peaks(prof, start)
             res["start_bytes"] = start
-    res["step2_s_profiled"] = time.perf_counter() - t
+    res["step_s_profiled"] = time.perf_counter() - t
     res["measured"] = measured
-    P = int(batch.rollout.prompt_ids.shape[1])
-    C = int(batch.rollout.completion_ids.shape[1])
-    prec = run.precision
-    u = 2 if prec.update is not None else 4
-    ro = 2 if prec.rollout is not None else 4
-    shape = Shape.from_config((run.policy.get_base_model() if hasattr(run.policy, "get_base_model")
-                               else run.policy).config.to_dict(), model)
-    from grpolab.training.plan import Device
-
-    p = plan(cfg, Device(dev.type, 1, 1e12, 1e12, 1e11, dev.type), prompt_tokens=P, shape=shape,
-             update_bytes=u, rollout_bytes=ro, rows_leave=False)
-    res.update(prompt_tokens=P, completion_tokens=C, precision={"update": u, "rollout": ro},
-               predicted={ph.name: ph.total for ph in p.phases}, predicted_peak=p.peak.total,
-               predicted_peak_phase=p.peak.name, measured_peak=max(measured.values()),
-               measured_peak_phase=max(measured, key=measured.get),
+    res["times"] = {k: metrics[k] for k in metrics if k.startswith("time/")}
+    res.update(prompt_tokens=int(batch.rollout.prompt_ids.shape[1]),
+               completion_tokens=int(batch.rollout.completion_ids.shape[1]),
+               precision={"update": 2 if run.precision.update is not None else 4,
+                          "rollout": 2 if run.precision.rollout is not None else 4},
+               measured_peak=max(measured.values()), measured_peak_phase=max(measured, key=measured.get),
                rss_peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return predict(res)
+
+
+def predict(res: dict) -> dict:
+    """grpolab.training.plan's prediction for a measured row (its config, prompt width and precision),
+    every row leaving no early finisher (as measured: no EOS)."""
+    from grpolab.model.shapes import SHAPES, Shape
+    from grpolab.training.config import build_config
+    from grpolab.training.plan import Device, plan
+
+    cfg = build_config({}, [f"model={res['model']}", "out=unused", f"device={res['device']}", *BASE, *res["overrides"]])
+    shape = SHAPES[res["model"]] if res["model"] in SHAPES else Shape.from_dir(Path(res["model"]))
+    kind = res["device"]
+    p = plan(cfg, Device(kind, 1, 1e12, 1e12, 1e11, kind), prompt_tokens=res["prompt_tokens"], shape=shape,
+             update_bytes=res["precision"]["update"], rollout_bytes=res["precision"]["rollout"], rows_leave=False)
+    assert p.workload.completion_tokens == res["completion_tokens"], (p.workload, res["completion_tokens"])
+    res.update(predicted={ph.name: ph.total for ph in p.phases}, predicted_peak=p.peak.total,
+               predicted_peak_phase=p.peak.name)
     res["ratio"] = res["predicted_peak"] / res["measured_peak"]
     res["within"] = abs(res["ratio"] - 1) <= TOLERANCE
     return res
@@ -242,7 +264,7 @@ def run_one(name: str, model: str, overrides: list[str], device: str, timeout: f
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, __file__, "--one", name, "--model", model, "--device", device, "--", *overrides]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"config": name, "status": "timeout", "reason": f"over {timeout:.0f} s"}
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
@@ -266,6 +288,13 @@ def run_set(which: str, device: str, work: Path, names: list[str] | None = None,
     ok = [r for r in rows if r["status"] == "ok"]
     return {"status": "ok" if ok and len(ok) == len(rows) else ("failed" if not ok else "partial"), "rows": rows,
             "within_tolerance": sum(r["within"] for r in ok), "measured": len(ok), "tolerance": TOLERANCE}
+
+
+def summary(res: dict) -> str:
+    """One line: how many configurations came within the tolerance, and each one's ratio."""
+    rows = ", ".join(f"{r['config']} x{r['ratio']:.2f}" if r["status"] == "ok" else f"{r['config']} {r['status']}"
+                     for r in res["rows"])
+    return f"{res['within_tolerance']} of {res['measured']} within {res['tolerance']:.0%} ({rows})"
 
 
 def table(res: dict) -> str:
@@ -292,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "grpolab" / "bench-models"),
                     help="where random-weight model directories are built once")
     ap.add_argument("--json-out")
+    ap.add_argument("--predict", metavar="JSON", help="recompute the predictions of a --json-out file's measured "
+                    "rows with the model as it is now (the measurements stay)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -307,9 +338,14 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.set_verbosity_error()
         print(json.dumps(measure(ns.one, ns.model, ns.overrides, ns.device)))
         return 0
-    work = Path(ns.work)
-    work.mkdir(parents=True, exist_ok=True)
-    res = run_set(ns.set, ns.device, work, ns.configs)
+    if ns.predict:
+        res = json.loads(Path(ns.predict).read_text())
+        res["rows"] = [predict(r) if r["status"] == "ok" else r for r in res["rows"]]
+        res["within_tolerance"] = sum(r["within"] for r in res["rows"] if r["status"] == "ok")
+    else:
+        work = Path(ns.work)
+        work.mkdir(parents=True, exist_ok=True)
+        res = run_set(ns.set, ns.device, work, ns.configs)
     print(table(res))
     print(f"within {TOLERANCE:.0%}: {res['within_tolerance']} of {res['measured']} measured")
     if ns.json_out:

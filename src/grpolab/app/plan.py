@@ -100,14 +100,16 @@ def describe(p: Plan) -> list[str]:
     """The plan as lines of text: the run, every phase with its own parts, the peak, the time."""
     s, w, r, d = p.shape, p.workload, p.regime, p.device
     how = f"LoRA r={r.lora_r}" if r.lora_r else "full fine-tuning"
-    lines = [f"{s.name}: {s.params / 1e9:.2f}B parameters ({how}, trained {p.phases[0].parts['AdamW state'] / 8 / 1e6:,.1f}M), "
-             f"update {'bf16' if r.update_bytes == 2 else 'fp32'}, rollout {'bf16' if r.rollout_bytes == 2 else 'fp32'}"
-             f"{' (lean decoder)' if r.lean else ''}, reference: {r.reference}{', critic' if r.critic else ''}"
-             f"{', grad_checkpointing' if r.checkpointing else ''}",
+    prec = f"update {'bf16' if r.update_bytes == 2 else 'fp32'}, rollout {'bf16' if r.rollout_bytes == 2 else 'fp32'}"
+    extras = (" (lean decoder)" if r.lean else "") + f", reference: {r.reference}" + \
+        (", critic" if r.critic else "") + (", grad_checkpointing" if r.checkpointing else "")
+    trained = p.phases[0].parts["AdamW state"] / 8 / 1e6
+    usable = f" ({_gb(d.usable)} usable)" if d.usable != d.memory else ""
+    lines = [f"{s.name}: {s.params / 1e9:.2f}B parameters ({how}, trained {trained:,.1f}M), {prec}{extras}",
              f"step: {w.prompts} prompts x G={w.G} = {w.rows} sequences, prompt {w.prompt_tokens} + completion "
-             f"{w.completion_tokens} tokens, micro-batches of {min(w.seqs_per_pass, w.rows)} sequences "
-             f"({w.micro_batches} per update), mu={w.mu}",
-             f"device: {d.name}, {_gb(d.memory)}" + (f" ({_gb(d.usable)} usable)" if d.usable != d.memory else ""), ""]
+             + f"{w.completion_tokens} tokens, micro-batches of {min(w.seqs_per_pass, w.rows)} sequences "
+             + f"({w.micro_batches} per update), mu={w.mu}",
+             f"device: {d.name}, {_gb(d.memory)}{usable}", ""]
     base = p.phases[0].parts
     lines.append(f"  {'resident':24} {_gb(p.phases[0].total):>9}   " +
                  ", ".join(f"{k} {_gb(v)}" for k, v in base.items() if v))
@@ -159,7 +161,7 @@ def main(argv: list[str]) -> int:
                     help="fraction of the device an inference engine reserves for generation (vLLM's "
                          "gpu_memory_utilization when colocated); 0: grpolab's own rollout")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
-    ns = ap.parse_args(argv)
+    ns = ap.parse_intermixed_args(argv)  # options and KEY=VALUE in any order
     if ns.prompt_tokens is not None and ns.prompt_tokens < 1:
         raise ConfigError("--prompt-tokens: must be >= 1")
     if not 0 <= ns.engine_share < 1:

@@ -292,18 +292,20 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
     casts = 0 if c == F32 else (c * (2 * linear - 2 * qkv) if r.lora_r else c * linear)
     head_cast = s.vocab * s.hidden * c if c != F32 else 0
     head_in = M * s.hidden * c if c != F32 else 0
+    Lc, S = max(w.completion_tokens - 1, 0), w.prompt_tokens + max(w.completion_tokens - 1, 0)
     fwd = {"gradients (held)": held, **acts, "weight casts": casts,
            "LM head buffers": head_buffers(s, M, c, entropy=r.entropy) + head_cast + head_in}
+    if r.device == "cuda" or r.checkpointing:  # the pass's own KV cache, alive until it returns: not the
+        fwd["KV cache (pass)"] = 2 * s.layers * n * s.kv_dim * S * c  # saved tensors there (sdpa repeats them)
     head_grad = 0 if r.lora_r else F32 * s.vocab * s.hidden + (c * s.vocab * s.hidden if c != F32 else 0)
     head_bwd = {**fwd, "LM head buffers": head_buffers(s, M, c, entropy=False) + head_cast + head_in,
-                "LM head gradients": head_grad + F32 * M * s.hidden}
+                "LM head gradients": head_grad + F32 * M * s.hidden, "KV cache (pass)": 0}
     embed = 0 if r.lora_r else F32 * s.embedding * (2 if s.tied else 1)
     # a weight autocast casts once per pass (a trained one: cached) sums its two gradients in c bytes,
     # before the cast's backward turns them to fp32
     layer_pending = P_t if r.lora_r else s.layers * s.layer_params
     pending = F32 * layer_pending - ((F32 - c) * (P_t if r.lora_r else linear) if c != F32 else 0)
     untied_head = F32 * s.head if not (r.lora_r or later) else 0  # accumulated at once, the first time
-    Lc, S = max(w.completion_tokens - 1, 0), w.prompt_tokens + max(w.completion_tokens - 1, 0)
     bwd_layer = layer_transient(s, n, Lc, S, c, r, grad=True)
     if r.checkpointing:  # the layer being replayed holds its saved tensors again
         bwd_layer += layer_saved(s, n, Lc, S, c, r)
