@@ -40,7 +40,9 @@ if str(ROOT / "src") not in sys.path:
 CONFIGS = ROOT / "benchmarks" / "configs"
 TOLERANCE = 0.15
 BASE = ["eval_size=0", "report=false", "tensorboard=false", "progress=false", "save_every=0", "samples_per_step=0",
-        "algo.beta=0", "lr=1e-6"]
+        "algo.beta=0", "lr=1e-6", "rewards=[{name: 'grpolab.app.bench.spec:bench_reward'}]"]
+"""Settings of every configuration; the reward varies within every group (grpolab bench's), so that the
+update computes every group, as the plan assumes."""
 SETS = {
     "cpu": {  # about 10 GB at most (the 2-core machine is shared): short sequences, small G, LoRA for 1.5B
         "smollm2-full-fp32": ("bundled:smollm2-135m", ["precision=fp32", "G=4", "batch_size=8", "micro_batch=4",
@@ -127,8 +129,8 @@ class Phases:
     """Wraps grpolab.training.step's stages (train_step looks them up at each call) in named ranges."""
 
     NAMES = ("collect", "reference", "shape", "update")
-    LABEL: ClassVar[dict[str, str]] = {"collect": "generation", "reference": "reference", "shape": "shaping", "update": "update",
-             "optimizer": "optimizer"}
+    LABEL: ClassVar[dict[str, str]] = {"collect": "generation", "reference": "reference", "shape": "shaping",
+                                       "targets": "advantages", "update": "update", "optimizer": "optimizer"}
 
     def __init__(self, run, device):
         import grpolab.training.step as step_mod
@@ -158,12 +160,14 @@ class Phases:
             setattr(self.mod, n, self.wrap(n, f))
         self.opt_step = self.run.optimizer.step
         self.run.optimizer.step = self.wrap("optimizer", self.opt_step)
+        self.run.advantage.targets = self.wrap("targets", self.run.advantage.targets)  # a critic's values pass
         return self
 
     def __exit__(self, *exc):
         for n, f in self.orig.items():
             setattr(self.mod, n, f)
         self.run.optimizer.step = self.opt_step
+        del self.run.advantage.targets
 
 
 def cpu_peaks(prof, start: int) -> dict[str, int]:
@@ -230,6 +234,8 @@ def measure(name: str, model: str, overrides: list[str], device: str) -> dict:
     res["step_s_profiled"] = time.perf_counter() - t
     res["measured"] = measured
     res["times"] = {k: metrics[k] for k in metrics if k.startswith("time/")}
+    res["seqs_computed"] = int(metrics.get("update/seqs_computed", 0))
+    assert res["seqs_computed"] == cfg.batch_size, f"the update computed {res['seqs_computed']} of {cfg.batch_size}"
     res.update(prompt_tokens=int(batch.rollout.prompt_ids.shape[1]),
                completion_tokens=int(batch.rollout.completion_ids.shape[1]),
                precision={"update": 2 if run.precision.update is not None else 4,

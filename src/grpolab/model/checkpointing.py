@@ -14,7 +14,10 @@ keys and values are repeated for the G completions (grpolab.model.logprobs.group
 A layer that writes the cache cannot simply be run twice (the replay would append its keys again),
 so `checkpointed` runs each layer under torch.utils.checkpoint (non-reentrant) and restores that
 layer's slot of the cache to what it held before the call each time the layer is replayed: the
-replay then sees exactly the keys and values the first run saw, and computes the same numbers.
+replay then sees exactly the keys and values the first run saw, and computes the same numbers. After
+a replay the slot is restored again: the replayed keys and values carry the replay's autograd graph,
+and left in the cache they would keep that graph's tensors alive, layer after layer, until the
+backward ends (measured: about 20 MB per layer of SmolLM2 at 16 x 128 tokens).
 
     with checkpointed(policy):            # grpolab.model.passes.policy_logp, when PassSpec.checkpoint
         logp, entropy = grouped_completion_logp(policy, ...)
@@ -77,12 +80,21 @@ def _checkpointed_forward(layer: nn.Module, forward):
         cache = next((kwargs[k] for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
         slot = _slot(cache, idx)
         before = copy.copy(slot.__dict__) if slot is not None else None  # the tensors it refers to, not copies
+        calls = [0]
+
+        def restore() -> None:
+            slot.__dict__.clear()
+            slot.__dict__.update(before)
 
         def replayable(*a, **kw):
-            if slot is not None:  # the replay must see the slot as the first run saw it
-                slot.__dict__.clear()
-                slot.__dict__.update(before)
-            return forward(*a, **kw)
+            calls[0] += 1
+            if slot is None or calls[0] == 1:  # the first run: its keys and values stay in the cache
+                return forward(*a, **kw)
+            restore()  # a replay sees the slot as the first run saw it ...
+            try:
+                return forward(*a, **kw)
+            finally:  # ... and leaves nothing in it: the replayed keys and values would keep the replay's
+                restore()  # graph (and every tensor it saved) alive until the whole backward ends
 
         return checkpoint(replayable, *args, use_reentrant=False, **kwargs)
 

@@ -290,6 +290,10 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
     # except the first layer's q, k, v, whose input needs no gradient
     qkv = s.hidden * (s.q_dim + 2 * s.kv_dim)
     casts = 0 if c == F32 else (c * (2 * linear - 2 * qkv) if r.lora_r else c * linear)
+    bwd_casts = casts // 2 if r.lora_r else casts  # the prompt pass's, until its own backward
+    if r.checkpointing:  # no layer keeps a cast; autocast's cache holds the trained weights' until the forward ends
+        casts = 0 if (r.lora_r or c == F32) else c * linear
+        bwd_casts = 0
     head_cast = s.vocab * s.hidden * c if c != F32 else 0
     head_in = M * s.hidden * c if c != F32 else 0
     Lc, S = max(w.completion_tokens - 1, 0), w.prompt_tokens + max(w.completion_tokens - 1, 0)
@@ -299,7 +303,8 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
         fwd["KV cache (pass)"] = 2 * s.layers * n * s.kv_dim * S * c  # saved tensors there (sdpa repeats them)
     head_grad = 0 if r.lora_r else F32 * s.vocab * s.hidden + (c * s.vocab * s.hidden if c != F32 else 0)
     head_bwd = {**fwd, "LM head buffers": head_buffers(s, M, c, entropy=False) + head_cast + head_in,
-                "LM head gradients": head_grad + F32 * M * s.hidden, "KV cache (pass)": 0}
+                "LM head gradients": head_grad + F32 * M * s.hidden, "KV cache (pass)": 0,
+                "weight casts": bwd_casts}
     embed = 0 if r.lora_r else F32 * s.embedding * (2 if s.tied else 1)
     # a weight autocast casts once per pass (a trained one: cached) sums its two gradients in c bytes,
     # before the cast's backward turns them to fp32
@@ -307,10 +312,10 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
     pending = F32 * layer_pending - ((F32 - c) * (P_t if r.lora_r else linear) if c != F32 else 0)
     untied_head = F32 * s.head if not (r.lora_r or later) else 0  # accumulated at once, the first time
     bwd_layer = layer_transient(s, n, Lc, S, c, r, grad=True)
-    if r.checkpointing:  # the layer being replayed holds its saved tensors again
-        bwd_layer += layer_saved(s, n, Lc, S, c, r)
+    if r.checkpointing:  # the layer being replayed holds its saved tensors (and its weights' casts) again
+        bwd_layer += layer_saved(s, n, Lc, S, c, r) + (c * s.layer_linear if c != F32 else 0)
     bwd = {"gradients (held)": held + untied_head, "gradients (pending)": pending + embed,
-           "activations": prompt_activations(s, w, r, n), "weight casts": casts // 2 if r.lora_r else casts,
+           "activations": prompt_activations(s, w, r, n), "weight casts": bwd_casts,
            "layer backward": bwd_layer}
     moments = {"update (forward end)": fwd, "update (head backward)": head_bwd, "update (backward)": bwd}
     if r.critic:  # the critic's full-sequence pass runs beside the policy's; its gradients accumulate at once

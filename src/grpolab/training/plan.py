@@ -222,8 +222,8 @@ def fitting(cfg: Config, overrides: list[str], device: Device, recipe: dict | No
     out, seen = [], set()
     for combo in CANDIDATES:
         changes = [c for c in (_resolve(x, cfg) for x in combo) if c]
-        if not changes or tuple(changes) in seen:
-            continue
+        if not changes or tuple(changes) in seen or (out and any(c.startswith("max_new_tokens=") for c in changes)):
+            continue  # shorter completions only when nothing that keeps the run as it is fits
         seen.add(tuple(changes))
         p = plan(build_config(recipe, [*overrides, *changes]), device, **plan_kw)
         if p.fits:
