@@ -12,6 +12,8 @@ next still runs:
   models      random-weight model directories from benchmarks/configs/ (SmolLM2-135M and
               Qwen2.5-0.5B shapes) with the SmolLM2 tokenizer of src/grpolab/data/smollm2-tokenizer
   train       `grpolab train model=SMOLLM2_DIR device=cuda steps=5 ...`, end to end, checkpoint included
+  memory      benchmarks/memory_plan.py --set gpu: `grpolab plan`'s predicted peak per phase against
+              torch.cuda.max_memory_allocated for a real step of each configuration
   bench       `grpolab bench --model QWEN_DIR --prompts 16 --G 8 --new-tokens 256 --precision bf16
               --device cuda --against trl --steps 4` (--against none when TRL is missing), and the MFU
               of each side's update phase
@@ -50,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "benchmarks" / "configs"
 WORKERS = ROOT / "benchmarks" / "gpu_workers.py"
-PARTS = ("env", "matmul", "cuda_tests", "models", "train", "bench", "decode", "update")
+PARTS = ("env", "matmul", "cuda_tests", "models", "train", "memory", "bench", "decode", "update")
 
 FULL = {
     "device": "cuda", "models": {"smollm2": "smollm2-135m.json", "qwen": "qwen2.5-0.5b.json"},
@@ -61,7 +63,8 @@ FULL = {
     "update": {"prompts": 16, "G": 8, "new_tokens": 256, "micro_batch": 16, "reps": 3},
     "decode": {"prompts": 16, "G": 8, "new_tokens": 256, "reps": 2},
     # seconds per part; the whole run stays under --budget-s (8 minutes by default)
-    "limits": {"matmul": 60, "cuda_tests": 120, "models": 90, "train": 150, "bench": 300, "update": 120, "decode": 180},
+    "limits": {"matmul": 60, "cuda_tests": 120, "models": 90, "train": 150, "memory": 180, "bench": 300, "update": 120,
+               "decode": 180},
 }
 DRY = {
     "device": "cpu", "models": {"smollm2": "tiny-llama.json", "qwen": "tiny-qwen2.json"},
@@ -71,7 +74,8 @@ DRY = {
     "bench": {"prompts": 1, "G": 2, "new_tokens": 4, "steps": 1},
     "update": {"prompts": 2, "G": 2, "new_tokens": 4, "micro_batch": 2, "reps": 1},
     "decode": {"prompts": 2, "G": 2, "new_tokens": 4, "reps": 1},
-    "limits": {"matmul": 60, "cuda_tests": 60, "models": 60, "train": 90, "bench": 180, "update": 60, "decode": 60},
+    "limits": {"matmul": 60, "cuda_tests": 60, "models": 60, "train": 90, "memory": 120, "bench": 180, "update": 60,
+               "decode": 60},
 }
 
 
@@ -319,6 +323,17 @@ class Check:
                      f"{r['rollout_tok_s']:.0f} rollout tok/s, peak {r['peak_mb']:.0f} MB")
         return r
 
+    def part_memory(self) -> dict:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import memory_plan  # each configuration in a process of its own
+
+        limit = self.limit("memory")
+        r = memory_plan.run_set("dry" if self.dry else "gpu", self.size["device"], self.work / "memory-models",
+                                timeout=limit, deadline=time.monotonic() + limit)
+        self.log("    " + memory_plan.summary(r))
+        return {**r, "status": "ok" if r["status"] == "ok" else "failed", "reason": None if r["status"] == "ok" else
+                f"{r['measured']} of {len(r['rows'])} configurations measured"}
+
     def part_bench(self) -> dict:
         env = getattr(self, "env", {})
         if not env.get("grpolab_bench"):
@@ -399,6 +414,8 @@ def summary_lines(res: dict) -> list[str]:
     if tr.get("s_per_step"):
         out.append(f"grpolab train (SmolLM2-135M shape): {tr['s_per_step']:.2f} s/step, "
                    f"{tr['rollout_tok_s']:.0f} rollout tok/s, peak {tr['peak_mb']:.0f} MB")
+    if p.get("memory", {}).get("rows"):
+        out.append("memory plan vs the allocator's peak: " + __import__("memory_plan").summary(p["memory"]))
     for name, s in (p.get("bench", {}).get("sides") or {}).items():
         out.append(f"bench {name} (Qwen2.5-0.5B shape): {_fmt(s['s_per_step'], '.2f')} s/step, "
                    f"{_fmt(s['gen_tok_s'], '.0f')} gen tok/s, {_fmt(s['train_tok_s'], '.0f')} train tok/s, "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ["env", "matmul", "cuda_tests", "models", "train", "bench", "decode", "update"]
+PARTS = ["env", "matmul", "cuda_tests", "models", "train", "memory", "bench", "decode", "update"]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,10 @@ def test_each_part_reports_its_numbers(dry):
         assert bench["sides"]["grpolab"]["s_per_step"] > 0 and bench["sides"]["grpolab"]["update_mfu"] > 0
     else:
         assert "grpolab bench" in bench["reason"]
+    memory = parts["memory"]  # benchmarks/memory_plan.py on the CPU: the plan against the allocator's peak
+    row = memory["rows"][0]
+    assert memory["measured"] == 1 and row["status"] == "ok" and row["device"] == "cpu"
+    assert row["measured_peak"] > 0 and row["predicted_peak"] > 0 and row["measured"]["update"] > 0
     update = parts["update"]
     assert update["trained_tokens"] == 2 * 2 * 4 and update["mfu"] > 0
     decode = parts["decode"]["paths"]

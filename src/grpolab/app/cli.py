@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval, lab, report, chat, sample, audit, export, bench.
+"""grpolab command line: train, eval, lab, report, chat, sample, audit, export, bench, plan.
 
 Exit codes: 0 success, 1 a failure during the run, 2 a usage error (bad key, type, value, path).
 """
@@ -187,8 +187,15 @@ def _bench(argv: list[str]) -> int:
     return main(argv)
 
 
+def _plan(argv: list[str]) -> int:
+    """Peak memory per phase, time and settings that fit, before a run (grpolab plan --help)."""
+    from grpolab.app.plan import main
+
+    return main(argv)
+
+
 COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit,
-            "export": _export, "bench": _bench}
+            "export": _export, "bench": _bench, "plan": _plan}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
               "  sample  print k samples of a prompt with their rewards\n"
               "  audit   pre-flight check of a task, model and config before a long run\n"
               "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)\n"
-              "  bench   step time and memory, grpolab vs TRL on the same setting (docs/performance.md)")
+              "  bench   step time and memory, grpolab vs TRL on the same setting (docs/performance.md)\n"
+              "  plan    peak memory per phase, time and settings that fit on a device, before a run")
         return 0 if argv else 2
     cmd = COMMANDS.get(argv[0])
     if cmd is None:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from grpolab.algo.gae import completion_values
 from grpolab.batch import GroupSlice, Rollout
+from grpolab.model.checkpointing import checkpointed
 from grpolab.model.logprobs import grouped_completion_logp
 
 
@@ -34,6 +35,8 @@ class PassSpec:
     """The sampling temperature: logits are divided by it, so pi_theta is the distribution sampled from."""
     micro_batch: int = 16
     """Sequences per micro-batch (whole groups: max(1, micro_batch // G) of them; grpolab.training.config)."""
+    checkpoint: bool = False
+    """Activation checkpointing of the policy's decoder layers in the update pass (grpolab.model.checkpointing)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the passes (a no-op in fp32)."""
@@ -147,13 +150,15 @@ def sampled_token_logp(spec: PassSpec, policy: nn.Module, rollout: Rollout, *, t
 
 def policy_logp(spec: PassSpec, policy: nn.Module, part: GroupSlice, *,
                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """slice_logp of the policy on `part`; sharded, a one-column slice gets a masked second column so
-    that the pass makes the same module calls (and so the same collectives) on every rank."""
-    if not is_sharded(policy) or part.width > 1:
-        return slice_logp(spec, policy, part, with_entropy=with_entropy)
-    wide = GroupSlice(part.rows, part.prompt_ids, part.prompt_mask, part.completion_ids.repeat(1, 2),
-                      torch.nn.functional.pad(part.completion_mask, (0, 1)), part.G)
-    logp, entropy = slice_logp(spec, policy, wide, with_entropy=with_entropy)
+    """slice_logp of the policy on `part`, its decoder layers checkpointed when spec.checkpoint; sharded, a
+    one-column slice gets a masked second column so that the pass makes the same module calls (and so
+    the same collectives) on every rank."""
+    with checkpointed(policy, spec.checkpoint):
+        if not is_sharded(policy) or part.width > 1:
+            return slice_logp(spec, policy, part, with_entropy=with_entropy)
+        wide = GroupSlice(part.rows, part.prompt_ids, part.prompt_mask, part.completion_ids.repeat(1, 2),
+                          torch.nn.functional.pad(part.completion_mask, (0, 1)), part.G)
+        logp, entropy = slice_logp(spec, policy, wide, with_entropy=with_entropy)
     return logp[:, :1], entropy[:, :1] if entropy is not None else None
 
 

@@ -59,6 +59,8 @@ class Config:
     """Completions per step (= prompts per step x G); G must divide it."""
     micro_batch: int = 16
     """Sequences per forward/backward pass (gradient accumulation), rounded to whole groups of G (at least one group); only memory and speed depend on it."""
+    grad_checkpointing: bool = False
+    """Activation checkpointing of the policy's decoder layers in the update: each layer keeps only its input and is recomputed in the backward, for less memory per micro-batch and one more forward pass of the layers (grpolab.model.checkpointing; `grpolab plan` shows what it saves)."""
     max_new_tokens: int = 32
     """Completion length limit in tokens; a completion that reaches it is flagged truncated."""
     temperature: float = 1.0

@@ -108,8 +108,9 @@ class Run:
 
     def pass_spec(self) -> PassSpec:
         """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
-        scoring passes, sampling temperature, micro-batch size."""
-        return PassSpec(self.device, self.amp_dtype, self.cfg.temperature, self.cfg.micro_batch)
+        scoring passes, sampling temperature, micro-batch size, activation checkpointing of the update."""
+        return PassSpec(self.device, self.amp_dtype, self.cfg.temperature, self.cfg.micro_batch,
+                        checkpoint=self.cfg.grad_checkpointing)
 
     @property
     def ranks(self) -> Dist:

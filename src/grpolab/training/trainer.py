@@ -41,6 +41,7 @@ from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
+from grpolab.training.plan import check_run
 from grpolab.training.run import Run
 from grpolab.training.step import rollout_and_score, train_step
 from grpolab.training.stops import RunStopped, StopSignals
@@ -319,6 +320,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     # below, so before rank 0 writes anything: all see the same OUT); otherwise a new run
     resume = check_out_dir(Path(cfg.out), resume, auto=cfg.resume == "auto")
     run = setup(cfg, resume=resume, log=log, dist=d)
+    check_run(run, log)  # before step 1: a warning when grpolab plan puts the peak over the device's memory
     distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
     start = resume_state(run, how) if resume else 0
     run.engine.sync(run.policy, start)  # an engine with its own weights serves the checkpoint's

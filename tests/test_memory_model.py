@@ -1,0 +1,137 @@
+"""grpolab.model.shapes and grpolab.model.memory: parameter counts against real models, the saved-activation
+model against what autograd actually keeps, and the resident bytes worked out by hand. Whole steps
+against the allocator: benchmarks/memory_plan.py (docs/performance.md, "Memory plan")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab.model.memory import Regime, Workload, pass_activations, phases, resident
+from grpolab.model.shapes import SHAPES, Shape
+
+VOCAB = 512
+
+
+def _model(model_type: str = "llama", tied: bool = True):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpolab.model.attention import install
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=192,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               tie_word_embeddings=tied)
+    model = AutoModelForCausalLM.from_config(cfg)
+    install(model, torch.device("cpu"))  # the update's CPU attention
+    return model
+
+
+def test_parameter_counts_are_the_real_models():
+    assert SHAPES["smollm2-135m"].params == 134_515_008  # the bundled model (README, LoRA section)
+    assert SHAPES["qwen2.5-0.5b"].params == 494_032_768
+    for model_type, tied in (("llama", True), ("llama", False), ("qwen2", True)):
+        model = _model(model_type, tied)
+        shape = Shape.from_config(model.config.to_dict())
+        assert shape.params == sum(p.numel() for p in model.parameters()), (model_type, tied)
+        assert shape.qkv_bias == (model_type == "qwen2")
+
+
+def test_lora_parameter_count_is_peft_s():
+    pytest.importorskip("peft")
+    from grpolab.model.lora import LoraConfig, attach, trainable_parameters
+
+    model = attach(_model(), LoraConfig(r=4))
+    shape = Shape.from_config(model.get_base_model().config.to_dict())
+    assert shape.lora_params(4) == sum(p.numel() for p in trainable_parameters(model))
+    assert shape.lora_params(4, ("q_proj", "v_proj")) == 2 * 4 * ((64 + 64) + (64 + 32))  # 2 layers, r (in + out)
+
+
+def _saved(model, B, G, P, C, amp, ckpt):
+    from grpolab.model.checkpointing import checkpointed
+    from grpolab.model.logprobs import grouped_completion_logp
+
+    g = torch.Generator().manual_seed(0)
+    p_ids, c_ids = torch.randint(3, VOCAB, (B, P), generator=g), torch.randint(3, VOCAB, (B * G, C), generator=g)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params and t.dtype.is_floating_point or t.dtype == torch.bool:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), checkpointed(model, ckpt), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        grouped_completion_logp(model, p_ids, torch.ones_like(p_ids), c_ids, torch.ones(B * G, C), G)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("lora", [0, 8], ids=["full", "lora"])
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_saved_activations_match_what_autograd_keeps(amp, lora):
+    """pass_activations (layers, final norms, head input, kept logits) against the distinct tensors
+    autograd saves in grouped_completion_logp, weights and their casts excluded (counted apart)."""
+    model = _model()
+    shape = Shape.from_config(model.config.to_dict())
+    casts = 2 * shape.layers * shape.layer_linear if amp else 0  # autocast's casts: "weight casts"
+    if lora:
+        pytest.importorskip("peft")
+        from grpolab.model.lora import LoraConfig, attach
+
+        model = attach(model, LoraConfig(r=lora))
+        # frozen weights: cast anew in each pass (not cached), but not the first layer's q, k, v (their
+        # input needs no gradient); the adapters' own casts once (trained: cached)
+        casts = 2 * (casts - 2 * 64 * (64 + 2 * 32)) + (2 * shape.lora_params(lora) if amp else 0)
+    for B, G, P, C in ((1, 4, 16, 32), (2, 2, 24, 12)):
+        w = Workload(B, G, P, C, C, seqs_per_pass=B * G)
+        acts = pass_activations(shape, w, Regime(update_bytes=2 if amp else 4, lora_r=lora), B * G)
+        predicted = acts["activations"] + acts["kept logits"]
+        measured = _saved(model, B, G, P, C, amp, ckpt=False) - casts
+        assert abs(predicted / measured - 1) < 0.05, (B, G, P, C, predicted, measured)
+
+
+def test_checkpointed_activations_match_what_autograd_keeps():
+    model = _model()
+    shape = Shape.from_config(model.config.to_dict())
+    B, G, P, C = 2, 4, 24, 40
+    w = Workload(B, G, P, C, C, seqs_per_pass=B * G)
+    acts = pass_activations(shape, w, Regime(checkpointing=True), B * G)
+    measured = _saved(model, B, G, P, C, amp=False, ckpt=True)
+    # autograd's hooks see what each checkpointed layer keeps of its input, the final norms and the head's
+    # tensors; the prompt keys and values the layers start from are held by the replay (not a saved
+    # tensor), so they are taken out of the prediction here: 2 per layer of (n, P, kv_dim) fp32
+    snapshot = shape.layers * 2 * B * G * P * shape.kv_dim * 4
+    assert acts["activations"] - snapshot == pytest.approx(measured - acts["kept logits"], rel=0.05)
+    plain = pass_activations(shape, w, Regime(), B * G)
+    assert acts["activations"] < 0.25 * plain["activations"]
+
+
+def test_resident_bytes_worked_out():
+    s = SHAPES["smollm2-135m"]
+    P, linear = 134_515_008, 30 * 3_538_944  # every weight; the layers' nn.Linear weights
+    full = resident(s, Regime(reference="copy", update_bytes=2))
+    assert full["weights"] == 4 * P and full["AdamW state"] == 8 * P
+    assert full["reference copy"] == 4 * P - 2 * linear  # linear weights stored in bf16, the tied head in fp32
+    lora = resident(s, Regime(reference="adapter_off", lora_r=16))
+    assert lora["AdamW state"] == 8 * 4_884_480  # the README's 4,884,480 trained parameters
+    assert "reference copy" not in lora
+    assert resident(s, Regime(critic=True))["critic + its AdamW"] == 12 * (P + 576 + 1)  # no LM head, + value head
+
+
+def _peak(s, w, **kw):
+    return max(p.total for p in phases(s, w, Regime(**kw)))
+
+
+def test_each_setting_moves_the_peak_the_way_it_should():
+    s = SHAPES["qwen2.5-1.5b"]
+    w = Workload(prompts=8, G=8, prompt_tokens=256, completion_tokens=1024, max_new_tokens=1024, seqs_per_pass=16)
+    base = _peak(s, w, device="cuda", update_bytes=2, rollout_bytes=2)
+    assert _peak(s, w, device="cuda", update_bytes=2, rollout_bytes=2, checkpointing=True) < 0.5 * base
+    assert _peak(s, w, device="cuda", update_bytes=2, rollout_bytes=2, lora_r=16) < base
+    small = Workload(8, 8, 256, 1024, 1024, seqs_per_pass=8)
+    assert _peak(s, small, device="cuda", update_bytes=2, rollout_bytes=2) < base
+    share = 10 << 30
+    assert _peak(s, w, device="cuda", update_bytes=2, rollout_bytes=2, engine_share=share) > base + share * 0.99
