@@ -18,7 +18,7 @@ from grpolab.algo.losses import policy_loss
 from grpolab.algo.presets import resolve_algo
 from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.batch import Stop
-from grpolab.engine import AUTO_MIN_TOKENS_CPU, EngineError, choose, head_size
+from grpolab.engine import EngineError, choose, head_size
 from grpolab.engine.settings import RolloutConfig
 from grpolab.training.config import build_config
 from grpolab.util.fields import ConfigError
@@ -101,15 +101,19 @@ def test_auto_picks_native_with_its_reason(tiny_model_dir):
     assert name == "native" and "torchrun" in why
 
 
-def test_auto_weighs_the_run_length(tmp_path, monkeypatch):
+def test_auto_is_native_on_a_cpu_and_vllm_on_a_gpu(tmp_path, monkeypatch):
+    """With vLLM importable and a model it takes: auto stays native on a CPU (saying why, and how to ask
+    for vLLM), picks vLLM on a GPU; an explicit rollout.engine=vllm is honoured on a CPU."""
     import grpolab.engine.vllm_engine as vllm_engine
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576, "num_attention_heads": 9}))
     monkeypatch.setattr(vllm_engine, "missing_reason", lambda: None)  # as if vLLM imported
-    short = choose(RolloutConfig(), model_path=tmp_path, device=CPU, distributed=False, tokens=AUTO_MIN_TOKENS_CPU - 1)
-    long = choose(RolloutConfig(), model_path=tmp_path, device=CPU, distributed=False, tokens=AUTO_MIN_TOKENS_CPU)
-    assert short[0] == "native" and "start-up" in short[1]
-    assert long[0] == "vllm" and "repay" in long[1]
+    name, why = choose(RolloutConfig(), model_path=tmp_path, device=CPU, distributed=False, tokens=10**9)
+    assert name == "native" and "rollout.engine=vllm" in why and "performance.md" in why
+    name, why = choose(RolloutConfig(), model_path=tmp_path, device=torch.device("cuda"), distributed=False, tokens=1)
+    assert name == "vllm" and "GPU" in why
+    assert choose(RolloutConfig(engine="vllm"), model_path=tmp_path, device=CPU, distributed=False,
+                  tokens=1)[0] == "vllm"
 
 
 def test_rollout_keys_are_checked():

@@ -57,11 +57,11 @@ ENGINES: dict[str, Callable[[EngineContext], RolloutEngine]] = {"native": _nativ
 
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-# auto on a CPU: vLLM where the run may generate at least this many tokens (steps x batch x the length
-# limit, an upper bound). From docs/performance.md, "Rollout engines": vLLM's compiled start-up S and the
-# two engines' token rates on the bundled model give the break-even T = S / (1/rate_native - 1/rate_vllm)
-# of about 1e5 generated tokens; completions that end at EOS write about half their limit, hence twice that.
-AUTO_MIN_TOKENS_CPU = 200_000
+# auto on a CPU stays native. Measured (docs/performance.md, "Rollout engines"): vLLM's CPU build writes
+# 1.2x the native engine's tokens/s, its compiled start-up takes about a minute (break-even near 1e5
+# generated tokens), and once it has started in the trainer's process the update's own forward and
+# backward ran about 3x slower, which costs far more per step than the faster sampling saves.
+CPU_AUTO = "native"
 
 
 def head_size(model_path: Path) -> int | None:
@@ -88,7 +88,8 @@ def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> 
 
 def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, distributed: bool,
            tokens: int) -> tuple[str, str]:
-    """(engine name, why). `tokens`: the most tokens the run will generate (steps x batch x length)."""
+    """(engine name, why). `tokens`: the most tokens the run will generate (steps x batch x length), for
+    rules that weigh the run's length (none does now: on a CPU auto is native, on a GPU vLLM)."""
     if settings.engine == "native":
         return "native", "rollout.engine=native"
     unusable = vllm_unusable(model_path, device, distributed)
@@ -98,11 +99,10 @@ def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, d
         return "vllm", "rollout.engine=vllm"
     if unusable:
         return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
-    if device.type == "cpu" and tokens < AUTO_MIN_TOKENS_CPU:
-        return "native", (f"rollout.engine=auto: at most {tokens} tokens to generate, under the "
-                          f"{AUTO_MIN_TOKENS_CPU} where vLLM's start-up is repaid on a CPU")
-    return "vllm", ("rollout.engine=auto: vLLM is installed and supports the model"
-                    + (f", and up to {tokens} tokens repay its start-up" if device.type == "cpu" else " on a GPU"))
+    if device.type == "cpu":
+        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM's CPU build started in this process "
+                          "slowed the update's passes about 3x: docs/performance.md); rollout.engine=vllm to use it")
+    return "vllm", "rollout.engine=auto: vLLM is installed and supports the model, on a GPU"
 
 
 def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
