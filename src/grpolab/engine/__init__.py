@@ -15,12 +15,15 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+from grpolab.engine.settings import EngineError, RolloutConfig
 
-from grpolab.engine.base import EngineError, RolloutEngine, Sampling, TurnLimits
-from grpolab.engine.settings import RolloutConfig
+if TYPE_CHECKING:  # importing the settings (grpolab.Config) must not import torch
+    import torch
+    from torch import nn
+
+    from grpolab.engine.base import RolloutEngine
 
 
 @dataclass
@@ -53,7 +56,7 @@ def _vllm(ctx: EngineContext) -> RolloutEngine:
                       dtype=ctx.dtype, eos_ids=ctx.eos_ids, max_model_len=ctx.max_model_len, seed=ctx.seed)
 
 
-ENGINES: dict[str, Callable[[EngineContext], RolloutEngine]] = {"native": _native, "vllm": _vllm}
+ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _native, "vllm": _vllm}
 
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -110,5 +113,5 @@ def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
     return ENGINES[name](ctx)
 
 
-__all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "RolloutEngine", "Sampling", "TurnLimits",
-           "build_engine", "choose", "head_size", "vllm_unusable"]
+__all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "build_engine", "choose", "head_size",
+           "vllm_unusable"]

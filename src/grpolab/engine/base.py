@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from grpolab.batch import Rollout
+from grpolab.engine.settings import EngineError  # noqa: F401 (its import path with the seam)
 from grpolab.model.turns import Respond, Trajectory
 
 
@@ -40,10 +41,6 @@ class TurnLimits:
     max_model_tokens: int
     max_env_tokens: int
     max_turns: int
-
-
-class EngineError(RuntimeError):
-    """The engine failed to start or to take the new weights: the run stops, its last checkpoint intact."""
 
 
 class RolloutEngine(Protocol):

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from grpolab.util.fields import ConfigError
 
 ENGINE_NAMES = ("auto", "native", "vllm")
+
+
+class EngineError(RuntimeError):
+    """The engine failed to start or to take the new weights: the run stops, its last checkpoint intact."""
+
+
 CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
 
 
