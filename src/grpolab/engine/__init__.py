@@ -61,9 +61,9 @@ ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _nat
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # auto on a CPU stays native. Measured (docs/performance.md, "Rollout engines"): vLLM's CPU build writes
-# 1.2x the native engine's tokens/s, its compiled start-up takes about a minute (break-even near 1e5
-# generated tokens), and once it has started in the trainer's process the update's own forward and
-# backward ran about 3x slower, which costs far more per step than the faster sampling saves.
+# 1.2x the native engine's tokens/s and its compiled start-up takes about a minute (break-even near 1e5
+# generated tokens), and a slowdown of the update's own passes once it has started in the trainer's
+# process, seen on a loaded machine, is not ruled out: it would cost more than the faster sampling saves.
 CPU_AUTO = "native"
 
 
@@ -103,8 +103,8 @@ def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, d
     if unusable:
         return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
     if device.type == "cpu":
-        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM's CPU build started in this process "
-                          "slowed the update's passes about 3x: docs/performance.md); rollout.engine=vllm to use it")
+        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM measured 1.2x its tokens/s after a "
+                          "one-minute start-up: docs/performance.md); rollout.engine=vllm to use it")
     return "vllm", "rollout.engine=auto: vLLM is installed and supports the model, on a GPU"
 
 
