@@ -5,8 +5,9 @@
 SmolLM2-135M-Instruct (the bundled model), 2 prompts of 48 tokens x G = 8 completions of --completion
 tokens: one micro-batch of 16 sequences as the update runs it (grouped_completion_logp with entropies,
 then backward), in one process, the two variants alternated --reps times after a warm-up of each.
-Prints the best time of each, the peak bytes torch's CPU allocator had live during the pass above
-what was live before it (the profiler's memory events, as benchmarks/memory_plan.py measures), what
+Prints the best time of each (and every time: this machine's load moves them), the peak bytes torch's
+CPU allocator had live during the pass above what was live before it (the first micro-batch of an
+update: no gradients held yet) (the profiler's memory events, as benchmarks/memory_plan.py measures), what
 grpolab.model.memory predicts for the same pass, and checks that both give the same log-probs and
 gradients.
 """
@@ -47,7 +48,7 @@ def main() -> None:
     c_ids = torch.randint(100, 40000, (B * G, C), generator=g)
     amp = a.precision == "bf16"
 
-    def once(ckpt: bool, prof: bool = False):
+    def once(ckpt: bool):
         model.zero_grad(set_to_none=True)
         t = time.perf_counter()
         with checkpointed(model, ckpt), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
@@ -56,9 +57,11 @@ def main() -> None:
         logp.float().mean().backward()
         sec = time.perf_counter() - t
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        return sec, float(logp.sum()), grads
+        return sec, float(logp.detach().sum()), grads
 
     def peak(ckpt: bool) -> int:
+        """The pass's peak above what was live before it (no gradients yet: the first micro-batch)."""
+        model.zero_grad(set_to_none=True)  # freed before the window: the profiler sees only the pass's own
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             once(ckpt)
         cur = top = 0
@@ -87,7 +90,7 @@ def main() -> None:
     diff = float((off["grads"] - on["grads"]).abs().max())
     print(f"16 sequences x {C} completion tokens, {a.precision}, one micro-batch forward+backward, best of {a.reps}")
     for name, r in (("plain", off), ("checkpointed", on)):
-        print(f"  {name:13} {min(r['times']):6.2f} s/pass   peak above start {r['peak_bytes'] / mb:7.0f} MB   "
+        print(f"  {name:13} {min(r['times']):6.2f} s/pass (all: {', '.join(f'{t:.1f}' for t in r['times'])})   peak above start {r['peak_bytes'] / mb:7.0f} MB   "
               f"predicted activations {r['predicted_activations'] / mb:6.0f} MB")
     print(f"  checkpointed/plain: time x{min(on['times']) / min(off['times']):.2f}, "
           f"peak x{on['peak_bytes'] / off['peak_bytes']:.2f}")

@@ -303,19 +303,26 @@ def summary(res: dict) -> str:
     return f"{res['within_tolerance']} of {res['measured']} within {res['tolerance']:.0%} ({rows})"
 
 
+def phase_ratios(r: dict) -> str:
+    """predicted / measured of the generation and update phases (the update's largest moment)."""
+    p, m = r["predicted"], r["measured"]
+    update = max(v for k, v in p.items() if k.startswith("update"))
+    return f"x{p['generation'] / m['generation']:.3f} / x{update / m['update']:.3f}"
+
+
 def table(res: dict) -> str:
     """The markdown table of docs/performance.md."""
     mb = 2 ** 20
-    out = ["| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | peak RSS |",
-           "|---|---|---|---|---|---|"]
+    out = ["| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
+           "generation / update | peak RSS |", "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["status"] != "ok":
-            out.append(f"| {r['config']} | {r['status']}: {r.get('reason', '')} | | | | |")
+            out.append(f"| {r['config']} | {r['status']}: {r.get('reason', '')} | | | | | |")
             continue
         out.append(f"| {r['config']} | {r['prompt_tokens']} + {r['completion_tokens']} | "
                    f"{r['predicted_peak'] / mb:,.0f} MB ({r['predicted_peak_phase']}) | "
-                   f"{r['measured_peak'] / mb:,.0f} MB ({r['measured_peak_phase']}) | x{r['ratio']:.3f} | "
-                   f"{r['rss_peak_mb']:,.0f} MB |")
+                   f"{r['measured_peak'] / mb:,.0f} MB ({r['measured_peak_phase']}) | **x{r['ratio']:.3f}** | "
+                   f"{phase_ratios(r)} | {r['rss_peak_mb']:,.0f} MB |")
     return "\n".join(out)
 
 
