@@ -62,8 +62,8 @@ ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _nat
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # auto on a CPU stays native. Measured (docs/performance.md, "Rollout engines"): vLLM's CPU build writes
 # 1.2x the native engine's tokens/s and its compiled start-up takes about a minute (break-even near 1e5
-# generated tokens), and a slowdown of the update's own passes once it has started in the trainer's
-# process, seen on a loaded machine, is not ruled out: it would cost more than the faster sampling saves.
+# generated tokens), and once it has started in the trainer's process the update's own forward and
+# backward ran several times slower, which costs far more than the faster sampling saves.
 CPU_AUTO = "native"
 
 
