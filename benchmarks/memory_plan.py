@@ -320,8 +320,9 @@ def phase_ratios(r: dict) -> str:
 def table(res: dict) -> str:
     """The markdown table of docs/performance.md."""
     mb = 2 ** 20
-    out = ["| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
-           "generation / update | peak RSS |", "|---|---|---|---|---|---|---|"]
+    head = ("| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
+            "generation / update | peak RSS |")
+    out = [head, "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["status"] != "ok":
             out.append(f"| {r['config']} | {r['status']}: {r.get('reason', '')} | | | | | |")
