@@ -66,6 +66,13 @@ SETS = {
                                                             "micro_batch=8", "max_new_tokens=32",
                                                             "grad_checkpointing=true"]),
     },
+    "heldout": {  # configurations the model was never corrected against (docs/performance.md)
+        "smollm2-lora-fp32-mu2-ckpt": ("bundled:smollm2-135m", ["precision=fp32", "lora.r=8", "algo.beta=0.04",
+                                                               "algo.mu=2", "G=4", "batch_size=16", "micro_batch=8",
+                                                               "max_new_tokens=48", "grad_checkpointing=true"]),
+        "qwen0.5b-lora-fp32-long": ("random:qwen2.5-0.5b", ["precision=fp32", "lora.r=16", "G=4", "batch_size=8",
+                                                            "micro_batch=4", "max_new_tokens=128"]),
+    },
     "gpu": {  # one H200: real sizes, bf16, a few minutes in all
         "smollm2-full-bf16": ("random:smollm2-135m", ["precision=bf16", "G=8", "batch_size=64", "micro_batch=16",
                                                "max_new_tokens=256", "algo.beta=0.04"]),
@@ -313,8 +320,9 @@ def phase_ratios(r: dict) -> str:
 def table(res: dict) -> str:
     """The markdown table of docs/performance.md."""
     mb = 2 ** 20
-    out = ["| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
-           "generation / update | peak RSS |", "|---|---|---|---|---|---|---|"]
+    head = ("| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
+            "generation / update | peak RSS |")
+    out = [head, "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["status"] != "ok":
             out.append(f"| {r['config']} | {r['status']}: {r.get('reason', '')} | | | | | |")

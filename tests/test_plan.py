@@ -138,3 +138,12 @@ def test_grad_checkpointing_trains_the_same_weights(tiny_model_dir, tmp_path, va
     wa = weights(tmp_path / "plain" / "checkpoints" / "step-000002")
     wb = weights(tmp_path / "ckpt" / "checkpoints" / "step-000002")
     assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_a_plan_that_fails_costs_one_line_not_the_run(tiny_model_dir, tmp_path, monkeypatch, capsys, varied_reward):
+    def broken(*a, **k):
+        raise RuntimeError("no prompts today")
+
+    monkeypatch.setattr(plan_mod, "prompt_tokens_of", broken)
+    assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", *RUN, "steps=1"]) == 0
+    assert "note: grpolab plan could not plan this run (RuntimeError: no prompts today)" in capsys.readouterr().out

@@ -267,10 +267,19 @@ def _available_cpu_bytes() -> int:
 
 def check_run(run, log) -> Plan | None:
     """Before step 1: plan the run as set up (its device, precision and prompts) and log a warning
-    when the peak is over what the device has. Returns the plan (None where it cannot be made)."""
-    cfg = run.cfg
+    when the peak is over what the device has. Returns the plan (None where it cannot be made: a
+    model the plan does not know; a plan that fails says so in one line and never stops the run)."""
     if not run.ranks.main:
         return None
+    try:
+        return _check_run(run, log)
+    except Exception as e:  # noqa: BLE001 - a warning helper must not end a training run
+        log(f"note: grpolab plan could not plan this run ({type(e).__name__}: {e}); no memory check was made")
+        return None
+
+
+def _check_run(run, log) -> Plan | None:
+    cfg = run.cfg
     try:
         shape = Shape.from_config(_config_dict(run.policy), cfg.model)
     except (ValueError, AttributeError):  # not a Llama-family config: nothing to plan
