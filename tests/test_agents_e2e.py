@@ -12,7 +12,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -41,13 +40,9 @@ def chatty_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model whose generation config counts every even token id as an end of turn, so that its
     turns are short and end (a random model almost never samples the real <|im_end|>): the environment
     then answers and trajectories really have several turns."""
-    out = tmp_path_factory.mktemp("chatty") / "model"
-    shutil.copytree(tiny_model_dir, out)
-    cfg = json.loads((out / "generation_config.json").read_text())
-    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
-    cfg["eos_token_id"] = sorted({cfg["eos_token_id"], *range(0, vocab, 2)})
-    (out / "generation_config.json").write_text(json.dumps(cfg))
-    return out
+    from scripted_envs import chatty_copy
+
+    return chatty_copy(tiny_model_dir, tmp_path_factory.mktemp("chatty") / "model")
 
 
 def free_port() -> int:
