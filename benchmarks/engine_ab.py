@@ -2,7 +2,10 @@
 (no EOS), in one process: grpolab's native engine, the vLLM engine (grpolab.engine.vllm_engine), and
 vLLM's own LLM.generate on the same token ids and sampling settings (the integration's overhead).
 
-    python benchmarks/engine_ab.py [--eager] [--rounds 3] [--shapes 2x8x64,2x8x128,8x8x64] [--json OUT]
+    python benchmarks/engine_ab.py [--eager] [--dtype bf16|fp32] [--rounds 3] [--shapes 2x8x64,2x8x128,8x8x64] [--json OUT]
+
+`--dtype` is the rollout precision of both engines (bf16: the native engine's lean decoder; fp32: its HF
+forward), as `precision=auto` may choose either on a CPU.
 
 Prints, per shape (prompts x G x new tokens), tokens/s of each and the ratios vllm/native and
 engine/raw; the start-up time of vLLM (compiled, or --eager) and of one weight sync.
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="2x8x64,2x8x128,8x8x64")
     ap.add_argument("--threads", type=int, default=0)
@@ -42,13 +46,14 @@ def main() -> None:
     from grpolab.model.load import load_policy, load_tokenizer, model_dir
     from grpolab.model.template import chat_prompts
 
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[ns.dtype]
     path = model_dir("smollm2-135m", log=lambda *a: None)
     tok = load_tokenizer(path)
     policy = load_policy(path, torch.device("cpu"))
-    native = NativeEngine(policy, tok, device=torch.device("cpu"), dtype=torch.bfloat16, decoder="auto", eos_ids=set())
+    native = NativeEngine(policy, tok, device=torch.device("cpu"), dtype=dtype, decoder="auto", eos_ids=set())
     t0 = time.perf_counter()
     settings = RolloutConfig(engine="vllm", vllm_eager=ns.eager)
-    vllm = VllmEngine(settings, model_path=path, tokenizer=tok, device=torch.device("cpu"), dtype=torch.bfloat16,
+    vllm = VllmEngine(settings, model_path=path, tokenizer=tok, device=torch.device("cpu"), dtype=dtype,
                       eos_ids=set(), max_model_len=1024, seed=0)
     startup = time.perf_counter() - t0
     sync = vllm.sync(policy, 0)
@@ -86,7 +91,7 @@ def main() -> None:
                      "vllm_over_native": round(tps["vllm"] / tps["native"], 2),
                      "engine_overhead": round(tps["vllm_raw"] / tps["vllm"] - 1, 3)})
         print(json.dumps(rows[-1]), flush=True)
-    out = {"vllm_startup_s": round(startup, 1), "eager": ns.eager, "sync_s": round(sync, 3),
+    out = {"vllm_startup_s": round(startup, 1), "eager": ns.eager, "dtype": ns.dtype, "sync_s": round(sync, 3),
            "threads": torch.get_num_threads(), "rows": rows}
     print(json.dumps(out))
     if ns.json:
