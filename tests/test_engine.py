@@ -126,6 +126,34 @@ def test_rollout_keys_are_checked():
     assert build_config(None, []).rollout.engine == "auto"
 
 
+SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+           "max_position_embeddings": 8192}
+
+
+def test_the_kv_cache_is_sized_to_the_run_worked_by_hand(tmp_path):
+    from grpolab.engine.kv_cache import call_tokens, kv_bytes_per_token, kv_cache_bytes
+    from grpolab.engine.vllm_engine import memory_options
+
+    # SmolLM2-135M: 30 layers x (K, V) x 3 KV heads x 576/9 = 64 wide x 4 bytes (fp32) = 46,080 bytes per token
+    assert kv_bytes_per_token(SMOLLM2, 4) == 30 * 2 * 3 * 64 * 4 == 46_080
+    assert kv_bytes_per_token({**SMOLLM2, "head_dim": 128}, 2) == 30 * 2 * 3 * 128 * 2
+    no_gqa = {k: v for k, v in SMOLLM2.items() if k != "num_key_value_heads"}  # every head has its own K, V
+    assert kv_bytes_per_token(no_gqa, 2) == 30 * 2 * 9 * 64 * 2
+    # grpolab bench setting (a): 16 completions x (512 prompt allowance + 64) = 9,216 tokens > the 8,192 context
+    assert call_tokens(16, 64) == 9_216
+    assert kv_cache_bytes(SMOLLM2, 4, 9_216) == int(1.25 * 9_216 * 46_080) == 530_841_600  # 0.49 GiB, not 2
+    # fewer tokens than one full-context sequence: vLLM needs room for that one
+    assert kv_cache_bytes(SMOLLM2, 2, 100) == int(1.25 * 8_192 * 23_040)
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    cpu, auto = torch.device("cpu"), RolloutConfig()
+    assert memory_options(auto, tmp_path, cpu, "float32", 9_216) == {"kv_cache_memory_bytes": 530_841_600}
+    assert memory_options(RolloutConfig(vllm_kv_cache_gb=1.5), tmp_path, cpu, "float32", 9_216) == \
+        {"kv_cache_memory_bytes": 3 * 2**29}
+    assert memory_options(auto, tmp_path, torch.device("cuda"), "bfloat16", 9_216) == {"gpu_memory_utilization": 0.3}
+    with pytest.raises(ConfigError, match="rollout.vllm_kv_cache_gb"):
+        build_config(None, ["rollout.vllm_kv_cache_gb=-1"])
+
+
 def test_stops_are_one_enum_that_reads_as_its_value():
     assert Stop.ANSWER == "answer" and f"{Stop.BUDGET}" == "budget" and json.dumps([Stop.EOS]) == '["eos"]'
     assert [s.value for s in Stop if s.truncated] == ["length", "budget", "env_tokens"]

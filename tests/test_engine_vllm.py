@@ -33,7 +33,7 @@ CPU = torch.device("cpu")
 LOGP_TOL = 2e-3
 FAST = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=8", "eval_size=4", "progress=false",
         "tensorboard=false", "report=false", "lr=1e-3", "rollout.engine=vllm", "rollout.vllm_eager=true",
-        "rollout.vllm_kv_cache_gb=1", "precision=fp32"]
+        "precision=fp32"]  # the KV cache sized to the run (rollout.vllm_kv_cache_gb=0)
 
 
 @pytest.fixture(scope="module")

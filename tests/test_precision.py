@@ -70,3 +70,19 @@ def test_gpu_and_torchrun_rules(tiny_model, monkeypatch):
     assert choose("auto", tiny_model, torch.device("cuda")).update is torch.bfloat16
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     assert choose("auto", tiny_model, CPU, distributed=True).update is None
+
+
+def test_the_rollout_probe_scales_its_steps_to_the_run_and_pays_the_set_up_once(tiny_model, monkeypatch):
+    clock = iter([10.0, 11.0, 13.0])  # set-up (layout, prefill) 1 s, PROBE_STEPS decode steps 2 s
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: next(clock))
+    # t = t_setup + t_steps * tokens / PROBE_STEPS = 1 + 2 * 12 / 6
+    assert precision.decode_seconds(tiny_model, None, rows=2, tokens=2 * precision.PROBE_STEPS) == 5.0
+
+
+def test_the_rollout_probe_takes_the_run_s_shape(tiny_model, monkeypatch):
+    monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
+    seen = []
+    monkeypatch.setattr(precision, "decode_seconds", lambda m, dt, **kw: seen.append(kw) or 1.0)
+    monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 1.0)
+    choose("auto", tiny_model, CPU, rows=256, tokens=48)
+    assert {(kw["rows"], kw["tokens"]) for kw in seen} == {(precision.MAX_PROBE_ROWS, 48)}

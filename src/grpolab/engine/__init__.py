@@ -4,6 +4,7 @@
 - `native`       grpolab's own decode loop on the policy (grpolab.model.generate, grpolab.model.turns).
 - `vllm_engine`  vLLM in this process; weights synced after every optimizer step (the `vllm` extra).
 - `settings`     the recipe's rollout.* keys (RolloutConfig).
+- `kv_cache`     the size of an engine's KV cache for a run (vLLM on a CPU).
 
 ENGINES maps each `rollout.engine` name to its builder; `choose` resolves `auto` and says why. This
 is the only place that tells engines apart by name.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpolab.engine.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from grpolab.engine.settings import EngineError, RolloutConfig
 
 if TYPE_CHECKING:  # importing the settings (grpolab.Config) must not import torch
@@ -40,6 +42,7 @@ class EngineContext:
     eos_ids: set[int]
     max_model_len: int | None  # the longest sequence a rollout holds (None: the model's own limit)
     seed: int
+    kv_tokens: int = 0  # the most tokens one generate call holds at once (sequences x length), for KV sizing
 
 
 def _native(ctx: EngineContext) -> RolloutEngine:
@@ -53,7 +56,8 @@ def _vllm(ctx: EngineContext) -> RolloutEngine:
     from grpolab.engine.vllm_engine import VllmEngine
 
     return VllmEngine(ctx.settings, model_path=ctx.model_path, tokenizer=ctx.tokenizer, device=ctx.device,
-                      dtype=ctx.dtype, eos_ids=ctx.eos_ids, max_model_len=ctx.max_model_len, seed=ctx.seed)
+                      dtype=ctx.dtype, eos_ids=ctx.eos_ids, max_model_len=ctx.max_model_len, seed=ctx.seed,
+                      kv_tokens=ctx.kv_tokens)
 
 
 ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _native, "vllm": _vllm}
@@ -114,4 +118,4 @@ def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
 
 
 __all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "build_engine", "choose", "head_size",
-           "vllm_unusable"]
+           "kv_bytes_per_token", "kv_cache_bytes", "vllm_unusable"]

@@ -26,8 +26,8 @@ class RolloutConfig:
     """native (grpolab's own decode loop, on the policy itself), vllm (vLLM in this process, the `vllm` extra; weights synced after every optimizer step) or auto (vLLM where it is installed, supports the model and the run is long enough to repay its start-up; the first line of a run says which and why)."""
     vllm_eager: bool = False
     """vLLM: skip torch.compile and CUDA graphs (enforce_eager): a shorter start-up, slower tokens; docs/performance.md measures both."""
-    vllm_kv_cache_gb: float = 2.0
-    """vLLM on a CPU: memory for its KV cache in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    vllm_kv_cache_gb: float = 0.0
+    """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache_bytes)."""
     vllm_gpu_memory: float = 0.3
     """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
     correction: str = "token_truncate"
@@ -42,7 +42,7 @@ def validate_rollout(r: RolloutConfig) -> None:
         (r.engine in ENGINE_NAMES, "rollout.engine", f"must be one of {', '.join(ENGINE_NAMES)}"),
         (r.correction in CORRECTIONS, "rollout.correction", f"must be one of {', '.join(CORRECTIONS)}"),
         (r.correction_clip >= 1.0, "rollout.correction_clip", "must be >= 1 (a weight of 1 is on-policy)"),
-        (r.vllm_kv_cache_gb > 0, "rollout.vllm_kv_cache_gb", "must be > 0 GiB"),
+        (r.vllm_kv_cache_gb >= 0, "rollout.vllm_kv_cache_gb", "must be >= 0 GiB (0: sized to the run)"),
         (0 < r.vllm_gpu_memory < 1, "rollout.vllm_gpu_memory", "must be in (0, 1)"),
     ]
     for ok, key, msg in checks:

@@ -18,6 +18,7 @@ Its log-probs are the sampler's; the update computes log pi_old itself and corre
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from torch import nn
 
 from grpolab.batch import Rollout, Stop
 from grpolab.engine.base import EngineError, Sampling, TurnLimits
+from grpolab.engine.kv_cache import kv_cache_bytes
 from grpolab.engine.settings import RolloutConfig
 from grpolab.model.cache import left_pad
 from grpolab.model.lora import merged_weights
@@ -48,15 +50,24 @@ def missing_reason() -> str | None:
     return None
 
 
-def _environment(settings: RolloutConfig, device: torch.device) -> None:
+def _environment() -> None:
     """vLLM reads these at start: the engine in this process (weights can then be handed over as
-    tensors), torch's thread count kept (vLLM lowers it to 1 on a CPU unless OMP_NUM_THREADS is set),
-    the CPU KV cache's size."""
+    tensors), torch's thread count kept (vLLM lowers it to 1 on a CPU unless OMP_NUM_THREADS is set)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    if device.type == "cpu":
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(settings.vllm_kv_cache_gb)))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings are about paths grpolab does not take
+
+
+def memory_options(settings: RolloutConfig, model_path: Path, device: torch.device, dtype: str,
+                   kv_tokens: int) -> dict:
+    """LLM(...)'s memory arguments: on a GPU its share of the card; on a CPU the KV cache's bytes,
+    rollout.vllm_kv_cache_gb or, where that is 0, sized to the run (grpolab.engine.kv_cache)."""
+    if device.type == "cuda":
+        return {"gpu_memory_utilization": settings.vllm_gpu_memory}
+    if settings.vllm_kv_cache_gb > 0:
+        return {"kv_cache_memory_bytes": int(settings.vllm_kv_cache_gb * 2**30)}
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return {"kv_cache_memory_bytes": kv_cache_bytes(config, 2 if dtype == "bfloat16" else 4, kv_tokens)}
 
 
 def _seeds(generator: torch.Generator | None, n: int) -> list[int]:
@@ -70,11 +81,12 @@ class VllmEngine:
     samples_from_trainer = False
 
     def __init__(self, settings: RolloutConfig, *, model_path: Path, tokenizer, device: torch.device,
-                 dtype: torch.dtype | None, eos_ids: set[int], max_model_len: int | None, seed: int):
+                 dtype: torch.dtype | None, eos_ids: set[int], max_model_len: int | None, seed: int,
+                 kv_tokens: int = 0):
         reason = missing_reason()
         if reason:
             raise EngineError(reason)
-        _environment(settings, device)
+        _environment()
         from vllm import LLM
 
         self.dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
@@ -82,7 +94,9 @@ class VllmEngine:
         self.tokenizer, self.eos_ids, self.version = tokenizer, set(eos_ids), 0
         self.pad_id = pad_id_of(tokenizer)
         threads = torch.get_num_threads()
-        extra = {"gpu_memory_utilization": settings.vllm_gpu_memory} if device.type == "cuda" else {}
+        extra = memory_options(settings, model_path, device, self.dtype, kv_tokens)
+        self.memory = (f"KV cache {extra['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if "kv_cache_memory_bytes" in extra
+                       else f"{extra['gpu_memory_utilization']:g} of the GPU")
         t0 = time.perf_counter()
         try:
             self.llm = LLM(model=str(model_path), dtype=self.dtype, enforce_eager=settings.vllm_eager, seed=seed,
@@ -96,7 +110,8 @@ class VllmEngine:
             torch.set_num_threads(threads)
 
     def describe(self) -> str:
-        return f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, started in {self.startup_s:.0f} s)"
+        return (f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, "
+                f"started in {self.startup_s:.0f} s)")
 
     def _params(self, sampling: Sampling, max_tokens: int, n: int, seed: int):
         from vllm import SamplingParams

@@ -3,8 +3,9 @@
 Whether bf16 autocast pays depends on the machine: on one 2-core AVX512-BF16 CPU it was slower than
 fp32 for both generation and forward+backward, on another of the same kind faster for both
 (benchmarks/bench_cpu.py; docs/performance.md, "precision=auto"), so no fixed rule is right. On
-a CPU `auto` times both precisions on the policy itself, a few decode steps and one small
-forward+backward each, alternating, and keeps bf16 for a phase only where it was at least
+a CPU `auto` times both precisions on the policy itself, alternating: a rollout of the run's width
+(its rows, at most MAX_PROBE_ROWS), a few decode steps scaled to the run's length, and one small
+forward+backward, and keeps bf16 for a phase only where it was at least
 `BF16_MARGIN` faster. On a CUDA GPU with bf16 support `auto` is bf16 (not measured: there it is the
 standard choice). The choice is printed, written to OUT/precision.json and reused on resume, so a
 resumed run computes in the same precision as the run it continues.
@@ -22,6 +23,8 @@ from pathlib import Path
 import torch
 
 BF16_MARGIN = 0.9  # bf16 is kept for a phase when its time is at most this fraction of fp32's
+PROBE_STEPS = 6  # decode steps the rollout probe times; a rollout's further tokens are scaled from them
+MAX_PROBE_ROWS = 64  # the rollout probe decodes the run's rows, at most this many
 SMALL_MODEL_PARAMS = 10_000_000  # below this a matmul is too small for bf16 to pay: fp32, not measured
 FILE = "precision.json"
 NAMES = {None: "fp32", torch.bfloat16: "bf16"}
@@ -64,11 +67,16 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int = 6, decoder: str = "auto") -> float:
-    """Seconds for `steps` cached decode steps of `rows` sequences in `dtype` (None: fp32), as
-    grpolab.model.generate.generate runs them for the `decoder` setting: the lean step where it applies
-    (grpolab.model.generate.use_lean), else the model's forward under one autocast context. The lean step's weight
-    layout is included."""
+def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, tokens: int = PROBE_STEPS,
+                   decoder: str = "auto") -> float:
+    """Seconds one rollout of `rows` sequences writing `tokens` tokens in `dtype` (None: fp32) takes, as
+    grpolab.model.generate.generate runs it for the `decoder` setting: the lean step where it applies
+    (grpolab.model.generate.use_lean), else the model's forward under one autocast context. What a rollout
+    pays once (the lean step's weight layout, the prefill) is timed once; PROBE_STEPS cached decode steps
+    are timed and scaled to the rollout's length, so a short probe weighs the set-up as a long rollout does:
+
+        t = t_setup + t_steps * tokens / PROBE_STEPS
+    """
     from grpolab.model.generate import HFStepper, stepper_for, use_lean
 
     device = next(model.parameters()).device
@@ -76,14 +84,17 @@ def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, steps: int 
     pos = torch.arange(prompt, device=device).expand(rows, prompt)
     _sync(device)
     t0 = time.perf_counter()
-    stepper = stepper_for(model, dtype or torch.float32, steps, use_lean(decoder, dtype, device))
+    stepper = stepper_for(model, dtype or torch.float32, PROBE_STEPS, use_lean(decoder, dtype, device))
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and isinstance(stepper, HFStepper))
     with torch.no_grad(), amp:
         tok = stepper.prefill(ids, torch.ones_like(ids), pos).argmax(-1)
-        for i in range(steps):
+        _sync(device)
+        t1 = time.perf_counter()
+        for i in range(PROBE_STEPS):
             tok = stepper.step(tok, pos[:, -1] + i + 1).argmax(-1)
         _sync(device)
-    return time.perf_counter() - t0
+    t2 = time.perf_counter()
+    return (t1 - t0) + (t2 - t1) * tokens / PROBE_STEPS
 
 
 def update_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, completion: int = 32) -> float:
@@ -117,13 +128,17 @@ def time_both(fn, reps: int = 2) -> dict[str, float]:
     return best
 
 
-def measure(model, *, training: bool = True, decoder: str = "auto") -> Precision:
-    """Time both precisions on `model` for the rollout (and the update when training) and choose."""
+def measure(model, *, training: bool = True, decoder: str = "auto", rows: int = 8, tokens: int = PROBE_STEPS) -> Precision:
+    """Time both precisions on `model` for the rollout (and the update when training) and choose. `rows`,
+    `tokens`: the shape of the run's rollouts (sequences per generate call, at most MAX_PROBE_ROWS, and
+    new tokens): the lean step's gain over fp32 differs with both."""
+    rows = max(1, min(rows, MAX_PROBE_ROWS))
     was_training = model.training
     with torch.random.fork_rng(devices=[]):  # dropout (a LoRA adapter's) must not move the run's stream
         try:
             model.eval()
-            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, decoder=decoder))}
+            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, rows=rows, tokens=tokens,
+                                                                    decoder=decoder))}
             model.train(was_training)
             if training:
                 seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
@@ -138,9 +153,10 @@ def measure(model, *, training: bool = True, decoder: str = "auto") -> Precision
 
 
 def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
-           decoder: str = "auto", recorded: Path | None = None) -> Precision:
+           decoder: str = "auto", recorded: Path | None = None, rows: int = 8, tokens: int = PROBE_STEPS) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
-    docstring. `recorded`: a precision.json of the run being resumed, which wins for auto."""
+    docstring. `recorded`: a precision.json of the run being resumed, which wins for auto; `rows`,
+    `tokens`: the shape of its rollouts (measure)."""
     if setting == "fp32":
         return Precision(None, None, "precision=fp32")
     if setting == "bf16":
@@ -157,4 +173,4 @@ def choose(setting: str, model, device: torch.device, *, training: bool = True, 
     if n < SMALL_MODEL_PARAMS:
         return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
                                      f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
-    return measure(model, training=training, decoder=decoder)
+    return measure(model, training=training, decoder=decoder, rows=rows, tokens=tokens)

@@ -26,6 +26,7 @@ from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.batch import Batch, Example
 from grpolab.engine import EngineContext, EngineError, build_engine, choose
+from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
 from grpolab.model.generate import eos_token_ids
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
@@ -144,8 +145,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
-                            decoder=cfg.decoder,
-                            recorded=out / precision.FILE if resume else None)
+                            decoder=cfg.decoder, recorded=out / precision.FILE if resume else None,
+                            rows=cfg.batch_size, tokens=cfg.max_new_tokens)
     log(prec.describe())
     if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec()'s autocast
         ref.store_linear_in(prec.update)
@@ -156,7 +157,9 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
     eos_ids = eos_token_ids(policy, tokenizer)
     ctx = EngineContext(cfg.rollout, policy, tokenizer, path, device, prec.rollout, cfg.decoder, eos_ids,
-                        max_model_len=None, seed=cfg.seed)
+                        max_model_len=None, seed=cfg.seed,
+                        kv_tokens=call_tokens(max(cfg.batch_size, cfg.eval_size), cfg.max_completion_tokens
+                                              + (cfg.env.max_env_tokens if cfg.env.enabled else 0)))
     try:
         engine = build_engine(engine_name, ctx)
     except EngineError as e:  # nothing written yet
