@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpolab.engine.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from grpolab.engine.settings import EngineError, RolloutConfig
 
 if TYPE_CHECKING:  # importing the settings (grpolab.Config) must not import torch
@@ -64,10 +63,10 @@ ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _nat
 
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-# auto on a CPU stays native. Measured (docs/performance.md, "Rollout engines"): vLLM's CPU build writes
-# 1.2x the native engine's tokens/s and its compiled start-up takes about a minute (break-even near 1e5
-# generated tokens), and once it has started in the trainer's process the update's own forward and
-# backward ran several times slower, which costs far more than the faster sampling saves.
+# auto on a CPU stays native. Measured on two machines (docs/performance.md, "Rollout engines"): vLLM's CPU
+# build writes 1.0-1.5x the native engine's tokens/s against its best precision only at some shapes, after a
+# one- to two-minute compiled start-up; on one machine the update's own forward and backward ran several
+# times slower once vLLM had started in the trainer's process; its steps were faster on the other.
 CPU_AUTO = "native"
 
 
@@ -107,8 +106,8 @@ def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, d
     if unusable:
         return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
     if device.type == "cpu":
-        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM measured 1.2x its tokens/s after a "
-                          "one-minute start-up: docs/performance.md); rollout.engine=vllm to use it")
+        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM measured 1.0-1.5x its tokens/s after a "
+                          "one- to two-minute start-up: docs/performance.md); rollout.engine=vllm to use it")
     return "vllm", "rollout.engine=auto: vLLM is installed and supports the model, on a GPU"
 
 
@@ -118,4 +117,4 @@ def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
 
 
 __all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "build_engine", "choose", "head_size",
-           "kv_bytes_per_token", "kv_cache_bytes", "vllm_unusable"]
+           "vllm_unusable"]

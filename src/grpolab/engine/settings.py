@@ -27,7 +27,7 @@ class RolloutConfig:
     vllm_eager: bool = False
     """vLLM: skip torch.compile and CUDA graphs (enforce_eager): a shorter start-up, slower tokens; docs/performance.md measures both."""
     vllm_kv_cache_gb: float = 0.0
-    """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache_bytes)."""
+    """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache)."""
     vllm_gpu_memory: float = 0.3
     """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
     correction: str = "token_truncate"
