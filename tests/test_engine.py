@@ -116,6 +116,20 @@ def test_auto_is_native_on_a_cpu_and_vllm_on_a_gpu(tmp_path, monkeypatch):
                   tokens=1)[0] == "vllm"
 
 
+def test_precision_auto_asks_vllm_for_its_rollout_dtype_and_times_the_native_decoder(monkeypatch):
+    """rollout_precision: None for the native engine (its decoder is timed on the policy); for vLLM the
+    rule of grpolab.engine.vllm_engine.auto_dtype: bf16 on a CPU with bf16 instructions, else fp32."""
+    from grpolab.engine import rollout_precision
+
+    assert rollout_precision("native") is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert rollout_precision("vllm")[0] is torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    dtype, why = rollout_precision("vllm")
+    assert dtype is None and "fp32" in why and "without bf16" in why
+
+
 def test_rollout_keys_are_checked():
     cfg = build_config(None, ["rollout.engine=native", "rollout.correction=sequence_mask", "rollout.correction_clip=3"])
     assert (cfg.rollout.engine, cfg.rollout.correction, cfg.rollout.correction_clip) == ("native", "sequence_mask", 3.0)

@@ -86,3 +86,15 @@ def test_the_rollout_probe_takes_the_run_s_shape(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 1.0)
     choose("auto", tiny_model, CPU, rows=256, tokens=48)
     assert {(kw["rows"], kw["tokens"]) for kw in seen} == {(precision.MAX_PROBE_ROWS, 48)}
+
+
+def test_an_engine_with_its_own_kernels_sets_the_rollout_and_only_the_update_is_timed(tiny_model, monkeypatch):
+    monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(precision, "decode_seconds", lambda *a, **k: pytest.fail("timed grpolab's decoder for vLLM"))
+    monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 0.5 if dt is torch.bfloat16 else 1.0)
+    p = choose("auto", tiny_model, CPU, engine_rollout=(torch.bfloat16, "the engine's rule"))
+    assert (p.rollout, p.update) == (torch.bfloat16, torch.bfloat16)
+    assert set(p.seconds) == {"update"} and p.reason.endswith("; rollout: the engine's rule")
+    assert "update bf16/fp32 time x0.50" in p.reason
+    ev = choose("auto", tiny_model, CPU, training=False, engine_rollout=(None, "fp32 by rule"))
+    assert (ev.rollout, ev.seconds) == (None, {}) and ev.reason == "auto; rollout: fp32 by rule"

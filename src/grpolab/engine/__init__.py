@@ -6,8 +6,9 @@
 - `settings`     the recipe's rollout.* keys (RolloutConfig).
 - `kv_cache`     the size of an engine's KV cache for a run (vLLM on a CPU).
 
-ENGINES maps each `rollout.engine` name to its builder; `choose` resolves `auto` and says why. This
-is the only place that tells engines apart by name.
+ENGINES maps each `rollout.engine` name to its builder; `choose` resolves `auto` and says why;
+`rollout_precision` gives precision=auto's rollout dtype of an engine with its own kernels. This is the
+only place that tells engines apart by name.
 """
 
 from __future__ import annotations
@@ -111,10 +112,20 @@ def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, d
     return "vllm", "rollout.engine=auto: vLLM is installed and supports the model, on a GPU"
 
 
+def rollout_precision(name: str) -> tuple[torch.dtype | None, str] | None:
+    """precision=auto's rollout dtype and why for engine `name`, or None where grpolab's own decoder
+    samples (grpolab.model.precision then times it on the policy)."""
+    if name == "native":
+        return None
+    from grpolab.engine.vllm_engine import auto_dtype
+
+    return auto_dtype()
+
+
 def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
     """The engine `name` (a key of ENGINES) for this run."""
     return ENGINES[name](ctx)
 
 
 __all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "build_engine", "choose", "head_size",
-           "vllm_unusable"]
+           "rollout_precision", "vllm_unusable"]

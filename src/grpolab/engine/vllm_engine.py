@@ -58,6 +58,16 @@ def _environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings are about paths grpolab does not take
 
 
+def auto_dtype() -> tuple[torch.dtype | None, str]:
+    """precision=auto's rollout dtype for vLLM on a CPU (on a GPU auto is bf16 before any engine is asked):
+    bf16 where the CPU has bf16 instructions (AVX512-BF16 or AMX), as vLLM itself runs a bf16 checkpoint
+    such as the bundled model, else fp32. A rule, not a probe: grpolab's decode probe would time
+    grpolab's decoder, not vLLM's kernels (docs/performance.md, "Rollout engines", has both precisions)."""
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return torch.bfloat16, "vLLM samples in bf16 on a CPU with bf16 instructions"
+    return None, "vLLM samples in fp32 on a CPU without bf16 instructions"
+
+
 def memory_options(settings: RolloutConfig, model_path: Path, device: torch.device, dtype: str,
                    kv_tokens: int) -> dict:
     """LLM(...)'s memory arguments: on a GPU its share of the card; on a CPU the KV cache's bytes,

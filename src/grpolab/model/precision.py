@@ -6,7 +6,8 @@ fp32 for both generation and forward+backward, on another of the same kind faste
 a CPU `auto` times both precisions on the policy itself, alternating: a rollout of the run's width
 (its rows, at most MAX_PROBE_ROWS), a few decode steps scaled to the run's length, and one small
 forward+backward, and keeps bf16 for a phase only where it was at least
-`BF16_MARGIN` faster. On a CUDA GPU with bf16 support `auto` is bf16 (not measured: there it is the
+`BF16_MARGIN` faster. A rollout engine with its own kernels (vLLM) is not timed through grpolab's
+decoder: its rollout precision is the engine's rule (grpolab.engine.rollout_precision). On a CUDA GPU with bf16 support `auto` is bf16 (not measured: there it is the
 standard choice). The choice is printed, written to OUT/precision.json and reused on resume, so a
 resumed run computes in the same precision as the run it continues.
 
@@ -128,35 +129,44 @@ def time_both(fn, reps: int = 2) -> dict[str, float]:
     return best
 
 
-def measure(model, *, training: bool = True, decoder: str = "auto", rows: int = 8, tokens: int = PROBE_STEPS) -> Precision:
+def measure(model, *, training: bool = True, decoder: str = "auto", rows: int = 8, tokens: int = PROBE_STEPS,
+            engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
     """Time both precisions on `model` for the rollout (and the update when training) and choose. `rows`,
     `tokens`: the shape of the run's rollouts (sequences per generate call, at most MAX_PROBE_ROWS, and
-    new tokens): the lean step's gain over fp32 differs with both."""
+    new tokens): the lean step's gain over fp32 differs with both. `engine_rollout`: (dtype, why) of an
+    engine that samples with its own kernels; the rollout is then not timed here."""
     rows = max(1, min(rows, MAX_PROBE_ROWS))
     was_training = model.training
+    seconds = {}
     with torch.random.fork_rng(devices=[]):  # dropout (a LoRA adapter's) must not move the run's stream
         try:
-            model.eval()
-            seconds = {"rollout": time_both(lambda dt: decode_seconds(model, dt, rows=rows, tokens=tokens,
-                                                                    decoder=decoder))}
+            if engine_rollout is None:
+                model.eval()
+                seconds["rollout"] = time_both(lambda dt: decode_seconds(model, dt, rows=rows, tokens=tokens,
+                                                                       decoder=decoder))
             model.train(was_training)
             if training:
                 seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
         finally:
             model.train(was_training)
     ratio = {k: v["bf16"] / v["fp32"] for k, v in seconds.items()}
-    rollout = faster(seconds["rollout"])
+    rollout = faster(seconds["rollout"]) if engine_rollout is None else engine_rollout[0]
     update = faster(seconds["update"]) if training else None
     why = ", ".join(f"{k} bf16/fp32 time x{r:.2f}" for k, r in ratio.items())
-    return Precision(rollout, update, f"auto, measured here: {why}; bf16 kept where <= x{BF16_MARGIN}",
-                     {k: {n: round(t, 4) for n, t in v.items()} for k, v in seconds.items()})
+    why = f"auto, measured here: {why}; bf16 kept where <= x{BF16_MARGIN}" if why else "auto"
+    if engine_rollout is not None:
+        why += f"; rollout: {engine_rollout[1]}"
+    return Precision(rollout, update, why, {k: {n: round(t, 4) for n, t in v.items()} for k, v in seconds.items()})
 
 
 def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
-           decoder: str = "auto", recorded: Path | None = None, rows: int = 8, tokens: int = PROBE_STEPS) -> Precision:
+           decoder: str = "auto", recorded: Path | None = None, rows: int = 8, tokens: int = PROBE_STEPS,
+           engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto; `rows`,
-    `tokens`: the shape of its rollouts (measure)."""
+    `tokens`: the shape of its rollouts (measure); `engine_rollout`: (dtype, why) of a rollout engine that
+    does not decode with the policy (grpolab.engine.rollout_precision), taken instead of the rollout probe,
+    which times grpolab's own decoder."""
     if setting == "fp32":
         return Precision(None, None, "precision=fp32")
     if setting == "bf16":
@@ -173,4 +183,4 @@ def choose(setting: str, model, device: torch.device, *, training: bool = True, 
     if n < SMALL_MODEL_PARAMS:
         return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
                                      f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
-    return measure(model, training=training, decoder=decoder, rows=rows, tokens=tokens)
+    return measure(model, training=training, decoder=decoder, rows=rows, tokens=tokens, engine_rollout=engine_rollout)

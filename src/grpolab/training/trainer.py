@@ -25,7 +25,7 @@ import torch
 from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.batch import Batch, Example
-from grpolab.engine import EngineContext, EngineError, build_engine, choose
+from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
 from grpolab.model.generate import eos_token_ids
@@ -146,7 +146,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
                             decoder=cfg.decoder, recorded=out / precision.FILE if resume else None,
-                            rows=cfg.batch_size, tokens=cfg.max_new_tokens)
+                            rows=cfg.batch_size, tokens=cfg.max_new_tokens, engine_rollout=rollout_precision(engine_name))
     log(prec.describe())
     if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec()'s autocast
         ref.store_linear_in(prec.update)
