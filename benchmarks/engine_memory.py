@@ -1,0 +1,102 @@
+"""Where a grpolab run's memory goes, phase by phase, with either rollout engine: a bench setting's run
+(grpolab.app.bench.ours.setup_run), its peak resident memory measured per phase by resetting the kernel's
+high-water mark (`echo 5 > /proc/self/clear_refs`) before each phase and reading VmHWM after it.
+
+    python benchmarks/engine_memory.py [--engine vllm|native] [--setting a|b|agent] [--steps 3] [--cpu-malloc keep|system] [--json OUT]
+
+Phases: load+engine (the policy, the reference, the optimizer, and the engine's start: vLLM's model
+load, compile and KV cache), then per step generate, reference (no-grad pass of pi_ref, when beta > 0),
+update (forward+backward, optimizer step) and sync (the weights handed to the engine); scoring and
+shaping fall between phases and are not counted. Prints, per phase, the resident memory after it and its own
+peak (MB); the largest is the run's peak, what `grpolab bench` reports as ru_maxrss. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def status_mb(field: str) -> float:
+    """A field of /proc/self/status (VmRSS: resident now, VmHWM: peak since the last reset) in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def reset_peak() -> None:
+    """Lower VmHWM to the resident memory now (Linux >= 4.0), so the next reading is one phase's peak."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+class Phases:
+    """Records (name, resident after, peak during) for each phase run through `measure`."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def measure(self, name: str, fn, *args, **kwargs):
+        reset_peak()
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.rows.append({"phase": name, "seconds": round(time.perf_counter() - t0, 2),
+                          "rss_mb": round(status_mb("VmRSS")), "peak_mb": round(status_mb("VmHWM"))})
+        r = self.rows[-1]
+        print(f"{name:18} {r['seconds']:8.2f} s   rss {r['rss_mb']:6d} MB   peak {r['peak_mb']:6d} MB", flush=True)
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=["vllm", "native"], default="vllm")
+    ap.add_argument("--setting", choices=["a", "b", "agent"], default="a")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--cpu-malloc", choices=["keep", "system"], default=None,
+                    help="the run's cpu_malloc (default: the config's default)")
+    ap.add_argument("--json", default="")
+    ns = ap.parse_args()
+
+    from grpolab.app.bench.spec import SETTINGS, Spec, bench_model_dir
+
+    spec = Spec(setting=ns.setting, steps=ns.steps, against="none", **SETTINGS[ns.setting])
+    phases = Phases()
+    phases.rows.append({"phase": "python+torch", "rss_mb": round(status_mb("VmRSS")), "peak_mb": round(status_mb("VmHWM"))})
+    import torch  # noqa: F401  (counted in the first row's successor, not in load)
+
+    from grpolab.app.bench.ours import setup_run
+    from grpolab.training import step as step_mod
+
+    with tempfile.TemporaryDirectory(prefix="grpolab-mem-") as tmp:
+        model = bench_model_dir(spec, tmp) if spec.agent else None
+        run = phases.measure("load+engine", setup_run, spec, f"{tmp}/run", model=model, engine=ns.engine,
+                            **({"cpu_malloc": ns.cpu_malloc} if ns.cpu_malloc else {}))
+        engine = run.engine
+        generate, sync = engine.generate, engine.sync
+        engine.generate = lambda *a, **k: phases.measure("generate", generate, *a, **k)
+        if hasattr(engine, "generate_turns"):
+            turns = engine.generate_turns
+            engine.generate_turns = lambda *a, **k: phases.measure("generate_turns", turns, *a, **k)
+        engine.sync = lambda *a, **k: phases.measure("sync", sync, *a, **k)
+        for name in ("reference", "update"):  # train_step looks both up at each call
+            fn = getattr(step_mod, name)
+            setattr(step_mod, name, lambda *a, _n=name, _f=fn, **k: phases.measure(_n, _f, *a, **k))
+        for step in range(1, spec.steps + 1):
+            print(f"-- step {step}", flush=True)
+            step_mod.train_step(run, step)
+        engine.close()
+    out = {"engine": ns.engine, "setting": ns.setting, "cpu_malloc": run.cfg.cpu_malloc, "describe": getattr(engine, "describe", lambda: "")(),
+           "phases": phases.rows, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
+    print(json.dumps(out))
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
