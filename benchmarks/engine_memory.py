@@ -7,7 +7,8 @@ high-water mark (`echo 5 > /proc/self/clear_refs`) before each phase and reading
 Phases: load+engine (the policy, the reference, the optimizer, and the engine's start: vLLM's model
 load, compile and KV cache), then per step generate, reference (no-grad pass of pi_ref, when beta > 0),
 update (forward+backward, optimizer step) and sync (the weights handed to the engine); scoring and
-shaping fall between phases and are not counted. Prints, per phase, the resident memory after it and its own
+shaping fall between phases and are not counted. After each step: the rollout's rows x (prompt + completion)
+width and its completion tokens, as the update's activations grow with both. Prints, per phase, the resident memory after it and its own
 peak (MB); the largest is the run's peak, what `grpolab bench` reports as ru_maxrss. Linux only.
 """
 
@@ -87,12 +88,18 @@ def main() -> None:
         for name in ("reference", "update"):  # train_step looks both up at each call
             fn = getattr(step_mod, name)
             setattr(step_mod, name, lambda *a, _n=name, _f=fn, **k: phases.measure(_n, _f, *a, **k))
+        shapes = []
         for step in range(1, spec.steps + 1):
             print(f"-- step {step}", flush=True)
-            step_mod.train_step(run, step)
+            _, batch = step_mod.train_step(run, step)
+            r = batch.rollout
+            shapes.append({"step": step, "rows": int(r.completion_ids.shape[0]), "prompt_width": int(r.prompt_ids.shape[1]),
+                           "completion_width": int(r.completion_ids.shape[1]), "tokens": int(r.completion_mask.sum())})
+            print(f"   rows x (prompt + completion) = {shapes[-1]['rows']} x ({shapes[-1]['prompt_width']} + "
+                  f"{shapes[-1]['completion_width']}), {shapes[-1]['tokens']} completion tokens", flush=True)
         engine.close()
     out = {"engine": ns.engine, "setting": ns.setting, "cpu_malloc": run.cfg.cpu_malloc, "describe": getattr(engine, "describe", lambda: "")(),
-           "phases": phases.rows, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
+           "phases": phases.rows, "shapes": shapes, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
     print(json.dumps(out))
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
