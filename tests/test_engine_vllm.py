@@ -110,6 +110,32 @@ def test_greedy_follows_the_weights_and_comes_back(engine, policy, tiny_tokenize
     assert torch.equal(engine.generate(ids, greedy, G=1).completion_ids, before)
 
 
+def _kv_bytes(worker) -> int:
+    """On vLLM's worker: the bytes behind its KV cache now (its layers share storages)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in worker.model_runner.kv_caches}.values())
+
+
+def test_release_frees_the_kv_cache_until_the_sync_and_rollouts_are_unchanged(engine, policy, tiny_tokenizer):
+    """release() resizes the KV cache's storage to 0 bytes (the update runs without it); the sync gives it
+    back, zeroed, at its size; a rollout after a release with no sync between (a failed update) restores it
+    too; greedy rollouts are the same tokens throughout."""
+    ids = prompts(tiny_tokenizer)
+    greedy = Sampling(max_new_tokens=10, greedy=True)
+    engine.sync(policy, 0)
+    full = engine.llm.collective_rpc(_kv_bytes)[0]
+    assert full >= 2**30  # vllm_kv_cache_gb=1
+    before = engine.generate(ids, greedy, G=1).completion_ids
+    engine.release()
+    assert engine.llm.collective_rpc(_kv_bytes) == [0]
+    engine.release()  # twice: still released, the size it had is kept
+    engine.sync(policy, 1)
+    assert engine.llm.collective_rpc(_kv_bytes) == [full]
+    assert torch.equal(engine.generate(ids, greedy, G=1).completion_ids, before)
+    engine.release()
+    assert torch.equal(engine.generate(ids, greedy, G=1).completion_ids, before)
+    assert engine.llm.collective_rpc(_kv_bytes) == [full] and not engine.released
+
+
 def test_the_same_generator_state_gives_the_same_samples(engine, policy, tiny_tokenizer):
     engine.sync(policy, 0)
     ids = prompts(tiny_tokenizer)

@@ -2,6 +2,7 @@
 
     engine.generate(prompt_ids, sampling, G=G, generator=g)          -> Rollout (N = B*G rows)
     engine.generate_turns(prompt_ids, respond, sampling, limits, ...) -> (Rollout, trajectories)
+    engine.release()               after a step's rollouts: memory the update does not need, freed until sync
     engine.sync(policy, version)   after every optimizer step: the engine samples from these weights
     engine.close()
 
@@ -56,6 +57,11 @@ class RolloutEngine(Protocol):
 
     def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
                        *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]: ...
+
+    def release(self) -> None:
+        """Free what the engine holds only for sampling (vLLM's KV cache on a CPU) until the next sync or
+        rollout, which restore it: the update, where a step's memory peaks, runs without it."""
+        ...
 
     def sync(self, policy: nn.Module, version: int) -> float: ...
 

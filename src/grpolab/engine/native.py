@@ -53,6 +53,9 @@ class NativeEngine:
         rollout.version = self.version
         return rollout, trajs
 
+    def release(self) -> None:
+        """Nothing held between rollouts: each rollout's KV cache and bf16 weights are freed when it ends."""
+
     def sync(self, policy: nn.Module, version: int) -> float:
         """Nothing to copy: the next rollout runs on the policy's weights as they are."""
         self.version = version

@@ -4,8 +4,9 @@
     start:   LLM(model dir, dtype, prefix caching, logprobs after temperature/top-p, no tokenizer)
     step:    generate: one request per prompt with n = G, each with its own seed from the step's
              generator (vLLM gives child k of a request seed + k), so a fixed seed repeats a run
-    after every optimizer step: sync: the policy's weights (LoRA: merged) reloaded in place,
-             the prefix cache reset (its KV was computed with the old weights), version = step
+    after a step's rollouts: release: on a CPU the KV cache's memory freed for the update
+    after every optimizer step: sync: the KV cache back, the policy's weights (LoRA: merged) reloaded
+             in place, the prefix cache reset (its KV was computed with the old weights), version = step
 
 Multi-turn: each turn is one call on the accumulated ids of every live trajectory (prompt, the
 model's earlier turns, the environment's tokens); the prefix cache keeps the history's KV, so a turn
@@ -102,6 +103,7 @@ class VllmEngine:
         self.dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
         self.eager = settings.vllm_eager
         self.tokenizer, self.eos_ids, self.version = tokenizer, set(eos_ids), 0
+        self.device, self.released = device, False
         self.pad_id = pad_id_of(tokenizer)
         threads = torch.get_num_threads()
         extra = memory_options(settings, model_path, device, self.dtype, kv_tokens)
@@ -137,6 +139,7 @@ class VllmEngine:
 
         if not prompts:
             return []
+        self._restore()  # a rollout before the sync (an update that failed): the cache back first
         return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
 
     def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
@@ -203,11 +206,30 @@ class VllmEngine:
         rollout.version = self.version
         return rollout, trajs
 
+    def release(self) -> None:
+        """Free vLLM's KV cache until the next sync or rollout, on a CPU (on a GPU vLLM reserved its
+        share of the card at start and keeps it). After a step's last rollout the cache holds nothing
+        that is read again (sync resets the prefix cache), yet it would stay resident beside the update's
+        activations, where a step's memory peaks; vLLM's CPU worker has no sleep mode (CPUWorker.sleep only
+        warns), so the cache's one backing storage is resized to 0 bytes and back (its layers' views and
+        their shapes stay as vLLM bound them)."""
+        if self.device.type == "cpu" and self.llm is not None and not self.released:
+            self.llm.collective_rpc(_resize_kv_cache, args=(False,))
+            self.released = True
+
+    def _restore(self) -> None:
+        """The KV cache back at its size, zeroed as vLLM allocated it (a masked slot of stale bf16
+        could hold a NaN, and 0 x NaN is NaN)."""
+        if self.released:
+            self.llm.collective_rpc(_resize_kv_cache, args=(True,))
+            self.released = False
+
     def sync(self, policy: nn.Module, version: int) -> float:
         """Reload the policy's weights (LoRA: merged) into vLLM in place and reset its prefix cache.
         Returns the seconds it took. Raises EngineError when vLLM refuses them."""
         t0 = time.perf_counter()
         try:
+            self._restore()
             weights = merged_weights(policy)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
             self.llm.reset_prefix_cache()
@@ -222,6 +244,23 @@ class VllmEngine:
         self.llm = None
         if llm is not None:
             del llm
+
+
+def _resize_kv_cache(worker, restore: bool) -> int:
+    """On vLLM's worker (collective_rpc): resize the storages behind its KV cache to 0 bytes, or back
+    to their size, zeroed. All layers' caches are views of one allocation (vllm.v1.worker.utils.
+    allocate_kv_cache); the sizes are kept on the worker between the two calls. Returns the bytes."""
+    runner = worker.model_runner
+    if not restore:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in runner.kv_caches}
+        runner.grpolab_kv_storages = [(st, st.nbytes()) for st in storages.values()]
+        for st, _ in runner.grpolab_kv_storages:
+            st.resize_(0)
+    else:
+        for st, nbytes in runner.grpolab_kv_storages:
+            st.resize_(nbytes)
+            torch.empty(0, dtype=torch.uint8).set_(st).zero_()
+    return sum(nbytes for _, nbytes in runner.grpolab_kv_storages)
 
 
 def _sample(c) -> tuple[list[int], list[float], bool]:

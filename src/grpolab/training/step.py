@@ -283,6 +283,7 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
         run.engine.sync(run.policy, step)  # the weights did not move; the version does
         return {"step": step, **batch.metrics, "update/skipped": 1.0,
                 "time/step_s": time.perf_counter() - t_start}, batch
+    run.engine.release()  # the update runs without what the engine holds only for sampling (vLLM's KV cache)
     t_update = time.perf_counter()
     reference(run, batch)
     shape(run, batch)
