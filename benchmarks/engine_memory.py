@@ -2,13 +2,15 @@
 (grpolab.app.bench.ours.setup_run), its peak resident memory measured per phase by resetting the kernel's
 high-water mark (`echo 5 > /proc/self/clear_refs`) before each phase and reading VmHWM after it.
 
-    python benchmarks/engine_memory.py [--engine vllm|native] [--setting a|b|agent] [--steps 3] [--cpu-malloc keep|system] [--json OUT]
+    python benchmarks/engine_memory.py [--engine vllm|native] [--setting a|b|agent] [--steps 3]
+                                       [--cpu-malloc keep|system] [--json OUT]
 
 Phases: load+engine (the policy, the reference, the optimizer, and the engine's start: vLLM's model
-load, compile and KV cache), then per step generate, reference (no-grad pass of pi_ref, when beta > 0),
-update (forward+backward, optimizer step) and sync (the weights handed to the engine); scoring and
-shaping fall between phases and are not counted. After each step: the rollout's rows x (prompt + completion)
-width and its completion tokens, as the update's activations grow with both. Prints, per phase, the resident memory after it and its own
+load, compile and KV cache), then per step generate (generate_turns in the agent setting), reference
+(no-grad pass of pi_ref, when beta > 0), update (forward+backward, optimizer step) and sync (the weights
+handed to the engine); scoring, shaping and the engine's release() fall between phases and are not
+counted. After each step: the rollout's rows x (prompt + completion) width and its completion tokens, as
+the update's activations grow with both. Prints, per phase, the resident memory after it and its own
 peak (MB); the largest is the run's peak, what `grpolab bench` reports as ru_maxrss. Linux only.
 """
 
@@ -68,9 +70,7 @@ def main() -> None:
 
     spec = Spec(setting=ns.setting, steps=ns.steps, against="none", **SETTINGS[ns.setting])
     phases = Phases()
-    phases.rows.append({"phase": "python+torch", "rss_mb": round(status_mb("VmRSS")), "peak_mb": round(status_mb("VmHWM"))})
-    import torch  # noqa: F401  (counted in the first row's successor, not in load)
-
+    phases.rows.append({"phase": "start", "rss_mb": round(status_mb("VmRSS")), "peak_mb": round(status_mb("VmHWM"))})
     from grpolab.app.bench.ours import setup_run
     from grpolab.training import step as step_mod
 
@@ -79,12 +79,9 @@ def main() -> None:
         run = phases.measure("load+engine", setup_run, spec, f"{tmp}/run", model=model, engine=ns.engine,
                             **({"cpu_malloc": ns.cpu_malloc} if ns.cpu_malloc else {}))
         engine = run.engine
-        generate, sync = engine.generate, engine.sync
-        engine.generate = lambda *a, **k: phases.measure("generate", generate, *a, **k)
-        if hasattr(engine, "generate_turns"):
-            turns = engine.generate_turns
-            engine.generate_turns = lambda *a, **k: phases.measure("generate_turns", turns, *a, **k)
-        engine.sync = lambda *a, **k: phases.measure("sync", sync, *a, **k)
+        for name in ("generate", "generate_turns", "sync"):  # instance attributes shadow the methods
+            fn = getattr(engine, name)
+            setattr(engine, name, lambda *a, _n=name, _f=fn, **k: phases.measure(_n, _f, *a, **k))
         for name in ("reference", "update"):  # train_step looks both up at each call
             fn = getattr(step_mod, name)
             setattr(step_mod, name, lambda *a, _n=name, _f=fn, **k: phases.measure(_n, _f, *a, **k))
@@ -93,13 +90,14 @@ def main() -> None:
             print(f"-- step {step}", flush=True)
             _, batch = step_mod.train_step(run, step)
             r = batch.rollout
-            shapes.append({"step": step, "rows": int(r.completion_ids.shape[0]), "prompt_width": int(r.prompt_ids.shape[1]),
-                           "completion_width": int(r.completion_ids.shape[1]), "tokens": int(r.completion_mask.sum())})
-            print(f"   rows x (prompt + completion) = {shapes[-1]['rows']} x ({shapes[-1]['prompt_width']} + "
-                  f"{shapes[-1]['completion_width']}), {shapes[-1]['tokens']} completion tokens", flush=True)
+            rows, prompt, width = r.completion_ids.shape[0], r.prompt_ids.shape[1], r.completion_ids.shape[1]
+            shapes.append({"step": step, "rows": rows, "prompt_width": prompt, "completion_width": width,
+                           "tokens": int(r.completion_mask.sum())})
+            print(f"   rows x (prompt + completion) = {rows} x ({prompt} + {width}), "
+                  f"{shapes[-1]['tokens']} completion tokens", flush=True)
         engine.close()
-    out = {"engine": ns.engine, "setting": ns.setting, "cpu_malloc": run.cfg.cpu_malloc, "describe": getattr(engine, "describe", lambda: "")(),
-           "phases": phases.rows, "shapes": shapes, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
+    out = {"engine": ns.engine, "setting": ns.setting, "cpu_malloc": run.cfg.cpu_malloc,
+           "describe": engine.describe(), "phases": phases.rows, "shapes": shapes, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
     print(json.dumps(out))
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")

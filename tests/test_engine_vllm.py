@@ -112,7 +112,8 @@ def test_greedy_follows_the_weights_and_comes_back(engine, policy, tiny_tokenize
 
 def _kv_bytes(worker) -> int:
     """On vLLM's worker: the bytes behind its KV cache now (its layers share storages)."""
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in worker.model_runner.kv_caches}.values())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in worker.model_runner.kv_caches}
+    return sum(st.nbytes() for st in storages.values())
 
 
 def test_release_frees_the_kv_cache_until_the_sync_and_rollouts_are_unchanged(engine, policy, tiny_tokenizer):

@@ -246,10 +246,10 @@ class VllmEngine:
             del llm
 
 
-def _resize_kv_cache(worker, restore: bool) -> int:
+def _resize_kv_cache(worker, restore: bool) -> None:
     """On vLLM's worker (collective_rpc): resize the storages behind its KV cache to 0 bytes, or back
     to their size, zeroed. All layers' caches are views of one allocation (vllm.v1.worker.utils.
-    allocate_kv_cache); the sizes are kept on the worker between the two calls. Returns the bytes."""
+    allocate_kv_cache); the sizes are kept on the worker between the two calls."""
     runner = worker.model_runner
     if not restore:
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in runner.kv_caches}
@@ -260,7 +260,6 @@ def _resize_kv_cache(worker, restore: bool) -> int:
         for st, nbytes in runner.grpolab_kv_storages:
             st.resize_(nbytes)
             torch.empty(0, dtype=torch.uint8).set_(st).zero_()
-    return sum(nbytes for _, nbytes in runner.grpolab_kv_storages)
 
 
 def _sample(c) -> tuple[list[int], list[float], bool]:

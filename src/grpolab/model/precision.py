@@ -7,9 +7,10 @@ a CPU `auto` times both precisions on the policy itself, alternating: a rollout 
 (its rows, at most MAX_PROBE_ROWS), a few decode steps scaled to the run's length, and one small
 forward+backward, and keeps bf16 for a phase only where it was at least
 `BF16_MARGIN` faster. A rollout engine with its own kernels (vLLM) is not timed through grpolab's
-decoder: its rollout precision is the engine's rule (grpolab.engine.rollout_precision). On a CUDA GPU with bf16 support `auto` is bf16 (not measured: there it is the
-standard choice). The choice is printed, written to OUT/precision.json and reused on resume, so a
-resumed run computes in the same precision as the run it continues.
+decoder: its rollout precision is the engine's rule (grpolab.engine.rollout_precision). On a CUDA GPU
+with bf16 support `auto` is bf16 (not measured: there it is the standard choice). The choice is
+printed, written to OUT/precision.json and reused on resume, so a resumed run computes in the same
+precision as the run it continues.
 
 Weights and optimizer state stay fp32 in every case; autocast supplies the low precision.
 """

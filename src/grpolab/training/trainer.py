@@ -146,7 +146,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
                             decoder=cfg.decoder, recorded=out / precision.FILE if resume else None,
-                            rows=cfg.batch_size, tokens=cfg.max_new_tokens, engine_rollout=rollout_precision(engine_name))
+                            rows=cfg.batch_size, tokens=cfg.max_new_tokens,
+                            engine_rollout=rollout_precision(engine_name))
     log(prec.describe())
     if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec()'s autocast
         ref.store_linear_in(prec.update)
