@@ -106,3 +106,21 @@ def varied_reward():
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
         yield
+
+
+# The fast tier (`make test-fast`, `pytest -m fast`): the unit tests of the maths, rewards, config,
+# tasks and templates, under 3 minutes on 2 cores. The full suite (`make test`) runs everything.
+FAST_MODULES = {
+    "test_advantages", "test_losses", "test_algos", "test_kl", "test_unbiased", "test_shaping", "test_values",
+    "test_config", "test_rewards_math", "test_rewards_format", "test_rewards_countdown", "test_rewards_tool_call",
+    "test_rewards_custom", "test_rewards_scoring", "test_tasks", "test_docstrings", "test_layout",
+    "test_env_schema", "test_gguf_tokenizer", "test_logprobs", "test_lmhead", "test_env_calls", "test_stops",
+    "test_optim", "test_metrics",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in FAST_MODULES and not item.get_closest_marker("slow") and not item.get_closest_marker("hostile"):
+            item.add_marker(pytest.mark.fast)

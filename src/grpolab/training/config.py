@@ -24,7 +24,7 @@ from grpolab.model.lora import LoraConfig, validate_lora
 from grpolab.util.fields import ConfigError, coerce_field, field_docs
 from grpolab.util.fileio import atomic_write
 
-RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package; ./recipes links here
 
 
 @dataclass
