@@ -136,11 +136,11 @@ def run(argv: list[str]) -> dict:
         ap.error(f"one RUN_DIR at most, got {' '.join(dirs)}")
     t0 = time.perf_counter()
     hf_logging.disable_progress_bar()
-    ns.out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(dirs[0]) if dirs else None
     if run_dir is not None and not (run_dir / "config.yaml").exists():
         ap.error(f"{run_dir}: not a run directory (no config.yaml); give the out= directory of a grpolab train run")
     cfg = _config(ns, run_dir, overrides)
+    ns.out.mkdir(parents=True, exist_ok=True)
     if run_dir is None:
         from grpolab.app.lab.miniature import train_run
 
