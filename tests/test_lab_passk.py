@@ -14,7 +14,7 @@ from grpolab.app.lab import passk
 
 
 def test_passk_quick_end_to_end(tiny_model_dir, tmp_path, capsys):
-    import grpolab.app.lab as lab
+    from grpolab.app import lab
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)

@@ -155,7 +155,7 @@ def paired_comparison(before, after, *, resamples: int = 2000, seed: int = 0, le
     d = b - a
     lo, hi = bootstrap_interval(d, resamples=resamples, seed=seed, level=level)
     out = {"before": float(a.mean()), "after": float(b.mean()), "change": float(d.mean()),
-           "ci": [lo, hi], "prompts": int(len(a)), "beyond_noise": bool(lo > 0 or hi < 0)}
+           "ci": [lo, hi], "prompts": len(a), "beyond_noise": bool(lo > 0 or hi < 0)}
     if binary is None:
         binary = bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
     if binary:

@@ -46,7 +46,7 @@ from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # n
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run
-from grpolab.training.step import rollout_and_score, train_step
+from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl

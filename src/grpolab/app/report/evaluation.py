@@ -9,6 +9,7 @@ from html import escape
 
 from grpolab.app.report.load import RunData
 
+
 def _pct(x) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
 
@@ -42,8 +43,8 @@ def _run_section(r: RunData) -> str:
 
     body = "".join(f"<tr><th>{escape(n)}</th><td class=\"num\">{x}</td><td class=\"num\">{y}</td>"
                    f"<td class=\"num\">{escape(delta(c))}</td></tr>" for n, x, y, c in rows)
-    out = [f"<p>{ref.get('n', '?')} held-out prompts, {escape(how)}, main reward "
-           f"<code>{escape(str(ref.get('main_reward', '?')))}</code>; 95% intervals in brackets.</p>",
+    out = [(f"<p>{ref.get('n', '?')} held-out prompts, {escape(how)}, main reward "
+            f"<code>{escape(str(ref.get('main_reward', '?')))}</code>; 95% intervals in brackets.</p>"),
            f"<table><tr><th></th><th>before</th><th>after</th><th>change, points (paired)</th></tr>{body}</table>"]
     if change.get("accuracy"):
         out.append(f"<p>{escape(change['accuracy']['sentence'])}.</p>")
