@@ -304,10 +304,12 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
 
 def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
              overrides: list[str] | None = None, console=None, **settings) -> dict:
-    """Greedy held-out accuracy, like `grpolab eval`: of a run's newest checkpoint (target = a run
+    """Held-out accuracy, like `grpolab eval`: of a run's newest checkpoint (target = a run
     directory, with its config) or of a model (target = a Config, dict, recipe or None; model=...).
+    Greedy, or eval_num_generations=n samples per prompt for pass@k (docs/evaluation.md).
 
-    Returns {"accuracy", "reward", "length", "n", "main_reward"}; eval_size (default 64) prompts.
+    Returns {"accuracy", "accuracy_ci", "reward", "length", "n", "main_reward", "pass@k", "extraction",
+    "per_prompt", ...} (grpolab.training.evaluation.evaluate); eval_size (default 64) prompts.
     """
     from rich.console import Console
 

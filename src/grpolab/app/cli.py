@@ -72,39 +72,10 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    """Greedy held-out evaluation of a model or a run's checkpoint."""
-    from grpolab.training.config import build_config, config_from_run, load_recipe
+    """Held-out evaluation of a model, a run or two of them paired (grpolab eval --help)."""
+    from grpolab.app.evaluation import eval_main
 
-    ap = argparse.ArgumentParser(prog="grpolab eval", description="Score a model (or a run's newest checkpoint) "
-                                 "on the held-out prompts of a task, greedily.")
-    ap.add_argument("target", nargs="?", help="a run directory (uses its config and newest checkpoint) or a recipe")
-    ap.add_argument("args", nargs="*", help="KEY=VALUE overrides (model=, task=, eval_size=, ...)")
-    ns = ap.parse_args(argv)
-    args = list(ns.args)
-    recipe: dict = {}
-    target = ns.target
-    if target and "=" in target:
-        args.insert(0, target)
-        target = None
-    if target and Path(target, "config.yaml").exists():
-        from grpolab.training.checkpoint import latest_good_checkpoint
-
-        recipe = config_from_run(Path(target))
-        ck = latest_good_checkpoint(Path(target), log=lambda msg: print(f"grpolab: {msg}", file=sys.stderr))
-        if ck is None:
-            raise ConfigError(f"{target}: the run has no checkpoint yet")
-        recipe["model"] = str(ck)
-    elif target:
-        recipe = load_recipe(target)
-    cfg = build_config(recipe, args)
-    import json
-
-    from grpolab.training.trainer import evaluate, setup
-
-    run = setup(cfg, training=False, log=lambda msg: print(msg, file=sys.stderr))  # stdout: the JSON alone
-    res = evaluate(run, run.task.eval_set()[: cfg.eval_size or 64])
-    print(json.dumps(res, indent=2))
-    return 0
+    return eval_main(argv)
 
 
 def _lab(argv: list[str]) -> int:
@@ -203,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: grpolab {" + ",".join(COMMANDS) + "} ...\n\n"
               "  train   train a policy (grpolab train --help lists every option)\n"
-              "  eval    score a model or a run on held-out prompts\n"
+              "  eval    score a model or a run on held-out prompts (pass@k, 95% intervals; two: paired)\n"
               "  lab     measure one of the lesson's claims (grpolab lab lists them)\n"
               "  report  one self-contained HTML page of a run, or several overlaid\n"
               "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"

@@ -23,6 +23,10 @@ factory may return either form too. In a multi-turn run the TRL form receives ea
 whole conversation as messages, the per-sample form the last turn's text; a None from the TRL form
 means "does not apply" (left out, counted in reward/none), as in TRL.
 
+A verifier that extracts an answer (math, countdown) carries `fn.answer_found(completion, example) ->
+bool`: the evaluation reads it to split its failures into "no parsable answer" and "wrong answer"
+(grpolab.training.evaluation; a function of your own may carry one too).
+
 A failing verifier never crashes a run: see grpolab.rewards.scoring.
 """
 

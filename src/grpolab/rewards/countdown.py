@@ -117,6 +117,21 @@ def countdown_score(completion: str, numbers: list[int], target: int, *, extract
     return 1.0 if value == target else partial
 
 
+def countdown_answer_found(completion: str, extract: str = "auto") -> bool:
+    """Whether `completion` holds a well-formed expression (`expr` or `expr = number`) under `extract`:
+    False is "no parsable answer" in the evaluation's extraction report; a well-formed expression that
+    misses the target or the numbers is "wrong"."""
+    expr = extract_expression(completion, extract)
+    if not expr:
+        return False
+    try:
+        for part in expr.split("="):
+            evaluate(part)
+    except ExprError:
+        return False
+    return expr.count("=") <= 1
+
+
 def make_countdown(extract: str = "auto", partial: float = 0.0):
     """Build the `countdown` reward.
 
@@ -136,4 +151,5 @@ def make_countdown(extract: str = "auto", partial: float = 0.0):
         return countdown_score(completion, list(meta["numbers"]), int(meta["target"]),
                                extract=extract, partial=float(partial))
 
+    countdown_reward.answer_found = lambda completion, example: countdown_answer_found(completion, extract)  # type: ignore[attr-defined]
     return countdown_reward

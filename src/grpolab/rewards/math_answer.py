@@ -337,6 +337,20 @@ def math_score(completion: str, gold: str, *, extract: str = "auto", answer_tag:
     return 1.0 if _POOL.verify(ans, gold, timeout_s, units) else 0.0
 
 
+def math_answer_found(completion: str, *, extract: str = "auto", answer_tag: str = "answer",
+                      max_answer_chars: int = 1000, max_chars: int = 100_000) -> bool:
+    """Whether `completion` holds an answer math_score can compare: the extracted answer (last_number: a
+    number) is non-empty, not hedged with several boxes, at most max_answer_chars long and not nested
+    past MAX_ANSWER_DEPTH. False is "no parsable answer" in the evaluation's extraction report; a
+    completion with an answer that scores 0 is "wrong"."""
+    if len(completion) > max_chars:
+        completion = completion[-max_chars:]
+    ans = extract_answer(completion, extract, answer_tag)
+    if extract == "last_number":
+        return ans is not None and plain_number(ans) is not None
+    return bool(ans and ans.strip()) and len(ans) <= max_answer_chars and not _too_deep(ans)
+
+
 def _last_number_score(completion: str, gold: str) -> float:
     """Lenient mode: the last number anywhere in the completion, compared numerically."""
     g = plain_number(gold)
@@ -374,5 +388,10 @@ def make_math(extract: str = "auto", answer_tag: str = "answer", timeout_s: floa
                           timeout_s=float(timeout_s), max_answer_chars=max_answer_chars,
                           max_chars=max_chars, units=bool(units))
 
+    def answer_found(completion: str, example: Example) -> bool:
+        return math_answer_found(completion, extract=extract, answer_tag=answer_tag,
+                                 max_answer_chars=max_answer_chars, max_chars=max_chars)
+
     math_reward.max_concurrency = _POOL.size  # type: ignore[attr-defined]
+    math_reward.answer_found = answer_found  # type: ignore[attr-defined]  (the extraction report)
     return math_reward

@@ -215,10 +215,12 @@ def _record(messages: list[dict], calls: dict[int, list[ToolCall]]) -> list[dict
 
 
 def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
-                  generator: torch.Generator | None = None) -> tuple[Rollout, dict[str, list], dict]:
+                  generator: torch.Generator | None = None,
+                  sampling=None) -> tuple[Rollout, dict[str, list], dict]:
     """G multi-turn trajectories per example. Returns (rollout, context, metrics); context holds, per
     trajectory, its `environments` (left open for scoring: the caller closes them, close_all) and the
-    `prompts` it started from, for the reward functions (as TRL passes both)."""
+    `prompts` it started from, for the reward functions (as TRL passes both). `sampling`: how to draw
+    tokens (default: the run's, run.sampling(greedy))."""
     envs_cfg: Environments = run.environments
     s = envs_cfg.settings
     tok = run.tokenizer
@@ -265,7 +267,7 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
             return out
 
         limits = TurnLimits(s.max_turn_tokens, s.max_model_tokens, s.max_env_tokens, s.max_turns)
-        rollout, trajs = run.engine.generate_turns(prompt_ids, respond, run.sampling(greedy), limits, G=G,
+        rollout, trajs = run.engine.generate_turns(prompt_ids, respond, sampling or run.sampling(greedy), limits, G=G,
                                                    generator=generator)
     except BaseException:
         close_all(envs)

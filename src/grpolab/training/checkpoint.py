@@ -243,6 +243,35 @@ def save_checkpoint(
     return final
 
 
+def save_model_copy(out_dir: Path, name: str, model, tokenizer, extra_files: dict[str, str]) -> Path:
+    """Write `out_dir/checkpoints/NAME/` (e.g. `best`): the model (model.save_pretrained), the tokenizer and
+    `extra_files` (file name -> text), with a manifest, replacing an earlier NAME atomically (a hidden
+    temporary directory renamed over it). No optimizer state: a copy to load, not to resume. Its name is
+    not step-NNNNNN, so `keep_last` never prunes it and resume never picks it."""
+    root = Path(out_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / name
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{name}-", dir=root))
+    try:
+        model.save_pretrained(str(tmp))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        for file, text in extra_files.items():
+            (tmp / file).write_text(text, encoding="utf-8")
+        _write_manifest(tmp)
+        _fsync_tree(tmp)
+        old = root / f"{_TMP_PREFIX}old-{name}-{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
 def latest_checkpoint(out_dir: Path) -> Path | None:
     """The newest complete checkpoint of run directory `out_dir`, or None if it has none.
 

@@ -92,9 +92,22 @@ class Config:
     fsdp: bool = False
     """Under torchrun, shard the policy (and the reference) over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead of a full copy per process: for models whose weights, gradients and AdamW state do not fit one device. Same maths as plain data parallelism; checkpoints stay whole models (docs/distributed.md)."""
     eval_size: int = 64
-    """Held-out prompts scored (greedy) before and after training; 0 skips the evaluation."""
+    """Held-out prompts scored before and after training (and every eval_steps steps; greedy unless eval_num_generations > 0); 0 skips the evaluation."""
     eval_batch: int = 32
-    """Prompts per generation batch during evaluation."""
+    """Prompts per generation batch during evaluation (with eval_num_generations = n: eval_batch // n prompts, at least one)."""
+    # -- evaluation during the run: sampling, pass@k with intervals, the best checkpoint (docs/evaluation.md)
+    eval_steps: int = 0
+    """Score the held-out set every N steps too, logging eval/ metrics (accuracy, pass@k and their 95% intervals, the answer extraction shares) in metrics.jsonl at steps 0, N, 2N, ... and the last step; 0: only before and after training, in summary.json."""
+    eval_num_generations: int = 0
+    """Completions sampled per held-out prompt (at eval_temperature), for pass@k at k = 1, 2, 4, ..., n with bootstrap intervals over the prompts; 0: one greedy completion per prompt (accuracy with a Wilson interval)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the evaluation when eval_num_generations > 0 (the run's top_p and max_new_tokens apply)."""
+    eval_pass_threshold: float = 1.0
+    """A completion passes (counts as correct for pass@k and the extraction report) when its main reward is at least this."""
+    save_best: str = ""
+    """Keep the best model by an eval metric (higher is better), e.g. eval/accuracy or eval/pass@1 (eval/pass@K needs K <= eval_num_generations): written to OUT/checkpoints/best (weights and tokenizer, with best.json) at each evaluation that improves it, never pruned; empty: off."""
+    eval_stop_at: float | None = None
+    """Stop the run (checkpoint, summary, report) at the first evaluation whose save_best metric (eval/accuracy when save_best is empty) reaches this value; needs eval_steps > 0. None: off."""
     save_every: int = 20
     """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
     keep_checkpoints: int = 2
@@ -282,6 +295,7 @@ def validate(cfg: Config) -> None:
         (cfg.cpu_malloc in ("keep", "system"), "cpu_malloc", "must be keep or system"),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
+        *eval_checks(cfg),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),
         (cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
         (cfg.resume in ("never", "auto"), "resume", "must be never or auto"),
@@ -306,6 +320,28 @@ def validate(cfg: Config) -> None:
     for i, spec in enumerate(cfg.rewards):
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"rewards[{i}]: expected a mapping with a `name` (and optional `weight`), got {spec!r}")
+
+
+def eval_checks(cfg: Config) -> list[tuple[bool, str, str]]:
+    """The evaluation settings' checks, as (ok, key, message) rows of validate()."""
+    import re
+
+    metric = cfg.save_best or "eval/accuracy"
+    m = re.fullmatch(r"eval/(accuracy|reward|pass@(\d+))", metric)
+    n = max(1, cfg.eval_num_generations)
+    return [
+        (cfg.eval_steps >= 0, "eval_steps", "must be >= 0 (0: evaluate only before and after training)"),
+        (cfg.eval_num_generations >= 0, "eval_num_generations", "must be >= 0 (0: one greedy completion per prompt)"),
+        (cfg.eval_temperature > 0, "eval_temperature", "must be > 0"),
+        (m is not None, "save_best", f"{metric!r} is not an eval metric; use eval/accuracy, eval/reward or eval/pass@K"),
+        (m is None or m.group(2) is None or 1 <= int(m.group(2)) <= n, "save_best",
+         f"{metric}: K must be between 1 and eval_num_generations={cfg.eval_num_generations} (greedy: only pass@1)"),
+        (not (cfg.save_best or cfg.eval_stop_at is not None) or cfg.eval_size > 0, "eval_size",
+         "must be > 0 for save_best or eval_stop_at (they read the held-out evaluation)"),
+        (cfg.eval_stop_at is None or cfg.eval_steps > 0, "eval_stop_at",
+         "needs eval_steps > 0 (the run evaluates only before and after training otherwise)"),
+        (not cfg.save_best or not cfg.fsdp, "save_best", "is not supported with fsdp=true (the model is sharded)"),
+    ]
 
 
 def to_dict(cfg: Config) -> dict:

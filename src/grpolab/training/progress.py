@@ -62,9 +62,25 @@ def print_summary(s: dict, console=None) -> None:
     t.add_row("completion length (tokens)", _fmt(s["length_first"], 1), _fmt(s["length_last"], 1))
     b, a = s.get("eval_before"), s.get("eval_after")
     if b and a:
-        t.add_row(f"held-out accuracy ({b['n']} prompts, greedy, {b['main_reward']})",
-                  f"{100 * b['accuracy']:.1f}%", f"{100 * a['accuracy']:.1f}%")
+        how = "greedy" if b.get("samples_per_prompt", 1) == 1 and not b.get("temperature") else \
+            f"{b['samples_per_prompt']} samples each"
+        t.add_row(f"held-out accuracy ({b['n']} prompts, {how}, {b['main_reward']}; 95% interval)",
+                  _pct(b), _pct(a))
     console.print(t)
+    change = (s.get("eval_change") or {}).get("accuracy")
+    if change:
+        console.print(change["sentence"], highlight=False)
+    if s.get("stopped_early"):
+        console.print(f"stopped early: {s['stopped_early']['reason']}", highlight=False)
+    if s.get("best"):
+        console.print(f"best model: {s['best']['metric']} = {s['best']['value']:.4g} at step {s['best']['step']} "
+                      f"({s['best']['path']})", highlight=False)
     report = ", report.html (open it in a browser)" if "report.html" in s.get("files", {}) else ""
     console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, tb/ (tensorboard --logdir "
                   f"{s['out']}/tb), checkpoints/, summary.json{report}")
+
+
+def _pct(ev: dict) -> str:
+    """An evaluation's accuracy in percent, with its 95% interval when it has one."""
+    ci = ev.get("accuracy_ci")
+    return f"{100 * ev['accuracy']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")

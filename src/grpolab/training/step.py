@@ -28,6 +28,7 @@ from grpolab.algo.losses import policy_loss
 from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
+from grpolab.engine.base import Sampling
 from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.model.passes import (
     idle_pass,
@@ -56,11 +57,12 @@ from grpolab.training.run import Run, step_rng
 
 
 def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
-                     generator: torch.Generator | None = None) -> Rollout:
+                     generator: torch.Generator | None = None, sampling: Sampling | None = None) -> Rollout:
     """G completions for each example, in the model's chat template. `generator` (on run.device) is
-    used as it is: the caller owns its stream."""
+    used as it is: the caller owns its stream. `sampling`: how to draw tokens (default: the run's
+    rollout settings, run.sampling(greedy); the evaluation passes its own)."""
     ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
-    return run.engine.generate(ids, run.sampling(greedy), G=G, generator=generator)
+    return run.engine.generate(ids, sampling or run.sampling(greedy), G=G, generator=generator)
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):
@@ -75,16 +77,17 @@ def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str
 
 
 def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
-                      generator: torch.Generator | None = None) -> tuple[Rollout, Scores, dict]:
+                      generator: torch.Generator | None = None,
+                      sampling: Sampling | None = None) -> tuple[Rollout, Scores, dict]:
     """Roll out and score: single-turn (rollout_examples), or multi-turn in the run's environment
     (grpolab.training.agents), scored while its environments are open, then closed. Returns (rollout,
     scores, info: the environments' metrics and time/score_s)."""
     if run.environments is None:
-        rollout = rollout_examples(run, examples, G=G, greedy=greedy, generator=generator)
+        rollout = rollout_examples(run, examples, G=G, greedy=greedy, generator=generator, sampling=sampling)
         t0 = time.perf_counter()
         scores = score(run, rollout, examples)
         return rollout, scores, {"time/score_s": time.perf_counter() - t0}
-    rollout, context, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator)
+    rollout, context, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator, sampling=sampling)
     t0 = time.perf_counter()
     try:
         scores = score(run, rollout, examples, context)

@@ -2,12 +2,13 @@
 
     run = setup(cfg)                          policy, reference (beta > 0), critic (PPO), optimizer, task,
                                               verifiers   (grpolab.training.run.Run)
-    evaluate(run, held_out)                   greedy accuracy before training
-    for step in start+1..steps:
+    evaluate(run, held_out)                   held-out accuracy and pass@k before training
+    for step in start+1..steps:                    (grpolab.training.evaluation)
         metrics, batch = train_step(run, step)     collect -> reference -> shape -> advantages -> update
                                                    (grpolab.training.step)
+        every eval_steps: metrics += eval/...      (and the best model, a stop at eval_stop_at)
         log metrics, samples; checkpoint every save_every steps
-    evaluate(run, held_out); summary.json
+    evaluate(run, held_out); summary.json     with the paired before/after change and its interval
 
 The step itself is grpolab.training.step; this file owns everything a step does not.
 """
@@ -24,7 +25,7 @@ import torch
 
 from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
-from grpolab.batch import Batch, Example
+from grpolab.batch import Batch
 from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
@@ -41,10 +42,11 @@ from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
+from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run
-from grpolab.training.step import rollout_and_score, train_step
+from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
@@ -159,7 +161,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     eos_ids = eos_token_ids(policy, tokenizer)
     ctx = EngineContext(cfg.rollout, policy, tokenizer, path, device, prec.rollout, cfg.decoder, eos_ids,
                         max_model_len=None, seed=cfg.seed,
-                        kv_tokens=call_tokens(max(cfg.batch_size, cfg.eval_size), cfg.max_completion_tokens
+                        kv_tokens=call_tokens(max(cfg.batch_size, cfg.eval_size, cfg.eval_num_generations),
+                                              cfg.max_completion_tokens
                                               + (cfg.env.max_env_tokens if cfg.env.enabled else 0)))
     try:
         engine = build_engine(engine_name, ctx)
@@ -178,7 +181,9 @@ def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, traini
     """The rollout engine's name and why (grpolab.engine.choose); rollout.engine=vllm where it cannot run
     is a usage error (exit 2), raised before anything is loaded or written."""
     per_sample = cfg.max_completion_tokens
-    tokens = (cfg.steps * cfg.batch_size if training else 0) * per_sample + 2 * cfg.eval_size * per_sample
+    evals = 2 + (cfg.steps // cfg.eval_steps if training and cfg.eval_steps else 0)
+    tokens = ((cfg.steps * cfg.batch_size if training else 0) + evals * cfg.eval_size
+              * max(1, cfg.eval_num_generations)) * per_sample
     try:
         return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active,
                       tokens=tokens)
@@ -216,28 +221,6 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
                               computes_every_group=run.advantage.computes_every_group)
         for rec, tokens in zip(out, credit):
             rec["tokens"] = tokens
-    return out
-
-
-def evaluate(run: Run, examples: list[Example]) -> dict:
-    """Greedy completions on held-out prompts. accuracy = mean of the main (highest-weight) reward."""
-    if not examples:
-        return {}
-    main = run.main_reward
-    totals, mains, lengths, turns = [], [], [], []
-    for s in range(0, len(examples), run.cfg.eval_batch):
-        chunk = examples[s:s + run.cfg.eval_batch]
-        rollout, scores, info = rollout_and_score(run, chunk, G=1, greedy=True)  # multi-turn in an environment too
-        if "env/turns_mean" in info:
-            turns.append((info["env/turns_mean"], len(chunk)))
-        totals += scores.total
-        skipped = set(scores.none.get(main, ()))  # a TRL-form main reward that does not apply: left out
-        mains += [x for i, x in enumerate(scores.per_fn[main]) if i not in skipped]
-        lengths += rollout.lengths.tolist()
-    out = {"accuracy": sum(mains) / max(1, len(mains)), "reward": sum(totals) / len(totals),
-           "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
-    if turns:  # in an environment: model turns per trajectory
-        out["turns"] = sum(t * n for t, n in turns) / len(examples)
     return out
 
 
@@ -341,12 +324,11 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     summary_path = run.out / "summary.json"
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
     eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
-    before = prior.get("eval_before") if resume else None
-    with sharding.gathered(run.policy, before is None and cfg.eval_size > 0):  # FSDP: rank 0's eval unsharded
-        if before is None and eval_set:
-            log(f"evaluating {len(eval_set)} held-out prompts before training (greedy)...")
-            before = evaluate(run, eval_set)
-            _write_summary(summary_path, {"eval_before": before})
+    evaluator = Evaluator(run, eval_set, logger)  # the one place an evaluation happens: Evaluator.evaluate_at
+    prior_before = prior.get("eval_before") if resume else None
+    before = evaluator.at_start(prior_before)
+    if main and before is not None and prior_before is None:
+        _write_summary(summary_path, {"eval_before": before})
     distributed.barrier(d)
     progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
     watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
@@ -355,6 +337,8 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
             for step in range(start + 1, cfg.steps + 1):
                 m, batch = engine_step(run, step)
                 watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
+                if evaluator.due(step):
+                    m.update(evaluator.evaluate_at(step))
                 logger.log(m)
                 if cfg.samples_per_step and not batch.empty:
                     for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
@@ -362,8 +346,11 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
                 progress.advance(m)
                 check_nonfinite(run, step)
                 stop = distributed.global_counts(d, float(signals.requested or 0))[0]  # any rank signalled
-                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop:
+                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop or evaluator.stop_reason:
                     save_or_stop(run, step)
+                if evaluator.stop_reason:  # eval_stop_at: finished early, summary and report as at the end
+                    log(f"stopping: {evaluator.stop_reason}")
+                    break
                 if stop:
                     if main:
                         write_run_report(run, log, report)
@@ -374,14 +361,14 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
         progress.close()
         logger.close()
         samples.close()
-    with sharding.gathered(run.policy, cfg.eval_size > 0):
-        after = evaluate(run, eval_set) if eval_set else None
+    after = evaluator.final(cfg.steps)
     run.engine.close()
     if not main:  # the other ranks are done: rank 0 writes the summary
         distributed.barrier(d)
         return {}
     history = read_jsonl(run.out / "metrics.jsonl")
     summary = summarise(history, before, after, run.out, report=cfg.report)
+    summary.update(summary_fields(before, after, evaluator, cfg.seed))
     _write_summary(summary_path, summary)
     write_run_report(run, log, report)
     print_summary(summary, console=console)
@@ -479,7 +466,9 @@ def _mean(xs: list[float]) -> float:
 
 def summarise(history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5,
               report: bool = False) -> dict:
-    """Start vs end: mean reward and length over the first and last k steps, held-out accuracy."""
+    """Start vs end: mean reward and length over the first and last k steps, held-out accuracy. A row
+    of step 0 (the evaluation before training, eval_steps > 0) is not a step."""
+    history = [h for h in history if h.get("step", 0) >= 1]
     first, last = history[:k], history[-k:]
     return {
         "steps": len(history),

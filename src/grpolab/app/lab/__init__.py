@@ -20,6 +20,7 @@ from grpolab.app.lab import (
     g1,
     kl_claim,
     memory,
+    passk,
     scale,
     tools,
 )
@@ -34,6 +35,7 @@ LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
     "critic": (critic_claim.CLAIM, critic_claim.run),
     "kl": (kl_claim.CLAIM, kl_claim.run),
     "tools": (tools.CLAIM, tools.run),
+    "passk": (passk.CLAIM, passk.run),
 }
 
 last_result: dict = {}

@@ -38,8 +38,14 @@ class RunData:
         """summary.json has its final form (grpolab train writes `steps` only at the very end) for
         every step there is, and every planned step is there (a resumed run with more steps is not)."""
         planned = self.steps_planned
-        return (self.summary.get("steps") == len(self.metrics) > 0
-                and (planned is None or len(self.metrics) >= planned))
+        steps = len(self.step_rows)  # a row of step 0 (the evaluation before training) is not a step
+        return (self.summary.get("steps") == steps > 0
+                and (planned is None or steps >= planned or bool(self.summary.get("stopped_early"))))
+
+    @property
+    def step_rows(self) -> list[dict]:
+        """The metrics of the training steps (step >= 1), without the evaluation row of step 0."""
+        return [m for m in self.metrics if m["step"] >= 1]
 
     @property
     def steps_planned(self) -> int | None:

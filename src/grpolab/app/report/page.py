@@ -14,6 +14,7 @@ import math
 from html import escape
 
 from grpolab.app.report.credit import SCRIPT, credit_section
+from grpolab.app.report.evaluation import eval_section
 from grpolab.app.report.load import RunData
 from grpolab.app.report.plots import Plot
 
@@ -63,7 +64,7 @@ def _first_last(run: RunData, key: str, k: int = 5) -> tuple[float, float]:
 
 
 def _status(run: RunData) -> str:
-    done, planned = len(run.metrics), run.steps_planned
+    done, planned = len(run.step_rows), run.steps_planned
     if run.finished:
         return f"finished: {done} step{'s' if done != 1 else ''}"
     return f"in progress or stopped: {done} of {planned if planned is not None else '?'} steps (no final summary yet)"
@@ -79,7 +80,10 @@ def _machine(run: RunData) -> str:
 
 def _eval(run: RunData, when: str) -> str:
     e = run.summary.get(f"eval_{when}") or {}
-    return f"{100 * e['accuracy']:.1f}%" if isinstance(e.get("accuracy"), (int, float)) else "–"
+    if not isinstance(e.get("accuracy"), (int, float)):
+        return "–"
+    ci = e.get("accuracy_ci")
+    return f"{100 * e['accuracy']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
 def _alerts(run: RunData) -> str:
@@ -111,7 +115,7 @@ def header(runs: list[RunData]) -> str:
         ("reward, first 5 -> last 5 steps", lambda r: "{} -> {}".format(*map(_fmt, _first_last(r, "reward/mean")))),
         ("length, first 5 -> last 5 steps", lambda r: "{} -> {}".format(
             *(_fmt(x, "{:.1f}") for x in _first_last(r, "completion/length_mean")))),
-        ("held-out accuracy, before -> after", lambda r: f"{_eval(r, 'before')} -> {_eval(r, 'after')}"),
+        ("held-out accuracy, before -> after (95% interval)", lambda r: f"{_eval(r, 'before')} -> {_eval(r, 'after')}"),
         ("peak memory", lambda r: _fmt(max([m.get("memory/peak_mb") or 0 for m in r.metrics] + [0]), "{:.0f} MB")),
         ("alerts (steps)", _alerts),
         ("lines skipped", lambda r: escape("; ".join(f"{f}: {len(v)} (line {', '.join(x.rsplit(':', 1)[-1] for x in v[:5])})"
@@ -228,7 +232,8 @@ def render(runs: list[RunData], plots: list[Plot]) -> str:
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     intro = (f"<h1>{escape(title)}</h1><p>Written {when} by <code>grpolab report</code>. Every curve: "
              "thin per step, bold smoothed. Keys are defined in docs/metrics.md.</p>")
-    parts = [intro, "<h2 id=\"runs\">Runs</h2>", header(runs), "<h2 id=\"curves\">Curves</h2>", plots_section(plots)]
+    parts = [intro, "<h2 id=\"runs\">Runs</h2>", header(runs), "<h2 id=\"curves\">Curves</h2>", plots_section(plots),
+             "<h2 id=\"evaluation\">Held-out evaluation</h2>", eval_section(runs)]
     for i, r in enumerate(runs):
         suffix = f" of {escape(r.label)}" if len(runs) > 1 else ""
         parts += [f"<h2 id=\"{'credit' if i == 0 else f'credit-{i}'}\">Token-level credit{suffix}</h2>", credit_section(r, i),

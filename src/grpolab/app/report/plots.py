@@ -205,10 +205,10 @@ def time_panel(runs: list[RunData]) -> Plot:
     if len(runs) == 1:
         r = runs[0]
         fig, ax = _figure("Step time, split", "seconds")
-        xs = [m["step"] for m in r.metrics]
-        ys = [[float(m.get(k) or 0.0) for m in r.metrics] for k, _ in TIME_KEYS]
+        xs = [m["step"] for m in r.step_rows]
+        ys = [[float(m.get(k) or 0.0) for m in r.step_rows] for k, _ in TIME_KEYS]
         ax.stackplot(xs, ys, labels=[lab for _, lab in TIME_KEYS], alpha=0.8)
-        total = [float(m.get("time/step_s") or 0.0) for m in r.metrics]
+        total = [float(m.get("time/step_s") or 0.0) for m in r.step_rows]
         ax.plot(xs, total, color="black", linewidth=1, label="whole step")
         ax.legend(fontsize=8, loc="upper right")
         return Plot("time", "Step time", _png(fig), "stacked: generate + score + update; black: the whole step",
@@ -232,12 +232,17 @@ def eval_panel(runs: list[RunData]) -> Plot:
     if not any("accuracy" in b or "accuracy" in a for _, b, a in have):
         return Plot("eval", "Held-out accuracy", None,
                     "no held-out evaluation recorded (eval_size=0, or the run has not evaluated yet)", [])
-    fig, ax = _figure("Held-out accuracy (greedy)", "accuracy", xlabel="run")
+    greedy = all(not (e or {}).get("temperature") for _, b, a in have for e in (b, a))
+    fig, ax = _figure(f"Held-out accuracy ({'greedy' if greedy else 'sampled'}; 95% intervals)", "accuracy", xlabel="run")
     width = 0.38
     for j, (when, colour) in enumerate((("before", "#9aa5b1"), ("after", "#2f7ed8"))):
         xs = [i + (j - 0.5) * width for i in range(len(runs))]
         vals = [(b if when == "before" else a).get("accuracy") for _, b, a in have]
-        bars = ax.bar(xs, [v if v is not None else 0.0 for v in vals], width, label=when, color=colour)
+        cis = [(b if when == "before" else a).get("accuracy_ci") for _, b, a in have]
+        err = [[v - ci[0] if v is not None and ci else 0.0 for v, ci in zip(vals, cis)],
+               [ci[1] - v if v is not None and ci else 0.0 for v, ci in zip(vals, cis)]]
+        bars = ax.bar(xs, [v if v is not None else 0.0 for v in vals], width, label=when, color=colour,
+                      yerr=err if any(cis) else None, capsize=4, ecolor="#444")
         for bar, v in zip(bars, vals):
             ax.annotate("not yet" if v is None else f"{100 * v:.1f}%", (bar.get_x() + bar.get_width() / 2,
                         bar.get_height()), ha="center", va="bottom", fontsize=8)
@@ -246,16 +251,57 @@ def eval_panel(runs: list[RunData]) -> Plot:
     ax.legend(fontsize=8, loc="upper left")
     n = {b.get("n") or a.get("n") for _, b, a in have} - {None}
     caption = f"{'/'.join(map(str, sorted(n)))} held-out prompts, main reward" if n else "main reward"
+    caption += "; error bars: 95% intervals where recorded (docs/evaluation.md)"
     return Plot("eval", "Held-out accuracy", _png(fig), caption, [f"{r.label}: {w}" for r in runs for w in ("before", "after")])
+
+
+EVAL_CURVE_TITLE = "Held-out evaluation during the run (95% interval bands)"
+
+
+def eval_keys(runs: list[RunData]) -> list[str]:
+    """eval/accuracy and each eval/pass@K that has its interval keys, pass@K by K."""
+    found = {k for r in runs for m in r.metrics for k in m
+             if (k == "eval/accuracy" or k.startswith("eval/pass@")) and not k.endswith(("_lo", "_hi"))}
+    return sorted(found, key=lambda k: (k != "eval/accuracy", int(k.split("@")[1]) if "@" in k else 0))
+
+
+def eval_curve_plot(runs: list[RunData]) -> Plot | None:
+    """The eval/ curves per evaluation step, a translucent band between each key's _lo and _hi; None when no
+    run logged evaluations in metrics.jsonl (eval_steps = 0)."""
+    keys = eval_keys(runs)
+    if not keys:
+        return None
+    colours = _matplotlib().rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = _figure(EVAL_CURVE_TITLE, "fraction")
+    names = []
+    for ri, r in enumerate(runs):
+        for ki, k in enumerate(keys):
+            rows = [m for m in r.metrics if isinstance(m.get(k), (int, float))]
+            if not rows:
+                continue
+            xs = [m["step"] for m in rows]
+            colour = colours[(ri * len(keys) + ki) % len(colours)]
+            name = f"{r.label}: {k[5:]}" if len(runs) > 1 else k[5:]
+            ax.plot(xs, [m[k] for m in rows], "o-", color=colour, linewidth=1.6, markersize=4, label=name)
+            lo, hi = [m.get(f"{k}_lo") for m in rows], [m.get(f"{k}_hi") for m in rows]
+            if all(isinstance(v, (int, float)) for v in lo + hi):
+                ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, linewidth=0)
+            names.append(name)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8, loc="best")
+    n = sorted({m.get("eval/prompts") for r in runs for m in r.metrics if m.get("eval/prompts")})
+    caption = (f"{'/'.join(map(str, n))} held-out prompts at each evaluation (step 0: before training); bands: "
+               "95% intervals (Wilson for greedy accuracy, bootstrap over the prompts otherwise; docs/evaluation.md)")
+    return Plot("eval_curve", EVAL_CURVE_TITLE, _png(fig), caption, names)
 
 
 def all_plots(runs: list[RunData]) -> list[Plot]:
     """Every panel in page order; the optional ones (environment and aha metrics) only when a run has them."""
     out = [curve_panel(p, runs) for p in PANELS[:2]]
     out += [plot for p in ENV_PANELS if (plot := curve_panel(p, runs)).series]
-    out += [eval_panel(runs)]
+    out += [eval_panel(runs)] + [p for p in [eval_curve_plot(runs)] if p is not None]
     out += [plot for p in PANELS[2:] if (plot := curve_panel(p, runs)).series or p.core]
     return out + [time_panel(runs)]
 
 
-__all__ = ["ENV_PANELS", "PANELS", "MissingPlotting", "Plot", "all_plots", "smooth", "window"]
+__all__ = ["ENV_PANELS", "PANELS", "MissingPlotting", "Plot", "all_plots", "eval_curve_plot", "smooth", "window"]
