@@ -115,7 +115,7 @@ FAST_MODULES = {
     "test_config", "test_rewards_math", "test_rewards_format", "test_rewards_countdown", "test_rewards_tool_call",
     "test_rewards_custom", "test_rewards_scoring", "test_tasks", "test_docstrings", "test_layout",
     "test_env_schema", "test_gguf_tokenizer", "test_logprobs", "test_lmhead", "test_env_calls", "test_stops",
-    "test_optim", "test_metrics",
+    "test_optim", "test_metrics", "test_stats",
 }
 
 
