@@ -35,7 +35,9 @@ def _train(argv: list[str]) -> int:
         config_from_run,
         help_text,
         load_recipe,
+        thread_wait_of,
     )
+    from grpolab.util.threads import prepare
 
     ap = argparse.ArgumentParser(prog="grpolab train", usage=USAGE_TRAIN, add_help=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,6 +59,7 @@ def _train(argv: list[str]) -> int:
     bad = [a for a in args if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
+    prepare(thread_wait_of(recipe, args))  # before build_config imports torch: OpenMP reads it once, then
     cfg = build_config(recipe, args)
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
         raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
@@ -73,7 +76,8 @@ def _train(argv: list[str]) -> int:
 
 def _eval(argv: list[str]) -> int:
     """Greedy held-out evaluation of a model or a run's checkpoint."""
-    from grpolab.training.config import build_config, config_from_run, load_recipe
+    from grpolab.training.config import build_config, config_from_run, load_recipe, thread_wait_of
+    from grpolab.util.threads import prepare
 
     ap = argparse.ArgumentParser(prog="grpolab eval", description="Score a model (or a run's newest checkpoint) "
                                  "on the held-out prompts of a task, greedily.")
@@ -87,15 +91,17 @@ def _eval(argv: list[str]) -> int:
         args.insert(0, target)
         target = None
     if target and Path(target, "config.yaml").exists():
+        recipe = config_from_run(Path(target))
+        prepare(thread_wait_of(recipe, args))  # before the checkpoint module imports torch
         from grpolab.training.checkpoint import latest_good_checkpoint
 
-        recipe = config_from_run(Path(target))
         ck = latest_good_checkpoint(Path(target), log=lambda msg: print(f"grpolab: {msg}", file=sys.stderr))
         if ck is None:
             raise ConfigError(f"{target}: the run has no checkpoint yet")
         recipe["model"] = str(ck)
     elif target:
         recipe = load_recipe(target)
+    prepare(thread_wait_of(recipe, args))  # before torch is imported (grpolab.util.threads)
     cfg = build_config(recipe, args)
     import json
 
@@ -217,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd is None:
         print(f"grpolab: unknown command {argv[0]!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if argv[0] not in ("train", "eval"):  # those two read thread_wait from their settings first
+        from grpolab.util.threads import prepare
+
+        prepare("auto")  # before any torch import: OpenMP reads its wait policy once (grpolab.util.threads)
     try:
         return cmd(argv[1:])
     except ConfigError as e:
