@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 WAIT_SETTINGS = ("auto", "short", "passive", "active", "openmp")
 USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+MARKER = "GRPOLAB_THREAD_WAIT"  # setting:policy, written beside the variables for the processes started after
 SHORT_SPIN = 10_000  # libgomp spin rounds before sleeping (about 0.1 ms at its own 100,000 rounds per ms)
 SHORT_BLOCKTIME_MS = 1  # libomp/Intel: milliseconds of spinning before sleeping (its unit; 0 = passive)
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -123,18 +124,47 @@ def prepare(setting: str = "auto", environ=None) -> WaitPlan:
             else:
                 environ[k] = v
         _saved.clear()
+    plan = inherited(setting, environ)
+    if plan is not None:  # a parent grpolab process set it before this one started
+        _current = plan
+        return plan
     plan = plan_wait(setting, environ)
     if runtime_started():
         plan = WaitPlan(plan.setting, plan.policy, plan.env, applied=False, user=plan.user)
     else:
-        _saved.update({k: environ.get(k) for k in plan.env})
+        _saved.update({k: environ.get(k) for k in (*plan.env, MARKER)})
         for k, v in plan.env.items():
             if v is None:
                 environ.pop(k, None)
             else:
                 environ[k] = v
+        environ[MARKER] = f"{setting}:{plan.policy}"  # the processes this one starts inherit it from their start
     _current = plan
     return plan
+
+
+def inherited(setting: str, environ) -> WaitPlan | None:
+    """The plan a parent grpolab process wrote into this process's environment before starting it (MARKER
+    names its setting and policy), when it is `setting`'s; else None."""
+    marked = environ.get(MARKER, "")
+    got, _, policy = marked.partition(":")
+    if got != setting or policy not in (*_SETS, "user"):
+        return None
+    user = {k: environ[k] for k in USER_VARS if environ.get(k)} if policy == "user" else {}
+    return WaitPlan(setting, policy, dict(_SETS.get(policy, {})), applied=True, user=user)
+
+
+def environ_without_plan(environ=None) -> dict:
+    """A copy of the environment with this process's plan undone: for a process that should wait as
+    OpenMP does by default (the other side of a comparison)."""
+    env = dict(os.environ if environ is None else environ)
+    for k, v in _saved.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    env.pop(MARKER, None)
+    return env
 
 
 def current(setting: str = "auto") -> WaitPlan:
@@ -157,5 +187,5 @@ def describe_threads(threads: int, plan: WaitPlan, n_cores: int | None = None) -
             f"{plan.describe()}")
 
 
-__all__ = ["WAIT_SETTINGS", "SHORT_SPIN", "SINGLE_THREAD_ENV", "WaitPlan", "plan_wait", "prepare", "current",
+__all__ = ["WAIT_SETTINGS", "MARKER", "inherited", "environ_without_plan", "cores", "SHORT_SPIN", "SINGLE_THREAD_ENV", "WaitPlan", "plan_wait", "prepare", "current",
            "describe_threads", "check_setting", "runtime_started"]
