@@ -46,6 +46,7 @@ USAGE_ERRORS = {
     "temperature_zero": (["temperature=0"], ["temperature", "> 0"]),
     "top_p_too_big": (["top_p=1.5"], ["top_p", "(0, 1]"]),
     "bad_precision": (["precision=fp8"], ["precision", "bf16"]),
+    "bad_thread_wait": (["thread_wait=spin"], ["thread_wait", "passive", "'spin'"]),
     "unknown_task": (["task=nope"], ["task", "'nope'", "arithmetic"]),
     "unknown_algo": (["algo=nope"], ["algo", "'nope'", "grpo"]),
     "hub_model": (["model=HuggingFaceTB/SmolLM2-135M"], ["model", "HuggingFaceTB/SmolLM2-135M", "never downloads"]),

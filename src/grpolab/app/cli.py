@@ -35,7 +35,9 @@ def _train(argv: list[str]) -> int:
         config_from_run,
         help_text,
         load_recipe,
+        thread_wait_of,
     )
+    from grpolab.util.threads import prepare
 
     ap = argparse.ArgumentParser(prog="grpolab train", usage=USAGE_TRAIN, add_help=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,6 +59,7 @@ def _train(argv: list[str]) -> int:
     bad = [a for a in args if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
+    prepare(thread_wait_of(recipe, args))  # before build_config imports torch: OpenMP reads it once, then
     cfg = build_config(recipe, args)
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
         raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
@@ -188,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd is None:
         print(f"grpolab: unknown command {argv[0]!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if argv[0] not in ("train", "eval"):  # those two read thread_wait from their settings first
+        from grpolab.util.threads import prepare
+
+        prepare("auto")  # before any torch import: OpenMP reads its wait policy once (grpolab.util.threads)
     try:
         return cmd(argv[1:])
     except ConfigError as e:

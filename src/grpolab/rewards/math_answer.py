@@ -42,6 +42,7 @@ from grpolab.rewards.extract import (
 )
 from grpolab.util.fields import ConfigError
 from grpolab.util.procs import kill_process_group
+from grpolab.util.threads import SINGLE_THREAD_ENV
 
 EXTRACT_MODES = ("answer_tag", "boxed", "gsm8k", "last_number", "auto")
 _HEDGE_RE = re.compile(r"(?i)(\bor\b|\\lor\b|\\vee\b|\\text\{\s*or\s*\}|\beither\b)")
@@ -62,7 +63,8 @@ class _Worker:
         env = dict(os.environ)
         src_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src_root + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("OMP_NUM_THREADS", "1")
+        for k, v in SINGLE_THREAD_ENV.items():  # one compute thread beside the trainer (grpolab.util.threads)
+            env.setdefault(k, v)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpolab.rewards._math_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

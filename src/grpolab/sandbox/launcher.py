@@ -29,6 +29,7 @@ import sys
 
 from grpolab.sandbox import channel
 from grpolab.sandbox.channel import _checker_main, _harness_main, _recv
+from grpolab.util.threads import SINGLE_THREAD_ENV
 
 WATCHDOG_GRACE_S = 1.0  # the init's own wall-clock bound is the run's timeout plus this
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
@@ -165,6 +166,7 @@ def _launcher_main():
             _enter(libc, cfg, workdir, me, checker=False)
             os.environ.clear()
             os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
+            os.environ.update(cfg["thread_env"])  # one compute thread: the trainer's team keeps its cores
             sys.argv[:] = ["solution.py"]
             if cfg["mounts"]:  # the interpreter's own path in the new root (a venv's link is not there)
                 sys.executable = sys._base_executable = cfg["exe"]
@@ -247,6 +249,7 @@ def launcher_config(*, exec_python: str | None, plan: dict | None, uid: int | No
         "limits": limits, "res_fd": res_fd, "wall_s": wall_s, "cgroups": cgroups, "nice": 10,
         "seccomp": seccomp.hex() if seccomp else "", "tmpfs_mb": tmpfs_mb, "tmpfs_inodes": tmpfs_inodes,
         "sys_pivot_root": _SYS_PIVOT_ROOT.get(platform.machine(), -1),
+        "thread_env": dict(SINGLE_THREAD_ENV),
     }
 
 

@@ -23,6 +23,7 @@ from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
 from grpolab.util.fields import ConfigError, coerce_field, field_docs
 from grpolab.util.fileio import atomic_write
+from grpolab.util.threads import WAIT_SETTINGS
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package; ./recipes links here
 
@@ -89,6 +90,9 @@ class Config:
     """How rollouts run the model: auto (grpolab.model.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
     threads: int = 0
     """CPU threads for PyTorch; 0 = all cores."""
+    # --- how the CPU threads wait (grpolab.util.threads)
+    thread_wait: str = "auto"
+    """How PyTorch's CPU threads wait for each other between parallel pieces of work (OpenMP's wait policy, set before torch starts): auto (a short spin, then sleep, so that a machine running something else costs a fair share rather than many times the step; the user's own OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME win where set), short (the same, ignoring those variables), passive (sleep at once), active (spin) or openmp (the runtime's own default: libgomp spins about 3 ms). Printed on the run's first line; docs/performance.md, "A machine doing something else"."""
     fsdp: bool = False
     """Under torchrun, shard the policy (and the reference) over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead of a full copy per process: for models whose weights, gradients and AdamW state do not fit one device. Same maths as plain data parallelism; checkpoints stay whole models (docs/distributed.md)."""
     eval_size: int = 64
@@ -251,6 +255,18 @@ def _deep_update(base: dict, upd: dict) -> dict:
     return base
 
 
+def thread_wait_of(recipe: dict | None, overrides: list[str] | None) -> str:
+    """The `thread_wait` that recipe <- overrides give, read before torch is imported (build_config imports
+    it, and OpenMP reads its wait policy once, at that import); an invalid value is ConfigError."""
+    merged: dict = {}
+    _deep_update(merged, copy.deepcopy(recipe or {}))
+    _deep_update(merged, parse_overrides(overrides or []))
+    value = merged.get("thread_wait", Config.thread_wait)
+    if value not in WAIT_SETTINGS:
+        raise ConfigError(f"thread_wait: must be one of {', '.join(WAIT_SETTINGS)}, got {value!r}")
+    return value
+
+
 def build_config(recipe: dict | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- recipe <- overrides, validated. Raises ConfigError (exit code 2) on any problem."""
     merged: dict = {}
@@ -303,6 +319,7 @@ def validate(cfg: Config) -> None:
         (cfg.reward_timeout_s > 0, "reward_timeout_s", "must be > 0"),
         (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),
         (cfg.threads >= 0, "threads", "must be >= 0"),
+        (cfg.thread_wait in WAIT_SETTINGS, "thread_wait", f"must be one of {', '.join(WAIT_SETTINGS)}"),
         (len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
          "adam_betas", "must be two numbers in [0, 1)"),
         (bool(cfg.out), "out", "must be a directory path"),

@@ -50,6 +50,7 @@ from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
+from grpolab.util.threads import current, describe_threads
 
 ReportWriter = Callable[[Path, torch.device], None]
 """Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
@@ -114,6 +115,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     device = pick_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    log(describe_threads(torch.get_num_threads(), current(cfg.thread_wait)))  # the first line (util.threads)
     if device.type == "cpu" and cfg.cpu_malloc == "keep":
         keep_freed_memory()
     path = model_dir(cfg.model, log=log)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 
 
 def kill_process_group(proc: subprocess.Popen, *, wait_s: float = 5.0) -> bool:
@@ -24,4 +26,22 @@ def kill_process_group(proc: subprocess.Popen, *, wait_s: float = 5.0) -> bool:
     return True
 
 
-__all__ = ["kill_process_group"]
+BUSY_CODE = "while True: pass"
+"""What a busy process runs: one core's worth of load that never sleeps (a stand-in for the browser, the
+indexer or the other job of a machine doing something else)."""
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """Run `n` single-threaded processes spinning at 100% of a core for the duration of the block; they
+    are killed (and reaped) when it ends, however it ends. Yields their pids."""
+    procs = [subprocess.Popen([sys.executable, "-S", "-c", BUSY_CODE], stdin=subprocess.DEVNULL,
+                              start_new_session=True) for _ in range(max(0, n))]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            kill_process_group(p)
+
+
+__all__ = ["kill_process_group", "busy_processes", "BUSY_CODE"]

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 from grpolab.app.bench.spec import Spec, grpolab_config, parse_spec
+from grpolab.util.procs import busy_processes
+from grpolab.util.threads import current, environ_without_plan
 
 PHASES = ("generation", "reference", "update")
 
@@ -36,7 +38,8 @@ def run_worker(mode: str, spec_path: Path, tmp: Path, *extra: str, label: str) -
 
     out = tmp / f"{label.replace(' ', '_')}-{time.monotonic_ns()}.json"
     log = out.with_suffix(".log")
-    env = dict(os.environ)
+    # TRL's workers wait as OpenMP does by default (what a TRL user gets); grpolab's as its thread_wait says
+    env = environ_without_plan() if mode == "trl" else dict(os.environ)
     src = str(Path(grpolab.__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     threads = json.loads(spec_path.read_text()).get("threads") or 0
@@ -118,6 +121,8 @@ def table(result: dict) -> str:
     lines = [f"grpolab bench: {spec.describe()}",
              f"device {result['device']}, {result.get('threads', '?')} torch threads per process; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
              f"round(s); medians over the timed steps of all rounds"]
+    if result.get("thread_wait"):
+        lines.append(f"grpolab's {result['thread_wait']['grpolab']}; TRL's threads wait as {result['thread_wait']['trl']}")
     if result.get("logp_check"):
         c = result["logp_check"]
         lines.append(f"log-prob check: {c['verdict']}, over {c['tokens']} tokens of {c['sequences']} sequences; "
@@ -192,7 +197,8 @@ def bench(spec: Spec) -> dict:
         import torch
 
         result: dict = {"spec": spec.to_dict(), "device": device.type,
-                        "threads": spec.threads or torch.get_num_threads()}
+                        "threads": spec.threads or torch.get_num_threads(),
+                        "thread_wait": {"grpolab": current("auto").describe(), "trl": "OpenMP's default"}}
         if spec.against == "trl":
             _progress("grpolab bench: log-prob check (grpolab vs TRL on the same sequences, fp32)...")
             result["logp_check"] = run_worker("check", spec_path, tmp, label="log-prob check")
@@ -210,7 +216,8 @@ def bench(spec: Spec) -> dict:
         for r in range(spec.rounds):
             for name, mode, extra in order:
                 t = time.perf_counter()
-                res = run_worker(mode, spec_path, tmp, *extra, label=f"{name} round {r + 1}")
+                with busy_processes(spec.busy):  # --busy: the same load beside either side
+                    res = run_worker(mode, spec_path, tmp, *extra, label=f"{name} round {r + 1}")
                 runs[name].append(res)
                 _progress(f"grpolab bench: round {r + 1}/{spec.rounds} {name:9} "
                           f"{statistics.median(s['step_s'] for s in res['steps']):7.2f} s/step "

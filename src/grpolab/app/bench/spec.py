@@ -34,7 +34,7 @@ LOGP_TOL = 1e-3  # fp32: max |log pi_grpolab - log pi_TRL| over the check's toke
 USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c|agent] [--prompts 2] [--G 8] [--new-tokens 64]
                      [--beta 0] [--lora-r 0] [--max-turns 3] [--precision auto|fp32|bf16] [--trl-precision both]
                      [--device cpu|cuda|auto] [--against trl|none] [--steps 3] [--rounds 2] [--json-out FILE]
-                     [--threads 0] [--lr 1e-6] [--seed 0] [--engine native|vllm|both]
+                     [--threads 0] [--lr 1e-6] [--seed 0] [--engine native|vllm|both] [--busy 0]
 
 The same GRPO configuration trained by grpolab and by TRL's GRPOTrainer, each in its own process,
 alternating (grpolab, TRL, grpolab, TRL, ...), one warm-up step then --steps timed steps each.
@@ -71,6 +71,7 @@ class Spec:
     agent: bool = False  # multi-turn tool use (--setting agent): new_tokens is then the limit of one turn
     max_turns: int = 3  # agent: most model turns per trajectory (TRL: max_tool_calling_iterations = max_turns - 1)
     engine: str = "native"  # grpolab's rollout engine(s): native, vllm, or both (two grpolab configurations)
+    busy: int = 0  # single-threaded busy processes beside every timed worker, either side (a loaded machine)
 
     def engines(self) -> list[str]:
         return ["native", "vllm"] if self.engine == "both" else [self.engine]
@@ -92,8 +93,9 @@ class Spec:
                       f"TRL budget {lim['trl_max_completion_length']} tokens with tool replies")
         else:
             length = f"{self.new_tokens} new tokens (forced)"
+        busy = f"; beside {self.busy} busy process{'es' if self.busy != 1 else ''}" if self.busy else ""
         return (f"{head}{self.model}, {self.prompts} prompts x G={self.G} = {self.completions} completions, "
-                f"{length}, beta {self.beta:g}, {ft}")
+                f"{length}, beta {self.beta:g}, {ft}{busy}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,6 +131,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch CPU threads of every worker, both sides (default 0: torch's own, one per core); on a "
                     "machine shared with other jobs, 1 avoids the slowdown of oversubscribed threads")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="run every timed worker, both sides, beside N single-threaded processes that spin at 100%% "
+                    "of a core (python -c 'while True: pass'): the ratio on a machine doing something else "
+                    "(default 0: alone)")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON result to FILE")
     ap.add_argument("--engine", default="native", choices=["native", "vllm", "both"],
                     help="grpolab's rollout engine (rollout.engine); both = grpolab native and grpolab+vLLM, each "
@@ -144,6 +150,7 @@ def parse_spec(argv: list[str]) -> Spec:
     spec = Spec(model=ns.model, setting=ns.setting, prompts=ns.prompts, G=ns.G, precision=ns.precision,
                 trl_precision=ns.trl_precision, device=ns.device, against=ns.against, steps=ns.steps,
                 rounds=ns.rounds, lr=ns.lr, seed=ns.seed, threads=ns.threads, json_out=ns.json_out, engine=ns.engine,
+                busy=ns.busy,
                 **vals)
     check(spec)
     return spec
@@ -161,6 +168,7 @@ def check(spec: Spec) -> None:
         (spec.rounds >= 1, "--rounds", "must be >= 1"),
         (spec.lr > 0, "--lr", "must be > 0"),
         (spec.threads >= 0, "--threads", "must be >= 0 (0 = torch's default)"),
+        (spec.busy >= 0, "--busy", "must be >= 0 (busy processes beside each worker; 0 = alone)"),
         (spec.max_turns >= 1, "--max-turns", "must be >= 1"),
         (spec.agent or spec.max_turns == DEFAULTS["max_turns"], "--max-turns", "applies to --setting agent only"),
     ]

@@ -1,0 +1,191 @@
+"""How the CPU's compute threads wait for each other: a fair share on a busy machine, nothing lost alone.
+
+PyTorch's CPU kernels run on an OpenMP thread team (libgomp in the Linux wheels, LLVM's libomp on
+macOS). Between two parallel regions a team thread waits for the next one, and at the end of a region
+the threads wait for the slowest. How they wait is the runtime's wait policy, read once from the
+environment when the runtime starts (when torch is imported) and never again:
+
+    libgomp, nothing set      spin GOMP_SPINCOUNT = 300,000 rounds (about 3 ms), then sleep (futex)
+    OMP_WAIT_POLICY=ACTIVE    spin for minutes
+    OMP_WAIT_POLICY=PASSIVE   sleep at once (GOMP_SPINCOUNT = 0)
+    libomp / Intel            spin KMP_BLOCKTIME = 200 ms, then sleep
+
+Alone, spinning wins: the next region starts within microseconds, so it catches the back-to-back
+regions of a decode step. On a machine that runs something else the kernel takes a team thread away
+for a time slice, and each of the others then burns its own slices spinning for it: the demo's step
+was 6-8x slower beside two busy processes on 2 cores where its fair share is 2x (docs/performance.md,
+"A machine doing something else"). `thread_wait=auto` spins briefly (SHORT_SPIN rounds of libgomp,
+SHORT_BLOCKTIME_MS of libomp), long enough for the next region of a step and short enough that a
+preempted peer costs a fraction of a slice, then sleeps.
+
+Precedence: an explicit `thread_wait` (passive, active, short) sets the variables it names; `auto` takes
+the user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT / KMP_BLOCKTIME where any is set and the short spin
+otherwise; `openmp` leaves the runtime's own default. The choice must be made before torch is
+imported: the command line does it first thing; where torch was imported already (grpolab used from a
+program that imported it), the runtime keeps what it started with and the first line says so.
+
+No torch import here: this module runs before it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+WAIT_SETTINGS = ("auto", "short", "passive", "active", "openmp")
+USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+MARKER = "GRPOLAB_THREAD_WAIT"  # setting:policy, written beside the variables for the processes started after
+SHORT_SPIN = 10_000  # libgomp spin rounds before sleeping (about 0.1 ms at its own 100,000 rounds per ms)
+SHORT_BLOCKTIME_MS = 1  # libomp/Intel: milliseconds of spinning before sleeping (its unit; 0 = passive)
+SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""The environment of a helper process beside the trainer (a verifier, a sandboxed candidate): one
+compute thread, so that it takes at most one core's share from the trainer's team."""
+
+_SETS = {
+    "short": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(SHORT_SPIN), "KMP_BLOCKTIME": str(SHORT_BLOCKTIME_MS)},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"},
+    "active": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None, "KMP_BLOCKTIME": None},
+    "openmp": {},
+}
+_WORDS = {
+    "short": f"spin {SHORT_SPIN} rounds, then sleep",
+    "passive": "sleep at once (OMP_WAIT_POLICY=PASSIVE)",
+    "active": "spin (OMP_WAIT_POLICY=ACTIVE)",
+    "openmp": "the OpenMP runtime's default (libgomp: spin about 3 ms, then sleep)",
+}
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    """What the compute threads do while they wait, and the environment that says it to OpenMP.
+
+    env: variable -> value to set, or None to unset. applied: False when the runtime had started before
+    the plan could be applied (then `env` was not written and the runtime keeps its start-up policy)."""
+
+    setting: str
+    policy: str  # short, passive, active, openmp or user (the user's own variables)
+    env: dict = field(default_factory=dict)
+    applied: bool = True
+    user: dict = field(default_factory=dict)  # the user's own variables, where `auto` took them
+
+    def describe(self) -> str:
+        """The wait part of the run's first line."""
+        if self.policy == "user":
+            how = "as set in the environment: " + " ".join(f"{k}={v}" for k, v in self.user.items())
+        else:
+            how = _WORDS[self.policy]
+        text = f"threads wait: {how} (thread_wait={self.setting})"
+        if not self.applied:
+            text += ("; not applied: torch was imported before grpolab could set it, so OpenMP keeps the policy "
+                     "it started with (set thread_wait or OMP_WAIT_POLICY before importing torch)")
+        return text
+
+
+def check_setting(setting: str) -> str:
+    """The setting, or ValueError naming the known ones."""
+    if setting not in WAIT_SETTINGS:
+        raise ValueError(f"thread_wait: {setting!r} is not one of {', '.join(WAIT_SETTINGS)}")
+    return setting
+
+
+def plan_wait(setting: str = "auto", environ: dict | None = None) -> WaitPlan:
+    """The wait policy for `setting` in the environment `environ` (default os.environ); pure."""
+    check_setting(setting)
+    environ = os.environ if environ is None else environ
+    if setting == "auto":
+        user = {k: environ[k] for k in USER_VARS if environ.get(k)}
+        if user:
+            return WaitPlan(setting, "user", {}, user=user)
+        return WaitPlan(setting, "short", dict(_SETS["short"]))
+    return WaitPlan(setting, setting, dict(_SETS[setting]))
+
+
+def runtime_started() -> bool:
+    """True when torch (and with it the OpenMP runtime, which reads its variables once) is loaded."""
+    return "torch" in sys.modules
+
+
+_current: WaitPlan | None = None
+_saved: dict = {}  # the user's values of the variables a plan changed, restored before a new plan
+
+
+def prepare(setting: str = "auto", environ=None) -> WaitPlan:
+    """Decide the wait policy and write it into the environment, if the OpenMP runtime has not started.
+    Called again before the start (a command that read its config), it replaces the earlier plan."""
+    global _current
+    environ = os.environ if environ is None else environ
+    if runtime_started() and _current is not None and _current.setting == setting:
+        return _current  # decided (and applied) before the runtime started
+    if not runtime_started():
+        for k, v in _saved.items():  # undo an earlier plan before deciding anew
+            if v is None:
+                environ.pop(k, None)
+            else:
+                environ[k] = v
+        _saved.clear()
+    plan = inherited(setting, environ)
+    if plan is not None:  # a parent grpolab process set it before this one started
+        _current = plan
+        return plan
+    plan = plan_wait(setting, environ)
+    if runtime_started():
+        plan = WaitPlan(plan.setting, plan.policy, plan.env, applied=False, user=plan.user)
+    else:
+        _saved.update({k: environ.get(k) for k in (*plan.env, MARKER)})
+        for k, v in plan.env.items():
+            if v is None:
+                environ.pop(k, None)
+            else:
+                environ[k] = v
+        environ[MARKER] = f"{setting}:{plan.policy}"  # the processes this one starts inherit it from their start
+    _current = plan
+    return plan
+
+
+def inherited(setting: str, environ) -> WaitPlan | None:
+    """The plan a parent grpolab process wrote into this process's environment before starting it (MARKER
+    names its setting and policy), when it is `setting`'s; else None."""
+    marked = environ.get(MARKER, "")
+    got, _, policy = marked.partition(":")
+    if got != setting or policy not in (*_SETS, "user"):
+        return None
+    user = {k: environ[k] for k in USER_VARS if environ.get(k)} if policy == "user" else {}
+    return WaitPlan(setting, policy, dict(_SETS.get(policy, {})), applied=True, user=user)
+
+
+def environ_without_plan(environ=None) -> dict:
+    """A copy of the environment with this process's plan undone: for a process that should wait as
+    OpenMP does by default (the other side of a comparison)."""
+    env = dict(os.environ if environ is None else environ)
+    for k, v in _saved.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    env.pop(MARKER, None)
+    return env
+
+
+def current(setting: str = "auto") -> WaitPlan:
+    """The plan this process runs under: the one `prepare` applied, or (grpolab used from a program that
+    had imported torch) what `setting` would have been, marked not applied."""
+    if _current is not None and _current.setting == setting:
+        return _current
+    return prepare(setting)
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def describe_threads(threads: int, plan: WaitPlan, n_cores: int | None = None) -> str:
+    """The run's first line: compute threads and how they wait."""
+    n = cores() if n_cores is None else n_cores
+    return (f"threads: {threads} compute thread{'s' if threads != 1 else ''} on {n} core{'s' if n != 1 else ''}; "
+            f"{plan.describe()}")
+
+
+__all__ = ["WAIT_SETTINGS", "MARKER", "inherited", "environ_without_plan", "cores", "SHORT_SPIN", "SINGLE_THREAD_ENV", "WaitPlan", "plan_wait", "prepare", "current",
+           "describe_threads", "check_setting", "runtime_started"]

@@ -1,0 +1,168 @@
+"""The CPU threads' wait policy (grpolab.util.threads): what each thread_wait setting writes into the
+environment, that the user's own variables win under auto, that a plan made after torch started says
+it was not applied, that OpenMP really reads it when it is made first, that the run's first line names it,
+and that the processes beside the trainer (busy load, verifiers, sandboxed candidates) are set up for one core."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpolab.training.config import ConfigError, build_config, thread_wait_of
+from grpolab.util import threads
+from grpolab.util.procs import busy_processes
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture()
+def fresh(monkeypatch):
+    """No plan made yet in this process."""
+    monkeypatch.setattr(threads, "_current", None)
+    monkeypatch.setattr(threads, "_saved", {})
+
+
+def test_auto_is_a_short_spin_when_the_user_set_nothing():
+    plan = threads.plan_wait("auto", {})
+    assert plan.policy == "short"
+    assert plan.env == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(threads.SHORT_SPIN),
+                        "KMP_BLOCKTIME": str(threads.SHORT_BLOCKTIME_MS)}
+    assert threads.SHORT_SPIN < 300_000  # shorter than libgomp's own default spin
+
+
+@pytest.mark.parametrize("var, value", [("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "5"), ("KMP_BLOCKTIME", "0")])
+def test_auto_keeps_the_users_own_variable(var, value):
+    plan = threads.plan_wait("auto", {var: value, "PATH": "/bin"})
+    assert plan.policy == "user" and plan.env == {} and plan.user == {var: value}
+    assert f"as set in the environment: {var}={value} (thread_wait=auto)" in plan.describe()
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("passive", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"}),
+    ("active", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None, "KMP_BLOCKTIME": None}),
+    ("short", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(threads.SHORT_SPIN), "KMP_BLOCKTIME": "1"}),
+    ("openmp", {}),
+])
+def test_an_explicit_setting_overrides_the_users_variables(setting, expected):
+    plan = threads.plan_wait(setting, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "7"})
+    assert plan.policy == setting and plan.env == expected
+
+
+def test_an_unknown_setting_is_refused():
+    with pytest.raises(ValueError, match="thread_wait: 'spin' is not one of auto, short, passive, active, openmp"):
+        threads.plan_wait("spin", {})
+
+
+def test_prepare_writes_replaces_and_restores(fresh, monkeypatch):
+    monkeypatch.setattr(threads, "runtime_started", lambda: False)
+    env = {"GOMP_SPINCOUNT": "99", "PATH": "/bin"}
+    plan = threads.prepare("passive", env)
+    assert plan.applied
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0", "PATH": "/bin",
+                   threads.MARKER: "passive:passive"}
+    assert threads.environ_without_plan(env) == {"GOMP_SPINCOUNT": "99", "PATH": "/bin"}  # the user's value back
+    plan = threads.prepare("auto", env)  # the command's config read later: the first plan is undone first
+    assert plan.policy == "user" and plan.user == {"GOMP_SPINCOUNT": "99"}
+    assert env == {"GOMP_SPINCOUNT": "99", "PATH": "/bin", threads.MARKER: "auto:user"}
+
+
+def test_a_plan_made_after_torch_started_says_it_was_not_applied(fresh):
+    import torch  # noqa: F401  (the runtime has started)
+
+    env = {}
+    plan = threads.prepare("passive", env)
+    assert not plan.applied and env == {}  # nothing written: OpenMP would not read it again
+    assert "not applied: torch was imported before grpolab could set it" in plan.describe()
+
+
+def test_a_child_inherits_its_parents_plan(fresh):
+    import torch  # noqa: F401
+
+    env = {"GOMP_SPINCOUNT": str(threads.SHORT_SPIN), "KMP_BLOCKTIME": "1", threads.MARKER: "auto:short"}
+    plan = threads.prepare("auto", env)  # set by the parent before this process started: applied
+    assert plan.applied and plan.policy == "short"
+    assert threads.inherited("passive", env) is None  # another setting was asked for: not the parent's
+
+
+def test_first_line_names_threads_cores_and_the_policy():
+    plan = threads.plan_wait("auto", {})
+    assert threads.describe_threads(2, plan, 2) == (
+        f"threads: 2 compute threads on 2 cores; threads wait: spin {threads.SHORT_SPIN} rounds, then sleep "
+        f"(thread_wait=auto)")
+    assert threads.describe_threads(1, threads.plan_wait("openmp", {}), 1).startswith(
+        "threads: 1 compute thread on 1 core; threads wait: the OpenMP runtime's default")
+
+
+def test_config_field_default_override_and_refusal():
+    assert build_config({}, []).thread_wait == "auto"
+    assert build_config({"thread_wait": "passive"}, ["thread_wait=active"]).thread_wait == "active"
+    assert thread_wait_of({"thread_wait": "passive"}, []) == "passive"
+    assert thread_wait_of({}, ["thread_wait=openmp"]) == "openmp"
+    with pytest.raises(ConfigError, match="thread_wait"):
+        build_config({}, ["thread_wait=spin"])
+    with pytest.raises(ConfigError, match="thread_wait: must be one of"):
+        thread_wait_of({"thread_wait": "spin"}, [])
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (*threads.USER_VARS, threads.MARKER)}
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_openmp_reads_what_prepare_wrote_before_torch():
+    """libgomp prints the values it started with (OMP_DISPLAY_ENV=VERBOSE): the spin count of the plan."""
+    code = ("from grpolab.util.threads import prepare; import sys; p = prepare(sys.argv[1]); "
+            "assert p.applied, p; import torch; torch.ones(4).sum()")
+    for setting, line in (("auto", f"GOMP_SPINCOUNT = '{threads.SHORT_SPIN}'"), ("passive", "OMP_WAIT_POLICY = 'PASSIVE'")):
+        res = subprocess.run([sys.executable, "-c", code, setting], env={**_env(), "OMP_DISPLAY_ENV": "VERBOSE"},
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert line in res.stderr, res.stderr[-2000:]
+
+
+def test_the_train_command_says_its_wait_policy_first(tmp_path, tiny_model_dir):
+    """The real CLI, one step on a tiny model: the first line names the override, and OpenMP read it."""
+    res = subprocess.run([sys.executable, "-m", "grpolab.app.cli", "train", f"model={tiny_model_dir}", "steps=1", "G=2",
+                          "batch_size=2", "max_new_tokens=4", "eval_size=0", f"out={tmp_path / 'run'}", "progress=false",
+                          "report=false", "tensorboard=false", "thread_wait=passive", "precision=fp32"],
+                         env={**_env(), "OMP_DISPLAY_ENV": "TRUE"}, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = " ".join(res.stdout.split())  # the console wraps long lines
+    assert out.startswith("threads: ") and out.index("(thread_wait=passive)") < out.index("rollout engine:")
+    assert "threads wait: sleep at once (OMP_WAIT_POLICY=PASSIVE) (thread_wait=passive)" in out
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in res.stderr
+
+
+def test_busy_processes_run_for_the_block_and_are_gone_after():
+    with busy_processes(2) as pids:
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, 0)  # alive
+            assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2] == b"while True: pass"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_helpers_beside_the_trainer_get_one_thread():
+    from grpolab.sandbox import launcher
+
+    cfg = launcher.launcher_config(exec_python=None, plan=None, uid=None, workdir="/tmp", limits={}, res_fd=3, wall_s=1,
+                                   cgroups=[], seccomp=None, tmpfs_mb=1, tmpfs_inodes=1)
+    assert cfg["thread_env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    assert 'os.environ.update(cfg["thread_env"])' in launcher.LAUNCHER_SRC  # the candidate's environment gets it
+
+
+def test_bench_takes_a_busy_count():
+    from grpolab.app.bench import spec as bench_spec
+
+    s = bench_spec.parse_spec(["--setting", "a", "--busy", "2"])
+    assert s.busy == 2 and s.describe().endswith("; beside 2 busy processes")
+    assert bench_spec.parse_spec(["--setting", "a"]).busy == 0
+    with pytest.raises(ConfigError, match="--busy"):
+        bench_spec.parse_spec(["--busy", "-1"])
