@@ -43,7 +43,7 @@ from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.plan import check_run
-from grpolab.training.run import Run
+from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import rollout_and_score, train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
@@ -108,6 +108,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         if resume:
             check_same_lora(out, cfg)
     task = build_task(cfg.task, cfg.seed, cfg.task_args, environment=cfg.env.enabled)
+    check_epochs(cfg, task, log)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
     if cfg.threads:
