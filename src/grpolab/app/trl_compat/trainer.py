@@ -184,6 +184,7 @@ class GRPOTrainer:
             kwargs["dataset"] = self.train_rows
         if self.eval_rows is not None:
             kwargs["eval_dataset"] = self.eval_rows
+            recipe["task_args"] = {k: v for k, v in recipe.get("task_args", {}).items() if k != "eval_size"}
         elif self.train_rows is not None:
             recipe["eval_size"] = 0  # TRL evaluates eval_dataset only
         if resume_from_checkpoint:
