@@ -303,7 +303,7 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     if isinstance(resume, str) and resume == "auto":  # the setting, not a directory named auto
         overrides, resume = [*(overrides or []), "resume=auto"], None
     rewards, dataset, settings = _trl_settings(settings, rewards, dataset, reward_funcs, train_dataset)
-    from grpolab.app.trl_compat import trl_overrides, trl_recipe
+    from grpolab.app.trl_compat.config import trl_overrides, trl_recipe
 
     if args is not None:
         if config is not None:

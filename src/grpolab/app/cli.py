@@ -57,7 +57,7 @@ def _train(argv: list[str]) -> int:
             raise ConfigError(f"{args[0]!r}: --trl starts from TRL's defaults; it takes no recipe")
         recipe = load_recipe(args.pop(0))
     elif ns.trl:
-        from grpolab.app.trl_compat import GRPOConfig, trl_recipe
+        from grpolab.app.trl_compat.config import GRPOConfig, trl_recipe
 
         recipe = trl_recipe(GRPOConfig())[0]
     bad = [a for a in args if "=" not in a]
@@ -89,7 +89,7 @@ def _trl_names(args: list[str]) -> tuple[list[str], list[str]]:
     mapping table (grpolab.app.trl_compat) into grpolab's KEY=VALUE; (overrides, notes)."""
     import yaml
 
-    from grpolab.app.trl_compat import trl_overrides
+    from grpolab.app.trl_compat.config import trl_overrides
     from grpolab.training.config import parse_overrides
 
     top = [a for a in args if "." not in a.split("=", 1)[0]]

@@ -354,9 +354,11 @@ def help_text(cfg: Config | None = None) -> str:
              "would use:", ""]
     docs = field_docs(Config)
     for f in dataclasses.fields(Config):
-        if f.name in ("algo", "lora", "env", "rollout"):
+        if f.name == "algo":
             continue
-        lines.append(f"  {f.name}={getattr(cfg, f.name)!r}")
+        value = getattr(cfg, f.name)
+        shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        lines.append(f"  {f.name}={shown!r}")
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     lines += ["", "  lora.* options (LoRA through peft; lora.r=0, the default, trains every weight):"]
     lines += _option_lines("lora.", cfg.lora)
