@@ -151,6 +151,8 @@ def test_cli_help_prints_the_values_a_run_uses(capsys):
     assert code == 0 and "  algo.beta=0.04\n" in text  # the default preset's, which runs use
     code, text = _cli("train", "dapo", "--help", capsys=capsys)
     assert "  algo.eps_high=0.28\n" in text and "  algo.beta=0.0\n" in text
+    code, text = _cli("train", "max_steps=3", "learning_rate=2e-6", "--help", capsys=capsys)
+    assert code == 0 and "  steps=3\n" in text and "  lr=2e-06\n" in text and "  algo.beta=0.04\n" in text
     code, text = _cli("train", "--trl", "max_steps=7", "--help", capsys=capsys)
     assert "  steps=7\n" in text and "  lr=1e-06\n" in text and "  max_new_tokens=512\n" in text
     assert "  algo.aggregation='token_mean'\n" in text and "  adam_betas=[0.9, 0.999]\n" in text
@@ -231,3 +233,16 @@ def test_map_style_dataset_is_read_by_its_length():
     assert rows_of(Endless(), "train_dataset") == [{"prompt": "p0"}, {"prompt": "p1"}, {"prompt": "p2"}]
     with pytest.raises(ConfigError, match="without a length"):
         rows_of(iter([{"prompt": "x"}]), "train_dataset")
+
+
+def test_cli_runs_with_max_steps(tiny_model_dir, tmp_path, capsys):
+    import yaml
+
+    out = tmp_path / "run"
+    code, text = _cli("train", f"model={tiny_model_dir}", "max_steps=1", "learning_rate=3e-6", "batch_size=4", "G=2",
+                      "max_new_tokens=4", "eval_size=0", f"out={out}", "report=false", "progress=false",
+                      capsys=capsys)
+    assert code == 0, text
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert (cfg["steps"], cfg["lr"]) == (1, 3e-6)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1

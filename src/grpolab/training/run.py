@@ -150,13 +150,17 @@ def step_rng(seed: int, step: int, device: torch.device, rank: int = 0) -> tuple
 
 
 def check_epochs(cfg: Config, task, log: Callable[[str], None]) -> None:
-    """num_train_epochs needs a task with a finite list of training rows; steps=-1 becomes the number of
-    steps the epochs take: ceil(num_train_epochs x rows / prompts per step) (a ConfigError otherwise)."""
+    """num_train_epochs orders the rows of a task with a finite list of them (a task that generates its
+    prompts draws them as before; with steps=-1 that is a ConfigError); steps=-1 becomes the number of steps
+    the epochs take: ceil(num_train_epochs x rows / prompts per step)."""
     if cfg.num_train_epochs is None:
         return
     if not hasattr(task, "epoch_rows"):
-        raise ConfigError(f"num_train_epochs: task {cfg.task!r} generates its prompts and has no rows to pass over; "
-                          f"set num_train_epochs=null and steps=N")
+        if cfg.steps == -1:
+            raise ConfigError(f"num_train_epochs: task {cfg.task!r} generates its prompts and has no rows to pass "
+                              f"over; set steps=N (max_steps=N)")
+        log(f"num_train_epochs: task {cfg.task!r} generates its prompts: each step draws new ones")
+        return
     if cfg.steps == -1:
         per_step = cfg.batch_size // cfg.G
         cfg.steps = max(1, math.ceil(cfg.num_train_epochs * len(task) / per_step))

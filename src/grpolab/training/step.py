@@ -112,7 +112,7 @@ def collect(run: Run, step: int) -> Batch:
         need = prompts_per_step - sum(len(b.examples) for b in kept)
         if need <= 0:
             break
-        if cfg.num_train_epochs is not None and not kept and not n_groups:  # epochs: the step's own rows
+        if cfg.num_train_epochs is not None and hasattr(run.task, "epoch_rows") and not n_groups:  # epochs
             examples = run.task.epoch_rows((step - 1) * need * d.world, need * d.world,
                                            cfg.seed if cfg.data_seed is None else cfg.data_seed, cfg.shuffle)
             examples = examples[rank_slice(need * d.world, d)]  # this rank's share
