@@ -5,7 +5,8 @@
     grpolab.evaluate("runs/try")
 
 `import grpolab` is cheap: the attributes below load their modules (and torch) on first use.
-See grpolab.app.api for the arguments.
+See grpolab.app.api for the arguments. A TRL script runs with `from grpolab import GRPOConfig, GRPOTrainer`
+(grpolab.app.trl_compat; docs/migrating-from-trl.md).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ _LAZY = {
     "ConfigError": "grpolab.util.fields:ConfigError",
     "Example": "grpolab.batch:Example",
     "REWARDS": "grpolab.rewards:REWARDS",
+    "GRPOConfig": "grpolab.app.trl_compat:GRPOConfig",
+    "GRPOTrainer": "grpolab.app.trl_compat:GRPOTrainer",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -107,12 +107,28 @@ def adv_group_zscore(r: Tensor, G: int, eps: float) -> Tensor:
     return adv_group_mean(r, G, eps) / (group_std(r, G) + eps)  # (N,)
 
 
+def adv_group_zscore_unbiased(r: Tensor, G: int, eps: float) -> Tensor:
+    """GRPO as TRL computes it (trl/trainer/grpo_trainer.py, scale_rewards="group", its default):
+
+        A_i = (r_i - mean_G r) / (std_G r + eps),   std_G with Bessel's correction: sqrt(sum (r - mean)^2 / (G - 1)).
+
+    It is group_zscore times about sqrt(G / (G-1)). G = 1 has no Bessel std (TRL requires G >= 2): the
+    advantage is then 0, as group_zscore's.
+    """
+    rg = _groups(r, G)  # (B, G)
+    if G < 2:
+        return torch.zeros_like(rg).view(-1)  # (N,)
+    std = rg.std(dim=1, correction=1, keepdim=True).expand_as(rg).reshape(-1)  # (N,)
+    return adv_group_mean(r, G, eps) / (std + eps)  # (N,)
+
+
 ADVANTAGES: dict[str, Callable[[Tensor, int, float], Tensor]] = {
     "none": adv_none,
     "batch_mean": adv_batch_mean,
     "rloo": adv_rloo,
     "group_mean": adv_group_mean,
     "group_zscore": adv_group_zscore,
+    "group_zscore_unbiased": adv_group_zscore_unbiased,
 }
 """Sequence-level estimators: name -> fn(r (N,), G, eps) -> adv (N,). "gae" is grpolab.algo.gae.gae."""
 
@@ -141,10 +157,20 @@ def scale_batch_std(adv: Tensor, r: Tensor, G: int, eps: float) -> Tensor:
     return adv / (r.std(correction=0) + eps)  # (N,)
 
 
+def scale_batch_std_unbiased(adv: Tensor, r: Tensor, G: int, eps: float) -> Tensor:
+    """Divide by the Bessel-corrected reward std of the whole batch, adv / (std_N r + eps), std_N =
+    sqrt(sum (r - mean_N r)^2 / (N - 1)): TRL's scale_rewards="batch" (trl/trainer/grpo_trainer.py) with
+    the group-mean advantage. One completion: no std, adv / eps."""
+    r = _float(r)
+    std = r.std(correction=1) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+    return adv / (std + eps)  # (N,)
+
+
 ADV_SCALES: dict[str, Callable[[Tensor, Tensor, int, float], Tensor]] = {
     "none": scale_none,
     "group_std": scale_group_std,
     "batch_std": scale_batch_std,
+    "batch_std_unbiased": scale_batch_std_unbiased,
 }
 
 

@@ -325,7 +325,9 @@ def policy_loss(
     if ref_logp is not None:
         kl_tok = kl_per_token(logp, ref_logp.detach().float(), mask, algo.kl_estimator)  # (b, T)
         if beta > 0 and algo.kl_in_loss:
-            total_tok = loss_tok + beta * kl_tok  # (b, T)
+            weighted = kl_tok * torch.exp(_importance_log_ratio(logp, old_logp, mask)) \
+                if algo.kl_ratio_weight else kl_tok  # (b, T) rho_it * k_t: TRL's use_bias_correction_kl
+            total_tok = loss_tok + beta * weighted  # (b, T)
 
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
 

@@ -87,6 +87,10 @@ class AlgoConfig:
     per-token KL over valid tokens)."""
     kl_horizon: int = 10000
     """Horizon H of the adaptive controller: beta *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / H."""
+    kl_ratio_weight: bool = False
+    """Weight the KL term of the loss by the token's importance ratio, beta * rho_it * k_t with rho_it =
+    exp(logp - old_logp) differentiable (TRL's use_bias_correction_kl, its default): on-policy its value
+    is unchanged and its gradient gains beta * k_t * grad log pi_theta. Only with kl_placement in_loss."""
 
     # --- DAPO ------------------------------------------------------------------------------------
     dynamic_sampling: bool = False
@@ -243,7 +247,7 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
         raise ConfigError("algo.advantage: gae needs a critic; set algo.uses_critic: true (or use algo=ppo)")
     if cfg.uses_critic and cfg.advantage != "gae":
         raise ConfigError(f"algo.uses_critic: a critic is only used by advantage gae, got advantage {cfg.advantage!r}")
-    if cfg.advantage == "group_zscore" and cfg.adv_scale != "none":
+    if cfg.advantage.startswith("group_zscore") and cfg.adv_scale != "none":
         raise ConfigError("algo.adv_scale: group_zscore already divides by the group std; allowed with it: none")
     if cfg.advantage == "gae" and cfg.adv_scale == "group_std":
         raise ConfigError("algo.adv_scale: per-token gae advantages have no group; allowed with gae: none, batch_std")

@@ -182,12 +182,15 @@ def _trl_settings(settings: dict, rewards, dataset, reward_funcs, train_dataset)
     return rewards, dataset, settings
 
 
-def _write_rows(rows, out: Path) -> Path:
-    """Rows in memory -> OUT/dataset.jsonl (atomic), so the run's config names a file."""
+def _write_rows(rows, out: Path, name: str = "dataset.jsonl") -> Path:
+    """Rows in memory -> OUT/dataset.jsonl (atomic), so the run's config names a file. A map-style
+    dataset (a torch Dataset: __len__ and __getitem__) is read by index up to its length."""
     from grpolab.util.fileio import atomic_write
 
     if hasattr(rows, "to_list"):
         rows = rows.to_list()
+    elif not isinstance(rows, (list, tuple)) and hasattr(rows, "__len__") and hasattr(rows, "__getitem__"):
+        rows = [rows[i] for i in range(len(rows))]
     rows = list(rows)
     if not rows or not all(isinstance(r, dict) for r in rows):
         raise ConfigError("dataset: expected a path, a datasets.Dataset or a non-empty list of dicts (one per row)")
@@ -196,14 +199,14 @@ def _write_rows(rows, out: Path) -> Path:
     except (TypeError, ValueError) as e:
         raise ConfigError(f"dataset: rows must be JSON data (strings, numbers, lists, dicts): {e}") from e
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "dataset.jsonl"
+    path = out / name
     atomic_write(path, text)
     return path
 
 
 def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
           overrides: list[str] | None = None, resume: str | Path | None = None, trl_env: dict | None = None,
-          env_task: bool = False, **settings):
+          env_task: bool = False, eval_dataset=None, **settings):
     """The validated Config that `train` would run, and the rows to write for an in-memory dataset.
 
     trl_env: env.* settings from TRL's environment_factory= / tools= (see _environments); env_task (an
@@ -245,11 +248,21 @@ def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
         else:
             rows = dataset
             args["path"] = "dataset.jsonl"  # replaced by OUT/dataset.jsonl below
+    if eval_dataset is not None:
+        if recipe.get("task") != "dataset":
+            raise ConfigError("eval_dataset: goes with a dataset (task=dataset)")
+        if isinstance(eval_dataset, (str, Path)):
+            recipe.setdefault("task_args", {})["eval_path"] = str(eval_dataset)
+        else:
+            recipe.setdefault("task_args", {})["eval_path"] = "eval_dataset.jsonl"  # replaced by OUT/eval_dataset.jsonl below
+            recipe.setdefault("eval_size", len(eval_dataset))
     if rewards is not None:
         recipe["rewards"] = rewards
     cfg = build_config(recipe, overrides or [])
     if rows is not None:
         cfg.task_args["path"] = str(Path(cfg.out) / "dataset.jsonl")
+    if eval_dataset is not None and not isinstance(eval_dataset, (str, Path)):
+        cfg.task_args["eval_path"] = str(Path(cfg.out) / "eval_dataset.jsonl")
     return cfg, rows
 
 
@@ -268,7 +281,8 @@ def _quiet_hub_bars():
 
 def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
           overrides: list[str] | None = None, resume: str | Path | None = None, console=None,
-          environment_factory=None, tools=None, reward_funcs=None, train_dataset=None, **settings) -> dict:
+          environment_factory=None, tools=None, reward_funcs=None, train_dataset=None, eval_dataset=None,
+          args=None, **settings) -> dict:
     """Train and return the summary (the dict written to OUT/summary.json).
 
     config: a Config, a dict, a recipe path or name, or None; settings: top-level keys (steps=5,
@@ -277,7 +291,10 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     then the settings), or "auto" (the resume=auto setting: a new run where `out` holds none, else
     the run there continued; docs/distributed.md); console: a rich Console (default: a new one on stdout).
     environment_factory, tools, reward_funcs, train_dataset (and max_steps= among the settings): TRL's
-    GRPOTrainer spellings (the module docstring).
+    GRPOTrainer spellings (the module docstring). eval_dataset: a file, or rows (written to
+    OUT/eval_dataset.jsonl), evaluated instead of a share of the training rows. args: a GRPOConfig (grpolab's
+    or trl's), mapped by grpolab.app.trl_compat (docs/migrating-from-trl.md); TRL field names among the
+    settings (learning_rate=, per_device_train_batch_size=, ...) are mapped by the same table.
     """
     from rich.console import Console
 
@@ -286,19 +303,32 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     if isinstance(resume, str) and resume == "auto":  # the setting, not a directory named auto
         overrides, resume = [*(overrides or []), "resume=auto"], None
     rewards, dataset, settings = _trl_settings(settings, rewards, dataset, reward_funcs, train_dataset)
+    from grpolab.app.trl_compat.config import trl_overrides, trl_recipe
+
+    if args is not None:
+        if config is not None:
+            raise ConfigError("args: a TRL GRPOConfig is the config; give args= or config=, not both")
+        config = trl_recipe(args)[0]
+    settings, notes = trl_overrides(settings)
+    console = console or Console()
+    for note in notes:
+        console.print(f"TRL compatibility: {note}")
     with _registered(rewards) as specs, _environments(environment_factory, tools) as env:
         cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
-                          trl_env=env, env_task=environment_factory is not None, **settings)
+                          trl_env=env, env_task=environment_factory is not None, eval_dataset=eval_dataset,
+                          **settings)
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
         trainer.check_out_dir(out, resume is not None, auto=cfg.resume == "auto")  # before writing anything into OUT
         if rows is not None:
             _write_rows(rows, out)
+        if eval_dataset is not None and not isinstance(eval_dataset, (str, Path)):
+            _write_rows(eval_dataset, out, "eval_dataset.jsonl")
         from grpolab.app.report import write_run_report
 
         with _quiet_hub_bars():
-            return trainer.train(cfg, resume=resume is not None, console=console or Console(),
+            return trainer.train(cfg, resume=resume is not None, console=console,
                                  report=write_run_report)
 
 

@@ -14,6 +14,7 @@ from grpolab.util.fields import ConfigError
 
 USAGE_TRAIN = """grpolab train [RECIPE.yaml | RECIPE_NAME] [KEY=VALUE ...]
        grpolab train --resume OUT [KEY=VALUE ...]
+       grpolab train --trl [KEY=VALUE ...]            # TRL's GRPOConfig defaults (docs/migrating-from-trl.md)
 
 Train a policy with reinforcement learning from verifiable rewards. Settings: defaults <- recipe <-
 KEY=VALUE overrides (dotted for nested keys: algo.beta=0.04, task_args.digits=2).
@@ -22,6 +23,8 @@ Examples:
   grpolab train steps=5 out=runs/try              # the defaults below (GRPO preset: beta 0.04)
   grpolab train algo=dapo task=countdown out=runs/cd
   grpolab train --resume runs/try steps=40        # continue a stopped run (steps may be raised)
+  grpolab train max_steps=10 learning_rate=1e-6   # TRL's field names work too (docs/migrating-from-trl.md)
+  grpolab train RECIPE --help                     # the options with the values that run would use
   torchrun --max-restarts 3 ... -m grpolab train recipes/demo.yaml out=/shared/run resume=auto
                                                   # resume=auto: the same command starts the run or, after a
                                                   # restart, continues its newest verified checkpoint
@@ -43,23 +46,33 @@ def _train(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-h", "--help", action="store_true")
     ap.add_argument("--resume", metavar="OUT")
+    ap.add_argument("--trl", action="store_true")
     ap.add_argument("args", nargs="*")
     ns = ap.parse_args(argv)
-    if ns.help:
-        print(USAGE_TRAIN)
-        print(help_text())
-        return 0
     args = list(ns.args)
     recipe: dict = {}
     if ns.resume:
         recipe = config_from_run(Path(ns.resume))
         recipe["out"] = ns.resume
     elif args and "=" not in args[0]:
+        if ns.trl:
+            raise ConfigError(f"{args[0]!r}: --trl starts from TRL's defaults; it takes no recipe")
         recipe = load_recipe(args.pop(0))
+    elif ns.trl:
+        from grpolab.app.trl_compat.config import GRPOConfig, trl_recipe
+
+        recipe = trl_recipe(GRPOConfig())[0]
     bad = [a for a in args if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
-    prepare(thread_wait_of(recipe, args))  # before build_config imports torch: OpenMP reads it once, then
+    args, notes = _trl_names(args)
+    prepare(thread_wait_of(recipe, args))  # before build_config imports torch: OpenMP reads its settings once
+    if ns.help:
+        print(USAGE_TRAIN)
+        print(help_text(build_config(recipe, args)))
+        return 0
+    for note in notes:
+        print(f"TRL compatibility: {note}")
     cfg = build_config(recipe, args)
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
         raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
@@ -72,6 +85,33 @@ def _train(argv: list[str]) -> int:
     hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     train(cfg, resume=bool(ns.resume), console=Console(), report=write_run_report)
     return 0
+
+
+def _trl_names(args: list[str]) -> tuple[list[str], list[str]]:
+    """KEY=VALUE overrides whose key is a TRL GRPOConfig field (and not grpolab's) converted through the
+    mapping table (grpolab.app.trl_compat) into grpolab's KEY=VALUE; (overrides, notes)."""
+    import yaml
+
+    from grpolab.app.trl_compat.config import trl_overrides
+    from grpolab.training.config import parse_overrides
+
+    top = [a for a in args if "." not in a.split("=", 1)[0]]
+    parsed = parse_overrides(top)
+    converted, notes = trl_overrides(parsed)
+    if converted == parsed:
+        return args, notes
+    out = [a for a in args if a not in top]
+    flat: list[str] = []
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict) and prefix != "task_args" and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append(f"{prefix}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
+
+    walk("", converted)
+    return flat + out, notes
 
 
 def _eval(argv: list[str]) -> int:

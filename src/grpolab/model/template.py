@@ -7,15 +7,19 @@ from __future__ import annotations
 import re
 
 
-def chat_prompts(tokenizer, prompts: list, system_prompt: str | None) -> list[list[int]]:
+def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_strings: bool = False) -> list[list[int]]:
     """Token ids of each prompt wrapped in the model's chat template, ready for the assistant turn.
 
     A prompt is the user message (a string), or a list of chat messages ({"role", "content"}: system,
     user and assistant turns, as datasets give them); `system_prompt` goes first unless the list has
     its own system message. A bare tokenizer (no chat template) gets the text (the messages' contents
-    joined by blank lines)."""
+    joined by blank lines). raw_strings: a string prompt is the input text as it is, tokenised without
+    the template (TRL's standard format: `tokenizer(text)["input_ids"]`)."""
     out = []
     for p in prompts:
+        if isinstance(p, str) and raw_strings:
+            out.append(list(tokenizer(p)["input_ids"]))
+            continue
         if isinstance(p, str):
             msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": p}]
             text = p

@@ -166,6 +166,25 @@ def draw(items: list[T], n: int, rng: random.Random) -> list[T]:
     return [rng.choice(items) for _ in range(n)]
 
 
+def epoch_order(rows: int, start: int, n: int, seed: int, shuffle: bool = True) -> list[int]:
+    """Row indices at positions start .. start+n-1 of consecutive epochs over `rows` rows: epoch e
+    (positions e*rows .. (e+1)*rows - 1) is a permutation of range(rows), seeded by (seed, e) when
+    `shuffle` (random.Random(f"{seed}:{e}").shuffle: Python seeds a str through SHA-512, the same on
+    every machine and process), else the rows' own order. A batch may span two epochs, as TRL's
+    sampler's does."""
+    out: list[int] = []
+    cache: dict[int, list[int]] = {}
+    for p in range(start, start + n):
+        e, i = divmod(p, rows)
+        if e not in cache:
+            order = list(range(rows))
+            if shuffle:
+                random.Random(f"{seed}:{e}").shuffle(order)
+            cache[e] = order
+        out.append(cache[e][i])
+    return out
+
+
 class FileSplitTask:
     """What a task read from a file does with its rows once it holds `self._train` and `self._eval`
     (lists of Example): draw training rows, hand out the held-out ones, count them."""
@@ -176,6 +195,12 @@ class FileSplitTask:
     def sample(self, n: int, rng: random.Random) -> list:
         """`n` training rows (`draw`: without replacement within one call when possible)."""
         return draw(self._train, n, rng)
+
+    def epoch_rows(self, start: int, n: int, seed: int, shuffle: bool = True) -> list:
+        """Rows start .. start+n-1 of the endless sequence of epochs over the training rows (`epoch_order`):
+        step s of a run with P prompts per step takes epoch_rows((s-1) P, P, ...), so every row comes once
+        per epoch, and a resumed run takes what it would have."""
+        return [self._train[i] for i in epoch_order(len(self._train), start, n, seed, shuffle)]
 
     def eval_set(self) -> list:
         """The held-out rows, in file order."""

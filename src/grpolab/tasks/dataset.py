@@ -38,6 +38,10 @@ Options (`task_args`):
     eval_fraction   fraction of rows held out, in (0, 1) (no file split, no eval_path).
     limit           read at most this many training rows.
     system_prompt   system message for string prompts (default: the chat template's own).
+    string_prompts  chat (default): a string prompt is the user message, wrapped in the chat template;
+                    raw: it is the model's input text as it is (TRL's "standard" format: no template,
+                    so a prompt already templated is not templated twice). Message lists always get
+                    the template.
 
 Every bad row is a ConfigError naming the file and row: a missing column, an empty prompt, a
 malformed message list, an answer that is not text.
@@ -75,6 +79,7 @@ PROMPT_COLUMNS = ("prompt", "messages", "question", "problem")
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 EVAL_SPLITS = ("test", "validation")
 ROLES = ("system", "user", "assistant")
+STRING_PROMPTS = ("chat", "raw")
 _AUTO = "auto"
 
 
@@ -152,8 +157,10 @@ def _pick(row: dict, where: str, column: str | None, defaults: tuple[str, ...], 
     for name in defaults:
         if name in row and row[name] is not None:
             return name
+    unset = " (or null: data without reference answers, scored by your reward functions alone)" \
+        if opt == "answer_column" else ""
     raise ConfigError(f"{where}: no {what} column (looked for {', '.join(map(repr, defaults))}; the row has "
-                      f"{_columns_of(row)}); set task_args.{opt}")
+                      f"{_columns_of(row)}); set task_args.{opt}{unset}")
 
 
 def _user_text_empty(msgs: list[dict]) -> bool:
@@ -215,7 +222,7 @@ class DatasetTask(FileSplitTask):
                  answer_column: str | None = _AUTO, id_column: str = "id", answer_format: str = "auto",
                  split: str = "train", eval_split: str | None = None, eval_path=None,
                  eval_size: int | None = None, eval_fraction: float | None = None, limit: int | None = None,
-                 system_prompt: str | None = None, environment: bool = False):
+                 system_prompt: str | None = None, string_prompts: str = "chat", environment: bool = False):
         self.seed = seed
         self.environment = environment
         if path is None:
@@ -231,6 +238,7 @@ class DatasetTask(FileSplitTask):
         check_held_out(eval_size, eval_fraction)
         check_optional_int("limit", limit, 1)
         self.system_prompt = check_optional_str("system_prompt", system_prompt)
+        self.raw_string_prompts = check_choice("string_prompts", string_prompts, STRING_PROMPTS) == "raw"
         self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "auto"}]
         self._opts = dict(prompt_column=prompt_column, answer_column=answer_column, id_column=id_column,
                           answer_format=answer_format)

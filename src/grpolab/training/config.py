@@ -35,7 +35,7 @@ class Config:
     out: str = "runs/demo"
     """Run directory: metrics.jsonl, samples.jsonl, config.yaml, TensorBoard events, checkpoints/."""
     steps: int = 30
-    """Number of training steps (one rollout batch + `algo.mu` optimizer updates each)."""
+    """Number of training steps (one rollout batch + `algo.mu` optimizer updates each); -1 with num_train_epochs set: as many steps as the epochs take."""
     seed: int = 0
     """Seed for prompts, sampling and initialisation; the same seed gives the same run on the same machine."""
     model: str = "smollm2-135m"
@@ -142,6 +142,14 @@ class Config:
     """Collapse alert: warn (alert/truncated) when more than this share of a step's completions hit max_new_tokens."""
     alert_window: int = 10
     """Steps in the rolling window of aha/length_reward_corr_rolling and of the alert for a reward falling while the KL rises."""
+
+    # --- data order: epochs over the training rows (TRL's num_train_epochs, shuffle_dataset, data_seed) ---
+    num_train_epochs: float | None = None
+    """Passes over the training rows of a task read from data (task=dataset, qa, code, ...): step s takes the next batch_size/G rows of seeded, shuffled epochs, so each row is trained on once per epoch (DAPO's refill rounds draw at random); with steps=-1 the run is ceil(num_train_epochs x rows / (batch_size/G)) steps (TRL's max_steps=-1). null: each step draws its prompts at random, without replacement within the step (grpolab's default)."""
+    shuffle: bool = True
+    """With num_train_epochs: each epoch visits the rows in a new seeded order (data_seed, else seed); false keeps the data's order (TRL's shuffle_dataset)."""
+    data_seed: int | None = None
+    """Seed of the epochs' row order (TRL's data_seed); null: seed."""
 
     @property
     def max_completion_tokens(self) -> int:
@@ -288,7 +296,9 @@ def build_config(recipe: dict | None = None, overrides: list[str] | None = None)
 def validate(cfg: Config) -> None:
     """Impossible values, caught before anything is written."""
     checks = [
-        (cfg.steps >= 1, "steps", "must be >= 1"),
+        (cfg.steps >= 1 or (cfg.steps == -1 and cfg.num_train_epochs is not None), "steps",
+         "must be >= 1 (or -1 with num_train_epochs set: the epochs decide the number of steps)"),
+        (cfg.num_train_epochs is None or cfg.num_train_epochs > 0, "num_train_epochs", "must be > 0 or null"),
         (cfg.G >= 1, "G", "must be >= 1 (completions per prompt)"),
         (cfg.batch_size >= 1, "batch_size", "must be >= 1"),
         (cfg.batch_size % max(cfg.G, 1) == 0, "batch_size",
@@ -389,33 +399,35 @@ def not_a_run_message(out_dir: Path) -> str:
             f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]` (that directory is accepted as it is)")
 
 
-def help_text() -> str:
-    """Every option with its default and documentation (for --help)."""
-    lines = ["Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04):", ""]
+def help_text(cfg: Config | None = None) -> str:
+    """Every option with the value a run would use and its documentation (for --help): the values of
+    `cfg` (a recipe and overrides already applied), or of the defaults with the default algo preset."""
+    cfg = cfg if cfg is not None else build_config()
+    lines = ["Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04); the values shown are the ones this run "
+             "would use:", ""]
     docs = field_docs(Config)
     for f in dataclasses.fields(Config):
         if f.name == "algo":
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        shown = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
+        value = getattr(cfg, f.name)
+        shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         lines.append(f"  {f.name}={shown!r}")
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     lines += ["", "  lora.* options (LoRA through peft; lora.r=0, the default, trains every weight):"]
-    lines += _option_lines("lora.", LoraConfig)
+    lines += _option_lines("lora.", cfg.lora)
     lines += ["", "  env.* options (multi-turn environments, docs/agents.md; env.name empty = single-turn):"]
-    lines += _option_lines("env.", EnvConfig)
+    lines += _option_lines("env.", cfg.env)
     lines += ["", "  rollout.* options (the rollout engine, README.md \"Rollout engines\"):"]
-    lines += _option_lines("rollout.", RolloutConfig)
-    lines += ["", "  algo=NAME and algo.* options:"]
-    lines += _option_lines("algo.", AlgoConfig)
+    lines += _option_lines("rollout.", cfg.rollout)
+    lines += ["", f"  algo=NAME and algo.* options (algo={cfg.algo.name}: its preset's values):"]
+    lines += _option_lines("algo.", cfg.algo)
     return "\n".join(lines)
 
 
-def _option_lines(prefix: str, cls: type) -> list[str]:
-    """`PREFIX.field=default` and its documentation, for each field of the nested settings `cls`."""
-    docs, lines = field_docs(cls), []
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        lines.append(f"  {prefix}{f.name}={default!r}")
+def _option_lines(prefix: str, settings) -> list[str]:
+    """`PREFIX.field=value` and its documentation, for each field of the nested settings object."""
+    docs, lines = field_docs(type(settings)), []
+    for f in dataclasses.fields(settings):
+        lines.append(f"  {prefix}{f.name}={getattr(settings, f.name)!r}")
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     return lines

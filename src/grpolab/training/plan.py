@@ -240,7 +240,8 @@ def prompt_tokens_of(cfg: Config, tokenizer, task=None, samples: int = 64) -> in
 
     task = task or build_task(cfg.task, cfg.seed, cfg.task_args)
     examples = task.sample(samples, random.Random(cfg.seed))
-    return max(len(ids) for ids in chat_prompts(tokenizer, [e.prompt for e in examples], task.system_prompt))
+    return max(len(ids) for ids in chat_prompts(tokenizer, [e.prompt for e in examples], task.system_prompt,
+                                                raw_strings=getattr(task, "raw_string_prompts", False)))
 
 
 def device_of_run(run) -> Device:

@@ -7,6 +7,7 @@ touches, and everything in it that changes during training is saved by the check
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
 from grpolab.training.config import Config
+from grpolab.util.fields import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not by this module
     from transformers import PreTrainedTokenizerBase
@@ -147,4 +149,22 @@ def step_rng(seed: int, step: int, device: torch.device, rank: int = 0) -> tuple
     return random.Random(s), g
 
 
-__all__ = ["Component", "Reference", "Run", "Task", "main_reward", "step_rng"]
+def check_epochs(cfg: Config, task, log: Callable[[str], None]) -> None:
+    """num_train_epochs orders the rows of a task with a finite list of them (a task that generates its
+    prompts draws them as before; with steps=-1 that is a ConfigError); steps=-1 becomes the number of steps
+    the epochs take: ceil(num_train_epochs x rows / prompts per step)."""
+    if cfg.num_train_epochs is None:
+        return
+    if not hasattr(task, "epoch_rows"):
+        if cfg.steps == -1:
+            raise ConfigError(f"num_train_epochs: task {cfg.task!r} generates its prompts and has no rows to pass "
+                              f"over; set steps=N (max_steps=N)")
+        log(f"num_train_epochs: task {cfg.task!r} generates its prompts: each step draws new ones")
+        return
+    if cfg.steps == -1:
+        per_step = cfg.batch_size // cfg.G
+        cfg.steps = max(1, math.ceil(cfg.num_train_epochs * len(task) / per_step))
+        log(f"{cfg.num_train_epochs:g} epochs of {len(task)} rows at {per_step} prompts per step: {cfg.steps} steps")
+
+
+__all__ = ["Component", "Reference", "Run", "Task", "check_epochs", "main_reward", "step_rng"]

@@ -61,7 +61,8 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     """G completions for each example, in the model's chat template. `generator` (on run.device) is
     used as it is: the caller owns its stream. `sampling`: how to draw tokens (default: the run's
     rollout settings, run.sampling(greedy); the evaluation passes its own)."""
-    ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
+    ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt,
+                       raw_strings=getattr(run.task, "raw_string_prompts", False))
     return run.engine.generate(ids, sampling or run.sampling(greedy), G=G, generator=generator)
 
 
@@ -114,7 +115,12 @@ def collect(run: Run, step: int) -> Batch:
         need = prompts_per_step - sum(len(b.examples) for b in kept)
         if need <= 0:
             break
-        examples = run.task.sample(need * d.world, rng)[rank_slice(need * d.world, d)]  # this rank's share
+        if cfg.num_train_epochs is not None and hasattr(run.task, "epoch_rows") and not n_groups:  # epochs
+            examples = run.task.epoch_rows((step - 1) * need * d.world, need * d.world,
+                                           cfg.seed if cfg.data_seed is None else cfg.data_seed, cfg.shuffle)
+            examples = examples[rank_slice(need * d.world, d)]  # this rank's share
+        else:
+            examples = run.task.sample(need * d.world, rng)[rank_slice(need * d.world, d)]  # this rank's share
         t0 = time.perf_counter()
         rollout, scores, info = rollout_and_score(run, examples, G=cfg.G, generator=generator)
         scoring_s = info.pop("time/score_s")

@@ -45,7 +45,7 @@ from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.plan import check_run
-from grpolab.training.run import Run
+from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
@@ -111,6 +111,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         if resume:
             check_same_lora(out, cfg)
     task = build_task(cfg.task, cfg.seed, cfg.task_args, environment=cfg.env.enabled)
+    check_epochs(cfg, task, log)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
     if cfg.threads:

@@ -1,0 +1,81 @@
+"""docs/migrating-from-trl.md, generated from the mapping table (tests/test_trl_compat.py keeps it current):
+
+    python -m grpolab.app.trl_compat.docs > docs/migrating-from-trl.md
+"""
+
+from __future__ import annotations
+
+from grpolab.app.trl_compat.entries import config_has
+from grpolab.app.trl_compat.fields import TABLE
+
+HEADER = """# Migrating from TRL
+
+A TRL 1.16 GRPO script runs on grpolab with one import changed:
+
+```python
+from grpolab import GRPOConfig, GRPOTrainer      # was: from trl import GRPOConfig, GRPOTrainer
+
+trainer = GRPOTrainer(model="smollm2-135m", reward_funcs=reward_len, args=GRPOConfig(output_dir="runs/x"),
+                      train_dataset=dataset)
+trainer.train()
+trainer.save_model("runs/x/final")               # a Hugging Face model directory (LoRA merged)
+```
+
+`GRPOConfig` has TRL's field names, order and defaults (learning_rate 1e-06 with linear decay, beta 0.0,
+loss_type "dapo", max_completion_length 512, Adam beta2 0.999, seed 42, num_generations 8, ...); a real
+`trl.GRPOConfig` is accepted too (`GRPOTrainer(args=trl_config)` or `grpolab.train(args=trl_config)`).
+grpolab's own recipes keep their own defaults. The table below is the one mapping: each field becomes
+grpolab settings (`config.yaml` of the run shows them), is refused by name with the reason when set to
+anything but TRL's default, or is accepted and ignored where it cannot change what is trained.
+
+On the command line the same names work beside grpolab's (`grpolab train max_steps=10 learning_rate=1e-6`),
+and `grpolab train --trl ...` starts from TRL's defaults instead of grpolab's. A TRL name brings TRL's
+meaning: the fields it reads besides itself take TRL's defaults (loss_type=grpo sets the clip range from
+epsilon=0.2).
+
+Data, as TRL reads it: every row of `train_dataset` is trained on, in seeded, shuffled epochs
+(`num_train_epochs`; `max_steps=-1` lets the epochs decide the number of steps); evaluation reads
+`eval_dataset` only (greedy, before and after training, and every `eval_steps` where that setting
+exists); the prompt is the `prompt` column: a string is the model's input as it is (TRL's standard
+format, no chat template), a list of messages gets the chat template (conversational format); no answer
+column is needed, and every other column reaches the reward functions as keyword arguments. A
+map-style dataset (`__len__` and `__getitem__`, e.g. a torch `Dataset`) is read by index.
+
+Differences that remain: an `output_dir` that already holds a run is refused (TRL overwrites it);
+continue it with `trainer.train(resume_from_checkpoint=True)`. `save_model` writes the merged model of
+the newest checkpoint (TRL writes a LoRA adapter alone). With `eval_dataset`, grpolab also scores it
+before and after training.
+
+Kinds: **map** (the value becomes the grpolab settings shown), **refused** (any value but TRL's default
+is an error naming the field and the reason), **ignored** (accepted, no effect, for the reason given).
+A grpolab setting marked *(not in this version)* does not exist in this build: TRL's default for it is
+dropped (noted when the run starts where it changes the run) and any other value is refused.
+"""
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _target(path: str) -> str:
+    parts = [p.strip() for p in path.split(",") if p.strip()]
+    shown = []
+    for p in parts:
+        name = p.split(" ")[0].split("[")[0]
+        missing = not name.startswith("(") and not config_has(name)
+        shown.append(f"`{p}`" + (" *(not in this version)*" if missing else ""))
+    return ", ".join(shown)
+
+
+def render() -> str:
+    """The whole page."""
+    lines = [HEADER, "| TRL field | TRL default | kind | grpolab | notes |", "|---|---|---|---|---|"]
+    for e in TABLE.values():
+        kind = {"map": "map", "refuse": "refused", "ignore": "ignored"}[e.kind]
+        target = _target(e.target) if e.kind == "map" else ""
+        lines.append(f"| `{e.name}` | `{e.default!r}` | {kind} | {target} | {_cell(e.reason)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

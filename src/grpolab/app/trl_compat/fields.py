@@ -1,0 +1,239 @@
+"""The mapping table: every field of TRL 1.16's GRPOConfig, in TRL's order, with TRL's default and what it
+becomes in grpolab (grpolab.app.trl_compat.entries for the kinds). Part 1, the fields TRL inherits from
+transformers' TrainingArguments, is grpolab.app.trl_compat.fields_hf; this module holds GRPO's own and
+TABLE, the whole. docs/migrating-from-trl.md is generated from TABLE (grpolab.app.trl_compat.docs).
+
+The policy loss: TRL's loss_type names an objective and an aggregation of grpolab's registries
+(grpolab.algo.losses), scale_rewards an advantage (grpolab.algo.advantages):
+
+    loss_type   objective   aggregation       TRL's normaliser
+    grpo        clipped     seq_mean          mean over sequences of the mean over tokens
+    bnpo        clipped     token_mean        tokens of the micro-batch (= of the batch with one micro-batch)
+    dr_grpo     clipped     token_sum_norm    sequences x max_completion_length
+    dapo        clipped     token_mean        tokens of the whole batch
+    luspo       clipped     seq_sum           sum over tokens, mean over sequences
+    cispo       cispo       token_mean        tokens of the whole batch; ratio clipped at epsilon_high
+    sapo/vespo  sapo/vespo  seq_mean/token_mean  (where grpolab has the objective)
+
+importance_sampling_level='sequence' makes the clipped objective grpolab's gspo (the sequence ratio).
+"""
+
+from __future__ import annotations
+
+from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
+from grpolab.app.trl_compat.fields_hf import TRAINING_ARGUMENTS
+
+LOSS_TYPES = {"grpo": ("clipped", "seq_mean"), "bnpo": ("clipped", "token_mean"),
+              "dr_grpo": ("clipped", "token_sum_norm"), "dapo": ("clipped", "token_mean"),
+              "luspo": ("clipped", "seq_sum"), "cispo": ("cispo", "token_mean"),
+              "sapo": ("sapo", "seq_mean"), "vespo": ("vespo", "token_mean")}
+"""TRL loss_type -> (grpolab objective, aggregation)."""
+
+SCALE_REWARDS = {"group": ("group_zscore_unbiased", "none"), "batch": ("group_mean", "batch_std_unbiased"),
+                 "none": ("group_mean", "none")}
+"""TRL scale_rewards -> (grpolab advantage, adv_scale): TRL divides by the Bessel-corrected std (+ 1e-4)."""
+
+VLLM_CORRECTION = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+VLLM_ONLY = "read by TRL's vLLM server mode only, which grpolab does not have (vllm_mode='colocate' only)"
+
+
+def _loss_type(v, a) -> dict:
+    from grpolab.algo.losses import OBJECTIVES
+
+    if v not in LOSS_TYPES:
+        raise fail("loss_type", v, f"TRL's loss types are {', '.join(LOSS_TYPES)}")
+    objective, aggregation = LOSS_TYPES[v]
+    if objective not in OBJECTIVES:
+        raise fail("loss_type", v, f"this version of grpolab has no {objective} objective (algo.objective: "
+                                   f"{', '.join(sorted(OBJECTIVES))})")
+    low = float(a["epsilon"])
+    high = float(a["epsilon"] if a["epsilon_high"] is None else a["epsilon_high"])
+    sequence = value_of(a["importance_sampling_level"]) == "sequence"
+    out = {"algo.aggregation": aggregation, "algo.eps_low": low, "algo.eps_high": high}
+    if objective == "clipped":
+        out["algo.objective"] = "gspo" if sequence else "clipped"
+    elif sequence:
+        raise fail("importance_sampling_level", "sequence", f"TRL's sequence-level ratio goes with the clipped "
+                                                           f"loss types; loss_type={v!r} is not one")
+    else:
+        out["algo.objective"] = objective
+    if objective == "cispo":  # TRL: w = sg(min(rho, epsilon_high)), no lower bound
+        if high < 1:
+            raise fail("epsilon_high", high, "TRL's cispo clips the ratio at epsilon_high itself (CISPO used 5); "
+                                             "below 1 every on-policy token would be down-weighted")
+        out.update({"algo.eps_low": 1.0, "algo.eps_high": high - 1.0})
+    return out
+
+
+def _scale_rewards(v, a) -> dict:
+    v = {True: "group", False: "none"}.get(v, v)
+    if v not in SCALE_REWARDS:
+        raise fail("scale_rewards", v, "TRL's choices are 'group' (True), 'batch' and 'none' (False)")
+    advantage, scale = SCALE_REWARDS[v]
+    return {"algo.advantage": advantage, "algo.adv_scale": scale}
+
+
+def _completion_length(v, a) -> dict:
+    if v is None or int(v) < 1:
+        raise fail("max_completion_length", v, "grpolab needs a completion length limit (tokens, >= 1)")
+    return {"max_new_tokens": int(v)}
+
+
+def _generation_split(v, a) -> dict:
+    """steps_per_generation / generation_batch_size: one generation per optimizer step (TRL's default,
+    steps_per_generation = gradient_accumulation_steps) is grpolab's step; more is the steps_per_generation
+    setting."""
+    per_device, accum = int(a["per_device_train_batch_size"]), int(a["gradient_accumulation_steps"])
+    spg = a["steps_per_generation"]
+    if a["generation_batch_size"] is not None:
+        gbs = int(a["generation_batch_size"])
+        if gbs % per_device:
+            raise fail("generation_batch_size", gbs, f"must be a multiple of per_device_train_batch_size={per_device}")
+        spg = gbs // per_device if spg is None else spg
+    if spg is None or int(spg) == accum:
+        return {}
+    return {"steps_per_generation": int(spg)}
+
+
+def _vllm_correction(v, a) -> dict:
+    if not v:
+        return {"rollout.correction": "none"}
+    mode = value_of(a["vllm_importance_sampling_mode"])
+    if mode not in VLLM_CORRECTION:
+        raise fail("vllm_importance_sampling_mode", mode, f"grpolab's corrections are {', '.join(VLLM_CORRECTION)}")
+    cap = a.get("vllm_importance_sampling_cap")
+    return {"rollout.correction": mode,
+            "rollout.correction_clip": float(cap if cap is not None else a["vllm_importance_sampling_clip_max"])}
+
+
+def _tool_iterations(v, a) -> dict:
+    return {} if v is None else {"env.max_turns": int(v) + 1}
+
+
+def _pending(name: str, path: str, default, note: str = "") -> Entry:
+    """A field whose grpolab setting has the same meaning under another name (maybe added by another version)."""
+    return Entry(name, default, "map", path, to(path), note, off_by_default=True)
+
+
+GRPO_FIELDS: list[Entry] = [
+    same("learning_rate", "lr", 1e-06),  # GRPOConfig re-declares it; one entry per name, see TABLE
+    refuse("model_init_kwargs", None, "grpolab loads the model itself, weights in fp32; choose the compute "
+           "precision with bf16 / precision"),
+    refuse("trust_remote_code", False, "grpolab never runs code from a model directory (Llama, Qwen2, Mistral, ... "
+           "as transformers ships them)"),
+    refuse("router_aux_loss_coef", None, "mixture-of-experts router losses are not in grpolab's loss"),
+    ignore("disable_dropout", False, "grpolab's supported model families (Llama, Qwen2, Mistral) have no active "
+           "dropout"),
+    refuse("cast_lm_head_to_fp32", False, "grpolab computes log-probs from fp32 weights already"),
+    ignore("remove_unused_columns", False, "(see above)"),
+    same("num_generations", "G", 8, "Completions per prompt (the group)."),
+    _pending("num_generations_eval", "eval_num_generations", None, "Completions per evaluation prompt."),
+    Entry("max_completion_length", 512, "map", "max_new_tokens", _completion_length),
+    ignore("ds3_gather_for_generation", True, "a DeepSpeed ZeRO-3 option; grpolab has no DeepSpeed"),
+    same("shuffle_dataset", "shuffle", True, "Each epoch in a new seeded order."),
+    ignore("pad_to_multiple_of", "auto", "padding only shapes tensors (for Neuron compilation); no value changes"),
+    Entry("generation_batch_size", None, "map", "steps_per_generation", _generation_split,
+          "None or per_device_train_batch_size x gradient_accumulation_steps: one generation per step."),
+    Entry("steps_per_generation", None, "map", "steps_per_generation", _generation_split,
+          "None (= gradient_accumulation_steps): one generation per optimizer step."),
+    same("temperature", "temperature", 1.0),
+    same("top_p", "top_p", 1.0),
+    _pending("top_k", "top_k", 0, "0: off."),
+    _pending("min_p", "min_p", None),
+    _pending("generation_kwargs", "generation_kwargs", None),
+    _pending("chat_template_kwargs", "chat_template_kwargs", None),
+    _pending("repetition_penalty", "repetition_penalty", 1.0),
+    ignore("cache_implementation", None, "the KV cache's layout in transformers' generate; grpolab decodes "
+           "with its own cache, same tokens"),
+    Entry("use_vllm", False, "map", "rollout.engine", to("rollout.engine", lambda v: "vllm" if v else "native"),
+          "False: grpolab's own decode loop (native); True: vLLM in this process (the vllm extra)."),
+    Entry("vllm_mode", "colocate", "map", "rollout.engine",
+          lambda v, a: {} if value_of(v) == "colocate" else (_ for _ in ()).throw(
+              fail("vllm_mode", v, "grpolab runs vLLM in the training process (colocate); it has no server mode")),
+          "colocate only."),
+    refuse("vllm_model_impl", "vllm", "grpolab runs vLLM's own model implementation"),
+    ignore("vllm_enable_sleep_mode", False, "grpolab releases vLLM's KV cache during every update by itself"),
+    refuse("vllm_structured_outputs_regex", None, "grpolab does not constrain decoding"),
+    ignore("vllm_server_base_url", None, VLLM_ONLY),
+    ignore("vllm_server_host", "0.0.0.0", VLLM_ONLY),
+    ignore("vllm_server_port", 8000, VLLM_ONLY),
+    ignore("vllm_server_timeout", 240.0, VLLM_ONLY),
+    ignore("vllm_group_port", 51216, VLLM_ONLY),
+    same("vllm_gpu_memory_utilization", "rollout.vllm_gpu_memory", 0.3),
+    ignore("vllm_max_model_length", None, "grpolab sizes vLLM's context to the run (prompt + max_completion_length)"),
+    refuse("vllm_tensor_parallel_size", 1, "grpolab runs vLLM on one device per process"),
+    same("beta", "algo.beta", 0.0, "KL weight; 0 loads no reference model."),
+    same("num_iterations", "algo.mu", 1, "Updates per generation batch."),
+    Entry("epsilon", 0.2, "map", "algo.eps_low", lambda v, a: {},
+          "Read with loss_type: the lower clip (eps_low)."),
+    Entry("delta", None, "map", "algo.dual_clip", to("algo.dual_clip"),
+          "TRL's upper bound on the unclipped ratio: for A < 0 the loss is at most delta x |A|, which is "
+          "the dual clip (Ye et al. 2020); for A > 0 the PPO clip already bounds it when delta > 1 + epsilon_high."),
+    Entry("epsilon_high", None, "map", "algo.eps_high", lambda v, a: {},
+          "Read with loss_type: the upper clip (None: epsilon); for cispo the ratio's cap."),
+    _pending("sapo_temperature_neg", "algo.sapo_temperature_neg", 1.05),
+    _pending("sapo_temperature_pos", "algo.sapo_temperature_pos", 1.0),
+    _pending("vespo_k_pos", "algo.vespo_k_pos", 2.0),
+    _pending("vespo_lambda_pos", "algo.vespo_lambda_pos", 3.0),
+    _pending("vespo_k_neg", "algo.vespo_k_neg", 3.0),
+    _pending("vespo_lambda_neg", "algo.vespo_lambda_neg", 2.0),
+    Entry("importance_sampling_level", "token", "map", "algo.objective", lambda v, a: {},
+          "Read with loss_type: sequence makes the clipped objective gspo."),
+    Entry("reward_weights", None, "map", "rewards[i].weight", lambda v, a: {},
+          "One weight per reward function (GRPOTrainer applies them); None: 1 each."),
+    refuse("multi_objective_aggregation", "sum_then_normalize", "grpolab sums the weighted rewards, then takes "
+           "the advantage (TRL's default); normalising each reward first is not available"),
+    Entry("scale_rewards", "group", "map", "algo.advantage, algo.adv_scale", _scale_rewards,
+          "group: (r - mean) / (std + 1e-4) per group, Bessel std as TRL; batch: the batch's std; none: Dr. GRPO."),
+    Entry("loss_type", "dapo", "map", "algo.objective, algo.aggregation", _loss_type,
+          "See the loss table above."),
+    _pending("mask_truncated_completions", "mask_truncated_completions", False),
+    _pending("sync_ref_model", "sync_ref_model", False),
+    _pending("ref_model_mixup_alpha", "sync_ref_model_alpha", 0.6),
+    _pending("ref_model_sync_steps", "sync_ref_model_steps", 512),
+    refuse("top_entropy_quantile", 1.0, "grpolab trains on every token; masking low-entropy tokens is not available"),
+    _pending("entropy_coef", "entropy_coef", 0.0),
+    refuse("use_adaptive_entropy", False, "grpolab's entropy bonus has a fixed coefficient (entropy_coef)"),
+    refuse("entropy_coef_min", 0.0, "only read with use_adaptive_entropy"),
+    refuse("entropy_coef_max", 1.0, "only read with use_adaptive_entropy"),
+    refuse("entropy_coef_delta", 0.005, "only read with use_adaptive_entropy"),
+    refuse("entropy_target", 0.2, "only read with use_adaptive_entropy"),
+    Entry("max_tool_calling_iterations", None, "map", "env.max_turns", _tool_iterations,
+          "Tool-call rounds after the first turn: env.max_turns = this + 1; None keeps env.max_turns."),
+    Entry("vllm_importance_sampling_correction", True, "map", "rollout.correction", _vllm_correction,
+          "With vLLM: the sampler/trainer correction (mode and clip below); False: none."),
+    Entry("vllm_importance_sampling_mode", "sequence_mask", "map", "rollout.correction", lambda v, a: {},
+          "Read with vllm_importance_sampling_correction."),
+    Entry("vllm_importance_sampling_clip_max", 3.0, "map", "rollout.correction_clip", lambda v, a: {},
+          "Read with vllm_importance_sampling_correction."),
+    refuse("vllm_importance_sampling_clip_min", None, "grpolab's correction has an upper bound only"),
+    refuse("off_policy_mask_threshold", None, "off-policy sequence masking is not available"),
+    same("use_bias_correction_kl", "algo.kl_ratio_weight", True,
+         "The KL term times the (differentiable) importance ratio, as TRL; only with beta > 0."),
+    ignore("log_completions", False, "grpolab writes samples_per_step completions of every step to samples.jsonl"),
+    ignore("log_multimodal", True, "grpolab trains on text"),
+    ignore("num_completions_to_print", None, "see log_completions"),
+    ignore("log_unique_prompts", False, "see log_completions"),
+    refuse("log_completions_hub_repo", None, "grpolab never contacts the Hugging Face Hub"),
+    refuse("use_transformers_continuous_batching", False, "grpolab's rollout engines are native and vllm"),
+    refuse("transformers_continuous_batching_config", None, "grpolab's rollout engines are native and vllm"),
+    refuse("use_transformers_paged", False, "grpolab's rollout engines are native and vllm"),
+    Entry("vllm_importance_sampling_cap", None, "map", "rollout.correction_clip", lambda v, a: {},
+          "Deprecated in TRL: vllm_importance_sampling_clip_max's old name."),
+]
+
+
+def _table() -> dict[str, Entry]:
+    """TRL's order; a name both parts declare (learning_rate, remove_unused_columns) keeps its first place
+    and the first full entry."""
+    out: dict[str, Entry] = {}
+    for e in TRAINING_ARGUMENTS + GRPO_FIELDS:
+        if e.name not in out:
+            out[e.name] = e
+    return out
+
+
+TABLE: dict[str, Entry] = _table()
+"""TRL field name -> Entry, in the order of TRL 1.16's GRPOConfig."""
+
+__all__ = ["LOSS_TYPES", "SCALE_REWARDS", "TABLE", "config_has"]

@@ -1,0 +1,236 @@
+"""The mapping table, part 1: the fields TRL's GRPOConfig inherits from transformers' TrainingArguments
+(with TRL 1.16's own defaults for logging_steps, gradient_checkpointing, bf16), in TRL's order.
+See grpolab.app.trl_compat.entries for the kinds of entry."""
+
+from __future__ import annotations
+
+from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
+
+HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
+LOGS = "grpolab writes every step's metrics to output_dir/metrics.jsonl (and the trackers report_to names); " \
+    "this only formats or spaces transformers' log lines"
+LOADER = "grpolab reads the rows in the main process, without a torch DataLoader; this changes no row or order"
+DDP = "tuning of transformers' DDP wrapper; grpolab's data parallelism (torchrun) sums gradients itself " \
+    "(docs/distributed.md)"
+EVAL_LOOP = "a knob of transformers' prediction loop; grpolab's evaluation generates and scores (eval_dataset)"
+NOT_TRAINING = "a flag read by example scripts, not by the trainer"
+
+
+def _batch(v, a) -> dict:
+    """TRL's optimizer batch is per_device_train_batch_size x gradient_accumulation_steps completions (one
+    process); grpolab's batch_size is completions per step and micro_batch its forward/backward slice."""
+    return {"micro_batch": int(a["per_device_train_batch_size"]),
+            "batch_size": int(a["per_device_train_batch_size"]) * int(a["gradient_accumulation_steps"])}
+
+
+def _warmup(v, a) -> dict:
+    if isinstance(v, float) and 0 < v < 1:  # transformers 5: a float below 1 is a ratio of the run
+        return {"warmup_ratio": v}
+    if v != int(v) or v < 0:
+        raise fail("warmup_steps", v, "expected a whole number of optimizer steps >= 0, or a ratio in (0, 1)")
+    return {"warmup_steps": int(v)}
+
+
+def _betas(v, a) -> dict:
+    return {"adam_betas": [float(a["adam_beta1"]), float(a["adam_beta2"])]}
+
+
+def _only(name: str, allowed: tuple, why: str):
+    def convert(v, a) -> dict:
+        if value_of(v) not in allowed:
+            raise fail(name, value_of(v), why)
+        return {}
+    return convert
+
+
+def _bf16(v, a) -> dict:
+    if a.get("fp16"):
+        return {}
+    return {"precision": {None: "auto", True: "bf16", False: "fp32"}[v]}
+
+
+def _report_to(v, a) -> dict:
+    names = [] if v in (None, "none") else [v] if isinstance(v, str) else [x for x in v if x != "none"]
+    if config_has("report_to"):
+        return {"report_to": names or ["none"]}
+    unknown = [x for x in names if x != "tensorboard"]
+    if unknown:
+        raise fail("report_to", v, f"this version of grpolab writes TensorBoard events only (no report_to setting "
+                                   f"for {', '.join(unknown)}); use report_to='tensorboard' or 'none'")
+    return {"tensorboard": "tensorboard" in names}
+
+
+def _eval_strategy(v, a) -> dict:
+    v = value_of(v)
+    if v == "no":
+        return {}
+    if v == "steps":
+        return {"eval_steps": int(a.get("eval_steps") or a["logging_steps"])}
+    raise fail("eval_strategy", v, "grpolab evaluates every eval_steps steps; use eval_strategy='steps' and "
+                                   "eval_steps=N")
+
+
+def _save_strategy(v, a) -> dict:
+    v = value_of(v)
+    steps = a["save_steps"]
+    if v == "no":
+        return {"save_every": 0}
+    if v == "steps":
+        if not isinstance(steps, int) and not float(steps).is_integer():
+            raise fail("save_steps", steps, "grpolab saves every N steps; give a whole number")
+        return {"save_every": int(steps)}
+    if v == "best":
+        return {"save_best": True}
+    raise fail("save_strategy", v, "grpolab saves every save_steps steps and at the end; use 'steps' or 'no'")
+
+
+def _sampling_strategy(v, a) -> dict:
+    if v == "random":
+        return {}
+    if v == "sequential":
+        return {"shuffle": False}
+    raise fail("train_sampling_strategy", v, "grpolab visits the rows in seeded random epochs ('random') or in "
+                                             "order ('sequential')")
+
+
+TRAINING_ARGUMENTS: list[Entry] = [
+    Entry("output_dir", None, "map", "out", to("out", lambda v: str(v) if v is not None else "trainer_output"),
+          "The run directory (metrics.jsonl, config.yaml, checkpoints/); TRL's None is trainer_output."),
+    Entry("per_device_train_batch_size", 8, "map", "micro_batch, batch_size", _batch,
+          "Completions per forward/backward pass; batch_size = this x gradient_accumulation_steps."),
+    same("num_train_epochs", "num_train_epochs", 3.0, "Seeded, shuffled epochs over every training row."),
+    same("max_steps", "steps", -1, "-1: the epochs decide the number of steps, as in TRL."),
+    same("learning_rate", "lr", 1e-06),
+    Entry("lr_scheduler_type", "linear", "map", "lr_scheduler", to("lr_scheduler", value_of),
+          "linear: decay to 0 at the last step, as transformers' schedule."),
+    refuse("lr_scheduler_kwargs", None, "grpolab's schedules take no extra parameters"),
+    Entry("warmup_steps", 0, "map", "warmup_steps (warmup_ratio below 1)", _warmup,
+          "Optimizer steps of linear warm-up; a float in (0, 1) is a ratio of the run (transformers 5)."),
+    Entry("optim", "adamw_torch_fused", "map", "(AdamW)",
+          _only("optim", ("adamw_torch_fused", "adamw_torch"), "grpolab trains with torch's AdamW (fused where "
+                "it applies); other optimizers are not available"),
+          "adamw_torch_fused and adamw_torch are grpolab's AdamW; other optimizers are refused."),
+    refuse("optim_args", None, "grpolab's AdamW takes its settings from learning_rate, adam_beta1/2, weight_decay"),
+    same("weight_decay", "weight_decay", 0.0),
+    Entry("adam_beta1", 0.9, "map", "adam_betas[0]", _betas),
+    Entry("adam_beta2", 0.999, "map", "adam_betas[1]", _betas),
+    Entry("adam_epsilon", 1e-08, "map", "(AdamW eps 1e-8)",
+          _only("adam_epsilon", (1e-08,), "grpolab's AdamW uses torch's eps 1e-8 and has no setting for it"),
+          "Only 1e-8 (torch's AdamW default, which grpolab uses) is accepted."),
+    refuse("optim_target_modules", None, "only for the GaLore/APOLLO optimizers, which grpolab does not have"),
+    Entry("gradient_accumulation_steps", 1, "map", "batch_size", _batch,
+          "batch_size = per_device_train_batch_size x this (one optimizer step per generation batch)."),
+    ignore("average_tokens_across_devices", True, "grpolab's token-level losses already divide by the tokens of "
+           "the whole batch over every process"),
+    same("max_grad_norm", "max_grad_norm", 1.0),
+    refuse("label_smoothing_factor", 0.0, "a supervised-learning loss option; GRPO's loss has no labels"),
+    Entry("bf16", None, "map", "precision", _bf16,
+          "None (TRL: bf16 unless fp16) -> precision=auto: bf16 autocast on a bf16 GPU, on a CPU only where "
+          "measured faster; True -> bf16; False -> fp32. Weights stay fp32, as in TRL."),
+    refuse("fp16", False, "grpolab has no fp16 (loss-scaled) path; use bf16=True"),
+    ignore("bf16_full_eval", False, EVAL_LOOP),
+    ignore("fp16_full_eval", False, EVAL_LOOP),
+    refuse("tf32", None, "grpolab leaves torch's TF32 setting as it is"),
+    same("gradient_checkpointing", "grad_checkpointing", True, "TRL's default is on."),
+    ignore("gradient_checkpointing_kwargs", None, "grpolab checkpoints each decoder layer (non-reentrant); "
+           "the kwargs choose a torch.utils.checkpoint variant, same gradients"),
+    refuse("torch_compile", False, "grpolab does not torch.compile the policy"),
+    refuse("torch_compile_backend", None, "grpolab does not torch.compile the policy"),
+    refuse("torch_compile_mode", None, "grpolab does not torch.compile the policy"),
+    refuse("use_liger_kernel", False, "grpolab has no Liger kernels (its own lm-head pass is chunked)"),
+    refuse("liger_kernel_config", None, "grpolab has no Liger kernels"),
+    ignore("use_cache", False, "the rollout always decodes with a KV cache and the training pass never keeps one"),
+    refuse("neftune_noise_alpha", None, "NEFTune noise is an SFT technique grpolab does not have"),
+    ignore("torch_empty_cache_steps", None, "only when the CUDA cache is emptied; no value changes"),
+    refuse("auto_find_batch_size", False, "TRL refuses it for GRPO too (the batch must hold whole groups)"),
+    ignore("logging_strategy", "steps", LOGS),
+    ignore("logging_steps", 10, LOGS + " (also eval_steps' default, read there)"),
+    ignore("logging_first_step", False, LOGS),
+    ignore("log_on_each_node", True, LOGS),
+    ignore("logging_nan_inf_filter", True, LOGS + "; a non-finite update is skipped and counted "
+           "(update/nonfinite_skipped)"),
+    ignore("include_num_input_tokens_seen", "no", LOGS + " (tokens/generated is logged every step)"),
+    ignore("log_level", "passive", LOGS),
+    ignore("log_level_replica", "warning", LOGS),
+    Entry("disable_tqdm", None, "map", "progress", to("progress", lambda v: not v), "True: no progress bar."),
+    Entry("report_to", "none", "map", "report_to (else tensorboard)", _report_to,
+          "Trackers; TRL's default 'none' writes no TensorBoard events."),
+    ignore("run_name", None, "the tracker's name of the run; grpolab names a run by its output_dir"),
+    ignore("project", "huggingface", "the trackio/wandb project name of transformers' integration"),
+    refuse("trackio_space_id", None, HUB),
+    refuse("trackio_bucket_id", None, HUB),
+    refuse("trackio_static_space_id", None, HUB),
+    Entry("eval_strategy", "no", "map", "eval_steps", _eval_strategy,
+          "steps: evaluate eval_dataset every eval_steps (default logging_steps) steps."),
+    Entry("eval_steps", None, "map", "eval_steps", lambda v, a: {}, "Read with eval_strategy."),
+    refuse("eval_delay", 0, "grpolab evaluates from the first eval_steps on"),
+    Entry("per_device_eval_batch_size", 8, "map", "eval_batch", to("eval_batch", int)),
+    ignore("prediction_loss_only", False, EVAL_LOOP),
+    ignore("eval_on_start", False, "grpolab scores eval_dataset before the first step whenever one is given"),
+    ignore("eval_do_concat_batches", True, EVAL_LOOP),
+    ignore("eval_use_gather_object", False, EVAL_LOOP),
+    ignore("eval_accumulation_steps", None, EVAL_LOOP),
+    ignore("include_for_metrics", [], EVAL_LOOP),
+    ignore("batch_eval_metrics", False, EVAL_LOOP),
+    refuse("save_only_model", False, "grpolab's checkpoints always hold the optimizer state, so that they resume"),
+    Entry("save_strategy", "steps", "map", "save_every (save_best)", _save_strategy,
+          "steps: a checkpoint every save_steps steps; no: only the final one (grpolab always writes it)."),
+    Entry("save_steps", 500, "map", "save_every", lambda v, a: {}, "Read with save_strategy."),
+    ignore("save_on_each_node", False, "only rank 0 writes checkpoints, to output_dir"),
+    Entry("save_total_limit", None, "map", "keep_checkpoints",
+          to("keep_checkpoints", lambda v: 1_000_000 if v is None else int(v)), "None keeps every checkpoint."),
+    refuse("enable_jit_checkpoint", False, "grpolab checkpoints on SIGTERM by itself (a graceful stop)"),
+    refuse("push_to_hub", False, HUB),
+    refuse("hub_token", None, HUB),
+    refuse("hub_private_repo", None, HUB),
+    refuse("hub_model_id", None, HUB),
+    refuse("hub_strategy", "every_save", HUB),
+    refuse("hub_always_push", False, HUB),
+    refuse("hub_revision", None, HUB),
+    Entry("load_best_model_at_end", False, "map", "save_best", lambda v, a: {"save_best": True} if v else {},
+          "Keep the checkpoint with the best evaluation."),
+    refuse("metric_for_best_model", None, "grpolab's best checkpoint is the one with the best evaluation reward"),
+    refuse("greater_is_better", None, "grpolab's best checkpoint is the one with the highest evaluation reward"),
+    refuse("ignore_data_skip", False, "a resumed run takes exactly the rows it would have taken (seeded epochs)"),
+    ignore("restore_callback_states_from_checkpoint", False, "callbacks keep no state in grpolab's checkpoints"),
+    refuse("full_determinism", False, "grpolab seeds every step; torch's deterministic algorithms are not forced"),
+    same("seed", "seed", 42),
+    same("data_seed", "data_seed", None, "Seeds the epochs' row order; None: seed."),
+    Entry("use_cpu", False, "map", "device", to("device", lambda v: "cpu" if v else "auto")),
+    ignore("accelerator_config", None, "grpolab does not run under accelerate"),
+    refuse("parallelism_config", None, "launch with torchrun (data parallel) and fsdp=true (docs/distributed.md)"),
+    ignore("dataloader_drop_last", False, LOADER),
+    ignore("dataloader_num_workers", 0, LOADER),
+    ignore("dataloader_pin_memory", True, LOADER),
+    ignore("dataloader_persistent_workers", False, LOADER),
+    ignore("dataloader_prefetch_factor", None, LOADER),
+    ignore("dataloader_multiprocessing_context", None, LOADER),
+    ignore("dataloader_in_order", True, LOADER),
+    Entry("remove_unused_columns", False, "map", "(every column)",
+          _only("remove_unused_columns", (False, None), "grpolab passes every column of a row to the reward "
+                "functions as keyword arguments, as TRL's GRPO does with the default False"),
+          "Every column reaches the reward functions as keyword arguments."),
+    ignore("label_names", None, "GRPO has no labels"),
+    Entry("train_sampling_strategy", "random", "map", "shuffle", _sampling_strategy,
+          "random: seeded shuffled epochs; sequential: the data's order."),
+    ignore("length_column_name", "length", "only for group_by_length sampling, which grpolab does not use"),
+    ignore("ddp_find_unused_parameters", None, DDP),
+    ignore("ddp_bucket_cap_mb", None, DDP),
+    ignore("ddp_broadcast_buffers", None, DDP),
+    ignore("ddp_static_graph", None, DDP),
+    ignore("ddp_backend", None, DDP + "; the backend is nccl on CUDA, gloo on a CPU"),
+    ignore("ddp_timeout", 1800, DDP),
+    refuse("fsdp", None, "launch with torchrun and fsdp=true (grpolab's FSDP2; docs/distributed.md)"),
+    refuse("fsdp_config", None, "launch with torchrun and fsdp=true (grpolab's FSDP2; docs/distributed.md)"),
+    refuse("deepspeed", None, "grpolab has no DeepSpeed integration; use fsdp=true under torchrun"),
+    ignore("debug", "", "transformers' debugging switches (underflow detection, TPU metrics)"),
+    ignore("skip_memory_metrics", True, "grpolab logs memory/peak_mb every step"),
+    ignore("do_train", False, NOT_TRAINING),
+    ignore("do_eval", False, NOT_TRAINING),
+    ignore("do_predict", False, NOT_TRAINING),
+    refuse("resume_from_checkpoint", None, "call trainer.train(resume_from_checkpoint=True) or run "
+           "`grpolab train --resume OUTPUT_DIR`"),
+    ignore("local_rank", -1, "set by the launcher; grpolab reads torchrun's environment"),
+]
+
+__all__ = ["TRAINING_ARGUMENTS"]

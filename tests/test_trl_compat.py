@@ -1,0 +1,248 @@
+"""`from grpolab import GRPOConfig, GRPOTrainer` means what TRL 1.16 means: TRL's field names and defaults,
+one mapping table for every field (docs/migrating-from-trl.md generated from it), refusals by name, the same
+names on the command line with no false-friend hints, `--help` printing the values a run uses, and TRL's
+data semantics (epochs over every row, raw string prompts, no answer column, map-style datasets by length,
+evaluation from eval_dataset only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from grpolab import GRPOConfig
+from grpolab.app.trl_compat import trl_overrides, trl_recipe
+from grpolab.app.trl_compat.docs import render
+from grpolab.app.trl_compat.entries import config_has
+from grpolab.app.trl_compat.fields import TABLE
+from grpolab.training.config import build_config
+from grpolab.util.fields import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Settings the mapping names that other versions of grpolab add: until they exist, TRL's default for each
+# is dropped and any other value refused (tested below).
+PENDING = {"lr_scheduler", "warmup_ratio", "report_to", "eval_steps", "eval_num_generations", "save_best",
+           "steps_per_generation", "top_k", "min_p", "generation_kwargs", "chat_template_kwargs",
+           "repetition_penalty", "algo.sapo_temperature_neg", "algo.sapo_temperature_pos", "algo.vespo_k_pos",
+           "algo.vespo_lambda_pos", "algo.vespo_k_neg", "algo.vespo_lambda_neg", "mask_truncated_completions",
+           "sync_ref_model", "sync_ref_model_alpha", "sync_ref_model_steps", "entropy_coef"}
+
+
+def test_grpoconfig_has_trls_fields_order_and_defaults():
+    trl = pytest.importorskip("trl", reason="TRL (the test extra) is not installed")
+    theirs = [f for f in dataclasses.fields(trl.GRPOConfig) if f.init]
+    ours = dataclasses.fields(GRPOConfig)
+    assert [f.name for f in ours] == [f.name for f in theirs]
+    for f in theirs:
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        assert getattr(GRPOConfig(), f.name) == getattr(default, "value", default), f.name
+
+
+def test_trl_defaults_reach_the_grpolab_config():
+    cfg = build_config(trl_recipe(GRPOConfig(output_dir="runs/x"))[0])
+    assert (cfg.lr, cfg.algo.beta, cfg.algo.aggregation, cfg.adam_betas, cfg.max_new_tokens, cfg.seed, cfg.G) == \
+        (1e-6, 0.0, "token_mean", [0.9, 0.999], 512, 42, 8)
+    assert (cfg.batch_size, cfg.micro_batch, cfg.steps, cfg.num_train_epochs, cfg.warmup_steps) == (8, 8, -1, 3.0, 0)
+    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.eps_low, cfg.algo.eps_high) == \
+        ("group_zscore_unbiased", "clipped", 0.2, 0.2)
+    assert cfg.out == "runs/x" and cfg.grad_checkpointing and not cfg.tensorboard and cfg.rollout.engine == "native"
+
+
+def test_a_real_trl_config_maps_like_grpolabs():
+    trl = pytest.importorskip("trl", reason="TRL (the test extra) is not installed")
+    kw = dict(output_dir="runs/y", bf16=False, use_cpu=True, loss_type="grpo", per_device_train_batch_size=4,
+              gradient_accumulation_steps=2, num_generations=4, learning_rate=3e-6, save_steps=7)
+    theirs, ours = trl_recipe(trl.GRPOConfig(**kw)), trl_recipe(GRPOConfig(**kw))
+    assert theirs == ours
+    assert (ours[0]["batch_size"], ours[0]["micro_batch"], ours[0]["save_every"]) == (8, 4, 7)
+
+
+def test_every_field_has_one_entry_and_a_reason_where_it_is_not_mapped():
+    assert len(TABLE) == 189
+    for e in TABLE.values():
+        assert e.kind in ("map", "refuse", "ignore"), e.name
+        if e.kind != "map":
+            assert len(e.reason) > 15, e.name
+        else:
+            assert e.convert is not None and e.target, e.name
+
+
+def test_mapped_paths_exist_or_are_the_declared_pending_settings():
+    values = {name: e.default for name, e in TABLE.items()}
+    values.update(eval_strategy="steps", save_strategy="best", warmup_steps=0.1, steps_per_generation=2,
+                  report_to=["tensorboard"])
+    paths = set()
+    for e in TABLE.values():
+        if e.kind == "map":
+            try:
+                paths |= set(e.convert(values[e.name], values))
+            except ConfigError:
+                pass
+    missing = {p for p in paths if not config_has(p)}
+    assert missing <= PENDING, missing - PENDING
+
+
+def test_docs_are_generated_from_the_table():
+    assert (ROOT / "docs" / "migrating-from-trl.md").read_text() == render(), \
+        "regenerate: python -m grpolab.app.trl_compat.docs > docs/migrating-from-trl.md"
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("push_to_hub", True, "Hub"), ("hub_model_id", "me/model", "Hub"), ("fp16", True, "bf16"),
+    ("deepspeed", "ds.json", "fsdp"), ("optim", "adafactor", "AdamW"), ("loss_type", "nope", "dapo"),
+    ("vllm_mode", "server", "colocate"), ("max_completion_length", None, "limit"),
+])
+def test_refused_fields_are_named_with_the_reason(field, value, words):
+    with pytest.raises(ConfigError, match=field) as e:
+        trl_recipe(GRPOConfig(**{field: value}))
+    assert words in str(e.value)
+
+
+def test_a_pending_setting_drops_trls_default_and_refuses_another_value():
+    if config_has("lr_scheduler"):
+        pytest.skip("this build has lr_scheduler: lr_scheduler_type maps to it")
+    _, notes, _ = trl_recipe(GRPOConfig())
+    assert any("lr_scheduler_type='linear'" in n for n in notes)
+    assert not any(n.startswith("top_k") for n in notes)  # off by default: no note
+    with pytest.raises(ConfigError, match="lr_scheduler_type='cosine'.*no setting lr_scheduler"):
+        trl_recipe(GRPOConfig(lr_scheduler_type="cosine"))
+
+
+def test_reward_model_ids_are_refused():
+    from grpolab import GRPOTrainer
+
+    with pytest.raises(ConfigError, match=r"reward_funcs\[0\].*hub id"):
+        GRPOTrainer(model="smollm2-135m", reward_funcs="OpenAssistant/reward-model-deberta",
+                    args=GRPOConfig(output_dir="x"), train_dataset=[{"prompt": "hi"}])
+
+
+def test_trl_names_among_settings_convert_without_false_friends():
+    out, _ = trl_overrides({"scale_rewards": "batch", "max_steps": 10, "learning_rate": 1e-6, "seed": 3,
+                            "per_device_train_batch_size": 4, "algo": "dapo"})
+    assert out["steps"] == 10 and out["lr"] == 1e-6 and out["seed"] == 3
+    assert (out["batch_size"], out["micro_batch"]) == (4, 4)
+    assert out["algo"] == {"name": "dapo", "advantage": "group_mean", "adv_scale": "batch_std_unbiased"}
+    if not config_has("report_to"):  # a tracker grpolab lacks: named, never "Did you mean report?"
+        with pytest.raises(ConfigError, match="report_to='wandb'"):
+            trl_overrides({"report_to": "wandb"})
+
+
+def test_grpolab_train_takes_a_grpoconfig_as_args(tmp_path):
+    import grpolab
+
+    with pytest.raises(ConfigError, match="push_to_hub=True: refused") as e:
+        grpolab.train(args=GRPOConfig(output_dir=str(tmp_path / "r"), push_to_hub=True), dataset=[{"prompt": "x"}])
+    assert "task_args" not in str(e.value)
+
+
+def _cli(*argv, capsys):
+    from grpolab.app.cli import main
+
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out + cap.err
+
+
+def test_cli_help_prints_the_values_a_run_uses(capsys):
+    code, text = _cli("train", "--help", capsys=capsys)
+    assert code == 0 and "  algo.beta=0.04\n" in text  # the default preset's, which runs use
+    code, text = _cli("train", "dapo", "--help", capsys=capsys)
+    assert "  algo.eps_high=0.28\n" in text and "  algo.beta=0.0\n" in text
+    code, text = _cli("train", "max_steps=3", "learning_rate=2e-6", "--help", capsys=capsys)
+    assert code == 0 and "  steps=3\n" in text and "  lr=2e-06\n" in text and "  algo.beta=0.04\n" in text
+    code, text = _cli("train", "--trl", "max_steps=7", "--help", capsys=capsys)
+    assert "  steps=7\n" in text and "  lr=1e-06\n" in text and "  max_new_tokens=512\n" in text
+    assert "  algo.aggregation='token_mean'\n" in text and "  adam_betas=[0.9, 0.999]\n" in text
+
+
+def test_cli_refuses_a_trl_field_by_name(capsys):
+    code, text = _cli("train", "push_to_hub=true", capsys=capsys)
+    assert code == 2 and "push_to_hub=True: refused" in text and "Did you mean" not in text
+
+
+def test_epoch_order_visits_every_row_once_per_epoch_seeded():
+    from grpolab.tasks._args import epoch_order
+
+    order = epoch_order(7, 0, 21, seed=5)
+    assert [sorted(order[i:i + 7]) for i in (0, 7, 14)] == [list(range(7))] * 3
+    assert order[:7] != order[7:14]  # a new order each epoch (seeded: fixed for this seed)
+    assert epoch_order(7, 3, 10, seed=5) == order[3:13]  # any window: what a resumed run takes
+    assert epoch_order(7, 0, 7, seed=6) != order[:7]
+    assert epoch_order(4, 2, 5, seed=5, shuffle=False) == [2, 3, 0, 1, 2]
+
+
+def test_steps_minus_one_runs_the_epochs():
+    from grpolab.training.run import check_epochs
+
+    class Rows:
+        def __len__(self):
+            return 10
+
+        def epoch_rows(self, *a):
+            return []
+
+    cfg = build_config({"steps": -1, "num_train_epochs": 1.5, "batch_size": 8, "G": 4})
+    check_epochs(cfg, Rows(), lambda *_: None)
+    assert cfg.steps == 8  # ceil(1.5 x 10 / 2 prompts per step)
+    cfg = build_config({"steps": -1, "num_train_epochs": 1.0, "task": "arithmetic"})
+    with pytest.raises(ConfigError, match="num_train_epochs"):
+        from grpolab.tasks import build_task
+
+        check_epochs(cfg, build_task("arithmetic", 0, {}), lambda *_: None)
+    with pytest.raises(ConfigError, match="steps"):
+        build_config({"steps": -1})
+
+
+def test_string_prompts_raw_are_not_templated_and_messages_are(tiny_tokenizer):
+    from grpolab.model.template import chat_prompts
+
+    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    raw, conv = chat_prompts(tiny_tokenizer, [text, [{"role": "user", "content": "hi"}]], None, raw_strings=True)
+    assert raw == tiny_tokenizer(text)["input_ids"]
+    msgs = [{"role": "user", "content": "hi"}]
+    assert conv == chat_prompts(tiny_tokenizer, [msgs], None)[0]  # messages: the chat template, as before
+    templated = chat_prompts(tiny_tokenizer, [text], None)[0]
+    assert len(templated) > len(raw)  # the chat form wraps it again
+
+
+def test_prompt_only_data_and_the_null_hint(tmp_path):
+    from grpolab.tasks.dataset import DatasetTask
+
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"p{i}", "length": i}) + "\n" for i in range(5)))
+    with pytest.raises(ConfigError, match="null"):
+        DatasetTask(0, path=str(p))
+    t = DatasetTask(0, path=str(p), answer_column=None, eval_size=0, string_prompts="raw")
+    assert len(t) == 5 and t.eval_set() == [] and t.raw_string_prompts
+    assert t.epoch_rows(0, 5, 0)[0].meta["length"] in range(5)
+
+
+def test_map_style_dataset_is_read_by_its_length():
+    from grpolab.app.trl_compat.data import rows_of
+
+    class Endless:  # __getitem__ never raises IndexError: list(ds) would never end
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"prompt": f"p{i}"}
+
+    assert rows_of(Endless(), "train_dataset") == [{"prompt": "p0"}, {"prompt": "p1"}, {"prompt": "p2"}]
+    with pytest.raises(ConfigError, match="without a length"):
+        rows_of(iter([{"prompt": "x"}]), "train_dataset")
+
+
+def test_cli_runs_with_max_steps(tiny_model_dir, tmp_path, capsys):
+    import yaml
+
+    out = tmp_path / "run"
+    code, text = _cli("train", f"model={tiny_model_dir}", "max_steps=1", "learning_rate=3e-6", "batch_size=4", "G=2",
+                      "max_new_tokens=4", "eval_size=0", f"out={out}", "report=false", "progress=false",
+                      capsys=capsys)
+    assert code == 0, text
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert (cfg["steps"], cfg["lr"]) == (1, 3e-6)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1

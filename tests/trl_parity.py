@@ -1,0 +1,120 @@
+"""Helpers of tests/test_trl_parity.py: one step of TRL 1.16's GRPOTrainer and of grpolab on the same
+GRPOConfig, the same tiny model, the same forced completions and the same reward function; each side
+returns (loss, gradient norm) of that step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+PROMPTS = ["The cat sat on", "A dog ran to"]  # the same token count: TRL's left padding shifts positions
+G = 4
+COMPLETION_LEN = 6
+
+
+def forced_completions(tokenizer) -> dict[tuple[int, ...], list[list[int]]]:
+    """prompt ids -> G completions (token ids, some ending early with EOS, some cut at the limit)."""
+    eos = tokenizer.eos_token_id
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for p in PROMPTS:
+        ids = tuple(tokenizer(p)["input_ids"])
+        rows = []
+        for j in range(G):
+            n = COMPLETION_LEN if j % 2 == 0 else 2 + j  # 6, 3, 6, 5 tokens
+            toks = torch.randint(100, 2000, (n,), generator=g).tolist()
+            if n < COMPLETION_LEN:
+                toks[-1] = eos  # ended by the model: EOS is part of the completion
+            rows.append(toks)
+        out[ids] = rows
+    return out
+
+
+def reward(completions, **kwargs):
+    """A reward that varies within each group: a function of the completion's text."""
+    return [float(sum(map(ord, c)) % 7) / 3.0 for c in completions]
+
+
+def trl_config(out: Path, **fields):
+    """The shared config: TRL's GRPOConfig (TRL's defaults) made small and fp32 on the CPU."""
+    import trl
+
+    base = dict(output_dir=str(out), per_device_train_batch_size=len(PROMPTS) * G, num_generations=G,
+                max_completion_length=COMPLETION_LEN, bf16=False, use_cpu=True, report_to="none",
+                logging_strategy="no", save_strategy="no", max_steps=1, disable_tqdm=True)
+    base.update(fields)
+    return trl.GRPOConfig(**base)
+
+
+def grad_norm(params) -> float:
+    return float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None)))
+
+
+def trl_step(model_dir: Path, args) -> tuple[float, float]:
+    """TRL: _generate_and_score_completions on the forced completions, compute_loss, backward."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    forced = forced_completions(trainer.processing_class)
+    trainer._generate_single_turn = lambda prompt_ids, *a, **k: ([list(forced[tuple(p)][i % G])
+                                                                  for i, p in enumerate(prompt_ids)], None)
+    rows = [{"prompt": p} for p in PROMPTS for _ in range(G)]  # TRL's sampler repeats each prompt G times
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = trainer._generate_and_score_completions(rows)
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    return float(loss), grad_norm(trainer.model.parameters())
+
+
+def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, float]:
+    """grpolab: the config the mapping table gives for `args`, one train_step on the forced completions;
+    the loss is the sum of policy_loss's micro-batch losses, the norm clip_grad_norm_'s (before clipping)."""
+    from grpolab import rewards as rewards_mod
+    from grpolab.app.trl_compat import trl_recipe
+    from grpolab.batch import Rollout
+    from grpolab.training import step as step_mod
+    from grpolab.training import trainer
+    from grpolab.training.config import build_config
+
+    monkeypatch.setitem(rewards_mod.REWARDS, "parity_reward", rewards_mod.as_factory(reward))
+    data = out.parent / f"{out.name}-prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    recipe = trl_recipe(args)[0]
+    recipe.update(model=str(model_dir), out=str(out), task="dataset", eval_size=0, progress=False, report=False,
+                  rewards=[{"name": "parity_reward"}],
+                  task_args={"path": str(data), "prompt_column": "prompt", "answer_column": None,
+                             "string_prompts": "raw", "eval_size": 0})
+    cfg = build_config(recipe)
+    run = trainer.setup(cfg, log=lambda *_: None)
+    tok = run.tokenizer
+    forced = forced_completions(tok)
+
+    def generate(prompt_ids, sampling, *, G, generator=None):
+        P = max(len(p) for p in prompt_ids)
+        rows = [(p, c) for p in prompt_ids for c in forced[tuple(p)]]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        pids = torch.tensor([[pad] * (P - len(p)) + list(p) for p, _ in rows])
+        pmask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p, _ in rows])
+        cids = torch.tensor([c + [pad] * (COMPLETION_LEN - len(c)) for _, c in rows])
+        cmask = torch.tensor([[1.0] * len(c) + [0.0] * (COMPLETION_LEN - len(c)) for _, c in rows])
+        truncated = torch.tensor([c[-1] != tok.eos_token_id for _, c in rows])
+        texts = tok.batch_decode([c for _, c in rows], skip_special_tokens=True)
+        return Rollout(pids, pmask, cids, cmask, torch.zeros(cmask.shape), truncated, texts, G)
+
+    monkeypatch.setattr(run.engine, "generate", generate)
+    losses = []
+    real = step_mod.policy_loss
+
+    def recording(*a, **k):
+        loss, info = real(*a, **k)
+        losses.append(float(loss.detach()))
+        return loss, info
+
+    monkeypatch.setattr(step_mod, "policy_loss", recording)
+    metrics, _ = step_mod.train_step(run, 1)
+    return sum(losses), metrics["grad_norm"]
