@@ -36,6 +36,7 @@ gives a `label`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -118,9 +119,8 @@ def is_batch(fn: Callable, where: str) -> bool:
         return True
     if len(positional) >= 2 or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params.values()):
         return False
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()) and \
-            not any(p.default is p.empty for p in positional):
-        return True  # fn(**kwargs): TRL calls it with keywords
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True  # fn(**kwargs), fn(x, **kwargs): TRL calls it with keywords (check_available checks x)
     raise ConfigError(
         f"{where}: cannot tell how to call {getattr(fn, '__name__', fn)!r}: write it as "
         f"fn(completions, prompts=None, **kwargs) -> list (TRL's form) or fn(completion, example) -> float"
@@ -231,7 +231,9 @@ def check_available(name: str, fn: Callable, available: set[str], where: str = "
     if not missing:
         return
     shown = ", ".join(sorted(available))
-    hint = (" `environments` is given only in a run with an environment (env.name)." if "environments" in missing
+    close = [m for k in missing for m in difflib.get_close_matches(k, sorted(available), n=1, cutoff=0.8)]
+    hint = (f" Did you mean {', '.join(repr(c) for c in close)}?" if close else
+            " `environments` is given only in a run with an environment (env.name)." if "environments" in missing
             else " Add the column to the data, give the parameter a default (e.g. =None), or pass it as an option "
                  "of the reward spec.")
     raise ConfigError(f"{where}: reward {name!r} requires {', '.join(repr(k) for k in missing)}, which no column "
