@@ -23,8 +23,12 @@ The function is the reward itself (not a factory). Its form is read from its par
                 the trajectories started from (messages; reset's text included), and `environments` holds each
                 completion's environment instance (the user's object an adapter wraps: the TRL class
                 instance, the OpenEnv or SkyRL environment), as TRL passes them; plain tool functions
-                have none (None). A None in the returned list: the function does not apply to that
-                completion (TRL's meaning; grpolab.rewards.scoring).
+                have none (None). The rest of TRL's contract comes too (grpolab.rewards.contract):
+                `completion_ids`, `trainer_state`, `log_extra`, `log_metric`. An `async def` function
+                returns a coroutine, awaited by grpolab.rewards.scoring. A None in the returned list:
+                the function does not apply to that completion (TRL's meaning; grpolab.rewards.scoring).
+                A required parameter that nothing provides is refused before training
+                (check_available).
     per-sample  fn(completion, example) -> float        (a first parameter named `completion`, or
                 two positional parameters): grpolab's own form, one call per completion; in a
                 multi-turn run `completion` is the last model turn's text. None is an error.

@@ -1,6 +1,9 @@
 """Run reward functions over a batch: bounded time, bounded threads, failures become numbers.
 
-`score_completions` calls every (reward function, completion) pair on a small thread pool. A call
+`score_completions` calls every (reward function, completion) pair where its function belongs
+(grpolab.rewards.contract.placement, `thread=`): async functions awaited together on an event loop,
+"workers" on a small thread pool, "main" in the calling thread one after another (no timeout there:
+a thread cannot be stopped from outside; signal.alarm works there). A call
 that raises scores 0 (on_error="zero") or NaN (on_error="exclude": the caller drops NaN samples) and
 increments `reward/errors`; a call that runs past `timeout_s` (or raises TimeoutError, as the math
 and code verifiers do when their own budget runs out) does the same and increments
@@ -27,6 +30,12 @@ pass `context`, lists with one value per completion (`environments`: each trajec
 `prompts`: the prompt it started from, reset's text included): a batch function whose callable has a
 true `takes_context` attribute gets its group's slices as keyword arguments (TRL's reward functions
 read the environment instances and the prompts; grpolab.rewards.custom passes them on).
+
+Every failure is also counted per function (`reward/<name>/error_frac`: the share of the
+completions it failed on) and its first message kept (Scores.first_errors), so a function that
+fails on every completion can be named by the training loop (grpolab.training.stops). Batch calls
+that take context also get TRL's `log_extra` / `log_metric` (Scores.extra, and the logged metrics
+under their own names) and the `shared` keywords (`trainer_state`).
 
 A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
 sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
