@@ -172,8 +172,11 @@ def test_trl_reward_shapes_are_recognised():
         return []
 
     assert is_batch(reads_envs, "r") and is_batch(only_kwargs, "r")
-    with pytest.raises(ConfigError, match="cannot tell how to call 'positional'"):
-        is_batch(positional, "r")
+    assert is_batch(positional, "r")  # TRL calls it with keywords; `x` is refused before training:
+    from grpolab.rewards.custom import adapt, check_available
+
+    with pytest.raises(ConfigError, match="reward 'positional' requires 'x'"):
+        check_available("positional", adapt(positional, {}, "r")[0], {"completions", "prompts"})
 
 
 def test_reward_functions_receive_the_environments_and_prompts_of_their_group():

@@ -131,7 +131,8 @@ def hand_rollout(conversations, G: int) -> Rollout:
 
 def run_like(fns: list[RewardFn]):
     """What step.score reads of a Run."""
-    return SimpleNamespace(reward_fns=fns, cfg=SimpleNamespace(reward_timeout_s=10.0, reward_workers=2))
+    return SimpleNamespace(reward_fns=fns, trainer_state=None,
+                           cfg=SimpleNamespace(reward_timeout_s=10.0, reward_workers=2, reward_thread="workers"))
 
 
 def test_a_multi_turn_conversation_reaches_trl_form_functions(monkeypatch):

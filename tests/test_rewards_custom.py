@@ -94,7 +94,7 @@ def test_trl_function_by_file_gets_completions_prompts_and_columns(reward_file):
     assert sorted(c["prompts"][0] for c in calls[-2:]) == [EX_A.prompt, EX_B.prompt]
     call_a = next(c for c in calls[-2:] if c["prompts"][0] == EX_A.prompt)
     assert call_a == {"completions": ["so 4", "5"], "prompts": [EX_A.prompt] * 2, "answer": ["4", "4"],
-                      "level": [1, 1], "extra": ["source"]}
+                      "level": [1, 1], "extra": ["log_extra", "log_metric", "source"]}
 
 
 def test_chat_prompts_give_chat_completions(reward_file):

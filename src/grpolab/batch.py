@@ -182,6 +182,8 @@ class Batch:
     old_logp: Tensor | None = None  # (N, C) log pi_old of each token, before the update (update)
     last_logp: Tensor | None = None  # (N, C) log pi_theta in the last epoch's pass: ratio = exp(last - old)
     entropy: Tensor | None = None  # (N, C) policy entropy at each completion position (update)
+    extra: dict[str, list] = field(default_factory=dict)  # column -> N values reward functions logged (log_extra)
+    first_errors: dict[str, str] = field(default_factory=dict)  # reward name -> its first failure this step
 
     @property
     def empty(self) -> bool:
@@ -200,6 +202,7 @@ class Batch:
             return Batch([], None, self.raw_reward[:0], {k: [] for k in self.reward_by_fn})
         picked = rows.tolist()
         return Batch([e for e, k in zip(self.examples, keep.tolist()) if k], self.rollout.select(rows),
-                     self.raw_reward[rows], {k: [v[i] for i in picked] for k, v in self.reward_by_fn.items()})
+                     self.raw_reward[rows], {k: [v[i] for i in picked] for k, v in self.reward_by_fn.items()},
+                     extra={k: [v[i] for i in picked] for k, v in self.extra.items()})
 
 

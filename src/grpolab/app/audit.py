@@ -37,7 +37,7 @@ GOLD_RENDERINGS = (
 )
 
 
-def check_gold(fns, examples, timeout_s: float, workers: int) -> tuple[list[dict], list[str]]:
+def check_gold(fns, examples, timeout_s: float, workers: int, thread: str = "workers") -> tuple[list[dict], list[str]]:
     """For each example, the first rendering of its answer that the main verifier scores 1, or a failure
     record. Returns (failures, renderings used)."""
     from grpolab.rewards import score_completions
@@ -51,7 +51,8 @@ def check_gold(fns, examples, timeout_s: float, workers: int) -> tuple[list[dict
         if not pending:
             break
         texts = [fmt.format(a=examples[i].answer) for i in pending]
-        scores = score_completions(fns, texts, [examples[i] for i in pending], timeout_s=timeout_s, workers=workers)
+        scores = score_completions(fns, texts, [examples[i] for i in pending], timeout_s=timeout_s, workers=workers,
+                                   thread=thread)
         still = []
         for i, s in zip(pending, scores.per_fn[main]):
             best[i] = max(best.get(i, 0.0), float(s))
@@ -139,7 +140,7 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     main = run.main_reward
     examples = run.task.sample(n_prompts, random.Random(f"grpolab/app/audit/{cfg.seed}"))
     verifiers = [f for f in run.reward_fns if f.name != ENV_REWARD]  # the environment's reward needs a rollout
-    failures, renderings = (check_gold(verifiers, examples, cfg.reward_timeout_s, cfg.reward_workers) if verifiers
+    failures, renderings = (check_gold(verifiers, examples, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_thread) if verifiers
                             else ([], []))
     in_env = run.environments is not None
     # success of one sample: the main reward at 1; in an environment whose reward is the main one, any

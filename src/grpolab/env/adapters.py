@@ -28,7 +28,8 @@ Deliberate differences from TRL:
 
 - a non-string result is `json.dumps`-ed when possible (TRL uses `str()`: `True`, `{'a': 1}`),
   so the model reads JSON; results longer than `max_result_chars` are cut with a marker. A list
-  result (TRL passes it through as multimodal content blocks) is JSON text here: no images.
+  result (TRL passes it through as multimodal content blocks) is JSON text for the model (no
+  images); reward functions receive the list itself, as in TRL (runner.ToolText, Reply.values).
 - a failing call's content is "Error: ..." in words (TRL's is `str({"error": "..."})`), and
   arguments are checked against the schema before the tool runs (TRL calls `fn(**arguments)`
   and reports whatever TypeError results).

@@ -63,6 +63,8 @@ class Reply:
     calls: calls per tool name this step (only names of tools the environment offers).
     parsed: the tool calls parsed from the turn (ToolCall / ParseError), for the record and
         for rendering the assistant message's tool_calls; empty for environments without tools.
+    values: index in `messages` -> the value a tool returned, where it returned a list: the reward
+        functions read it as the message's content (TRL passes a list through), the model the text.
     """
 
     messages: list[dict] = field(default_factory=list)
@@ -70,6 +72,7 @@ class Reply:
     events: Counter = field(default_factory=Counter)
     calls: Counter = field(default_factory=Counter)
     parsed: list = field(default_factory=list)
+    values: dict = field(default_factory=dict)
 
 
 @runtime_checkable

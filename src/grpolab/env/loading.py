@@ -234,8 +234,9 @@ def _gym(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
 
 
 def _openenv(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
-    return lambda: OpenEnvAdapter(make(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"],
-                                  here=opts["here"])
+    pool = InstancePool(make)  # made once, reset for each trajectory (TRL's pool)
+    return lambda: OpenEnvAdapter(pool.acquire(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"],
+                                  here=opts["here"], pool=pool)
 
 
 def _factory(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
@@ -299,7 +300,7 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
                           tools if found != "factory" else ())
     probe_env = factory()  # builds schemas and checks the shape now, not at the first rollout
     close = getattr(probe_env, "close", None)
-    if found == "factory" and callable(close):
+    if found in ("factory", "openenv") and callable(close):
         close()  # its instance seeds the pool
     return factory
 

@@ -25,7 +25,21 @@ What the adapter does with it (`OpenEnvAdapter(env)`):
   that its signature accepts (all of them with **kwargs, as TRL passes a row); the first
   observation's text is appended to the user message.
 - a step that raises or runs past timeout_s ends the trajectory with an error message (`exception`
-  / `timeout`): the environment's state is unknown after it, as for GymAdapter.
+  / `timeout`): the environment's state is unknown after it, as for GymAdapter, and the instance is
+  not used again.
+- instances are pooled (adapters.InstancePool), as TRL's GRPOTrainer pools environment_factory's:
+  made when more are needed at once than exist, reset for each trajectory, so an environment that
+  advances through its own data on reset() serves its next item each time.
+
+An MCP environment (OpenEnv's `MCPEnvironment`, or one whose step takes `CallToolAction`, as
+echo_env does) offers its MCP tools instead: `step(ListToolsAction())` lists them once per
+instance (name, description, input_schema: the tools shown to the model, as TRL's OpenEnv harness
+shows them), and each <tool_call> of a turn is `step(CallToolAction(tool_name=..., arguments=...))`,
+run through grpolab.env.runner.ToolRunner (unknown tools, arguments checked against the tool's
+schema, timeouts, cut results). The observation's `error` is the call's error message; its
+`result` (a fastmcp CallToolResult's `.data`, else its text content, else the value as it is) the
+tool message; a list reaches the reward functions as the list. An MCP environment that lists no
+tool is refused with the reason (its listing's error, if it gave one).
 """
 
 from __future__ import annotations
@@ -36,13 +50,17 @@ import typing
 from collections import Counter
 from typing import Any
 
-from grpolab.env.adapters import _accepted, _resolve
+import threading
+import weakref
+
+from grpolab.env.adapters import InstancePool, _accepted, _resolve
 from grpolab.env.base import EnvironmentShapeError, Reply, example_seed
 from grpolab.env.calls import ParseError, parse_tool_calls
 from grpolab.env.runner import (
     DEFAULT_MAX_RESULT_CHARS,
     DEFAULT_TIMEOUT_S,
     Raised,
+    ToolRunner,
     call_with_timeout,
     cut,
     short_error,
@@ -126,23 +144,126 @@ def observation_text(obs: Any) -> str:
     return json.dumps(data, ensure_ascii=False, default=str)
 
 
+def mcp_actions(env_cls: type) -> tuple[type, type] | None:
+    """(ListToolsAction, CallToolAction) for an MCP environment: an OpenEnv MCPEnvironment subclass, or a
+    class whose step annotation names CallToolAction (openenv's own classes); None for any other."""
+    names = {base.__name__ for base in env_cls.__mro__}
+    step = getattr(env_cls, "step", None)
+    try:
+        hint = typing.get_type_hints(step).get(next(
+            p.name for p in inspect.signature(step).parameters.values() if p.name != "self"))
+    except Exception:  # noqa: BLE001 - no readable annotation
+        hint = None
+    named = {getattr(a, "__name__", "") for a in (typing.get_args(hint) or (hint,))}
+    if "MCPEnvironment" not in names and "CallToolAction" not in named:
+        return None
+    from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction  # installed: it subclasses it
+
+    return ListToolsAction, CallToolAction
+
+
+class MCPToolError(RuntimeError):
+    """A CallToolObservation's `error` (its error_type and message): the tool message says it."""
+
+
+_listed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""MCP environment instance -> its tools' schemas (listed once per pooled instance)."""
+_listed_lock = threading.Lock()
+
+
+def mcp_tools(env: Any, list_action: type, timeout_s: float, here: bool) -> list[dict]:
+    """The OpenAI function schemas of an MCP environment's tools, from step(ListToolsAction()); refused
+    (EnvironmentShapeError, with the reason) when the listing fails or is empty."""
+    with _listed_lock:
+        hit = _listed.get(env)
+    if hit is not None:
+        return hit
+    name = type(env).__name__
+    out = call_with_timeout(lambda: env.step(list_action()), {}, timeout_s, convert=False, here=here)
+    if out is None or isinstance(out, Raised):
+        why = f"timed out after {timeout_s:g} s" if out is None else f"raised {short_error(out.error)}"
+        raise EnvironmentShapeError(f"{name}: listing its MCP tools (step(ListToolsAction())) {why}")
+    tools = list(getattr(out, "tools", None) or [])
+    if not tools:
+        error = (getattr(out, "metadata", None) or {}).get("error")
+        raise EnvironmentShapeError(f"{name} is an MCP environment but listed no tools"
+                                    + (f" ({error})" if error else "") + "; register tools on its FastMCP server "
+                                    "(@mcp.tool) before super().__init__(mcp)")
+    schemas = [{"type": "function", "function": {
+        "name": t.name, "description": t.description or f"The MCP tool {t.name}.",
+        "parameters": dict(t.input_schema or {"type": "object", "properties": {}})}} for t in tools]
+    try:
+        with _listed_lock:
+            _listed[env] = schemas
+    except TypeError:  # an object without weak references: listed again next time
+        pass
+    return schemas
+
+
+def mcp_result(obs: Any) -> Any:
+    """What a tool call returned, from its CallToolObservation: fastmcp's CallToolResult gives `.data`
+    (the tool's value), else its text content; a plain result is taken as it is. An `error` raises."""
+    error = getattr(obs, "error", None)
+    if error is not None:
+        kind = getattr(getattr(error, "error_type", None), "value", None) or "error"
+        raise MCPToolError(f"{kind}: {getattr(error, 'message', error)}")
+    result = getattr(obs, "result", obs)
+    if getattr(result, "is_error", False):
+        raise MCPToolError("; ".join(getattr(c, "text", str(c)) for c in getattr(result, "content", None) or []))
+    if getattr(result, "data", None) is not None:
+        return result.data
+    content = getattr(result, "content", None)
+    if isinstance(content, list) and hasattr(result, "structured_content"):
+        texts = [getattr(c, "text", None) for c in content]
+        return "\n".join(t for t in texts if t is not None)
+    return result
+
+
 class OpenEnvAdapter:
-    """One OpenEnv-style environment instance per trajectory (see the module docstring)."""
+    """A pooled OpenEnv-style environment instance for one trajectory (see the module docstring)."""
 
     def __init__(self, env: Any, *, action_cls: type | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False) -> None:
+                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False,
+                 pool: InstancePool | None = None) -> None:
         if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
             raise EnvironmentShapeError(f"OpenEnvAdapter: {type(env).__name__} needs reset() and step(action).")
-        self.env = env
+        self.env, self._pool, self.broken, self._closed = env, pool, False, False
+        self.timeout_s, self.max_obs_chars, self.here = timeout_s, max_obs_chars, here
+        self.total, self.finished = 0.0, False
+        self.mcp = mcp_actions(type(env)) if action_cls is None else None
+        self.runner = None
+        if self.mcp is not None:
+            try:
+                self.tools = mcp_tools(env, self.mcp[0], timeout_s, here)
+            except EnvironmentShapeError:
+                self.close()
+                raise
+            self.action_cls, self.field = self.mcp[1], None
+            self.runner = ToolRunner({t["function"]["name"]: self._mcp_call(t["function"]["name"]) for t in self.tools},
+                                     {t["function"]["name"]: t for t in self.tools}, timeout_s=timeout_s,
+                                     max_result_chars=max_obs_chars, here=here)
+            return
         self.action_cls = action_cls or action_class(type(env))
         if self.action_cls is None:
+            self.close()
             raise EnvironmentShapeError(
                 f"{type(env).__name__}: cannot tell its action class; annotate step's parameter with it "
                 "(def step(self, action: MyAction)), a pydantic model")
         self.field = text_field(self.action_cls)
         self.tools = [] if self.field else [action_tool(self.action_cls)]
-        self.timeout_s, self.max_obs_chars, self.here = timeout_s, max_obs_chars, here
-        self.total, self.finished = 0.0, False
+
+    def _mcp_call(self, name: str):
+        """The tool function ToolRunner calls for MCP tool `name`: one step(CallToolAction(...))."""
+
+        def call(**arguments):
+            obs = self.env.step(self.mcp[1](tool_name=name, arguments=arguments))
+            reward = getattr(obs, "reward", None)
+            self.total += 0.0 if reward is None else float(reward)
+            self.finished = self.finished or bool(getattr(obs, "done", False))
+            return mcp_result(obs)
+
+        call.__name__ = name
+        return call
 
     @property
     def user_env(self) -> Any:
@@ -166,7 +287,7 @@ class OpenEnvAdapter:
         out = call_with_timeout(lambda: self.env.step(action), {}, self.timeout_s, convert=False, here=self.here)
         head = {"role": role, **({"name": name} if name else {})}
         if out is None or isinstance(out, Raised):
-            self.finished = True
+            self.finished = self.broken = True  # its state is unknown: not handed to another trajectory
             events["timeout" if out is None else "exception"] += 1
             why = (f"timed out after {self.timeout_s:g} s" if out is None else f"failed: {short_error(out.error)}")
             return {**head, "content": f"Error: the environment {why}"}
@@ -183,6 +304,18 @@ class OpenEnvAdapter:
         if self.finished:
             return Reply(done=True)
         events: Counter = Counter()
+        if self.runner is not None:  # MCP: each call of the turn is a CallToolAction step, until one is done
+            items = parse_tool_calls(turn_text)
+            if not items:
+                return Reply(done=True)
+            reply = Reply(parsed=list(items))
+            for item in items:
+                self.runner.add(reply, self.runner.run_one(item, reply.events, reply.calls))
+                if self.finished:
+                    break
+            self.broken = self.broken or bool(reply.events["timeout"])  # a call still running in it: not reused
+            reply.done = self.finished
+            return reply
         if self.field is not None:
             message = self._step(self.action_cls.model_validate({self.field: turn_text}), "user", None, events)
             return Reply([message], done=self.finished, events=events)
@@ -220,7 +353,17 @@ class OpenEnvAdapter:
         return self.total
 
     def close(self) -> None:
-        """The environment's own close(), if it has one (OpenEnv's do)."""
+        """Back to the pool for the next trajectory (once); an instance left in an unknown state by a failed
+        or timed-out step, or one without a pool, is closed instead (its own close(), as OpenEnv's have)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None and not self.broken:
+            self._pool.release(self.env)
+            return
         close = getattr(self.env, "close", None)
         if callable(close):
-            close()
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - a broken instance that cannot close either is dropped
+                pass

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import inspect
 import json
 import logging
@@ -131,6 +132,30 @@ def to_text(result: Any) -> str:
         return str(result)
 
 
+class ToolText(str):
+    """The text of a tool's result that also carries the list the tool returned (`value`): the model reads
+    the text, the reward functions the list (Reply.values), as TRL passes a list result through."""
+
+    value: Any
+
+    def __new__(cls, text: str, value: Any) -> "ToolText":
+        out = super().__new__(cls, text)
+        out.value = value
+        return out
+
+
+def result_text(result: Any) -> str:
+    """to_text(result); for a list, a ToolText carrying a copy of it as the tool returned it."""
+    text = to_text(result)
+    if not isinstance(result, list):
+        return text
+    try:
+        kept = copy.deepcopy(result)
+    except Exception:  # noqa: BLE001 - an object that cannot be copied: the list as it is
+        kept = result
+    return ToolText(text, kept)
+
+
 def cut(text: str, max_chars: int) -> tuple[str, int]:
     """`text` cut to `max_chars` with a visible marker; (text, number of characters removed)."""
     if len(text) <= max_chars:
@@ -170,7 +195,7 @@ def _invoke(fn: Callable, arguments: dict, convert: bool = True, deadline: float
             result = fn(**arguments)
             if inspect.isawaitable(result):  # an async tool (TRL accepts them): run it to completion here
                 result = asyncio.run(_await(result))
-            return to_text(result) if convert else result
+            return result_text(result) if convert else result
     except BaseException as e:  # noqa: BLE001 - the tool's failure is the model's error message
         return Raised(e)
 
@@ -221,8 +246,17 @@ class ToolRunner:
         """Run the calls in order; one tool message per item, errors included. done is False."""
         reply = Reply(parsed=list(items))
         for item in items:
-            reply.messages.append(self.run_one(item, reply.events, reply.calls))
+            self.add(reply, self.run_one(item, reply.events, reply.calls))
         return reply
+
+    @staticmethod
+    def add(reply: Reply, message: dict) -> None:
+        """Append a call's message to the reply; a list result's value goes to reply.values (the rewards'),
+        its text stays the message's content (the model's)."""
+        if isinstance(message.get("content"), ToolText):
+            reply.values[len(reply.messages)] = message["content"].value
+            message["content"] = str(message["content"])
+        reply.messages.append(message)
 
     def run_one(self, item: ToolCall | ParseError, events: Counter, calls: Counter) -> dict:
         """One call's tool message; failures are counted in `events`, calls per tool in `calls`."""
@@ -288,7 +322,7 @@ class ToolRunner:
         text, removed = cut(out, self.max_result_chars)
         if removed:
             events["truncated"] += 1
-        return text
+        return ToolText(text, out.value) if isinstance(out, ToolText) else text
 
 
 def _failed_step(error: BaseException | None, kind: str = "timeout") -> Reply:
@@ -307,9 +341,10 @@ def safe_reply(reply: Reply) -> Reply:
     messages, a = safe_data(reply.messages)
     events, b = safe_data(dict(reply.events))
     calls, c = safe_data(dict(reply.calls))
-    if a + b + c:
-        reply.messages, reply.events, reply.calls = messages, Counter(events), Counter(calls)
-        reply.events["invalid_unicode"] += a + b + c
+    values, d = safe_data(reply.values)
+    if a + b + c + d:
+        reply.messages, reply.events, reply.calls, reply.values = messages, Counter(events), Counter(calls), values
+        reply.events["invalid_unicode"] += a + b + c + d
     return reply
 
 

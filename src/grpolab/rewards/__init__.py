@@ -40,7 +40,8 @@ from grpolab.rewards import custom
 from grpolab.rewards.scoring import RewardFn, Scores, score_completions
 from grpolab.util.fields import ConfigError
 
-__all__ = ["REWARDS", "RewardFn", "Scores", "as_factory", "build_rewards", "get_factory", "score_completions"]
+__all__ = ["REWARDS", "RewardFn", "Scores", "as_factory", "build_rewards", "check_rewards", "get_factory",
+           "score_completions"]
 
 # name -> "module:factory"; factories are imported on first use (code/tool_call pull in more).
 REWARDS: dict[str, str] = {
@@ -131,3 +132,17 @@ def build_rewards(specs: list[dict]) -> list[RewardFn]:
             raise ConfigError(f"{where}: reward {label!r} listed twice; give one a distinct 'label'")
         fns.append(RewardFn(name=label, weight=float(weight), fn=fn, batch=batch))
     return fns
+
+
+def check_rewards(fns: list[RewardFn], task, *, environment: bool) -> None:
+    """Before training: refuse (ConfigError) a TRL-form function that requires a keyword nothing provides,
+    reading the task's columns from one example (task.sample(1, a fresh generator)). `environment`: the
+    run has one, so `environments` is provided."""
+    import random
+
+    examples = task.sample(1, random.Random(0))
+    available = set(custom.columns(examples)) | set(custom.TRL_KEYWORDS)
+    if not environment:
+        available.discard("environments")
+    for rf in fns:
+        custom.check_available(rf.name, rf.fn, available)

@@ -23,8 +23,12 @@ The function is the reward itself (not a factory). Its form is read from its par
                 the trajectories started from (messages; reset's text included), and `environments` holds each
                 completion's environment instance (the user's object an adapter wraps: the TRL class
                 instance, the OpenEnv or SkyRL environment), as TRL passes them; plain tool functions
-                have none (None). A None in the returned list: the function does not apply to that
-                completion (TRL's meaning; grpolab.rewards.scoring).
+                have none (None). The rest of TRL's contract comes too (grpolab.rewards.contract):
+                `completion_ids`, `trainer_state`, `log_extra`, `log_metric`. An `async def` function
+                returns a coroutine, awaited by grpolab.rewards.scoring. A None in the returned list:
+                the function does not apply to that completion (TRL's meaning; grpolab.rewards.scoring).
+                A required parameter that nothing provides is refused before training
+                (check_available).
     per-sample  fn(completion, example) -> float        (a first parameter named `completion`, or
                 two positional parameters): grpolab's own form, one call per completion; in a
                 multi-turn run `completion` is the last model turn's text. None is an error.
@@ -36,6 +40,7 @@ gives a `label`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -43,12 +48,16 @@ from pathlib import Path
 from typing import Callable
 
 from grpolab.batch import Example
+from grpolab.rewards.contract import is_async_callable
 from grpolab.util.fields import ConfigError
 from grpolab.util.user_code import NotImportable, import_file
 
-RESERVED = ("prompts", "completions", "environments")
-TRL_KEYWORDS = ("completions", "prompts", "environments", "completion_ids", "trainer_state")
-"""Keywords TRL's GRPOTrainer passes every reward function (besides the dataset's columns)."""
+TRL_KEYWORDS = ("completions", "prompts", "environments", "completion_ids", "trainer_state", "log_extra",
+                "log_metric")
+"""Keywords TRL's GRPOTrainer passes every reward function (besides the dataset's columns;
+grpolab.rewards.contract)."""
+RESERVED = TRL_KEYWORDS
+"""Keywords grpolab passes itself: a spec option of that name is refused."""
 
 
 def is_reference(name: object) -> bool:
@@ -114,9 +123,8 @@ def is_batch(fn: Callable, where: str) -> bool:
         return True
     if len(positional) >= 2 or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params.values()):
         return False
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()) and \
-            not any(p.default is p.empty for p in positional):
-        return True  # fn(**kwargs): TRL calls it with keywords
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True  # fn(**kwargs), fn(x, **kwargs): TRL calls it with keywords (check_available checks x)
     raise ConfigError(
         f"{where}: cannot tell how to call {getattr(fn, '__name__', fn)!r}: write it as "
         f"fn(completions, prompts=None, **kwargs) -> list (TRL's form) or fn(completion, example) -> float"
@@ -153,7 +161,7 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     def call(completions: list[str] | list[list[dict]], examples: list[Example], environments: list | None = None,
-             prompts: list | None = None):
+             prompts: list | None = None, **contract):
         conversation = bool(completions) and isinstance(completions[0], list)  # multi-turn: messages already
         chat = bool(examples) and not isinstance(examples[0].prompt, str)
         kwargs = columns(examples)
@@ -161,6 +169,7 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
         # TRL's conversational form holds both: message-list completions come with message-list prompts
         kwargs["prompts"] = [[{"role": "user", "content": e.prompt}] if conversation and isinstance(e.prompt, str)
                              else e.prompt for e in examples] if prompts is None else list(prompts)
+        kwargs.update(contract)  # completion_ids, trainer_state, log_extra, log_metric (grpolab.rewards.contract)
         if environments is not None:  # the user's objects, as TRL passes its environment instances
             kwargs["environments"] = [getattr(e, "user_env", e) for e in environments]
         if conversation:
@@ -174,6 +183,8 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
 
     call.__name__ = getattr(fn, "__name__", "reward")
     call.takes_context = True  # type: ignore[attr-defined]
+    call.is_async = is_async_callable(fn)  # type: ignore[attr-defined]  # returns a coroutine: awaited
+    call.user_fn, call.options = fn, dict(options)  # type: ignore[attr-defined]  # for check_available
     return call
 
 
@@ -186,6 +197,7 @@ def sample_call(fn: Callable, options: dict) -> Callable[[str, Example], object]
         return fn(completion, example, **options)
 
     call.__name__ = getattr(fn, "__name__", "reward")
+    call.is_async = is_async_callable(fn)  # type: ignore[attr-defined]
     return call
 
 
@@ -200,4 +212,38 @@ def adapt(fn: Callable, options: dict, where: str) -> tuple[Callable, bool]:
     return wrapped, batch
 
 
-__all__ = ["adapt", "columns", "is_batch", "is_reference", "resolve"]
+def required_keywords(fn: Callable) -> list[str]:
+    """The parameters a TRL-form function cannot be called without (no default, not * or **)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_available(name: str, fn: Callable, available: set[str], where: str = "rewards") -> None:
+    """Refuse (ConfigError) a reward function that requires a keyword nothing provides: TRL's contract
+    (TRL_KEYWORDS; `environments` only in a run with an environment), the task's columns, the spec's
+    options. RewardFn.fn as built by `adapt`: a per-sample function needs nothing beyond its options
+    (checked by check_options)."""
+    user_fn = getattr(fn, "user_fn", None)
+    if user_fn is None:
+        return
+    options = set(getattr(fn, "options", {}))
+    missing = [k for k in required_keywords(user_fn) if k not in available and k not in options]
+    if not missing:
+        return
+    shown = ", ".join(sorted(available))
+    close = [m for k in missing for m in difflib.get_close_matches(k, sorted(available), n=1, cutoff=0.8)]
+    hint = (f" Did you mean {', '.join(repr(c) for c in close)}?" if close else
+            " `environments` is given only in a run with an environment (env.name)." if "environments" in missing
+            else " Add the column to the data, give the parameter a default (e.g. =None), or pass it as an option "
+                 "of the reward spec.")
+    raise ConfigError(f"{where}: reward {name!r} requires {', '.join(repr(k) for k in missing)}, which no column "
+                      f"of the task and nothing TRL's contract passes provides; it would fail on every "
+                      f"completion. Available keywords: {shown}.{hint}")
+
+
+__all__ = ["TRL_KEYWORDS", "adapt", "check_available", "columns", "is_batch", "is_reference", "required_keywords",
+           "resolve"]

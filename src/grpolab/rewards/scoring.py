@@ -1,6 +1,9 @@
 """Run reward functions over a batch: bounded time, bounded threads, failures become numbers.
 
-`score_completions` calls every (reward function, completion) pair on a small thread pool. A call
+`score_completions` calls every (reward function, completion) pair where its function belongs
+(grpolab.rewards.contract.placement, `thread=`): async functions awaited together on an event loop,
+"workers" on a small thread pool, "main" in the calling thread one after another (no timeout there:
+a thread cannot be stopped from outside; signal.alarm works there). A call
 that raises scores 0 (on_error="zero") or NaN (on_error="exclude": the caller drops NaN samples) and
 increments `reward/errors`; a call that runs past `timeout_s` (or raises TimeoutError, as the math
 and code verifiers do when their own budget runs out) does the same and increments
@@ -28,6 +31,12 @@ pass `context`, lists with one value per completion (`environments`: each trajec
 true `takes_context` attribute gets its group's slices as keyword arguments (TRL's reward functions
 read the environment instances and the prompts; grpolab.rewards.custom passes them on).
 
+Every failure is also counted per function (`reward/<name>/error_frac`: the share of the
+completions it failed on) and its first message kept (Scores.first_errors), so a function that
+fails on every completion can be named by the training loop (grpolab.training.stops). Batch calls
+that take context also get TRL's `log_extra` / `log_metric` (Scores.extra, and the logged metrics
+under their own names) and the `shared` keywords (`trainer_state`).
+
 A reward function may carry a `max_concurrency` attribute (the code reward sets it to the
 sandbox's pool size, math to its worker pool): no more of its calls run at once, so waiting for
 that pool does not count against a call's time. Python cannot kill a thread: a call abandoned at
@@ -47,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from grpolab.batch import Example
+from grpolab.rewards.contract import ERROR, OK, TIMEOUT, CallLog, placement, run_async, run_here
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +107,13 @@ class Scores:
     messages: list[str] = field(default_factory=list)
     none: dict[str, list[int]] = field(default_factory=dict)
     errors: dict[str, list[int]] = field(default_factory=dict)
+    first_errors: dict[str, str] = field(default_factory=dict)
+    """function name -> the message of its first failed completion (in completion order)."""
+    extra: dict[str, list] = field(default_factory=dict)
+    """log_extra columns: name -> one value per completion (None where nothing was logged)."""
 
 
-_OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
+_OK, _ERROR, _TIMEOUT = OK, ERROR, TIMEOUT
 
 
 def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float,
@@ -255,22 +269,62 @@ def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
     log.warning("%s (logged once per run for each function and kind of failure)", message)
 
 
-def _batch_call(f: Callable, texts: list, examples: list[Example], context: dict[str, list]) -> Callable[[], object]:
+def _batch_call(f: Callable, texts: list, examples: list[Example], context: dict[str, object]) -> Callable[[], object]:
     """One call of a batch function over a group, with the group's context when it takes it."""
     if context and getattr(f, "takes_context", False):
         return lambda: f(texts, examples, **context)
     return lambda: f(texts, examples)
 
 
+def _dispatch(calls: list[Callable], fns: list[RewardFn], groups: list[int], limits: dict[int, int], workers: int,
+              timeout_s: float, thread: str) -> list[tuple[str, object]]:
+    """Run every call where its function belongs (grpolab.rewards.contract.placement): async ones awaited
+    together on an event loop, the worker threads' with a timeout, the rest in this thread, one by one."""
+    where = [placement(fns[k].fn, thread) for k in groups]
+    results: list = [None] * len(calls)
+
+    def part(kind: str) -> list[int]:
+        return [i for i, w in enumerate(where) if w == kind]
+
+    pooled, here, waiting = part("workers"), part("main"), part("async")
+    background = []
+    if pooled:
+        def pool() -> None:
+            for i, r in zip(pooled, _run_calls([calls[i] for i in pooled], workers, timeout_s,
+                                               [groups[i] for i in pooled], limits)):
+                results[i] = r
+        if here or waiting:
+            background.append(threading.Thread(target=pool, name="grpolab-reward-pool", daemon=True))
+            background[-1].start()
+        else:
+            pool()
+    if waiting:
+        background.append(threading.Thread(
+            target=lambda: [results.__setitem__(i, r) for i, r in
+                            zip(waiting, run_async([calls[i] for i in waiting], timeout_s))],
+            name="grpolab-reward-async-wait", daemon=True))
+        background[-1].start()
+    for i, r in zip(here, run_here([calls[i] for i in here])):
+        results[i] = r
+    for t in background:
+        t.join()
+    return results
+
+
 def score_completions(fns: list[RewardFn], completions: list[str], examples: list[Example], *,
                       conversations: list[list[dict]] | None = None, context: dict[str, list] | None = None,
-                      timeout_s: float = 10.0, workers: int = 4, on_error: str = "zero") -> Scores:
+                      shared: dict[str, object] | None = None, timeout_s: float = 10.0, workers: int = 4,
+                      on_error: str = "zero", thread: str = "workers") -> Scores:
     """Score every completion with every reward function (see the module docstring).
 
     conversations: per completion, the messages after the prompt (multi-turn runs,
     Rollout.conversations); batch functions receive them instead of `completions`.
-    context: name -> one value per completion (multi-turn runs: `environments`, `prompts`), for batch
-    functions that take it."""
+    context: name -> one value per completion (`completion_ids`; multi-turn runs: `environments`,
+    `prompts`), for batch functions that take it, each call its group's slice.
+    shared: name -> one value for every call of a batch function that takes context (`trainer_state`);
+    such a call also gets `log_extra` and `log_metric` (grpolab.rewards.contract.CallLog: Scores.extra,
+    and the logged metrics in Scores.metrics under their own names).
+    thread: where synchronous calls run (grpolab.rewards.contract.placement): "auto", "main", "workers"."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
     if conversations is not None and len(conversations) != len(completions):
@@ -281,6 +335,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     n = len(completions)
+    log = CallLog(n)
     calls, groups, limits = [], [], {}
     spans: list[tuple[int, int, int]] = []  # (function index, start, end) of each call
     runs = _group_runs(examples)
@@ -292,8 +347,10 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
             for a, b in runs:
                 # each call its own copy of the conversations: a function that edits its messages changes nothing else
                 texts = list(completions[a:b]) if conversations is None else copy.deepcopy(list(conversations[a:b]))
-                calls.append(_batch_call(rf.fn, texts, list(examples[a:b]),
-                                         {k: list(v[a:b]) for k, v in (context or {}).items()}))
+                kwargs = {k: list(v[a:b]) for k, v in (context or {}).items()}
+                kwargs.update(shared or {})
+                kwargs.update(log_extra=log.log_extra_for(a, b), log_metric=log.log_metric)
+                calls.append(_batch_call(rf.fn, texts, list(examples[a:b]), kwargs))
                 groups.append(k)
                 spans.append((k, a, b))
         else:
@@ -301,7 +358,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 calls.append(lambda f=rf.fn, c=c, ex=ex: f(c, ex))
                 groups.append(k)
                 spans.append((k, j, j + 1))
-    raw = _run_calls(calls, workers, timeout_s, groups, limits) if calls else []
+    raw = _dispatch(calls, fns, groups, limits, workers, timeout_s, thread) if calls else []
     results: dict[tuple[int, int], tuple[str, object]] = {}  # (function, completion) -> result
     for (k, a, b), (status, value) in zip(spans, raw):
         parts = _batch_results(value, b - a) if status == _OK and fns[k].batch else [(status, value)] * (b - a)
@@ -313,6 +370,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     messages: list[str] = []
     none: dict[str, list[int]] = {}
     failed: dict[str, list[int]] = {}
+    first: dict[str, str] = {}
     errors = timeouts = 0
     for k, rf in enumerate(fns):
         scores = []
@@ -335,6 +393,7 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 errors += 1
             failed.setdefault(rf.name, []).append(j)
             kind, message = _describe(rf.name, j, status, value)
+            first.setdefault(rf.name, message)
             _warn_once(rf, kind, message)
             if len(messages) < MAX_MESSAGES:
                 messages.append(message)
@@ -351,7 +410,11 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
         metrics[f"reward/{rf.name}/mean"] = sum(valid) / len(valid) if valid else 0.0
         if rf.batch:
             metrics[f"reward/{rf.name}/none"] = float(len(skipped_set))
+        metrics[f"reward/{rf.name}/error_frac"] = len(failed.get(rf.name, ())) / n if n else 0.0
+    for name, value in log.metrics().items():  # log_metric: under the name the function gave (TRL's)
+        metrics.setdefault(name, value)
     metrics["reward/errors"] = float(errors)
     metrics["reward/timeouts"] = float(timeouts)
     metrics["reward/none"] = float(sum(len(v) for v in none.values()))
-    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages, none=none, errors=failed)
+    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages, none=none, errors=failed,
+                  first_errors=first, extra=log.extra)

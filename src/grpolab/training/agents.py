@@ -202,14 +202,19 @@ def close_all(envs) -> None:
         close_environment(env)
 
 
-def _record(messages: list[dict], calls: dict[int, list[ToolCall]]) -> list[dict]:
+def _record(messages: list[dict], calls: dict[int, list[ToolCall]],
+            values: dict[int, object] | None = None) -> list[dict]:
     """The conversation as reward functions and samples see it: each assistant turn that made tool calls
-    carries them as TRL's parsed `tool_calls` (its text keeps the <tool_call> blocks)."""
+    carries them as TRL's parsed `tool_calls` (its text keeps the <tool_call> blocks); a tool message
+    whose tool returned a list holds that list as its content (TRL passes it through; the model read
+    its JSON text)."""
     out = []
     for k, m in enumerate(messages):
         if k in calls:
             m = {**m, "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                      for c in calls[k]]}
+        if values and k in values:
+            m = {**m, "content": values[k]}
         out.append(m)
     return out
 
@@ -246,6 +251,7 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                                add_special_tokens=False)["input_ids"]) for i in range(0, N, G)]
         history = [list(p) for p in row_prompts]
         calls_at: list[dict[int, list[ToolCall]]] = [{} for _ in range(N)]
+        values_at: list[dict[int, object]] = [{} for _ in range(N)]  # tool results that were lists
 
         def respond(rows: list[int], turn_ids: list[list[int]], ended: list[bool]) -> list[list[int] | None]:
             texts = [_safe(t, events) for t in tok.batch_decode(turn_ids, skip_special_tokens=True)]
@@ -263,6 +269,8 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                     out.append(None)
                     continue
                 out.append(addition_ids(tok, history[r], reply.messages, tools_of[r], events=events))
+                for j, value in reply.values.items():
+                    values_at[r][len(history[r]) - len(row_prompts[r]) + j] = value
                 history[r] += reply.messages
             return out
 
@@ -276,7 +284,8 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
         if tr.stop == "env_tokens":  # the last reply was refused by the budget: it is not in the tokens either
             while h and h[-1]["role"] != "assistant":
                 h.pop()
-    rollout.conversations = [_record(h[len(row_prompts[i]):], calls_at[i]) for i, h in enumerate(history)]
+    rollout.conversations = [_record(h[len(row_prompts[i]):], calls_at[i], values_at[i])
+                             for i, h in enumerate(history)]
     rollout.stops = [t.stop for t in trajs]
     metrics = {**trajectory_metrics(rollout, trajs, events, calls), **budget.metrics()}
     return rollout, {"environments": envs, "prompts": row_prompts}, metrics

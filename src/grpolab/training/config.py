@@ -124,6 +124,11 @@ class Config:
     """Time budget of one reward call; over it the sample scores 0 and `reward/timeouts` counts it."""
     reward_workers: int = 4
     """Threads scoring completions in parallel."""
+    # --- reward calls: where they run, and when failing ones stop the run (docs/rewards.md) ---
+    reward_thread: str = "auto"
+    """Where synchronous reward functions run. auto: in the training thread, one call after another, as TRL runs them (so signal.alarm works, as math-verify's timeouts need; reward_timeout_s does not apply there), except functions with a `max_concurrency` attribute (the built-in math and code rewards), which run on reward_workers threads with the timeout. main: every one in the training thread. workers: every one on the threads, with the timeout. `async def` functions are always awaited together on an event loop, each within reward_timeout_s."""
+    max_reward_error_steps: int = 3
+    """A reward function that fails on every completion of a step is named with its first error (console, and reward/<name>/error_frac = 1 in metrics.jsonl); this many such steps in a row stop the run (exit 1) after writing a checkpoint. 0: never stop for it."""
     tensorboard: bool = True
     """Write TensorBoard event files under OUT/tb."""
     progress: bool = True
@@ -333,6 +338,11 @@ def validate(cfg: Config) -> None:
         (len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
          "adam_betas", "must be two numbers in [0, 1)"),
         (bool(cfg.out), "out", "must be a directory path"),
+    ]
+    checks += [  # reward calls
+        (cfg.reward_thread in ("auto", "main", "workers"), "reward_thread", "must be auto, main or workers"),
+        (isinstance(cfg.max_reward_error_steps, int) and cfg.max_reward_error_steps >= 0, "max_reward_error_steps",
+         "must be an integer >= 0 (0: never stop for failing rewards)"),
     ]
     for ok, key, msg in checks:
         if not ok:

@@ -103,6 +103,10 @@ class Run:
     """The multi-turn environment (grpolab.training.agents), None for single-turn rollouts (env.name empty)."""
     engine: RolloutEngine | None = None
     """What samples the rollouts (grpolab.engine: the native decode loop or vLLM), set by setup."""
+    trainer_state: object | None = None
+    """transformers' TrainerState the reward functions receive (TRL's `trainer_state`), advanced by each step."""
+    reward_error_streak: dict[str, int] = field(default_factory=dict)
+    """Per reward function: steps in a row on which it failed on every completion (cfg.max_reward_error_steps)."""
 
     def sampling(self, greedy: bool = False) -> Sampling:
         """How the rollouts draw tokens: the run's temperature, top_p and max_new_tokens (greedy: argmax)."""

@@ -66,15 +66,38 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     return run.engine.generate(ids, sampling or run.sampling(greedy), G=G, generator=generator)
 
 
+def completion_ids(rollout: Rollout) -> list[list[int]]:
+    """Per row, the token ids after the prompt (EOS included, no padding; in a multi-turn rollout the
+    environment's tokens too): TRL's `completion_ids` for the reward functions."""
+    present = rollout.attention_mask > 0  # (N, C)
+    return [row[keep].tolist() for row, keep in zip(rollout.completion_ids, present)]
+
+
 def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):
-    """Rewards for every completion (examples repeated G times to match the layout). In a multi-turn
-    rollout, TRL-form functions get each row's conversation (rollout.conversations), its environment and
-    its prompt (`context`, as TRL passes them), the per-sample form its last turn's text (rollout.texts);
-    the environment's own reward is one of the functions (grpolab.training.agents.env_reward)."""
+    """Rewards for every completion (examples repeated G times to match the layout). TRL-form functions
+    get TRL's contract (grpolab.rewards.contract): `completion_ids`, `trainer_state` (run.trainer_state),
+    `log_extra`, `log_metric`; in a multi-turn rollout also each row's conversation
+    (rollout.conversations), its environment and its prompt (`context`, as TRL passes them), the
+    per-sample form its last turn's text (rollout.texts); the environment's own reward is one of the
+    functions (grpolab.training.agents.env_reward)."""
     per_completion = [e for e in examples for _ in range(rollout.G)]
+    context = {**(context or {}), "completion_ids": completion_ids(rollout)}
+    shared = {"trainer_state": run.trainer_state} if run.trainer_state is not None else {}
     return score_completions(run.reward_fns, rollout.texts, per_completion, conversations=rollout.conversations,
-                             context=context, timeout_s=run.cfg.reward_timeout_s,
-                             workers=run.cfg.reward_workers)
+                             context=context, shared=shared, timeout_s=run.cfg.reward_timeout_s,
+                             workers=run.cfg.reward_workers, thread=run.cfg.reward_thread)
+
+
+def advance_state(run: Run, step: int) -> None:
+    """run.trainer_state as TRL's is while step `step`'s batch is scored: global_step = steps done before
+    it, epoch = the training rows used so far over the task's size (0 when the task has no size)."""
+    state = run.trainer_state
+    if state is None:
+        return
+    state.global_step = step - 1
+    size = len(run.task) if hasattr(run.task, "__len__") else 0
+    per_step = run.cfg.batch_size // run.cfg.G
+    state.epoch = (step - 1) / math.ceil(size / per_step) if size and per_step else 0.0
 
 
 def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
@@ -103,11 +126,13 @@ def collect(run: Run, step: int) -> Batch:
     the reward metrics cover every sampled completion, the batch only the kept ones."""
     cfg, algo = run.cfg, run.cfg.algo
     prompts_per_step = cfg.batch_size // cfg.G
+    advance_state(run, step)
     d = run.dist or SINGLE
     rng, generator = step_rng(cfg.seed, step, run.device, d.rank)
     rounds = 1 + (algo.max_resample_rounds if algo.dynamic_sampling else 0)
     kept: list[Batch] = []
     round_metrics: list[tuple[dict, float]] = []
+    first_errors: dict[str, str] = {}
     sampled_rewards: list[Tensor] = []
     t_generate = t_score = 0.0
     n_groups = 0
@@ -126,7 +151,10 @@ def collect(run: Run, step: int) -> Batch:
         scoring_s = info.pop("time/score_s")
         t_score += scoring_s
         t_generate += time.perf_counter() - t0 - scoring_s
-        part = Batch(examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn)  # (n,)
+        part = Batch(examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn,
+                     extra=scores.extra)  # (n,)
+        for name, message in scores.first_errors.items():
+            first_errors.setdefault(name, message)
         sampled_rewards.append(part.raw_reward)
         round_metrics.append(({**scores.metrics, **info}, len(rollout.texts)))
         n_groups += len(examples)
@@ -145,10 +173,14 @@ def collect(run: Run, step: int) -> Batch:
         metrics.update({"dapo/groups_sampled": n_groups, "dapo/groups_dropped": n_groups - n_kept,
                         "dapo/groups_kept": n_kept})
     if not kept:
-        return Batch([], None, raw[:0], {}, metrics)
+        return Batch([], None, raw[:0], {}, metrics, first_errors=first_errors)
+    columns = {c for b in kept for c in b.extra}
+    n_of = [len(b.rollout.texts) for b in kept]
     return Batch([e for b in kept for e in b.examples], concat_rollouts([b.rollout for b in kept]),
                  torch.cat([b.raw_reward for b in kept]),
-                 {k: [x for b in kept for x in b.reward_by_fn[k]] for k in kept[0].reward_by_fn}, metrics)
+                 {k: [x for b in kept for x in b.reward_by_fn[k]] for k in kept[0].reward_by_fn}, metrics,
+                 extra={c: [x for b, n in zip(kept, n_of) for x in b.extra.get(c, [None] * n)] for c in columns},
+                 first_errors=first_errors)
 
 
 def reference(run: Run, batch: Batch) -> None:

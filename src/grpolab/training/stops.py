@@ -1,4 +1,5 @@
-"""How a run stops before its last step: on a signal, on repeated non-finite updates, on a failed save.
+"""How a run stops before its last step: on a signal, on repeated non-finite updates, on a failed save,
+on a reward function that fails on every completion step after step (check_reward_failures).
 
     with StopSignals() as signals:          # SIGINT / SIGTERM
         for step in ...:
@@ -75,4 +76,35 @@ class StopSignals:
         return signal.Signals(self.requested).name if self.requested else ""
 
 
-__all__ = ["RunStopped", "StopNow", "StopSignals"]
+def check_reward_failures(run, step: int, metrics: dict, batch, log, *, save, resume: str) -> None:
+    """After a step: name each reward function that failed on every completion of it (its
+    `reward/<name>/error_frac` is 1 on every rank) with its first error; count such steps in a row per
+    function (run.reward_error_streak). When one reaches cfg.max_reward_error_steps (0: never), write a
+    checkpoint of this step unless the loop just did (`save(run, step)`), then stop: RunStopped, exit 1."""
+    cfg = run.cfg
+    failing = []
+    for rf in run.reward_fns:
+        if metrics.get(f"reward/{rf.name}/error_frac", 0.0) >= 1.0:
+            run.reward_error_streak[rf.name] = run.reward_error_streak.get(rf.name, 0) + 1
+            first = batch.first_errors.get(rf.name, "its error was logged on another rank")
+            log(f"step {step}: reward {rf.name!r} failed on every completion "
+                f"({run.reward_error_streak[rf.name]} step(s) in a row); first error: {first}")
+            failing.append(rf.name)
+        else:
+            run.reward_error_streak.pop(rf.name, None)
+    limit = cfg.max_reward_error_steps
+    stuck = [n for n in failing if limit and run.reward_error_streak[n] >= limit]
+    if not stuck:
+        return
+    saved = (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps
+    if not saved:
+        save(run, step)
+    name = stuck[0]
+    raise RunStopped(f"step {step}: reward {name!r} failed on every completion for {run.reward_error_streak[name]} "
+                     f"steps in a row (max_reward_error_steps={limit}); first error this step: "
+                     f"{batch.first_errors.get(name, 'logged on another rank')}. Checkpoint of step {step} written. "
+                     f"Fix the function (or raise max_reward_error_steps, 0 to never stop), then continue with: "
+                     f"{resume}", 1)
+
+
+__all__ = ["RunStopped", "StopNow", "StopSignals", "check_reward_failures"]

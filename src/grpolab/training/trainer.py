@@ -37,7 +37,8 @@ from grpolab.model.reference import FrozenCopy, reference_for
 from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
-from grpolab.rewards import build_rewards
+from grpolab.rewards import build_rewards, check_rewards
+from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.config import Config, save_config
@@ -47,7 +48,7 @@ from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import train_step
-from grpolab.training.stops import RunStopped, StopSignals
+from grpolab.training.stops import RunStopped, StopSignals, check_reward_failures
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
 from grpolab.util.threads import current, describe_threads
@@ -131,6 +132,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         raise ConfigError("rewards: no reward source: the task has no default reward and the environment gives none "
                           "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
                           "environment class a get_reward(self) method")
+    check_rewards(reward_fns, task, environment=environments is not None)  # exit 2 for a keyword nothing provides
     engine_name, why = choose_engine(cfg, path, device, dist, training=training)
     log(f"rollout engine: {engine_name} ({why})")
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
@@ -177,7 +179,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
                eos_ids=eos_ids, advantage=advantage, kl=AdaptiveKL.from_algo(algo),
                ref=ref, log=log, components=components, dist=dist, precision=prec, environments=environments,
-               engine=engine)
+               engine=engine, trainer_state=trainer_state(0, cfg.steps))
 
 
 def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, training: bool) -> tuple[str, str]:
@@ -210,7 +212,8 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
                     "completion": rollout.texts[i], "reward": float(batch.raw_reward[i]),
                     "reward_shaped": float(batch.reward[i]),
                     "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
-                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])})
+                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i]),
+                    **({"extra": {c: v[i] for c, v in batch.extra.items()}} if batch.extra else {})})
         if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
             out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
             stops = rollout.stops  # per row, in a multi-turn run
@@ -360,6 +363,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
                     name, code = signals.name or "a signal to another rank", signals.exit_code if signals.requested else 143
                     raise RunStopped(f"stopped by {name} after step {step}; checkpoint written. "
                                      f"Continue with: {resume_command(run)}", code)
+                check_reward_failures(run, step, m, batch, log, save=save_or_stop, resume=resume_command(run))
     finally:
         progress.close()
         logger.close()
