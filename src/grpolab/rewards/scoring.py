@@ -39,6 +39,7 @@ The verifiers shipped here bound their own time (worker processes, sandbox), so 
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 import threading
@@ -196,16 +197,33 @@ class BadScore(ValueError):
     """A reward function returned something that is not a finite number."""
 
 
+def _safe_text(x: object, limit: int = 200) -> str:
+    """str(x), at most `limit` characters, whatever x's __str__ does (raises, or is huge)."""
+    try:
+        text = str(x)
+    except BaseException as e:  # noqa: BLE001 - a hostile __str__ is a message, not a crash
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return f"<{type(x).__name__} whose str() raised {type(e).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _to_score(value: object) -> float:
-    """A reward function's return value as a finite float (else BadScore saying what it was)."""
+    """A reward function's return value as a finite float (else BadScore saying what it was).
+
+    Runs in the scoring thread, under the call's timeout: a `__float__` that raises (RuntimeError,
+    MemoryError) fails this call like a raise in the function; one that never returns is a timeout.
+    """
     if isinstance(value, bool):
         return float(value)
     if value is None:
         raise BadScore("returned None")
     if isinstance(value, (str, bytes, list, tuple, dict, set)):
-        raise BadScore(f"returned a {type(value).__name__} ({value!r:.40}), not a number")
+        raise BadScore(f"returned a {type(value).__name__}, not a number")
     try:
         x = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        raise BadScore(f"returned a {type(value).__name__} too large for a float") from None
     except (TypeError, ValueError):
         raise BadScore(f"returned a {type(value).__name__}, not a number") from None
     if math.isnan(x):
@@ -213,6 +231,11 @@ def _to_score(value: object) -> float:
     if math.isinf(x):
         raise BadScore(f"returned {x}")
     return x
+
+
+def _scored(f: Callable[[], object]) -> Callable[[], float]:
+    """A per-sample call whose value is converted to a score in the scoring thread."""
+    return lambda: _to_score(f())
 
 
 def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
@@ -227,24 +250,40 @@ def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
 
 
 def _batch_results(value: object, n: int) -> list[tuple[str, object]]:
-    """Split one batch call's return value into n per-completion results."""
+    """Split one batch call's return value into n per-completion results: (ok, float), (ok, None)
+    for "does not apply", or (error, BadScore). At most n + 1 items are ever read, so an endless
+    iterable is a wrong length, not an endless list. Runs in the scoring thread (see _batched)."""
     if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
         err = BadScore(f"returned a {type(value).__name__}, not a list of {n} scores")
         return [(_ERROR, err)] * n
-    items = list(value)  # type: ignore[call-overload]
+    items = list(itertools.islice(iter(value), n + 1))  # type: ignore[call-overload]
     if len(items) != n:
-        err = BadScore(f"returned {len(items)} scores for {n} completions")
+        err = BadScore(f"returned {'more than ' + str(n) if len(items) > n else len(items)} scores for {n} completions")
         return [(_ERROR, err)] * n
-    return [(_OK, v) for v in items]
+    out: list[tuple[str, object]] = []
+    for v in items:
+        if v is None:
+            out.append((_OK, None))
+            continue
+        try:
+            out.append((_OK, _to_score(v)))
+        except BadScore as e:
+            out.append((_ERROR, e))
+    return out
+
+
+def _batched(f: Callable[[], object], n: int) -> Callable[[], list[tuple[str, object]]]:
+    """A batch call whose value is split and converted in the scoring thread, under its timeout."""
+    return lambda: _batch_results(f(), n)
 
 
 def _describe(name: str, j: int, status: str, value: object) -> tuple[str, str]:
     """(kind, message) of a failed call, naming the function."""
     if status == _TIMEOUT:
-        return "timeout", f"reward {name!r} timed out on completion {j} ({value})"
+        return "timeout", f"reward {name!r} timed out on completion {j} ({_safe_text(value)})"
     if isinstance(value, BadScore):
         return str(value), f"reward {name!r} {value} for completion {j}; counted in reward/errors, scored as a failure"
-    return type(value).__name__, f"reward {name!r} raised {type(value).__name__}: {value} (completion {j})"
+    return type(value).__name__, f"reward {name!r} raised {type(value).__name__}: {_safe_text(value)} (completion {j})"
 
 
 def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
@@ -292,19 +331,19 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
             for a, b in runs:
                 # each call its own copy of the conversations: a function that edits its messages changes nothing else
                 texts = list(completions[a:b]) if conversations is None else copy.deepcopy(list(conversations[a:b]))
-                calls.append(_batch_call(rf.fn, texts, list(examples[a:b]),
-                                         {k: list(v[a:b]) for k, v in (context or {}).items()}))
+                calls.append(_batched(_batch_call(rf.fn, texts, list(examples[a:b]),
+                                                  {k: list(v[a:b]) for k, v in (context or {}).items()}), b - a))
                 groups.append(k)
                 spans.append((k, a, b))
         else:
             for j, (c, ex) in enumerate(zip(completions, examples, strict=True)):
-                calls.append(lambda f=rf.fn, c=c, ex=ex: f(c, ex))
+                calls.append(_scored(lambda f=rf.fn, c=c, ex=ex: f(c, ex)))
                 groups.append(k)
                 spans.append((k, j, j + 1))
     raw = _run_calls(calls, workers, timeout_s, groups, limits) if calls else []
     results: dict[tuple[int, int], tuple[str, object]] = {}  # (function, completion) -> result
     for (k, a, b), (status, value) in zip(spans, raw):
-        parts = _batch_results(value, b - a) if status == _OK and fns[k].batch else [(status, value)] * (b - a)
+        parts = value if status == _OK and fns[k].batch else [(status, value)] * (b - a)
         for j, part in zip(range(a, b), parts):
             results[(k, j)] = part
 
@@ -323,12 +362,9 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 skipped.append(j)
                 scores.append(0.0)
                 continue
-            if status == _OK:
-                try:
-                    scores.append(_to_score(value))
-                    continue
-                except BadScore as e:
-                    status, value = _ERROR, e
+            if status == _OK:  # already a finite float: converted in the scoring thread
+                scores.append(value)
+                continue
             if status == _TIMEOUT:
                 timeouts += 1
             else:
