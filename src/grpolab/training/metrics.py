@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from grpolab.util.fileio import atomic_write, parse_jsonl, read_jsonl
+from grpolab.util.fileio import atomic_write, not_a_link_error, open_append, parse_jsonl, read_jsonl
 
 
 def _clean(v):
@@ -28,9 +28,11 @@ class JsonlWriter:
 
     def __init__(self, path: Path, keep_until_step: int | None = None):
         self.path = Path(path)
+        if self.path.is_symlink():
+            raise not_a_link_error(self.path)
         if keep_until_step is not None and self.path.exists():
             truncate_after_step(self.path, keep_until_step)
-        self.f = open(self.path, "a", encoding="utf-8")
+        self.f = open_append(self.path)  # never through a symbolic link
 
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(_clean(record), ensure_ascii=False, allow_nan=False) + "\n")
@@ -53,6 +55,8 @@ class MetricsLogger:
     def __init__(self, out: Path, tensorboard: bool, resume_step: int | None = None):
         self.jsonl = JsonlWriter(out / "metrics.jsonl", keep_until_step=resume_step)
         self.tb = None
+        if tensorboard and (out / "tb").is_symlink():
+            raise not_a_link_error(out / "tb")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter

@@ -47,17 +47,34 @@ from grpolab.training.run import Run
 from grpolab.training.step import rollout_and_score, train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
-from grpolab.util.fileio import atomic_write, read_jsonl
+from grpolab.util.fileio import atomic_write, not_a_link_error, open_append, read_jsonl
 
 ReportWriter = Callable[[Path, torch.device], None]
 """Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
 
 
+# What grpolab writes directly in a run directory. None of them may be a symbolic link (nor `out` hold
+# anything else when a new run starts): a directory prepared with `samples.jsonl -> victim` or
+# `tb -> victim_dir` would have the trainer append to or write into the link's target.
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "restarts.jsonl",
+               "precision.json", "machine.json", "report.html", "report_plots", "dataset.jsonl", "tb", "checkpoints")
+NEW_RUN_LEFTOVERS = ("dataset.jsonl",)  # written by grpolab.train before the run itself starts
+
+
 def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
     """Refuse to overwrite an existing run (exit 2) unless resuming it. Returns whether the run in `out`
-    is continued: `resume` (--resume), or `auto` (resume=auto) and `out` holds a run (its config.yaml)."""
+    is continued: `resume` (--resume), or `auto` (resume=auto) and `out` holds a run (its config.yaml).
+
+    A new run goes into a directory that does not exist yet, an empty one, or one holding only what
+    grpolab.train wrote for it (dataset.jsonl); any other content is a ConfigError. No entry of
+    RUN_ENTRIES may be a symbolic link, in a new run or a resumed one (docs/security.md)."""
     import os
 
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} is not a directory; choose a new or empty directory for out=DIR")
+    for name in RUN_ENTRIES:
+        if (out / name).is_symlink():
+            raise not_a_link_error(out / name)
     if auto and not resume:
         resume = (out / "config.yaml").exists()
     if resume:
@@ -72,7 +89,25 @@ def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
                 f"restart continues the newest checkpoint (docs/distributed.md);" if restarted else "")
         raise ConfigError(f"out: {out} already holds a run;{hint} continue it with `grpolab train --resume {out}` "
                           f"(or run the same command with resume=auto) or choose another out=DIR (nothing was written)")
+    if out.is_dir():
+        try:
+            names = sorted(os.listdir(out))
+        except OSError as e:
+            raise ConfigError(f"out: cannot read {out} ({e.strerror}); choose a new or empty directory for out=DIR") from e
+        other = [n for n in names if n not in NEW_RUN_LEFTOVERS or not (out / n).is_file()]
+        if other:
+            shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+            raise ConfigError(f"out: {out} is not empty and holds no run ({shown}); a new run is written only into a "
+                              f"new or empty directory: choose another out=DIR (nothing was written)")
     return False
+
+
+def make_out_dir(out: Path) -> None:
+    """Create the run directory (ConfigError, exit 2, when it cannot be: `out=/proc/x`, a read-only disk)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"out: cannot create {out} ({e.strerror or e}); choose a writable directory for out=DIR") from e
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:
@@ -303,7 +338,7 @@ def record_restart(run: Run, step: int, checkpoint: str | None, how: str) -> Non
               "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "how": how,
               "torchelastic_restart_count": restart, "world_size": run.ranks.world,
               "steps_redone": redone, "cause": cause}
-    with open(run.out / RESTARTS, "a", encoding="utf-8") as f:
+    with open_append(run.out / RESTARTS) as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -330,7 +365,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     run.engine.sync(run.policy, start)  # an engine with its own weights serves the checkpoint's
     main = d.main  # only rank 0 writes files, evaluates and shows progress
     if main:
-        run.out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(run.out)
     if main and (not resume or start < cfg.steps):  # a resumed run records its new steps= (and other overrides)
         save_config(cfg, run.out / "config.yaml")
         atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
