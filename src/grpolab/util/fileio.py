@@ -98,6 +98,10 @@ def iter_jsonl(lines: Iterable[str], source: str, *, strict: bool) -> Iterator[t
             if strict:
                 raise ConfigError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
             continue
+        except RecursionError as e:
+            if strict:
+                raise ConfigError(f"{where}: JSON nested too deeply") from e
+            continue
         if not isinstance(rec, dict):
             if strict:
                 raise ConfigError(f"{where}: expected a JSON object per line, got {type(rec).__name__}")
