@@ -53,6 +53,7 @@ from grpolab.training.agents import agent_rollout, close_all, env_reward_metrics
 from grpolab.training.diagnostics import aha_metrics
 from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Run, step_rng
+from grpolab.util.fields import ConfigError
 
 
 def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
@@ -60,7 +61,29 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     """G completions for each example, in the model's chat template. `generator` (on run.device) is
     used as it is: the caller owns its stream."""
     ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt)
+    check_prompt_lengths(run, examples, ids)
     return run.engine.generate(ids, run.sampling(greedy), G=G, generator=generator)
+
+
+def context_length(model) -> int | None:
+    """The model's context in tokens (its config's max_position_embeddings), None when it names none."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_prompt_lengths(run: Run, examples: list[Example], ids: list[list[int]]) -> None:
+    """ConfigError (exit 2), before anything is allocated for them, when a templated prompt plus
+    max_new_tokens does not fit the model's context. One 1 MB prompt (about 250 000 tokens) asked the
+    prefill for terabytes at step 1; a prompt the model cannot read whole is a data error."""
+    limit = context_length(run.policy)
+    if limit is None:
+        return
+    for e, x in zip(examples, ids):
+        if len(x) + run.cfg.max_new_tokens > limit:
+            raise ConfigError(
+                f"prompt of example {str(e.id)[:80]!r} has {len(x)} tokens in the chat template; with "
+                f"max_new_tokens={run.cfg.max_new_tokens} that exceeds the model's context of {limit} tokens "
+                f"(max_position_embeddings): shorten or drop that row, or lower max_new_tokens")
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):
