@@ -9,7 +9,11 @@ import os
 import pytest
 import torch
 
-from grpolab.training.checkpoint import _load_model_weights, save_checkpoint, verify_checkpoint
+from grpolab.training.checkpoint import (
+    _load_model_weights,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
 
 @pytest.fixture

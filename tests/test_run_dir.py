@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.training.metrics import JsonlWriter, MetricsLogger
-from grpolab.training.trainer import check_out_dir
+from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write
 

@@ -201,7 +201,7 @@ def _safe_text(x: object, limit: int = 200) -> str:
     """str(x), at most `limit` characters, whatever x's __str__ does (raises, or is huge)."""
     try:
         text = str(x)
-    except BaseException as e:  # noqa: BLE001 - a hostile __str__ is a message, not a crash
+    except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
         return f"<{type(x).__name__} whose str() raised {type(e).__name__}>"

@@ -26,9 +26,9 @@ from torch import Tensor
 from grpolab.algo.advantages import per_token
 from grpolab.algo.losses import policy_loss
 from grpolab.algo.presets import AlgoConfig
+from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
-from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.model.passes import (
     idle_pass,
     logp_without_grad,

@@ -41,73 +41,21 @@ from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
-from grpolab.training.metrics import JsonlWriter, MetricsLogger
+from grpolab.training.metrics import (
+    JsonlWriter,
+    MetricsLogger,
+    check_out_dir,
+    make_out_dir,
+)
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run
 from grpolab.training.step import rollout_and_score, train_step
 from grpolab.training.stops import RunStopped, StopSignals
 from grpolab.util.fields import ConfigError
-from grpolab.util.fileio import atomic_write, not_a_link_error, open_append, read_jsonl
+from grpolab.util.fileio import atomic_write, open_append, read_jsonl
 
 ReportWriter = Callable[[Path, torch.device], None]
 """Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
-
-
-# What grpolab writes directly in a run directory. None of them may be a symbolic link (nor `out` hold
-# anything else when a new run starts): a directory prepared with `samples.jsonl -> victim` or
-# `tb -> victim_dir` would have the trainer append to or write into the link's target.
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "restarts.jsonl",
-               "precision.json", "machine.json", "report.html", "report_plots", "dataset.jsonl", "tb", "checkpoints")
-NEW_RUN_LEFTOVERS = ("dataset.jsonl",)  # written by grpolab.train before the run itself starts
-
-
-def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
-    """Refuse to overwrite an existing run (exit 2) unless resuming it. Returns whether the run in `out`
-    is continued: `resume` (--resume), or `auto` (resume=auto) and `out` holds a run (its config.yaml).
-
-    A new run goes into a directory that does not exist yet, an empty one, or one holding only what
-    grpolab.train wrote for it (dataset.jsonl); any other content is a ConfigError. No entry of
-    RUN_ENTRIES may be a symbolic link, in a new run or a resumed one (docs/security.md)."""
-    import os
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out: {out} is not a directory; choose a new or empty directory for out=DIR")
-    for name in RUN_ENTRIES:
-        if (out / name).is_symlink():
-            raise not_a_link_error(out / name)
-    if auto and not resume:
-        resume = (out / "config.yaml").exists()
-    if resume:
-        if not (out / "config.yaml").exists():
-            from grpolab.training.config import not_a_run_message
-
-            raise ConfigError(not_a_run_message(out))
-        return True
-    if out.exists() and any((out / n).exists() for n in ("metrics.jsonl", "config.yaml", "checkpoints")):
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        hint = (f" torchrun restarted this worker (restart {restarted}): start the job with resume=auto so that a "
-                f"restart continues the newest checkpoint (docs/distributed.md);" if restarted else "")
-        raise ConfigError(f"out: {out} already holds a run;{hint} continue it with `grpolab train --resume {out}` "
-                          f"(or run the same command with resume=auto) or choose another out=DIR (nothing was written)")
-    if out.is_dir():
-        try:
-            names = sorted(os.listdir(out))
-        except OSError as e:
-            raise ConfigError(f"out: cannot read {out} ({e.strerror}); choose a new or empty directory for out=DIR") from e
-        other = [n for n in names if n not in NEW_RUN_LEFTOVERS or not (out / n).is_file()]
-        if other:
-            shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
-            raise ConfigError(f"out: {out} is not empty and holds no run ({shown}); a new run is written only into a "
-                              f"new or empty directory: choose another out=DIR (nothing was written)")
-    return False
-
-
-def make_out_dir(out: Path) -> None:
-    """Create the run directory (ConfigError, exit 2, when it cannot be: `out=/proc/x`, a read-only disk)."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"out: cannot create {out} ({e.strerror or e}); choose a writable directory for out=DIR") from e
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:

@@ -120,4 +120,4 @@ def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict]:
     return [rec for _, rec in parse_jsonl(path.read_text(encoding="utf-8"), str(path), strict=strict)]
 
 
-__all__ = ["atomic_write", "fsync_dir", "not_a_link_error", "open_append", "iter_jsonl", "parse_jsonl", "read_jsonl"]
+__all__ = ["atomic_write", "fsync_dir", "iter_jsonl", "not_a_link_error", "open_append", "parse_jsonl", "read_jsonl"]
