@@ -725,6 +725,7 @@ def test_code_reward_many_hostile_completions_in_one_batch(contained):
     ],
 )
 def test_math_hostile(completion):
+    math_score("<answer>x + 1</answer>", "1 + x")  # a worker is up: the bound below is the comparison's
     t = time.monotonic()
     try:
         value = math_score(completion, "7", timeout_s=2.0)

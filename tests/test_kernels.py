@@ -101,3 +101,33 @@ def test_lean_decode_logits_same_with_and_without_the_kernel(monkeypatch):
     for a, b in zip(with_kernel, without):
         assert torch.allclose(a, b, atol=1e-5 * b.abs().max().item(), rtol=0)
     assert not all(torch.equal(a, b) for a, b in zip(with_kernel, without))  # the kernel did run
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler: the kernel is never loaded")
+def test_loading_the_kernel_keeps_subnormal_floats(tiny_model_dir, tmp_path):
+    """Built with -ffast-math, the library carried GCC's crtfastmath.o, which turns on flush-to-zero
+    when it is loaded: after the first rollout numpy and torch flushed every subnormal to zero. Here,
+    in a fresh process: load the kernel, train one step, and subnormals survive."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys, numpy as np, torch, grpolab\n"
+        "from grpolab.model import kernels\n"
+        "assert kernels.decode_attention() is not None, kernels.unavailable_reason()\n"
+        "grpolab.train({'model': sys.argv[1], 'seed': 1}, steps=1, G=2, batch_size=2, max_new_tokens=4,"
+        " eval_size=0, progress=False, tensorboard=False, out=sys.argv[2])\n"
+        "a = (np.array([1e-40], dtype=np.float32) * np.float32(1.0))[0]\n"
+        "b = (torch.tensor([1e-40], dtype=torch.float32) * 1.0)[0].item()\n"
+        "c = np.float64(5e-324) * 1.0\n"
+        "print('SUBNORMALS', a > 0, b > 0, c > 0, float(np.finfo(np.float32).smallest_subnormal) > 0)\n"
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop(kernels.DISABLE_ENV, None)
+    res = subprocess.run([sys.executable, "-c", script, str(tiny_model_dir), str(tmp_path / "run")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert "SUBNORMALS True True True True" in res.stdout, (res.stdout[-2000:], res.stderr[-3000:])
+    assert "smallest subnormal" not in res.stderr  # numpy's warning when FTZ is on

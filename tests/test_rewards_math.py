@@ -213,3 +213,34 @@ def test_plain_rational_parses_exactly_or_refuses():
     assert plain_rational(" 3 / 4 ") == Fraction(3, 4)
     for text in ("1/0", "--3/4", "3/-4", "1/2/3", "\\frac{x}{2}", "\\frac{\\sqrt2}{2}", "\\frac{1}{2}cm", "x"):
         assert plain_rational(text) is None, text
+
+
+# ---------------------------------------------------------------- products, scientific notation, sets and tuples
+
+
+@pytest.mark.parametrize(
+    "answer,gold,expected",
+    [
+        ("3.0000001 \\cdot 1", "3.0", 0.0),  # a product of numbers is one number: compared exactly (scored 1)
+        ("0 \\cdot 1", "1.6 \\times 10^{-19}", 0.0),  # scored 1: 1.6e-19 rounds to 0
+        ("1 \\times 10^{-7}", "0.0000002", 0.0),  # scored 1
+        ("1.6 \\times 10^{-19}", "0.00000000000000000016", 1.0),
+        ("2 \\times 10^{-7}", "0.0000002", 1.0),
+        ("3.0 \\cdot 1", "3", 1.0),
+        ("3", "3.0000001 \\cdot 1", 0.0),  # the gold written as a product
+        ("\\frac{3}{4} \\cdot 2", "1.5", 1.0),
+        ("-3.5 \\cdot 2", "-7", 1.0),
+        ("3.0000001\\%", "3\\%", 0.0),
+        ("2^{10}", "1024", 1.0),
+        ("\\{3.0000001, 2\\}", "\\{2, 3\\}", 0.0),  # numbers inside a set are exact
+        ("\\{3, 2\\}", "\\{2, 3.0\\}", 1.0),
+        ("(3.0000001, 2)", "(3, 2)", 0.0),  # and inside a tuple
+        ("(3, 2 \\cdot 1)", "(3, 2)", 1.0),
+        ("(2, 3)", "(3, 2)", 0.0),  # a tuple keeps its order
+        ("[1, 2.0000001]", "[1, 2]", 0.0),  # an interval's ends
+        ("x = 3.0000001", "3", 0.0),
+        ("x = 3", "3", 1.0),
+    ],
+)
+def test_products_scientific_notation_sets_and_tuples_are_exact(answer, gold, expected):
+    assert score(f"<answer>{answer}</answer>", gold) == expected

@@ -159,3 +159,70 @@ def test_a_stuck_bounded_group_times_out_instead_of_hanging():
     gate.set()
     assert time.monotonic() - t < 2.0
     assert s.per_fn["s"] == [0.0] * 4 and s.metrics["reward/timeouts"] == 4
+
+
+class _FloatRaises:
+    def __float__(self):
+        raise RuntimeError("no float for you")
+
+
+class _FloatLoops:
+    def __float__(self):
+        time.sleep(3.0)  # far past the call's timeout (then returns, so no thread is left behind)
+        return 1.0
+
+
+class _Endless:
+    """Claims a length of 2 but never stops yielding: listing it would eat all memory."""
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        while True:
+            yield 1.0
+
+
+class _StrRaises(Exception):
+    def __str__(self):
+        raise RuntimeError("no str either")
+
+
+def _raise_unprintable(c, ex):
+    raise _StrRaises()
+
+
+def test_values_whose_float_fails_are_counted_errors_not_crashes():
+    """Each return value below made score_completions raise (or hang) and end the run; each is now
+    one counted reward error scoring 0, and the other completion keeps its score."""
+    cases = {
+        "big_int": lambda c, ex: 10**400 if c == "bad" else 1.0,  # OverflowError in float()
+        "float_raises": lambda c, ex: _FloatRaises() if c == "bad" else 1.0,  # RuntimeError from __float__
+        "unprintable": lambda c, ex: _raise_unprintable(c, ex) if c == "bad" else 1.0,  # str() of the error raises
+        "batch_endless": None,
+        "batch_big_int": None,
+    }
+    fns = [RewardFn(name, 1.0, fn) for name, fn in cases.items() if fn is not None]
+    fns.append(RewardFn("batch_endless", 1.0, lambda cs, exs: _Endless() if cs == ["bad"] else [1.0], batch=True))
+    fns.append(RewardFn("batch_big_int", 1.0, lambda cs, exs: [10**400] if cs == ["bad"] else [1.0], batch=True))
+    ex_bad, ex_ok = Example(prompt="p", answer="4", id="bad"), Example(prompt="p", answer="4", id="ok")
+    t = time.monotonic()
+    s = score_completions(fns, ["bad", "ok"], [ex_bad, ex_ok], timeout_s=5.0)
+    assert time.monotonic() - t < 5.0
+    for name in cases:
+        assert s.per_fn[name] == [0.0, 1.0], name
+        assert s.errors[name] == [0], name
+    assert s.metrics["reward/errors"] == len(cases) and s.metrics["reward/timeouts"] == 0
+    assert s.total == [0.0, float(len(cases))]
+    text = "\n".join(s.messages)
+    assert "too large for a float" in text and "RuntimeError: no float for you" in text
+    assert "more than 1 scores for 1 completions" in text and "whose str() raised" in text
+
+
+def test_a_float_that_never_returns_is_a_timeout():
+    """__float__ runs in the scoring thread, under the call's timeout (it used to run after it, unbounded)."""
+    fns = [RewardFn("loops", 1.0, lambda c, ex: _FloatLoops())]
+    t = time.monotonic()
+    s = score_completions(fns, ["a"], [EX], timeout_s=0.3)
+    assert time.monotonic() - t < 2.0
+    assert s.per_fn["loops"] == [0.0] and s.metrics["reward/timeouts"] == 1

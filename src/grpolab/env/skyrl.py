@@ -42,6 +42,7 @@ from grpolab.env.runner import (
     short_error,
     to_text,
 )
+from grpolab.util.text import safe_data
 
 
 class ConfigView(dict):
@@ -133,7 +134,7 @@ class SkyRLAdapter:
         if isinstance(prompt, str) or not isinstance(prompt, list):
             raise EnvironmentShapeError(f"{self.cls.__name__}.init returned {type(prompt).__name__}; return "
                                         "(prompt messages, metadata)")
-        return _as_messages(prompt)
+        return _as_messages(safe_data(prompt)[0])  # lone surrogates from init: U+FFFD (grpolab.util.text)
 
     def step(self, turn_text: str) -> Reply:
         """env.step(turn_text) with its timeout; the observations as messages, the reward summed."""

@@ -5,9 +5,12 @@ kill it when a comparison runs past its budget (sympy evaluating `9^{9^{9^9}}` n
 cannot be interrupted from another thread). Inside this process math-verify runs in the main
 thread, so its own signal.alarm timeouts work as a first, soft layer.
 
-When both sides parse to a single number each (after math-verify's normalisation, units stripped), the
-numbers are compared exactly (`exact_number`: a float by its decimal digits), not by math-verify's
-numeric comparison, which rounds floats to 6 decimals (3.0000001 would equal 3.0).
+When both sides parse to a single number each (after math-verify's normalisation, units stripped;
+a product, a quotient or scientific notation without symbols is evaluated first), the numbers are
+compared exactly (`exact_value`: a float by its decimal digits), not by math-verify's numeric
+comparison, which rounds floats to 6 decimals (3.0000001 would equal 3.0). Sets, tuples, intervals
+and `x = value` whose numbers are all exact must have exactly the same numbers; math-verify then
+judges their structure.
 
 Request:  {"id": int, "pred": str, "gold": str, "timeout": int, "units": bool}
 Answer:   {"id": int, "ok": bool} or {"id": int, "error": str}
@@ -35,18 +38,81 @@ def _wrap(s: str) -> str:
     return "\\boxed{" + s + "}"
 
 
-def exact_number(parsed):
-    """The first value math-verify parsed, as an exact sympy Rational if it is one finite number (a Float by
-    the decimal digits it was written with), else None."""
-    from sympy import Float, Number, Rational
+def _exact_scalar(v):
+    """`v` as an exact sympy Rational if it is one finite number, else None.
+
+    A Float counts by the decimal digits it was written with (`Rational(str(f))`); an expression
+    without free symbols (`3.0000001 \\cdot 1`, `1.6 \\times 10^{-19}`, `\\frac{3}{4} \\cdot 2`) is
+    evaluated with every Float replaced by that exact rational first, so a product or scientific
+    notation is compared as exactly as the plain number (math-verify's numeric comparison rounds
+    floats to 6 decimals). Irrational values (`\\pi`, `\\sqrt{2}`) are not numbers here: None.
+    """
+    from sympy import Basic, Float, Number, Rational
+
+    if not isinstance(v, Basic) or v.free_symbols:
+        return None
+    if isinstance(v, Float):
+        return Rational(str(v)) if v.is_finite else None
+    if isinstance(v, Number):
+        return Rational(v) if v.is_finite else None
+    floats = v.atoms(Float)
+    if any(not f.is_finite for f in floats):
+        return None
+    try:
+        w = v.xreplace({f: Rational(str(f)) for f in floats}).doit()
+    except (ArithmeticError, TypeError, ValueError):
+        return None
+    if isinstance(w, Float):
+        return Rational(str(w)) if w.is_finite else None
+    if isinstance(w, Number) and w.is_finite and w.is_Rational:
+        return Rational(w)
+    return None
+
+
+def exact_value(parsed):
+    """What math-verify parsed first, as exact numbers: ("num", Rational) for one number,
+    ("seq", [Rational, ...]) for a tuple or an interval's ends, ("set", [...]) for a set;
+    ("eq", ...) wraps the right side of `symbol = value`. None if anything in it is not an exact
+    number (then math-verify alone decides)."""
+    from sympy import Eq, FiniteSet, Interval, Symbol, Tuple
 
     if not parsed:
         return None
     v = parsed[0]
-    if isinstance(v, Float):
-        return Rational(str(v)) if v.is_finite else None
-    if isinstance(v, Number) and v.is_finite:
-        return Rational(v)
+    if isinstance(v, Eq) and isinstance(v.lhs, Symbol):
+        inner = exact_value([v.rhs])
+        return ("eq", inner) if inner is not None else None
+    if isinstance(v, (FiniteSet, Tuple, Interval)):
+        items = [v.start, v.end] if isinstance(v, Interval) else list(v.args)
+        nums = [_exact_scalar(x) for x in items]
+        if not nums or any(x is None for x in nums):
+            return None
+        return ("set" if isinstance(v, FiniteSet) else "seq", nums)
+    x = _exact_scalar(v)
+    return None if x is None else ("num", x)
+
+
+def exact_decision(gold, pred):
+    """Compare two exact values (exact_value): True/False when the numbers decide alone (a number
+    against a number), False when their numbers differ, None when the numbers agree but the
+    structure (a set against a tuple, an interval's open ends, `x = 3` against `3`) is
+    math-verify's to judge."""
+    if gold is None or pred is None:
+        return None
+    plain = gold[0] == pred[0] == "num"
+    g, p = gold, pred
+    while g[0] == "eq":
+        g = g[1]
+    while p[0] == "eq":
+        p = p[1]
+    gn = [g[1]] if g[0] == "num" else g[1]
+    pn = [p[1]] if p[0] == "num" else p[1]
+    if "set" in (g[0], p[0]):
+        same = set(gn) == set(pn)
+    else:
+        same = gn == pn
+    if plain or not same:
+        return same
     return None
 
 
@@ -86,9 +152,9 @@ def main() -> None:
             gold = parse_gold(req["gold"], units, t)
             pred = parse(_wrap(req["pred"]), extraction_config=configs(units), parsing_timeout=t,
                          extraction_mode="first_match")
-            g, p = exact_number(gold), exact_number(pred)
-            if g is not None and p is not None:
-                ok = g == p
+            decided = exact_decision(exact_value(gold), exact_value(pred))
+            if decided is not None:
+                ok = decided
             else:
                 ok = bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=t))
             msg = {"id": rid, "ok": ok}

@@ -48,6 +48,8 @@ The verifiers shipped here bound their own time (worker processes, sandbox), so 
 from __future__ import annotations
 
 import copy
+import inspect
+import itertools
 import logging
 import math
 import threading
@@ -210,16 +212,33 @@ class BadScore(ValueError):
     """A reward function returned something that is not a finite number."""
 
 
+def _safe_text(x: object, limit: int = 200) -> str:
+    """str(x), at most `limit` characters, whatever x's __str__ does (raises, or is huge)."""
+    try:
+        text = str(x)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return f"<{type(x).__name__} whose str() raised {type(e).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _to_score(value: object) -> float:
-    """A reward function's return value as a finite float (else BadScore saying what it was)."""
+    """A reward function's return value as a finite float (else BadScore saying what it was).
+
+    Runs in the scoring thread, under the call's timeout: a `__float__` that raises (RuntimeError,
+    MemoryError) fails this call like a raise in the function; one that never returns is a timeout.
+    """
     if isinstance(value, bool):
         return float(value)
     if value is None:
         raise BadScore("returned None")
     if isinstance(value, (str, bytes, list, tuple, dict, set)):
-        raise BadScore(f"returned a {type(value).__name__} ({value!r:.40}), not a number")
+        raise BadScore(f"returned a {type(value).__name__}, not a number")
     try:
         x = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        raise BadScore(f"returned a {type(value).__name__} too large for a float") from None
     except (TypeError, ValueError):
         raise BadScore(f"returned a {type(value).__name__}, not a number") from None
     if math.isnan(x):
@@ -227,6 +246,11 @@ def _to_score(value: object) -> float:
     if math.isinf(x):
         raise BadScore(f"returned {x}")
     return x
+
+
+def _scored(f: Callable[[], object]) -> Callable[[], float]:
+    """A per-sample call whose value is converted to a score in the scoring thread."""
+    return _converting(f, _to_score)
 
 
 def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
@@ -241,24 +265,56 @@ def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
 
 
 def _batch_results(value: object, n: int) -> list[tuple[str, object]]:
-    """Split one batch call's return value into n per-completion results."""
+    """Split one batch call's return value into n per-completion results: (ok, float), (ok, None)
+    for "does not apply", or (error, BadScore). At most n + 1 items are ever read, so an endless
+    iterable is a wrong length, not an endless list. Runs in the scoring thread (see _batched)."""
     if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
         err = BadScore(f"returned a {type(value).__name__}, not a list of {n} scores")
         return [(_ERROR, err)] * n
-    items = list(value)  # type: ignore[call-overload]
+    items = list(itertools.islice(iter(value), n + 1))  # type: ignore[call-overload]
     if len(items) != n:
-        err = BadScore(f"returned {len(items)} scores for {n} completions")
+        err = BadScore(f"returned {'more than ' + str(n) if len(items) > n else len(items)} scores for {n} completions")
         return [(_ERROR, err)] * n
-    return [(_OK, v) for v in items]
+    out: list[tuple[str, object]] = []
+    for v in items:
+        if v is None:
+            out.append((_OK, None))
+            continue
+        try:
+            out.append((_OK, _to_score(v)))
+        except BadScore as e:
+            out.append((_ERROR, e))
+    return out
+
+
+def _batched(f: Callable[[], object], n: int) -> Callable[[], object]:
+    """A batch call whose value is split and converted in the scoring thread, under its timeout (an async
+    function's coroutine is converted once awaited, on the event loop)."""
+    return _converting(f, lambda value: _batch_results(value, n))
+
+
+def _converting(f: Callable[[], object], convert: Callable[[object], object]) -> Callable[[], object]:
+    """f, its value passed through convert: at once, or after the await when f returns a coroutine."""
+
+    def call() -> object:
+        value = f()
+        if inspect.isawaitable(value):
+            async def converted() -> object:
+                return convert(await value)
+
+            return converted()
+        return convert(value)
+
+    return call
 
 
 def _describe(name: str, j: int, status: str, value: object) -> tuple[str, str]:
     """(kind, message) of a failed call, naming the function."""
     if status == _TIMEOUT:
-        return "timeout", f"reward {name!r} timed out on completion {j} ({value})"
+        return "timeout", f"reward {name!r} timed out on completion {j} ({_safe_text(value)})"
     if isinstance(value, BadScore):
         return str(value), f"reward {name!r} {value} for completion {j}; counted in reward/errors, scored as a failure"
-    return type(value).__name__, f"reward {name!r} raised {type(value).__name__}: {value} (completion {j})"
+    return type(value).__name__, f"reward {name!r} raised {type(value).__name__}: {_safe_text(value)} (completion {j})"
 
 
 def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
@@ -350,18 +406,18 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 kwargs = {k: list(v[a:b]) for k, v in (context or {}).items()}
                 kwargs.update(shared or {})
                 kwargs.update(log_extra=log.log_extra_for(a, b), log_metric=log.log_metric)
-                calls.append(_batch_call(rf.fn, texts, list(examples[a:b]), kwargs))
+                calls.append(_batched(_batch_call(rf.fn, texts, list(examples[a:b]), kwargs), b - a))
                 groups.append(k)
                 spans.append((k, a, b))
         else:
             for j, (c, ex) in enumerate(zip(completions, examples, strict=True)):
-                calls.append(lambda f=rf.fn, c=c, ex=ex: f(c, ex))
+                calls.append(_scored(lambda f=rf.fn, c=c, ex=ex: f(c, ex)))
                 groups.append(k)
                 spans.append((k, j, j + 1))
     raw = _dispatch(calls, fns, groups, limits, workers, timeout_s, thread) if calls else []
     results: dict[tuple[int, int], tuple[str, object]] = {}  # (function, completion) -> result
     for (k, a, b), (status, value) in zip(spans, raw):
-        parts = _batch_results(value, b - a) if status == _OK and fns[k].batch else [(status, value)] * (b - a)
+        parts = value if status == _OK and fns[k].batch else [(status, value)] * (b - a)
         for j, part in zip(range(a, b), parts):
             results[(k, j)] = part
 
@@ -381,12 +437,9 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
                 skipped.append(j)
                 scores.append(0.0)
                 continue
-            if status == _OK:
-                try:
-                    scores.append(_to_score(value))
-                    continue
-                except BadScore as e:
-                    status, value = _ERROR, e
+            if status == _OK:  # already a finite float: converted in the scoring thread
+                scores.append(value)
+                continue
             if status == _TIMEOUT:
                 timeouts += 1
             else:

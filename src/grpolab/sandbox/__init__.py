@@ -85,7 +85,7 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=(w_fd,), start_new_session=True, close_fds=True,
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}, cwd="/",
+                env=dict(isolation.LAUNCHER_ENV), cwd="/",
             )
         finally:
             os.close(w_fd)
@@ -129,6 +129,7 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
 
 _probe_lock = threading.Lock()
 _probe_result: Isolation | None = None
+_probe_error: SandboxUnavailable | None = None
 _warned = False
 
 
@@ -149,6 +150,14 @@ def _probe_candidate(iso: Isolation) -> tuple[bool, str]:
         res, values = _run(code, [TestCase("call", fn="probe")], cfg, iso, want_values=True)
     except OSError as e:
         return False, str(e)
+    if iso.namespaces and launcher.ROOT_ERROR in res.stderr:
+        # The kernel gave the namespaces but grpolab could not build the root: a fault of this
+        # installation, never a reason to run model-written code with less isolation.
+        line = next(x for x in res.stderr.splitlines() if launcher.ROOT_ERROR in x)
+        raise SandboxUnavailable(
+            f"{line.strip()}. The namespaces work on this machine, so grpolab refuses to fall back to running "
+            "model-written code without them; the root plan is grpolab.sandbox.isolation.root_plan() "
+            "(see docs/security.md).")
     if not values or not isinstance(values[0], list):
         return False, (res.load_error or res.stderr.strip()[-300:] or f"exit code {res.returncode}")
     ppid, uid, nproc, net, host_proc = values[0]
@@ -161,11 +170,18 @@ def _probe_candidate(iso: Isolation) -> tuple[bool, str]:
 
 
 def probe_isolation(force: bool = False) -> Isolation:
-    """Find the strongest isolation this machine allows (cached; `force` re-probes)."""
-    global _probe_result
+    """Find the strongest isolation this machine allows (cached; `force` re-probes).
+
+    SandboxUnavailable (whatever the isolation mode) when the namespaces work but the launcher
+    could not build the minimal root: weaker isolation is for machines without namespaces, not a
+    silent fallback for a root that failed to build."""
+    global _probe_result, _probe_error
     with _probe_lock:
+        if _probe_error is not None and not force:
+            raise _probe_error
         if _probe_result is not None and not force:
             return _probe_result
+        _probe_error = None
         root = os.geteuid() == 0
         have_unshare = shutil.which("unshare") is not None and sys.platform.startswith("linux")
         cg = limits.cgroup_support() if root else limits.CgroupSupport("", reason="not root: cannot create cgroups")
@@ -181,7 +197,12 @@ def probe_isolation(force: bool = False) -> Isolation:
         candidates.append(Isolation(False, False, False, None, seccomp=sec))
         chosen = candidates[-1]
         for iso in candidates:
-            ok, why = _probe_candidate(iso)
+            try:
+                ok, why = _probe_candidate(iso)
+            except SandboxUnavailable as e:
+                _probe_error = e
+                log.error("%s", e)
+                raise
             if ok:
                 chosen = iso
                 break

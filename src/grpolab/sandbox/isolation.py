@@ -149,15 +149,27 @@ def _add(path: str, plan: dict, kind: str, depth: int = 0) -> None:
         plan["files"].add(cur)
 
 
+# The environment the launcher runs in (grpolab.sandbox._run starts it with exactly this). ldd runs in
+# it too: the trainer's own LD_PRELOAD / LD_LIBRARY_PATH (vLLM's CPU platform, for one, puts libraries
+# of the venv into LD_PRELOAD when it starts an engine) must not add their libraries to the root.
+LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+# Where the launcher may mount the new root's tmpfs (in its private mount namespace): the first of
+# these that is a real directory and holds nothing the root plan bind-mounts from.
+ROOT_MOUNTPOINTS = ("/tmp", "/mnt", "/media", "/srv", "/opt", "/var/tmp", "/run", "/dev/shm", "/home", "/boot")
+
+
 def _shared_libraries(objects: list[str]) -> set[str]:
-    """Absolute paths of the shared libraries `objects` load, per ldd (empty if ldd is missing)."""
+    """Absolute paths of the shared libraries `objects` load, per ldd (empty if ldd is missing),
+    in the launcher's environment (LAUNCHER_ENV), not the trainer's."""
     ldd = shutil.which("ldd")
     if not ldd:
         return set()
     out = set()
     for i in range(0, len(objects), 64):
         try:
-            text = subprocess.run([ldd, *objects[i:i + 64]], capture_output=True, text=True, timeout=60).stdout
+            text = subprocess.run([ldd, *objects[i:i + 64]], capture_output=True, text=True, timeout=60,
+                                  env=dict(LAUNCHER_ENV)).stdout
         except (OSError, subprocess.SubprocessError):
             continue
         for line in text.splitlines():
@@ -194,9 +206,28 @@ def root_plan(exe: str) -> dict:
     plan["dirs"] -= {"/tmp"}
     for f in plan["files"] | set(plan["links"]):
         plan["dirs"].discard(f)
-    return {"dirs": sorted(plan["dirs"]), "links": sorted(plan["links"].items()), "files": sorted(plan["files"]),
-            "trees": sorted(plan["trees"]), "masks": sorted(plan["masks"])}
+    out = {"dirs": sorted(plan["dirs"]), "links": sorted(plan["links"].items()), "files": sorted(plan["files"]),
+           "trees": sorted(plan["trees"]), "masks": sorted(plan["masks"])}
+    out["mountpoint"] = root_mountpoint(out)
+    return out
 
 
-__all__ = ["Isolation", "SandboxUnavailable", "exec_interpreter", "interpreter", "root_plan", "unshare_cmd",
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/") or top.startswith(path.rstrip("/") + "/")
+
+
+def root_mountpoint(plan: dict, candidates: tuple[str, ...] = ROOT_MOUNTPOINTS) -> str:
+    """Where the launcher mounts the new root: a host directory that no source of the plan is in
+    (mounting over it would hide that source). /tmp unless the interpreter, its libraries or the
+    standard library live under /tmp; OSError naming the sources if every candidate holds one."""
+    sources = list(plan["files"]) + list(plan["trees"])
+    for cand in candidates:
+        if os.path.isdir(cand) and not os.path.islink(cand) and not any(_within(s, cand) for s in sources):
+            return cand
+    raise OSError(f"no directory to mount the sandbox's root on: each of {', '.join(candidates)} holds a file "
+                  f"the root needs ({', '.join(sorted(sources)[:5])}, ...)")
+
+
+__all__ = ["LAUNCHER_ENV", "Isolation", "SandboxUnavailable", "exec_interpreter", "interpreter", "root_mountpoint",
+           "root_plan", "unshare_cmd",
            "world_reachable"]

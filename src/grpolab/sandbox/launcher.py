@@ -32,6 +32,8 @@ from grpolab.sandbox.channel import _checker_main, _harness_main, _recv
 from grpolab.util.threads import SINGLE_THREAD_ENV
 
 WATCHDOG_GRACE_S = 1.0  # the init's own wall-clock bound is the run's timeout plus this
+ROOT_ERROR = "grpolab sandbox: cannot build the minimal root"  # the launcher's stderr when _build_root fails
+ROOT_ERROR_EXIT = 97
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 
@@ -97,8 +99,18 @@ def _build_root(libc, cfg):
             err = ctypes.get_errno()
             raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
-    plan, new = cfg["plan"], "/tmp"  # a fresh tmpfs over /tmp (private to this namespace) is the new root
+    # A fresh tmpfs over a host directory that holds nothing the plan needs (private to this
+    # namespace; /tmp unless the interpreter lives there, see isolation.root_mountpoint) is the new root.
+    plan = cfg["plan"]
+    new = plan["mountpoint"]
     mount("tmpfs", new, "tmpfs", nosuid | nodev, "size=1m,nr_inodes=8192,mode=755")
+    # The only writable mount, noexec, mounted first: planned paths under /tmp (an interpreter or
+    # libraries that live there) are bind-mounted inside it, read-only, in directories owned by root.
+    # Nothing written there can be execve'd, mapped executable by ld.so or dlopen'ed (machine code
+    # in anonymous memory still runs: see docs/security.md).
+    os.mkdir(new + "/tmp", 0o755)
+    mount("tmpfs", new + "/tmp", "tmpfs", nosuid | nodev | noexec,
+          f"size={cfg['tmpfs_mb']}m,nr_inodes={cfg['tmpfs_inodes']},mode=1777")
     for d in plan["dirs"]:
         os.mkdir(new + d, 0o755)
     for link, target in plan["links"]:
@@ -112,12 +124,9 @@ def _build_root(libc, cfg):
         mount(None, new + src, None, remount | bind | rdonly | nosuid | nodev, None)
     for d in plan["masks"]:  # e.g. site-packages inside the standard library: an empty directory
         mount("tmpfs", new + d, "tmpfs", rdonly | nosuid | nodev, "size=4k,nr_inodes=2,mode=755")
-    os.mkdir(new + "/tmp", 0o755)
-    # the only writable mount, noexec: nothing written there can be execve'd, mapped executable by
-    # ld.so or dlopen'ed (machine code in anonymous memory still runs: see docs/security.md)
-    mount("tmpfs", new + "/tmp", "tmpfs", nosuid | nodev | noexec,
-          f"size={cfg['tmpfs_mb']}m,nr_inodes={cfg['tmpfs_inodes']},mode=1777")
     workdir = "/tmp/work"
+    while os.path.lexists(new + workdir):
+        workdir += "_"
     os.mkdir(new + workdir, 0o700)
     if cfg["uid"] is not None:
         os.chown(new + workdir, cfg["uid"], cfg["uid"])
@@ -146,7 +155,11 @@ def _launcher_main():
     for path in cfg["cgroups"]:
         with open(path, "w") as f:
             f.write("0")  # this process; children inherit the cgroup
-    workdir = _build_root(libc, cfg) if cfg["mounts"] else cfg["workdir"]
+    try:
+        workdir = _build_root(libc, cfg) if cfg["mounts"] else cfg["workdir"]
+    except OSError as e:
+        os.write(2, f"{ROOT_ERROR}: {e}\n".encode("utf-8", "replace"))
+        os._exit(ROOT_ERROR_EXIT)
     me = os.getpid()
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
@@ -219,7 +232,7 @@ def _launcher_main():
 
 
 def _source(main, *helpers) -> str:
-    parts = [f"import json, os\nMAX_VALUE_CHARS = {channel.MAX_VALUE_CHARS}\nMAX_FRAME_BYTES = {channel.MAX_FRAME_BYTES}"]
+    parts = [f"import json, os\nROOT_ERROR = {ROOT_ERROR!r}\nROOT_ERROR_EXIT = {ROOT_ERROR_EXIT}\nMAX_VALUE_CHARS = {channel.MAX_VALUE_CHARS}\nMAX_FRAME_BYTES = {channel.MAX_FRAME_BYTES}"]
     parts += [inspect.getsource(f) for f in helpers + (main,)]
     parts.append(f"{main.__name__}()")
     return "\n\n".join(parts)
@@ -253,4 +266,4 @@ def launcher_config(*, exec_python: str | None, plan: dict | None, uid: int | No
     }
 
 
-__all__ = ["LAUNCHER_SRC", "WATCHDOG_GRACE_S", "launcher_command", "launcher_config"]
+__all__ = ["LAUNCHER_SRC", "ROOT_ERROR", "ROOT_ERROR_EXIT", "WATCHDOG_GRACE_S", "launcher_command", "launcher_config"]

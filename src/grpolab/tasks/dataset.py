@@ -56,6 +56,7 @@ answer is then "", and with no answer in any row the default rewards are none bu
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 
@@ -73,6 +74,9 @@ from grpolab.tasks._args import (
 from grpolab.tasks.qa import ANSWER_FORMATS, normalise_answer
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import iter_jsonl
+from grpolab.util.text import safe_data
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "parquet", "csv", "datasets")
 PROMPT_COLUMNS = ("prompt", "messages", "question", "problem")
@@ -114,7 +118,27 @@ def _load_datasets_dir(path: Path, key: str):
 
 
 def read_splits(path: Path, fmt: str, key: str) -> dict[str | None, list[tuple[str, dict]]]:
-    """{split name or None (a single table): [(location, row)]}; location names file and row."""
+    """{split name or None (a single table): [(location, row)]}; location names file and row.
+
+    Every string of every row is valid Unicode (grpolab.util.text): bytes that are not UTF-8 and
+    lone surrogates (JSON's "\\ud800" escape) become U+FFFD, pairs their character; how many rows
+    were repaired is logged once per file. No tokenizer or UTF-8 file accepts such text."""
+    splits = _read_splits(path, fmt, key)
+    repaired = 0
+    for name, rows in splits.items():
+        fixed = []
+        for where, row in rows:
+            row2, n = safe_data(row)
+            repaired += n > 0
+            fixed.append((where, row2))
+        splits[name] = fixed
+    if repaired:
+        log.warning("%s: %d row(s) held text that is not valid Unicode (bytes that are not UTF-8, or lone "
+                    "surrogates); repaired to U+FFFD", path, repaired)
+    return splits
+
+
+def _read_splits(path: Path, fmt: str, key: str) -> dict[str | None, list[tuple[str, dict]]]:
     if not path.exists():
         raise ConfigError(f"task_args.{key}: not found: {path}")
     fmt = detect_format(path, fmt, key)
@@ -135,7 +159,8 @@ def read_splits(path: Path, fmt: str, key: str) -> dict[str | None, list[tuple[s
         except Exception as e:  # pyarrow raises its own error types for a corrupt file
             raise ConfigError(f"{path}: not a readable parquet file ({e})") from e
         return {None: [(f"{path}: row {n}", row) for n, row in enumerate(rows, start=1)]}
-    with path.open(encoding="utf-8", newline="" if fmt == "csv" else None) as f:
+    # bytes that are not UTF-8 are read as lone surrogates (surrogateescape), which read_splits repairs and counts
+    with path.open(encoding="utf-8", errors="surrogateescape", newline="" if fmt == "csv" else None) as f:
         if fmt == "jsonl":
             return {None: list(iter_jsonl(f, str(path), strict=True))}
         reader = csv.DictReader(f)

@@ -142,14 +142,51 @@ def _write_manifest(ckpt_dir: Path) -> None:
     (ckpt_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
 
 
+def _present(ckpt_dir: Path) -> tuple[list[str], list[str]]:
+    """(files, links): every regular file under `ckpt_dir` but the manifest, and every symbolic link
+    (file or directory, not followed), as paths relative to it."""
+    files, links = [], []
+    for d, dirs, names in os.walk(ckpt_dir, followlinks=False):
+        for n in dirs + names:
+            p = Path(d) / n
+            rel = str(p.relative_to(ckpt_dir))
+            if p.is_symlink():
+                links.append(rel)
+            elif n in names and rel != MANIFEST:
+                files.append(rel)
+    return sorted(files), sorted(links)
+
+
+def _inside(ckpt_dir: Path, name: object) -> bool:
+    """True for a plain relative path naming something inside `ckpt_dir` (no `..`, not absolute)."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\x00" in name:
+        return False
+    return ".." not in Path(name).parts
+
+
 def verify_checkpoint(ckpt_dir: Path) -> str | None:
-    """None if every file of the checkpoint matches its manifest, else what is wrong (naming the file)."""
+    """None if every file of the checkpoint matches its manifest, else what is wrong (naming the file).
+
+    The manifest vouches for what it lists, so nothing else may be there: a file it does not list
+    (an added shard index pointing elsewhere, say), a symbolic link, or a listed name outside the
+    directory fails verification."""
     ckpt_dir = Path(ckpt_dir)
     try:
         manifest = json.loads((ckpt_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         return f"{ckpt_dir / MANIFEST}: unreadable manifest ({e})"
+    if not isinstance(manifest, dict):
+        return f"{ckpt_dir / MANIFEST}: not a manifest (a JSON object of files)"
+    files, links = _present(ckpt_dir)
+    if links:
+        return f"{ckpt_dir / links[0]}: a symbolic link (a checkpoint holds only its own files)"
+    unlisted = [f for f in files if f not in manifest]
+    if unlisted:
+        return f"{ckpt_dir / unlisted[0]}: not in the manifest (added after the checkpoint was written)"
     for name, want in sorted(manifest.items()):
+        if not _inside(ckpt_dir, name) or not isinstance(want, dict) or not isinstance(want.get("size"), int) \
+                or not isinstance(want.get("sha256"), str):
+            return f"{ckpt_dir / MANIFEST}: malformed entry {str(name)[:100]!r}"
         path = ckpt_dir / name
         if not path.is_file():
             return f"{path}: missing"
@@ -336,6 +373,11 @@ def _load_model_weights(ckpt_dir: Path, model) -> None:
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        outside = [x for x in shards if not _inside(ckpt_dir, x) or not (ckpt_dir / x).is_file()
+                   or (ckpt_dir / x).is_symlink()]
+        if outside:
+            raise RuntimeError(f"{ckpt_dir}: the shard index names {str(outside[0])[:200]!r}, not a file of the "
+                               f"checkpoint; only the checkpoint's own files are loaded")
         state: dict[str, torch.Tensor] = {}
         for shard in shards:
             state.update(load_file(str(ckpt_dir / shard)))

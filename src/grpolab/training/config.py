@@ -396,7 +396,15 @@ def config_from_run(out_dir: Path) -> dict:
     p = Path(out_dir) / "config.yaml"
     if not p.exists():
         raise ConfigError(not_a_run_message(Path(out_dir)))
-    return yaml.safe_load(p.read_text())
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"{p}: cannot be read as the run's settings ({type(e).__name__}: {str(e)[:300]}); "
+                          f"it is not a config.yaml grpolab wrote: restore it or start a new run") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys to values at the top level, got {type(data).__name__}; "
+                          f"it is not a config.yaml grpolab wrote: restore it or start a new run")
+    return data
 
 
 def not_a_run_message(out_dir: Path) -> str:

@@ -26,10 +26,10 @@ from torch import Tensor
 from grpolab.algo.advantages import per_token
 from grpolab.algo.losses import policy_loss
 from grpolab.algo.presets import AlgoConfig
+from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
 from grpolab.engine.base import Sampling
-from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.model.passes import (
     idle_pass,
     logp_without_grad,
@@ -54,6 +54,7 @@ from grpolab.training.agents import agent_rollout, close_all, env_reward_metrics
 from grpolab.training.diagnostics import aha_metrics
 from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Run, step_rng
+from grpolab.util.fields import ConfigError
 
 
 def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
@@ -63,6 +64,7 @@ def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool 
     rollout settings, run.sampling(greedy); the evaluation passes its own)."""
     ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt,
                        raw_strings=getattr(run.task, "raw_string_prompts", False))
+    check_prompt_lengths(run, examples, ids)
     return run.engine.generate(ids, sampling or run.sampling(greedy), G=G, generator=generator)
 
 
@@ -71,6 +73,27 @@ def completion_ids(rollout: Rollout) -> list[list[int]]:
     environment's tokens too): TRL's `completion_ids` for the reward functions."""
     present = rollout.attention_mask > 0  # (N, C)
     return [row[keep].tolist() for row, keep in zip(rollout.completion_ids, present)]
+
+
+def context_length(model) -> int | None:
+    """The model's context in tokens (its config's max_position_embeddings), None when it names none."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_prompt_lengths(run: Run, examples: list[Example], ids: list[list[int]]) -> None:
+    """ConfigError (exit 2), before anything is allocated for them, when a templated prompt plus
+    max_new_tokens does not fit the model's context. One 1 MB prompt (about 250 000 tokens) asked the
+    prefill for terabytes at step 1; a prompt the model cannot read whole is a data error."""
+    limit = context_length(run.policy)
+    if limit is None:
+        return
+    for e, x in zip(examples, ids):
+        if len(x) + run.cfg.max_new_tokens > limit:
+            raise ConfigError(
+                f"prompt of example {str(e.id)[:80]!r} has {len(x)} tokens in the chat template; with "
+                f"max_new_tokens={run.cfg.max_new_tokens} that exceeds the model's context of {limit} tokens "
+                f"(max_position_embeddings): shorten or drop that row, or lower max_new_tokens")
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):

@@ -44,39 +44,17 @@ from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.config import Config, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
-from grpolab.training.metrics import JsonlWriter, MetricsLogger
+from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals, check_reward_failures
 from grpolab.util.fields import ConfigError
-from grpolab.util.fileio import atomic_write, read_jsonl
+from grpolab.util.fileio import atomic_write, open_append, read_jsonl
 from grpolab.util.threads import current, describe_threads
 
 ReportWriter = Callable[[Path, torch.device], None]
 """Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
-
-
-def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
-    """Refuse to overwrite an existing run (exit 2) unless resuming it. Returns whether the run in `out`
-    is continued: `resume` (--resume), or `auto` (resume=auto) and `out` holds a run (its config.yaml)."""
-    import os
-
-    if auto and not resume:
-        resume = (out / "config.yaml").exists()
-    if resume:
-        if not (out / "config.yaml").exists():
-            from grpolab.training.config import not_a_run_message
-
-            raise ConfigError(not_a_run_message(out))
-        return True
-    if out.exists() and any((out / n).exists() for n in ("metrics.jsonl", "config.yaml", "checkpoints")):
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        hint = (f" torchrun restarted this worker (restart {restarted}): start the job with resume=auto so that a "
-                f"restart continues the newest checkpoint (docs/distributed.md);" if restarted else "")
-        raise ConfigError(f"out: {out} already holds a run;{hint} continue it with `grpolab train --resume {out}` "
-                          f"(or run the same command with resume=auto) or choose another out=DIR (nothing was written)")
-    return False
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:
@@ -292,7 +270,7 @@ def record_restart(run: Run, step: int, checkpoint: str | None, how: str) -> Non
               "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "how": how,
               "torchelastic_restart_count": restart, "world_size": run.ranks.world,
               "steps_redone": redone, "cause": cause}
-    with open(run.out / RESTARTS, "a", encoding="utf-8") as f:
+    with open_append(run.out / RESTARTS) as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -319,7 +297,7 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     run.engine.sync(run.policy, start)  # an engine with its own weights serves the checkpoint's
     main = d.main  # only rank 0 writes files, evaluates and shows progress
     if main:
-        run.out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(run.out)
     if main and (not resume or start < cfg.steps):  # a resumed run records its new steps= (and other overrides)
         save_config(cfg, run.out / "config.yaml")
         atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")

@@ -63,6 +63,11 @@ def _num(x, fmt: str = "{:.3f}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "–"
 
 
+def _int(x, default: int) -> int:
+    """A count from samples.jsonl: an int as it is, anything else (a string, a bool) `default`."""
+    return x if isinstance(x, int) and not isinstance(x, bool) else default
+
+
 def _val(tokens: dict, key: str, t: int):
     vals = tokens.get(key)
     return vals[t] if isinstance(vals, list) and t < len(vals) else None
@@ -119,13 +124,13 @@ def sample_view(sample: dict, phase: str, scale: float, uid: str) -> str:
                     f"<td>{_num(vals['logp'])}</td><td>{_num(vals['ratio'], '{:.4f}')}</td>"
                     f"<td>{escape(CLIP.get(clip, '')) if computed else '–'}</td><td>{_num(vals['entropy'])}</td>"
                     f"<td>{_num(vals['kl'], '{:.4f}')}</td></tr>")
-    n, shown = tokens.get("n", 0), tokens.get("shown", len(spans))
+    n, shown = _int(tokens.get("n"), len(spans)), _int(tokens.get("shown"), len(spans))  # never markup
     note = "" if computed else ('<p class="note">Not computed: every completion of this group had the same '
                                 'reward, so the advantage is 0 and the update skipped the group; its log-probs, '
                                 'ratios, entropies and KL were never measured.</p>')
     more = f" (first {shown} of {n} tokens)" if shown < n else ""
     if multi:
-        n_env = tokens.get("n_env") if isinstance(tokens.get("n_env"), int) else sum(x is True for x in tokens["env"])
+        n_env = _int(tokens.get("n_env"), sum(x is True for x in tokens["env"]))
         more = (f" after the prompt: {n - n_env} the model's, {n_env} the environment's (greyed, no credit)"
                 + (f"; the first {shown} shown" if shown < n else ""))
     rewards = ", ".join(f"{escape(k)} {_num(v)}" for k, v in (sample.get("rewards") or {}).items())

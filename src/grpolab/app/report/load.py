@@ -16,6 +16,7 @@ import yaml
 
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import iter_jsonl
+from grpolab.util.text import safe_data
 
 
 @dataclass
@@ -76,6 +77,10 @@ def read_records(path: Path, *, need_step: bool) -> tuple[list[dict], list[str]]
     kept: list[dict] = []
     good: set[str] = set()
     for where, rec in iter_jsonl(complete, str(path), strict=False):
+        try:
+            rec, _ = safe_data(rec)  # JSON's "\ud800" escape: a lone surrogate no UTF-8 page can hold
+        except RecursionError:
+            continue
         if need_step and not (isinstance(rec.get("step"), int) and not isinstance(rec.get("step"), bool)):
             continue
         kept.append(rec)
@@ -110,7 +115,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
             loaded = yaml.safe_load(run.config_text)
         except yaml.YAMLError:
             loaded = None
-        run.config = loaded if isinstance(loaded, dict) else {}
+        run.config = safe_data(loaded)[0] if isinstance(loaded, dict) else {}
     metrics, skipped = read_records(p / "metrics.jsonl", need_step=True)
     run.metrics = _by_step(metrics)
     samples, s_skipped = read_records(p / "samples.jsonl", need_step=True)
@@ -118,11 +123,11 @@ def load_run(path: str | Path, label: str | None = None) -> RunData:
     run.skipped = {k: v for k, v in (("metrics.jsonl", skipped), ("samples.jsonl", s_skipped)) if v}
     for name, attr in (("summary.json", "summary"), ("machine.json", "machine")):
         try:
-            data = json.loads((p / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads((p / name).read_text(encoding="utf-8", errors="replace"))
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(data, dict):
-            setattr(run, attr, data)
+            setattr(run, attr, safe_data(data)[0])
     times = [os.stat(p / n).st_mtime for n in ("metrics.jsonl", "samples.jsonl", "summary.json") if (p / n).exists()]
     if cfg_path.exists() and times:
         run.wall_s = max(0.0, max(times) - os.stat(cfg_path).st_mtime)

@@ -49,6 +49,11 @@ def _fmt(x, fmt: str = "{:.3f}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else "–"
 
 
+def _count(x) -> str:
+    """A count from a run's files as text: an int, else "?" (a foreign file's field is never markup)."""
+    return str(x) if isinstance(x, int) and not isinstance(x, bool) else "?"
+
+
 def _dur(s) -> str:
     if not isinstance(s, (int, float)) or not math.isfinite(s):
         return "–"
@@ -221,7 +226,7 @@ def samples_section(run: RunData, per_phase: int = 4) -> str:
             cards.append(f'<div class="sample"><div class="prompt">{escape(str(s.get("prompt", "")))} '
                          f'<b>answer</b> {escape(str(s.get("answer", "")))}</div>'
                          f'{body}<div>reward {_fmt(s.get("reward"))} '
-                         f'({rewards}){shaped} · {s.get("length", "?")}{extra}'
+                         f'({rewards}){shaped} · {_count(s.get("length"))}{extra}'
                          f'{" · truncated" if s.get("truncated") else ""}</div></div>')
         out.append(f"<h3>{name}: step {st}</h3>{''.join(cards)}")
     return "".join(out)

@@ -30,7 +30,13 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
+# Not -ffast-math (nor -Ofast, -funsafe-math-optimizations): with those, GCC links crtfastmath.o into
+# the library, whose constructor sets flush-to-zero and denormals-are-zero in MXCSR when the library is
+# loaded, and every subnormal float of the process (numpy's, torch's) became zero from then on. The
+# flags below are the parts of -ffast-math the kernel's loops gain from (vectorised reductions and
+# expf without errno), none of which changes the floating-point environment.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+         "-freciprocal-math", "-fopenmp", "-shared", "-fPIC")
 DISABLE_ENV = "GRPOLAB_NO_C_KERNELS"
 _state: dict = {}
 
