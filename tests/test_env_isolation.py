@@ -307,3 +307,22 @@ def test_environments_that_fail_to_start_score_zero_and_training_goes_on(tmp_pat
     for s in samples:
         n = int(float(s["answer"]))
         assert s["reward"] == (0.0 if n % 3 == 0 or n % 5 == 1 else 1.0), s
+
+
+def test_the_python_tool_with_isolation_require_is_refused_before_training(tiny_tokenizer, monkeypatch):
+    """calculator_python's env.options.isolation: a typo, and `require` where the sandbox cannot isolate
+    (its probe says so), are usage errors when the environment is loaded, naming the option."""
+    import grpolab.sandbox as sandbox
+    from grpolab.sandbox.isolation import SandboxUnavailable
+    from grpolab.training.agents import load_environments
+
+    with pytest.raises(ConfigError, match="env.options.isolation must be one of"):
+        load_environments(EnvConfig(name="calculator_python", options={"isolation": "strict"}), tiny_tokenizer, None)
+
+    def reduced(mode):
+        raise SandboxUnavailable("grpolab sandbox: REDUCED ISOLATION (no namespaces here)")
+
+    monkeypatch.setattr(sandbox, "check_isolation", reduced)
+    with pytest.raises(ConfigError, match="env.options.isolation=require: .*REDUCED ISOLATION"):
+        load_environments(EnvConfig(name="calculator_python", options={"isolation": "require"}), tiny_tokenizer, None)
+    assert load_environments(EnvConfig(name="calculator_python"), tiny_tokenizer, None) is not None

@@ -30,6 +30,10 @@ its error message and the trajectory goes on; `stuck_calls()` says how many time
 running. Their threads are daemons, so a stuck tool never keeps the trainer from exiting at the end of
 a run (a pool's worker threads would: Python joins them at exit). A tool that may hang for good
 should enforce its own limit (the `python` tool of builtin.py runs code in the sandbox, which kills it).
+A tool that is one long C operation holding the GIL does not even let its waiter wake at the timeout:
+`ToolRunner(process=True)` (env.tool_process) runs each call in a forked child process instead, killed at
+its limit (grpolab.env.process). While `limit_stuck_calls`'s cap (env.max_stuck_calls) of stuck calls
+still run, a call on a thread is not started: the model reads why and a `stuck` event is counted.
 
 `run_turns(envs, turn_texts)` steps many trajectories' environments concurrently (one daemon thread
 per trajectory); within a trajectory calls run one after another, in order, because a stateful
