@@ -16,8 +16,11 @@ ANSWER = "done"
 TURNS = (COUNTER_CALLS, MOVE_CALL, ANSWER)
 
 
-def scripted_model(base: Path, out: Path, turns: tuple[str, ...] = TURNS) -> Path:
+def scripted_model(base: Path, out: Path, turns: tuple[str, ...] = TURNS, *, chat_template: str | None = None,
+                   specials: tuple[str, ...] = (), eos_token: str | None = None) -> Path:
     """A copy of the tiny model (tests/conftest.py) that writes, at each turn, one of `turns`, uniformly.
+    chat_template, specials, eos_token: another model family's template, the special tokens it spells
+    (added to the vocabulary) and its end-of-turn token (the tokenizer's eos_token).
 
     Each turn is one added token whose text is the whole turn, counted as an end of turn: every block's
     output projection is zeroed, so the last hidden state is the input token's embedding, and every
@@ -29,6 +32,12 @@ def scripted_model(base: Path, out: Path, turns: tuple[str, ...] = TURNS) -> Pat
 
     shutil.copytree(base, out)
     tok = AutoTokenizer.from_pretrained(out)
+    if specials:
+        tok.add_special_tokens({"additional_special_tokens": list(specials)})
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    if eos_token is not None:
+        tok.eos_token = eos_token
     tok.add_tokens(list(turns))
     ids = tok.convert_tokens_to_ids(list(turns))
     model = LlamaForCausalLM.from_pretrained(out)

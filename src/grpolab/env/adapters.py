@@ -34,7 +34,8 @@ Deliberate differences from TRL:
   arguments are checked against the schema before the tool runs (TRL calls `fn(**arguments)`
   and reports whatever TypeError results).
 - every call has a timeout (TRL waits forever), on a daemon thread of its own (TRL runs sync tools
-  on the main thread): env.tool_thread=main (`here=True`) runs them in the calling thread, as TRL.
+  on the main thread): env.tool_thread=main (`here=True`) runs them in the calling thread, as TRL;
+  env.tool_process=true (`process=True`) in a forked child process, killed at the timeout.
 - `reset` gets only the fields its signature accepts, unless it takes **kwargs (TRL passes all and
   a narrower signature raises TypeError).
 """
@@ -128,10 +129,10 @@ class FunctionTools:
     """Plain functions give no reward of their own (no `env` reward column)."""
 
     def __init__(self, tools: Sequence[Callable], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False) -> None:
+                 max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False, process: bool = False) -> None:
         functions, self.tools = _named_tools(list(tools), "FunctionTools")
         self.runner = ToolRunner(functions, {s["function"]["name"]: s for s in self.tools},
-                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here)
+                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here, process=process)
 
     def reset(self, fields: dict) -> str | None:
         """Nothing to reset: plain functions keep no state."""
@@ -204,7 +205,7 @@ class FactoryEnvironment:
 
     def __init__(self, factory: Callable[[], Any], *, tools: Sequence[Callable] = (), pool: InstancePool | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                 here: bool = False) -> None:
+                 here: bool = False, process: bool = False) -> None:
         self._pool = pool if pool is not None else InstancePool(factory)
         self.instance = self._pool.acquire()
         cls = type(self.instance)
@@ -216,7 +217,7 @@ class FactoryEnvironment:
         methods = [getattr(self.instance, n) for n in tool_method_names(cls)]
         functions, self.tools = _named_tools(list(tools) + methods, cls.__name__)
         self.runner = ToolRunner(functions, {s["function"]["name"]: s for s in self.tools},
-                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here)
+                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here, process=process)
         self._has_reward = _class_has(cls, "get_reward")
         self._closed = False
 

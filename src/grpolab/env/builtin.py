@@ -202,6 +202,20 @@ class CalculatorPython:
     """A calculator and a Python interpreter, as tools (TRL's environment_factory form)."""
 
     def __init__(self, timeout_s: float = 5.0, max_output_chars: int = 2000, isolation: str = "best_effort") -> None:
+        """isolation: the sandbox's (docs/security.md): best_effort runs the model's programs with what the
+        machine allows; require refuses, here, where the sandbox cannot isolate them (EnvConfigError: the
+        run is refused before training)."""
+        from grpolab.sandbox import SandboxUnavailable, check_isolation
+        from grpolab.sandbox.limits import ISOLATION_MODES
+
+        if isolation not in ISOLATION_MODES:
+            raise EnvConfigError(f"calculator_python: env.options.isolation must be one of {', '.join(ISOLATION_MODES)}, "
+                                 f"got {isolation!r}")
+        if isolation == "require":
+            try:
+                check_isolation(isolation)
+            except SandboxUnavailable as e:
+                raise EnvConfigError(f"calculator_python: env.options.isolation=require: {e}") from None
         self._timeout_s = timeout_s
         self._max_output_chars = max_output_chars
         self._isolation = isolation

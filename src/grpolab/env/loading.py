@@ -27,6 +27,8 @@ so a missing docstring or type hint is reported before training starts.
 
 `tools=` (standalone functions, TRL's tools= beside environment_factory) go with a factory class.
 `here=True` runs sync tools and gym-style steps in the calling thread (env.tool_thread=main).
+`process=True` runs every tool call in a forked child process, killed at its limit (env.tool_process;
+tool calls only: a gym/OpenEnv/SkyRL step is its environment's state and stays in this process).
 `registered(obj)` names an object for the duration of a block, so that a spec string (a recipe's
 env.name, what grpolab.train records) can point at a class defined in a notebook.
 """
@@ -253,7 +255,7 @@ ADAPTERS: dict[str, Callable[[Callable[[], Any], dict, list], Callable[[], Any]]
 def environment_factory(obj: Any, *, name: str | None = None, kind: str | None = None,
                         timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
                         options: dict | None = None, tools: Sequence[Callable] = (),
-                        here: bool = False) -> EnvironmentFactory:
+                        here: bool = False, process: bool = False) -> EnvironmentFactory:
     """An EnvironmentFactory for an already imported object (see the module docstring).
 
     options: keyword arguments for the class's constructor (a recipe's environment options); for a
@@ -262,7 +264,7 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
     name = name or getattr(obj, "__name__", type(obj).__name__)
     if kind is not None and kind not in KINDS:
         raise EnvConfigError(f"environment kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    run_opts = {"timeout_s": timeout_s, "max_result_chars": max_result_chars, "here": here}
+    run_opts = {"timeout_s": timeout_s, "max_result_chars": max_result_chars, "here": here, "process": process}
     if isinstance(obj, (list, tuple)) or kind == "tools":
         fns = list(tools) + (list(obj) if isinstance(obj, (list, tuple)) else [obj])
         if not fns:
@@ -327,7 +329,7 @@ def load_tools(specs: Sequence[Any]) -> list[Callable]:
 
 def load_environment(spec: Any, *, kind: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                      max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, options: dict | None = None,
-                     tools: Sequence[Any] = (), here: bool = False) -> EnvironmentFactory:
+                     tools: Sequence[Any] = (), here: bool = False, process: bool = False) -> EnvironmentFactory:
     """Resolve a spec ("module:Name", "file.py:Name", a built-in name, a registered name, or an object)
     to a factory. tools: standalone tool functions (or their specs) beside a factory class's methods.
 
@@ -339,4 +341,5 @@ def load_environment(spec: Any, *, kind: str | None = None, timeout_s: float = D
     else:
         obj, name = spec, None
     return environment_factory(obj, name=name, kind=kind or None, timeout_s=timeout_s,
-                               max_result_chars=max_result_chars, options=options, tools=load_tools(tools), here=here)
+                               max_result_chars=max_result_chars, options=options, tools=load_tools(tools), here=here,
+                               process=process)

@@ -30,6 +30,10 @@ its error message and the trajectory goes on; `stuck_calls()` says how many time
 running. Their threads are daemons, so a stuck tool never keeps the trainer from exiting at the end of
 a run (a pool's worker threads would: Python joins them at exit). A tool that may hang for good
 should enforce its own limit (the `python` tool of builtin.py runs code in the sandbox, which kills it).
+A tool that is one long C operation holding the GIL does not even let its waiter wake at the timeout:
+`ToolRunner(process=True)` (env.tool_process) runs each call in a forked child process instead, killed at
+its limit (grpolab.env.process). While `limit_stuck_calls`'s cap (env.max_stuck_calls) of stuck calls
+still run, a call on a thread is not started: the model reads why and a `stuck` event is counted.
 
 `run_turns(envs, turn_texts)` steps many trajectories' environments concurrently (one daemon thread
 per trajectory); within a trajectory calls run one after another, in order, because a stateful
@@ -49,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -58,9 +63,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from grpolab.env.base import Reply
+from grpolab.env.base import EnvConfigError, Reply
 from grpolab.env.budget import TrajectoryClock, current_clock, in_call, trajectory_clock
 from grpolab.env.calls import ParseError, ToolCall
+from grpolab.env.process import available as process_available
+from grpolab.env.process import remote_call, run_in_process
 from grpolab.env.schema import prepare_arguments
 from grpolab.util.text import safe_data
 
@@ -74,13 +81,39 @@ STEP_GRACE_S = 1.0
 """How long run_turns waits past the step's tool-time budget for a step to hand back its reply (its calls
 were all cut at the budget; this is time to return)."""
 
+DEFAULT_MAX_STUCK = 4
+"""Most calls that ran past their limit may still be running (in threads) before new ones are refused."""
+
 _stuck_lock = threading.Lock()
 _stuck = 0
+_max_stuck = DEFAULT_MAX_STUCK
 
 
 def stuck_calls() -> int:
     """Calls that timed out and are still running (their threads cannot be killed)."""
     return _stuck
+
+
+def limit_stuck_calls(n: int) -> None:
+    """Set the cap on stuck calls (env.max_stuck_calls; process-wide, as the count is): while stuck_calls()
+    is at it, a call that would run on a thread is not started (StuckCallsError)."""
+    global _max_stuck
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ValueError(f"the cap on stuck tool calls must be an integer >= 1, got {n!r}")
+    _max_stuck = n
+
+
+def crowded() -> str | None:
+    """Why no call may start on a thread now (the stuck calls are at their cap), else None."""
+    n = _stuck
+    if n < _max_stuck:
+        return None
+    return (f"{n} earlier calls that ran past their time limit are still running (at most {_max_stuck} may be; "
+            "their threads cannot be stopped)")
+
+
+class StuckCallsError(RuntimeError):
+    """A call not started because the stuck calls are at their cap (env.max_stuck_calls)."""
 
 
 def _add_stuck(k: int) -> None:
@@ -175,10 +208,16 @@ def short_error(e: BaseException) -> str:
 
 
 class Raised:
-    """A tool's exception, carried back from its worker thread as a value."""
+    """A tool's exception, carried back from its worker thread as a value (from a child process, only its
+    description: `text`)."""
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException | None, text: str | None = None) -> None:
         self.error = error
+        self.text = text
+
+    def describe(self) -> str:
+        """`Type: message`, bounded (short_error)."""
+        return self.text if self.text is not None else short_error(self.error)
 
 
 def _invoke(fn: Callable, arguments: dict, convert: bool = True, deadline: float | None = None,
@@ -206,15 +245,36 @@ async def _await(awaitable):
 
 
 def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True,
-                      events: Counter | None = None, here: bool = False) -> Any:
+                      events: Counter | None = None, here: bool = False, process: bool = False) -> Any:
     """Run `fn(**arguments)` on a daemon thread: its text (or, without `convert`, its value), a
     `Raised` carrying the exception it raised, or None if it did not return within timeout_s.
     `events` receives the events the tool counts itself (budget.note_event).
     here: run it in the calling thread instead, waiting as long as it takes (env.tool_thread=main);
-    the tool still sees its deadline (budget.call_deadline) and may stop itself there."""
+    the tool still sees its deadline (budget.call_deadline) and may stop itself there.
+    process: run it in a forked child process, killed at timeout_s (grpolab.env.process; text only).
+    On a thread, while the stuck calls are at their cap (limit_stuck_calls), the call is not started: a
+    `Raised` carrying StuckCallsError."""
+    deadline = time.monotonic() + timeout_s
+    if process:
+        if not convert:
+            raise ValueError("call_with_timeout: a call in a child process returns text (convert=True)")
+        own: Counter = Counter()
+        out = run_in_process(functools.partial(remote_call, functools.partial(
+            _invoke, fn, arguments, True, deadline, own), fn, own), timeout_s)
+        if out is None:
+            return None
+        kind, text, counted = out
+        if events is not None:
+            events.update(counted)
+        if kind == "ok":
+            return text
+        return Raised(None, text if kind == "raised" else f"ToolProcessError: {text}")
     if here:
-        return _invoke(fn, arguments, convert, time.monotonic() + timeout_s, events)
-    call = _Pending(_invoke, fn, arguments, convert, time.monotonic() + timeout_s, events)
+        return _invoke(fn, arguments, convert, deadline, events)
+    why = crowded()
+    if why:
+        return Raised(StuckCallsError(why))
+    call = _Pending(_invoke, fn, arguments, convert, deadline, events)
     return call.value if call.wait(timeout_s) else None
 
 
@@ -227,11 +287,16 @@ class ToolRunner:
     timeout_s: longest wait for one call (a tool may set its own as a `timeout_s` attribute).
     max_result_chars: longer results are cut, marked.
     here: run synchronous tools in the calling thread, without a timeout (env.tool_thread=main).
+    process: run every call in a forked child process, killed at its limit (env.tool_process; this
+        takes precedence over `here`).
     """
 
     def __init__(self, functions: Mapping[str, Callable], schemas: Mapping[str, dict] | None = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                 here: bool = False) -> None:
+                 here: bool = False, process: bool = False) -> None:
+        if process and not process_available():
+            raise EnvConfigError("running tool calls in a child process needs os.fork (POSIX); "
+                             "set env.tool_process=false on this platform")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(max_result_chars, int) and max_result_chars > 0):
@@ -241,6 +306,7 @@ class ToolRunner:
         self.timeout_s = float(timeout_s)
         self.max_result_chars = max_result_chars
         self.here = here
+        self.process = process
 
     def run(self, items: Sequence[ToolCall | ParseError]) -> Reply:
         """Run the calls in order; one tool message per item, errors included. done is False."""
@@ -302,10 +368,14 @@ class ToolRunner:
             events["budget"] += 1
             return f"Error: tool {name!r} was not run: {clock.spent()}. Give your final answer now."
         wait = min(timeout_s, left)
+        here = self.here and not inspect.iscoroutinefunction(fn)
+        why = None if (self.process or here) else crowded()
+        if why:
+            events["stuck"] += 1
+            return f"Error: tool {name!r} was not run: {why}. Give your final answer now."
         own: Counter = Counter()
         t0 = time.monotonic()
-        out = call_with_timeout(fn, arguments, wait, events=own,
-                              here=self.here and not inspect.iscoroutinefunction(fn))
+        out = call_with_timeout(fn, arguments, wait, events=own, here=here, process=self.process)
         if clock is not None:
             clock.charge(time.monotonic() - t0)
         if out is None:
@@ -314,11 +384,15 @@ class ToolRunner:
                 return (f"Error: tool {name!r} was stopped after {wait:.3g} s: {clock.spent()}. "
                         "Give your final answer now.")
             events["timeout"] += 1
-            return f"Error: tool {name!r} timed out after {timeout_s:g} s and was abandoned; try a simpler call."
+            fate = "was stopped" if self.process else "was abandoned"
+            return f"Error: tool {name!r} timed out after {timeout_s:g} s and {fate}; try a simpler call."
         events.update(own)  # the call has returned: its own counter is no longer written to
+        if isinstance(out, Raised) and isinstance(out.error, StuckCallsError):  # the cap was reached meanwhile
+            events["stuck"] += 1
+            return f"Error: tool {name!r} was not run: {out.error}. Give your final answer now."
         if isinstance(out, Raised):
             events["exception"] += 1
-            return f"Error: tool {name!r} raised {short_error(out.error)}"
+            return f"Error: tool {name!r} raised {out.describe()}"
         text, removed = cut(out, self.max_result_chars)
         if removed:
             events["truncated"] += 1

@@ -38,6 +38,12 @@ class EnvConfig:
     """Tool time of one trajectory, all its calls over all its turns (a call's wall time, waiting for a sandbox slot included); once spent, further calls are refused with an error message (env/errors_budget, env/tool_s_mean)."""
     step_tool_budget_s: float = 300.0
     """Wall-clock time one step's rollout may spend waiting for its environments' tool calls, all turns together (per collect round: DAPO's dynamic sampling gives each resampling round its own); once spent, every call still running is stopped and further ones refused (env/errors_budget, env/tool_wait_s)."""
+    tool_process: bool = False
+    """Run every tool call in a child process (forked), killed with what it started at its limit: the one hard bound for a tool that holds the GIL in one long C operation (`a ** b`, a catastrophic regex), which no thread can interrupt. The call's changes to its object's state stay in the child (env/errors_process_state_lost counts them): for tools that compute a result from their arguments. Tool calls only (tools= lists and environment classes); POSIX only."""
+    max_stuck_calls: int = 4
+    """Most tool calls (and environment steps) that ran past their limit may still be running in their threads, process-wide; while that many are, further calls on threads are not started: the model reads an error and env/errors_stuck counts them."""
+    reset_timeout_s: float = 60.0
+    """Time limit of creating and resetting one trajectory's environment; an example whose environment raises there or runs past it has its trajectories score 0 (env/errors_reset, env/errors_reset_timeout), and the run goes on."""
     max_result_chars: int = 2000
     """A tool result longer than this is cut, with a visible marker (env/errors_truncated)."""
     reward_weight: float = 1.0
@@ -62,6 +68,10 @@ def validate_env(env: EnvConfig) -> None:
         (env.tool_budget_s > 0, "env.tool_budget_s", "must be > 0 seconds"),
         (env.step_tool_budget_s > 0, "env.step_tool_budget_s", "must be > 0 seconds"),
         (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
+        (isinstance(env.tool_process, bool), "env.tool_process", "must be true or false"),
+        (isinstance(env.max_stuck_calls, int) and not isinstance(env.max_stuck_calls, bool)
+         and env.max_stuck_calls >= 1, "env.max_stuck_calls", "must be an integer >= 1"),
+        (env.reset_timeout_s > 0, "env.reset_timeout_s", "must be > 0 seconds"),
         (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
         (isinstance(env.options, dict), "env.options", "must be a mapping of constructor arguments"),
         (env.tool_thread in TOOL_THREADS, "env.tool_thread", f"must be one of {', '.join(TOOL_THREADS)}"),

@@ -65,45 +65,107 @@ PROBE = [
     {"role": "assistant", "content": "5"},
 ]
 
+PROBE_EDGES = (
+    lambda c: c,
+    lambda c: c + " \n",  # a turn that ends in whitespace (templates that trim content drop it)
+    lambda c: "\n " + c,  # one that starts with it
+    lambda c: "</think>" + c,  # a stray end of reasoning (templates that split on it move the text before it)
+    lambda c: "<think>\nLet me see.\n</think>\n\n" + c,  # reasoning written in the turn (templates may drop it later)
+)
+"""The probe is rendered once per edge, each applied to every assistant turn of PROBE: what models write
+all the time, which a template may render differently from the plain turn."""
+
+TURN_MARK = "GRPOLABTURNMARK7d1c4b"
+"""Stands for the model's turn in a rendering that locates it: ASCII letters and digits, so that no
+template trims, splits, escapes or drops it."""
+
+
+class TemplateError(ValueError):
+    """The chat template renders what follows a model's turn differently depending on what the turn says:
+    the environment's tokens cannot be told from the model's for that turn."""
+
 
 def append_only_problem(tokenizer, tools: list[dict] | None = None, system_prompt: str | None = None) -> str | None:
     """None if the template renders a conversation append-only, else why not (said before training).
 
     Renders a probe conversation (user, an assistant tool call, a tool result, assistant, user feedback,
     assistant) one message at a time, with and without the generation prompt, and checks that every
-    rendering is a prefix of the next. A template that rewrites earlier turns (e.g. one that drops the
-    reasoning of past assistant turns, or moves the system message) fails, and its trajectories' tokens
-    would not be the tokens the model is trained on."""
+    rendering is a prefix of the next, and that `addition_text` (what training appends after each turn)
+    is exactly the text by which the rendering grows. The probe runs once as it is and once for each of
+    PROBE_EDGES (every assistant turn ending or starting in whitespace, with a stray `</think>`, with a
+    reasoning block): a template that rewrites earlier turns (e.g. one that drops the reasoning of past
+    assistant turns, or moves the system message) fails, and its trajectories' tokens would not be the
+    tokens the model is trained on."""
     if not getattr(tokenizer, "chat_template", None):
         return "the tokenizer has no chat template: a multi-turn trajectory needs one to render tool results"
-    msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + PROBE
+    for edge in PROBE_EDGES:
+        probe = [{**m, "content": edge(m["content"])} if m["role"] == "assistant" else m for m in PROBE]
+        problem = _probe_problem(tokenizer, probe, tools, system_prompt)
+        if problem:
+            return problem
+    return None
+
+
+def _probe_problem(tokenizer, probe: list[dict], tools: list[dict] | None, system_prompt: str | None) -> str | None:
+    """append_only_problem for one probe conversation."""
+    msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + probe
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    said = lambda a: f"assistant message {a + 1} ({msgs[a]['content'][:40]!r})"  # noqa: E731
     try:
         opened = render(tokenizer, msgs[:turns[0]], add_generation_prompt=True, tools=tools)
         for a, nxt in zip(turns, turns[1:] + [None]):
             closed = render(tokenizer, msgs[:a + 1], add_generation_prompt=False, tools=tools)
             if not closed.startswith(opened):
-                return (f"the assistant's turn (message {a + 1}) changes the text rendered before it: "
+                return (f"the assistant's turn ({said(a)}) changes the text rendered before it: "
                         f"the template is not append-only")
             if nxt is None:
                 break
             kept = closed[:turn_end(tokenizer, msgs[:a + 1], tools)]
             opened = render(tokenizer, msgs[:nxt], add_generation_prompt=True, tools=tools)
             if not opened.startswith(kept):
-                return (f"adding the {msgs[a + 1]['role']} message after assistant message {a + 1} rewrites "
+                return (f"adding the {msgs[a + 1]['role']} message after {said(a)} rewrites "
                         f"the earlier turns: the template is not append-only")
+            rest, eos = opened[len(kept):], tokenizer.eos_token or ""
+            if eos and not kept.endswith(eos) and rest.startswith(eos):  # the end of turn opens the next message
+                rest = rest[len(eos):]
+            if addition_text(tokenizer, msgs[:a + 1], msgs[a + 1:nxt], tools) != rest:
+                return (f"the text the template adds after {said(a)} depends on what that turn says: "
+                        f"the template is not append-only")
+    except TemplateError as e:
+        return f"the chat template cannot be used for multi-turn training: {e}"
     except Exception as e:  # noqa: BLE001 (a template that cannot render a tool message, say)
         return f"the chat template cannot render a tool conversation: {type(e).__name__}: {e}"
     return None
 
 
+def _after_turn(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None,
+                add_generation_prompt: bool) -> str:
+    """The text the template renders after the model's turn (the last message of `history`) when `added`
+    follows: located in a rendering where the turn's content is TURN_MARK, and checked against the
+    rendering of the real turn, which must end with the same text (TemplateError if it does not). A
+    template that trims the turn, or splits it at `</think>`, renders the turn itself differently from
+    the text the model wrote; what follows it is the same."""
+    real = render(tokenizer, history + added, add_generation_prompt=add_generation_prompt, tools=tools)
+    stand_in = history[:-1] + [{**history[-1], "content": TURN_MARK}]
+    marked = render(tokenizer, stand_in + added, add_generation_prompt=add_generation_prompt, tools=tools)
+    if marked.count(TURN_MARK) != 1:
+        raise TemplateError("the template does not render an assistant turn's text exactly once")
+    after = marked[marked.index(TURN_MARK) + len(TURN_MARK):]
+    if not real.endswith(after):
+        raise TemplateError(f"what the template renders after the model's turn {history[-1]['content'][:60]!r} "
+                            "depends on that turn's text")
+    return after
+
+
 def turn_end(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> int:
     """Length of the text the model's own tokens cover in the rendering of `messages`, whose last message
     is the model's turn (content, then the template's end-of-turn text, e.g. `<|im_end|>`): everything
-    after that point is the template's and is added as environment tokens."""
+    after that point is the template's and is added as environment tokens.
+
+    The turn is located by rendering (_after_turn), never by searching for its text: a template may render
+    it trimmed, or split at `</think>`."""
     text = render(tokenizer, messages, add_generation_prompt=False, tools=tools)
-    content = messages[-1]["content"]
-    end = text.rindex(content) + len(content) if content else len(render(tokenizer, messages[:-1], add_generation_prompt=True, tools=tools))
+    end = len(text) - len(_after_turn(tokenizer, messages, [], tools, False))
     eos = tokenizer.eos_token or ""
     if eos and text.startswith(eos, end):
         end += len(eos)
@@ -113,9 +175,11 @@ def turn_end(tokenizer, messages: list[dict], tools: list[dict] | None = None) -
 def addition_text(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None) -> str:
     """The text the template adds after the model's last turn (the last message of `history`, which ended
     with its end-of-turn token) when the environment's messages `added` follow, up to and including the
-    next assistant header: render(history + added, generation prompt)[turn_end(history):]."""
-    cut = turn_end(tokenizer, history, tools)
-    return render(tokenizer, history + added, add_generation_prompt=True, tools=tools)[cut:]
+    next assistant header: the end of render(history + added, generation prompt) after the model's turn
+    and its end-of-turn text (_after_turn). TemplateError if that text depends on what the turn says."""
+    after = _after_turn(tokenizer, history, added, tools, True)
+    eos = tokenizer.eos_token or ""
+    return after[len(eos):] if eos and after.startswith(eos) else after
 
 
 def addition_ids(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None,
@@ -125,9 +189,10 @@ def addition_ids(tokenizer, history: list[dict], added: list[dict], tools: list[
 
     A message's text that spells a special token (a tool printing `<|im_end|>`) must not become that
     token: it would end the environment's turn, or open a fake one, in the token stream the model is
-    trained on. Such a text is tokenised on its own with the special tokens split into ordinary ones
-    (`split_special_tokens`); the rest of the addition as the template renders it. Each message string
-    escaped counts one `special_tokens_escaped` event in `events` (a Counter) when given. A message
+    trained on. Such a text (a message's string, or the text of a part where the content is a list of
+    parts, `[{"type": "text", "text": ...}]`) is tokenised on its own with the special tokens split into
+    ordinary ones (`split_special_tokens`); the rest of the addition as the template renders it. Each
+    string escaped counts one `special_tokens_escaped` event in `events` (a Counter) when given. A message
     without a special token (nearly all) is tokenised exactly as before, in one piece."""
     specials = special_strings(tokenizer)
     marked, literal = _marked(added, specials)
@@ -165,25 +230,36 @@ _MARK = "\ue000grpolab-env-text-{}\ue001"  # private-use characters: no template
 
 
 def _marked(added: list[dict], specials: list[str]) -> tuple[list[dict], dict[str, str]]:
-    """`added` with every string (but the role) that holds a special token's text replaced by a marker;
-    and marker -> that string."""
+    """`added` with every string (but the role) that holds a special token's text replaced by a marker,
+    inside lists and dicts too (content given as parts); and marker -> that string."""
     literal: dict[str, str] = {}
-    out = []
-    for m in added:
-        m2 = dict(m)
-        for k, v in m.items():
-            if k != "role" and isinstance(v, str) and _holds_special(v, specials):
-                mark = _MARK.format(len(literal))
-                literal[mark] = v
-                m2[k] = mark
-        out.append(m2)
+
+    def mark(v):
+        if isinstance(v, str):
+            if not _holds_special(v, specials):
+                return v
+            key = _MARK.format(len(literal))
+            literal[key] = v
+            return key
+        if isinstance(v, list):
+            return [mark(x) for x in v]
+        if isinstance(v, dict):
+            return {k: mark(x) for k, x in v.items()}
+        return v
+
+    out = [{k: (v if k == "role" else mark(v)) for k, v in m.items()} for m in added]
     return out, literal
 
 
 def _defanged(added: list[dict], specials: list[str]) -> list[dict]:
     """The fallback for a template that changes the text it renders: a zero-width space after the first
-    character of every special token's text (`<\u200b|im_end|>`), which the tokenizer then reads as text."""
+    character of every special token's text (`<\u200b|im_end|>`), which the tokenizer then reads as text;
+    inside lists and dicts too."""
     def defang(v):
+        if isinstance(v, list):
+            return [defang(x) for x in v]
+        if isinstance(v, dict):
+            return {k: defang(x) for k, x in v.items()}
         if not isinstance(v, str):
             return v
         for sp in specials:

@@ -20,6 +20,7 @@ every algorithm reads the model's tokens only (docs/agents.md, "The masks").
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -27,21 +28,31 @@ import torch
 
 from grpolab.batch import Example, Rollout
 from grpolab.env import close_environment, load_environment, run_turns
-from grpolab.env.base import EnvConfigError, example_seed, seeded
+from grpolab.env.base import EnvConfigError, Reply, example_seed, seeded
 from grpolab.env.budget import ToolBudget
 from grpolab.env.calls import ToolCall
+from grpolab.env.runner import Raised, call_with_timeout, limit_stuck_calls, short_error
 from grpolab.env.settings import EnvConfig
 from grpolab.engine.base import TurnLimits
-from grpolab.model.template import addition_ids, append_only_problem, render
+from grpolab.model.template import TemplateError, addition_ids, append_only_problem, render
 from grpolab.rewards.scoring import RewardFn, Scores
 from grpolab.util.fields import ConfigError
 from grpolab.util.text import safe_text
+
+log = logging.getLogger(__name__)
 
 STOPS = ("answer", "max_turns", "budget", "env_tokens")
 ENV_REWARD = "env"
 """Name of the environment's own reward among the run's rewards (reward/env/mean)."""
 ROUTE_COLUMN = "environment"
 """The column that picks an example's environment among env.factories (TRL's multi-environment field)."""
+UNSTARTED = "unstarted"
+"""Key of agent_rollout's context: the trajectories whose environment could not start (their reward is 0;
+grpolab.training.step takes the key out before the reward functions see the context)."""
+PROCESS_KINDS = ("tools", "factory")
+"""The environment kinds whose tool calls env.tool_process runs in a child process."""
+NO_PROMPT = "(the environment could not start)"
+"""The prompt of a group whose environment could not start and whose example has no prompt of its own."""
 
 
 @dataclass
@@ -84,10 +95,18 @@ def _load_one(spec: str, s: EnvConfig, tokenizer, system_prompt: str | None, key
     try:
         factory = load_environment(spec, kind=s.kind or None, timeout_s=s.tool_timeout_s,
                                    max_result_chars=s.max_result_chars, options=s.options or None, tools=s.tools,
-                                   here=s.tool_thread == "main")
+                                   here=s.tool_thread == "main", process=s.tool_process)
         probe = factory()
     except EnvConfigError as e:
         raise ConfigError(f"{key}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's class failed before training: say so, exit 2
+        raise ConfigError(f"{key}={spec}: creating the environment raised {short_error(e)}; it must be creatable "
+                          "with the given env.options before training starts") from e
+    if s.tool_process and factory.kind not in PROCESS_KINDS:
+        close_environment(probe)
+        raise ConfigError(f"env.tool_process: {key}={spec} is a {factory.kind}-style environment, whose steps are its "
+                          "state and run in this process; tool calls in a child process need tool functions or an "
+                          "environment class whose methods are tools. Set env.tool_process=false")
     tools = list(getattr(probe, "tools", None) or [])
     has_reward = bool(getattr(probe, "has_reward", True))
     close_environment(probe)
@@ -103,6 +122,7 @@ def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None)
     """The run's environments (None when env.name and env.factories are empty), checked before training."""
     if not settings.enabled:
         return None
+    limit_stuck_calls(settings.max_stuck_calls)
     if settings.name:
         factory, tools, has_reward = _load_one(settings.name, settings, tokenizer, system_prompt, "env.name")
         return Environments(factory, tools, settings, has_reward=has_reward)
@@ -196,6 +216,73 @@ def env_reward_metrics(scores: Scores) -> dict:
             "env/reward_errors": float(len(scores.errors.get(ENV_REWARD, ())))}
 
 
+class Unstarted:
+    """Stands for the environment of a trajectory whose group could not start (a factory or reset that
+    raised or ran past env.reset_timeout_s): no tools, and its trajectory ends after the model's first
+    turn; its reward is 0 (grpolab.training.step) and a TRL-form reward function reads None for it."""
+
+    tools: list = []
+    user_env = None
+    has_reward = False
+
+    def reset(self, fields: dict) -> None:
+        return None
+
+    def step(self, turn_text: str) -> Reply:
+        return Reply(done=True)
+
+    def reward(self) -> None:
+        return None
+
+
+def _start(factory, fields: dict):
+    """A new environment from `factory`, reset for an example: (env, what reset returned). An environment
+    whose reset raises is closed before the error goes on."""
+    env = factory()
+    try:
+        return env, env.reset(fields)
+    except BaseException:
+        try:
+            close_environment(env)
+        except Exception:  # noqa: BLE001 - the reset's error is the one reported
+            pass
+        raise
+
+
+def start_environment(factory, fields: dict, s: EnvConfig, events: Counter, example_id) -> tuple[object, object]:
+    """(env, reset's text) of one trajectory; (None, None) when its factory or reset raised (counted as a
+    `reset` event) or did not return within env.reset_timeout_s (`reset_timeout`), with a warning naming
+    the example. Runs on a daemon thread with that limit (in this thread, without it, when
+    env.tool_thread=main). A reset that breaks the contract (returns a number, say) is a usage error."""
+    out = call_with_timeout(_start, {"factory": factory, "fields": fields}, s.reset_timeout_s, convert=False,
+                            here=s.tool_thread == "main")
+    if isinstance(out, tuple):
+        return out
+    if isinstance(out, Raised) and isinstance(out.error, EnvConfigError):
+        raise ConfigError(f"env.name: {out.error}") from None
+    kind = "reset_timeout" if out is None else "reset"
+    why = (f"did not return within env.reset_timeout_s={s.reset_timeout_s:g} s" if out is None
+           else f"raised {out.describe()}")
+    events[kind] += 1
+    log.warning("environment of example %s: creating or resetting it %s; the example's trajectories score 0 "
+                "(env/errors_%s)", ascii(str(example_id))[:80], ascii(why)[:400], kind)
+    return None, None
+
+
+def unstarted_groups(envs: list, G: int) -> set[int]:
+    """The examples (groups of G trajectories) with an environment that could not start: the whole group
+    is set aside (one prompt per group, and rewards of 0 give it no advantage)."""
+    return {i // G for i, env in enumerate(envs) if env is None}
+
+
+def _fallback_prompt(e: Example, system: str | None) -> list[dict]:
+    """The prompt of a group whose environment could not start: the example's own, or NO_PROMPT."""
+    try:
+        return prompt_messages(e, None, system)
+    except ConfigError:
+        return prompt_messages(Example(prompt=NO_PROMPT, answer=e.answer, id=e.id), None, system)
+
+
 def close_all(envs) -> None:
     """Close every trajectory's environment (a pooled instance goes back to its pool)."""
     for env in envs:
@@ -233,19 +320,26 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
     N = len(examples) * G
     picked = [envs_cfg.pick(examples[i // G]) for i in range(N)]
     tools_of = [tools or None for _, tools in picked]
-    envs = [factory() for factory, _ in picked]
     budget = ToolBudget(N, s.tool_budget_s, s.step_tool_budget_s)
     events, calls = Counter(), Counter()
+    envs: list = []
     try:
         extras = []
-        for i, env in enumerate(envs):  # in this thread, in order: reproducible draws from a seeded `random`
+        for i in range(N):  # in order, one at a time: reproducible draws from a seeded `random`
             fields = envs_cfg.fields(examples[i // G])
             with seeded(example_seed(fields)):
-                try:
-                    extras.append(_safe(env.reset(fields), events))
-                except EnvConfigError as e:  # a reset that breaks the contract (returns a number, say)
-                    raise ConfigError(f"env.name: {e}") from None
-        row_prompts = [prompt_messages(examples[i // G], extras[i], system) for i in range(N)]
+                env, extra = start_environment(picked[i][0], fields, s, events, examples[i // G].id)
+            envs.append(env)
+            extras.append(_safe(extra, events))
+        unstarted = unstarted_groups(envs, G)
+        row_prompts = []
+        for i in range(N):
+            if i // G in unstarted:
+                close_environment(envs[i])
+                envs[i] = Unstarted()
+                row_prompts.append(_fallback_prompt(examples[i // G], system))
+            else:
+                row_prompts.append(prompt_messages(examples[i // G], extras[i], system))
         check_group_prompts(row_prompts, examples, G)
         prompt_ids = [list(tok(render(tok, row_prompts[i], add_generation_prompt=True, tools=tools_of[i]),
                                add_special_tokens=False)["input_ids"]) for i in range(0, N, G)]
@@ -268,7 +362,13 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                 if reply.done or not reply.messages or not eos:
                     out.append(None)
                     continue
-                out.append(addition_ids(tok, history[r], reply.messages, tools_of[r], events=events))
+                try:
+                    out.append(addition_ids(tok, history[r], reply.messages, tools_of[r], events=events))
+                except TemplateError as e:  # a turn the probe did not foresee: its trajectory ends here
+                    events["template"] += 1
+                    log.warning("multi-turn: %s; the trajectory ends at this turn (env/errors_template)", e)
+                    out.append(None)
+                    continue
                 for j, value in reply.values.items():
                     values_at[r][len(history[r]) - len(row_prompts[r]) + j] = value
                 history[r] += reply.messages
@@ -288,7 +388,8 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
                              for i, h in enumerate(history)]
     rollout.stops = [t.stop for t in trajs]
     metrics = {**trajectory_metrics(rollout, trajs, events, calls), **budget.metrics()}
-    return rollout, {"environments": envs, "prompts": row_prompts}, metrics
+    failed = [i for i in range(N) if i // G in unstarted]
+    return rollout, {"environments": envs, "prompts": row_prompts, UNSTARTED: failed}, metrics
 
 
 def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter) -> dict:

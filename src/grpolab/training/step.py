@@ -50,7 +50,7 @@ from grpolab.parallel.distributed import (
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
 from grpolab.rewards import score_completions
 from grpolab.rewards.scoring import Scores
-from grpolab.training.agents import agent_rollout, close_all, env_reward_metrics
+from grpolab.training.agents import UNSTARTED, agent_rollout, close_all, env_reward_metrics
 from grpolab.training.diagnostics import aha_metrics
 from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Run, step_rng
@@ -135,11 +135,14 @@ def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool
         scores = score(run, rollout, examples)
         return rollout, scores, {"time/score_s": time.perf_counter() - t0}
     rollout, context, info = agent_rollout(run, examples, G=G, greedy=greedy, generator=generator, sampling=sampling)
+    unstarted = context.pop(UNSTARTED, [])
     t0 = time.perf_counter()
     try:
         scores = score(run, rollout, examples, context)
     finally:
         close_all(context["environments"])
+    for i in unstarted:  # an environment that could not start: the group scores 0 (no advantage within it)
+        scores.total[i] = 0.0
     return rollout, scores, {**info, **env_reward_metrics(scores), "time/score_s": time.perf_counter() - t0}
 
 
