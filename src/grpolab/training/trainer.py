@@ -31,15 +31,16 @@ from grpolab.model import precision
 from grpolab.model.generate import eos_token_ids
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.model.lora import attach, trainable_parameters
-from grpolab.model.optim import adamw
-from grpolab.model.reference import FrozenCopy, reference_for
+from grpolab.model.optim import adamw, build_scheduler
+from grpolab.model.reference import FrozenCopy, reference_for, synced_reference
+from grpolab.model.template import set_template_kwargs
 from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
 from grpolab.rewards import build_rewards
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
-from grpolab.training.config import Config, save_config
+from grpolab.training.config import Config, check_engine_kwargs, lr_updates, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.metrics import JsonlWriter, MetricsLogger
 from grpolab.training.plan import check_run
@@ -89,11 +90,6 @@ def check_same_lora(out: Path, cfg: Config) -> None:
                           f"or start a new run")
 
 
-def warmup_lambda(warmup: int) -> Callable[[int], float]:
-    """Learning-rate multiplier: linear warm-up over `warmup` updates, then 1."""
-    return lambda i: min(1.0, (i + 1) / warmup) if warmup > 0 else 1.0
-
-
 def setup(cfg: Config, *, resume: bool = False, training: bool = True,
           log: Callable[[str], None] = print, dist=None) -> Run:
     """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
@@ -127,7 +123,9 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                           "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
                           "environment class a get_reward(self) method")
     engine_name, why = choose_engine(cfg, path, device, dist, training=training)
+    check_engine_kwargs(cfg, engine_name)
     log(f"rollout engine: {engine_name} ({why})")
+    set_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # every prompt and conversation rendered
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
     policy = load_policy(path, torch.device("cpu") if fsdp else device)
     policy.train()
@@ -142,6 +140,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if training:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
     ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
+    if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
+        components["reference"] = synced_reference(ref, fsdp)
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
@@ -155,7 +155,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if training:
         optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                           weight_decay=cfg.weight_decay, sharded=fsdp)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
+        scheduler = build_scheduler(optimizer, cfg.lr_scheduler, **lr_updates(cfg))
     eos_ids = eos_token_ids(policy, tokenizer)
     ctx = EngineContext(cfg.rollout, policy, tokenizer, path, device, prec.rollout, cfg.decoder, eos_ids,
                         max_model_len=None, seed=cfg.seed,
