@@ -14,7 +14,7 @@ from grpolab.training.config import algo_choices
 from grpolab.util.fields import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce", "rloo"]
+NAMES = ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "luspo", "ppo", "reinforce", "rloo", "sapo", "vespo"]
 
 
 def test_the_family_is_registered():
@@ -172,7 +172,7 @@ def test_docs_map_every_registered_function():
     # every call written in the docs names a real function with the arguments it really takes
     modules = [importlib.import_module(f"grpolab.{m}") for m in
                ("algo.advantages", "algo.losses", "algo.kl", "algo.gae", "model.critic", "algo.shaping", "training.step",
-                "model.passes", "batch", "algo.presets", "training.config", "training.trainer")]
+                "model.passes", "batch", "algo.presets", "training.config", "training.trainer", "model.reference")]
     calls = documented_calls(text)
     assert len(calls) >= 8
     methods = {}  # `run.advantage.targets(...)`: a method of a component class

@@ -133,7 +133,7 @@ def policy_pass_for_kl(monkeypatch):
     from grpolab.training import step
 
     monkeypatch.setattr(step, "sampled_token_logp",
-                        lambda spec, policy, rollout, top_p, **kw: logp_without_grad(spec, policy, rollout))
+                        lambda spec, policy, rollout, **kw: logp_without_grad(spec, policy, rollout))
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

@@ -22,6 +22,7 @@ clamped to +-LR_CLAMP (20) before exp; beyond that a clipped objective gives no 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -145,11 +146,87 @@ def obj_cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: A
     }
 
 
+def obj_sapo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv 2511.20347), as TRL 1.16 computes
+    it (trl/trainer/grpo_trainer.py, GRPOTrainer._compute_loss, loss_type "sapo"): the hard clip is
+    replaced by a smooth gate of the token ratio,
+
+        tau_it = sapo_temperature_pos if A_it > 0 else sapo_temperature_neg
+        f_it   = sigmoid( tau_it (rho_it - 1) ) * 4 / tau_it
+        l_it   = -f_it A_it,      grad l_it = -4 s (1 - s) rho_it A_it grad log pi_theta(y_it),  s = sigmoid(.)
+
+    On-policy (rho = 1) f = 2 / tau and the gradient is exactly the policy gradient -A grad log pi (the
+    gate's slope there is 4 s (1 - s) = 1); away from 1 the gate's slope decays smoothly instead of
+    dropping to 0, faster for a larger tau (the paper damps negative tokens more: tau_neg 1.05 > tau_pos 1).
+    Nothing is clipped, so the clip metrics stay 0.
+    """
+    ratio = torch.exp(_importance_log_ratio(logp, old_logp, mask))  # (b, T)
+    tau = torch.where(adv > 0, algo.sapo_temperature_pos, algo.sapo_temperature_neg)  # (b, T)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # (b, T) f
+    loss = -gate * adv  # (b, T)
+    none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
+    return loss, {"ratio": ratio.detach(), "clip_low": none, "clip_high": none, "clip_dual": none}
+
+
+LOG_W_MIN = math.log(1e-8)
+"""Lower clamp of VESPO's log w (TRL's get_gamma_weights: log(1e-8), as the paper's code)."""
+
+
+@torch.no_grad()
+def vespo_weight(log_ratio: Tensor, adv_seq: Tensor, mask: Tensor, algo: AlgoConfig,
+                 token_weight: Tensor | None = None) -> Tensor:
+    """VESPO's Gamma weight of each sequence, phi(w_i) (b,), detached (TRL 1.16: GRPOTrainer.get_gamma_weights):
+
+        log w_i = clamp( sum_t m_it clamp(log rho_it, -20, 20) [+ sum_t m_it log c_it], log 1e-8, 20 )
+        (k, lambda) = (vespo_k_pos, vespo_lambda_pos) if A_i >= 0 else (vespo_k_neg, vespo_lambda_neg)
+        phi(w) = e^lambda w^k e^(-lambda w) = exp( lambda + k log w - lambda w ),   phi(1) = 1,
+
+    w_i the sequence's importance ratio (a product over its tokens, not GSPO's geometric mean); c_it the
+    sampler correction's weight when another engine sampled (folded into w, as TRL folds vLLM's ratio
+    in). lambda is clamped to >= 1e-4 and a non-finite phi is 0, as in TRL."""
+    lr = _where_valid(log_ratio.clamp(-20.0, 20.0), mask).sum(dim=1)  # (b,) sum_t log rho_it
+    if token_weight is not None:
+        lw = torch.log(token_weight.float()).clamp(LOG_W_MIN, 20.0)  # (b, T)
+        lr = lr + _where_valid(lw, mask).sum(dim=1)
+    log_w = lr.clamp(LOG_W_MIN, 20.0)  # (b,)
+    pos = adv_seq >= 0  # (b,)
+    k = torch.where(pos, algo.vespo_k_pos, algo.vespo_k_neg)  # (b,)
+    lam = torch.where(pos, algo.vespo_lambda_pos, algo.vespo_lambda_neg).clamp(min=1e-4)  # (b,)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))  # (b,)
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def obj_vespo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig,
+              token_weight: Tensor | None = None) -> tuple[Tensor, dict]:
+    """VESPO, Variational Sequence-level Soft Policy Optimization (arXiv 2602.10693), as TRL 1.16 computes
+    it (trl/trainer/grpo_trainer.py, _compute_loss and get_gamma_weights, loss_type "vespo"): no clip; each
+    sequence's policy gradient is scaled by the detached Gamma weight phi(w_i) of its importance ratio
+    (`vespo_weight`), which is 1 on-policy and decays smoothly both for w -> 0 (w^k) and for large w
+    (e^(-lambda w)):
+
+        grad l_it = -phi(w_i) A_it grad log pi_theta(y_it).
+
+    Written as l_it = -phi(w_i) A_it pi_theta(y_it) / sg(pi_theta(y_it)), like obj_cispo: the same
+    gradient as TRL's -phi A log pi, and the value -phi A. The sampler correction's weight goes into
+    w_i (token_weight), not onto the loss. The clip metrics stay 0; ratio holds phi(w_i).
+    """
+    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
+    adv_seq = _where_valid(adv, mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (b,) A_i
+    phi = vespo_weight(lr, adv_seq, mask, algo, token_weight)  # (b,)
+    logp_v = _where_valid(logp, mask)  # (b, T)
+    loss = -phi[:, None] * adv * torch.exp(logp_v - logp_v.detach())  # (b, T) value -phi A
+    none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
+    return loss, {"ratio": phi[:, None].expand_as(logp).detach(), "clip_low": none, "clip_high": none,
+                  "clip_dual": none}
+
+
 OBJECTIVES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
     "pg": obj_pg,
     "clipped": obj_clipped,
     "gspo": obj_gspo,
     "cispo": obj_cispo,
+    "sapo": obj_sapo,
+    "vespo": obj_vespo,
 }
 """name -> fn(logp, old_logp, adv (b,T), mask, algo) -> (per-token loss (b,T), info)."""
 
@@ -189,11 +266,17 @@ CLIP_DECISIONS: dict[str, Callable[[Tensor, Tensor, AlgoConfig], Tensor]] = {
     "clipped": clip_surrogate,
     "gspo": clip_surrogate,
     "cispo": clip_weight,
+    "sapo": clip_never,
+    "vespo": clip_never,
 }
 """objective name -> fn(ratio (t,), adv (t,), algo) -> clip codes (t,) long."""
 
 SEQUENCE_RATIO: set[str] = {"gspo"}
 """Objectives whose ratio is one per sequence, s_i = exp(mean_t log rho_it), not one per token."""
+
+WEIGHT_IN_OBJECTIVE: set[str] = {"vespo"}
+"""Objectives that take the sampler correction's weight themselves (token_weight=...), instead of
+policy_loss multiplying their per-token loss by it."""
 
 
 def register_objective(name: str, loss: Callable[..., tuple[Tensor, dict]],
@@ -280,10 +363,16 @@ def policy_loss(
     max_len: int,
     beta: float | None = None,
     token_weight: Tensor | None = None,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch and its metrics.
 
-        loss = AGG( w_it * l_it + [algo.kl_in_loss] * beta * k_t )     over valid tokens
+        loss = AGG( w_it * l_it + [algo.kl_in_loss] * beta * k_t )  -  entropy_coef * sum_it m_it H_it / n_tok
+
+    over valid tokens. The entropy bonus (TRL 1.16 GRPOConfig.entropy_coef: L = L_policy - coef * H, H the
+    mean per-token entropy whatever the aggregation) is the mean over the optimizer batch's n_tok tokens,
+    so that micro-batches add up; TRL takes each micro-batch's own mean divided by the accumulation
+    steps, the same number when micro-batches hold equal token counts.
 
     logp     (b,T) current-policy token log-probs (requires grad)
     old_logp (b,T) log-probs of the policy that sampled (or of theta_old when mu > 1); detached here
@@ -295,11 +384,14 @@ def policy_loss(
     beta:     overrides algo.beta (the current value of an AdaptiveKL)
     token_weight (b,T) w_it, the sampler correction's importance weight (grpolab.algo.sampler), or
               None (w = 1: the tokens were sampled by the trainer's own weights); detached here
+    entropy  (b,T) H_it, the policy's entropy at each position with its gradient; needed when
+              algo.entropy_coef != 0
 
     Metrics are floats, each a mean over this micro-batch's valid tokens (0.0 when it has none):
     loss/policy (the objective without KL), kl (mean k_t; only when ref_logp is given), loss/kl
     (beta * kl when the KL is in the loss, else 0), clip/frac, clip/low_frac, clip/high_frac, clip/dual_frac,
-    ratio/mean, approx_kl (mean of (rho - 1) - log rho: KL(old || new), Schulman 2020), adv/mean.
+    ratio/mean, approx_kl (mean of (rho - 1) - log rho: KL(old || new), Schulman 2020), adv/mean, and
+    with an entropy bonus loss/entropy (entropy_coef * the mean entropy).
     """
     if algo.objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {algo.objective!r}; known: {', '.join(sorted(OBJECTIVES))}")
@@ -315,9 +407,13 @@ def policy_loss(
     adv_tok = (adv[:, None] if adv.dim() == 1 else adv).expand_as(logp)  # (b, T)
     adv_tok = _where_valid(adv_tok, mask)  # (b, T)
 
-    loss_tok, info = OBJECTIVES[algo.objective](logp, old_logp, adv_tok, mask, algo)  # (b, T)
-    if token_weight is not None:  # the sampler was not the trainer: w_it l_it
-        loss_tok = loss_tok * _where_valid(token_weight.detach().float(), mask)  # (b, T)
+    weight = None if token_weight is None else token_weight.detach().float()  # (b, T)
+    if weight is not None and algo.objective in WEIGHT_IN_OBJECTIVE:
+        loss_tok, info = OBJECTIVES[algo.objective](logp, old_logp, adv_tok, mask, algo, token_weight=weight)
+    else:
+        loss_tok, info = OBJECTIVES[algo.objective](logp, old_logp, adv_tok, mask, algo)  # (b, T)
+        if weight is not None:  # the sampler was not the trainer: w_it l_it
+            loss_tok = loss_tok * _where_valid(weight, mask)  # (b, T)
     total_tok = loss_tok  # (b, T)
 
     beta = algo.beta if beta is None else float(beta)
@@ -330,6 +426,10 @@ def policy_loss(
             total_tok = loss_tok + beta * weighted  # (b, T)
 
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
+    if algo.entropy_coef != 0.0:
+        if entropy is None:
+            raise ValueError("algo.entropy_coef needs the policy's entropy (entropy=..., with its gradient)")
+        loss = loss - entropy_bonus(entropy.float(), mask, n_tok, algo.entropy_coef)
 
     with torch.no_grad():
         log_ratio = _importance_log_ratio(logp.detach(), old_logp, mask)  # (b, T)
@@ -348,8 +448,17 @@ def policy_loss(
         if kl_tok is not None:  # the KL to the reference, measured where it is used
             metrics["kl"] = masked_mean(kl_tok, mask)
             metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_in_loss else 0.0
+        if algo.entropy_coef != 0.0:
+            metrics["loss/entropy"] = algo.entropy_coef * masked_mean(entropy.detach(), mask)
     return loss, metrics
 
 
-__all__ = ["AGGREGATIONS", "CLIP_DECISIONS", "OBJECTIVES", "SEQUENCE_RATIO", "clip_decision", "masked_mean",
-           "policy_loss", "register_objective", "shown_ratio"]
+def entropy_bonus(entropy: Tensor, mask: Tensor, n_tok: int, coef: float) -> Tensor:
+    """coef * sum_it m_it H_it / n_tok: the entropy bonus of a micro-batch (subtracted from the loss), the
+    share of the optimizer batch's mean entropy these tokens carry (TRL 1.16, GRPOConfig.entropy_coef).
+    H_it = -sum_v pi(v) log pi(v) at each completion position (grpolab.model.logprobs)."""
+    return coef * _where_valid(entropy, mask).sum() / max(int(n_tok), 1)
+
+
+__all__ = ["AGGREGATIONS", "CLIP_DECISIONS", "OBJECTIVES", "SEQUENCE_RATIO", "WEIGHT_IN_OBJECTIVE", "clip_decision",
+           "entropy_bonus", "masked_mean", "policy_loss", "register_objective", "shown_ratio", "vespo_weight"]

@@ -34,7 +34,7 @@ class AlgoConfig:
     """Settings of the policy-gradient method (the `algo.*` keys of a recipe)."""
 
     name: str = "grpo"
-    """Preset name, one of ALGOS: grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, ppo."""
+    """Preset name, one of ALGOS: grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, ppo, sapo, luspo, vespo."""
 
     # --- advantage -------------------------------------------------------------------------------
     advantage: str = "group_zscore"
@@ -53,7 +53,8 @@ class AlgoConfig:
     objective: str = "clipped"
     """Policy objective (grpolab.algo.losses.OBJECTIVES): pg (unclipped IS surrogate; REINFORCE when
     on-policy), clipped (PPO/GRPO/DAPO surrogate), gspo (sequence-level ratio, clipped per
-    sequence), cispo (clipped, detached importance weight times log-prob)."""
+    sequence), cispo (clipped, detached importance weight times log-prob), sapo (soft sigmoid gate
+    of the ratio), vespo (detached Gamma weight of the sequence ratio times log-prob)."""
     aggregation: str = "seq_mean"
     """How per-token losses become one number (grpolab.algo.losses.AGGREGATIONS): seq_mean (GRPO
     paper: mean over sequences of the mean over tokens), token_mean (DAPO: sum over all tokens /
@@ -120,6 +121,44 @@ class AlgoConfig:
     """Learning rate of the critic's own optimiser; None: the policy's learning rate."""
     value_clip: float | None = 0.2
     """Clip the value update to old_values +- value_clip (PPO2 value clipping); None: off."""
+
+    # --- options of TRL 1.16's GRPOConfig (docs/algorithms.md) ----------------------------------------
+    steps_per_generation: int = 1
+    """Optimizer updates per rollout batch per epoch: the batch's prompt groups are split into this many
+    equal parts, each one AdamW update (each of the algo.mu epochs goes through every part), so a
+    rollout serves mu * steps_per_generation updates. log pi_old is the policy that sampled, for every
+    part. TRL's steps_per_generation counts micro-batches: it is TRL's steps_per_generation /
+    gradient_accumulation_steps here, with batch_size = TRL's generation_batch_size. Must divide the
+    prompts per step (batch_size / G)."""
+    mask_truncated_completions: bool = False
+    """Leave the completions that hit the length limit out of the loss (DAPO; TRL's
+    mask_truncated_completions): their tokens get mask 0, so they add no policy, KL or entropy term
+    and no token to token_mean's count; they still count in their group's advantages and in the
+    sequence count n_seq of seq_mean, token_sum_norm and seq_sum (as in TRL)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: loss - entropy_coef * H, H the mean per-token entropy of the policy over the
+    batch's completion tokens, whatever the aggregation (TRL 1.16's entropy_coef); 0: off. The policy
+    pass then keeps the entropy's gradient."""
+    sync_ref_model: bool = False
+    """TR-DPO reference update (Gorbatovski et al. 2024; TRL's sync_ref_model): every
+    sync_ref_model_steps optimizer updates, pi_ref <- alpha pi_theta + (1 - alpha) pi_ref,
+    parameter by parameter. Needs a reference (beta > 0) held as its own copy (not with LoRA)."""
+    sync_ref_model_alpha: float = 0.6
+    """alpha of the reference update, in (0, 1] (TRL's ref_model_mixup_alpha; 1 copies the policy)."""
+    sync_ref_model_steps: int = 512
+    """Optimizer updates between reference updates (TRL's ref_model_sync_steps)."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO gate temperature tau for tokens with A > 0 (objective sapo; Gao et al. 2025)."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO gate temperature tau for tokens with A <= 0 (objective sapo)."""
+    vespo_k_pos: float = 2.0
+    """VESPO power k for A >= 0: phi(w) = exp(lambda + k log w - lambda w) (objective vespo)."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO decay lambda for A >= 0 (objective vespo)."""
+    vespo_k_neg: float = 3.0
+    """VESPO power k for A < 0 (objective vespo)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO decay lambda for A < 0 (objective vespo)."""
 
     @property
     def kl_in_loss(self) -> bool:
@@ -189,6 +228,16 @@ ALGOS: dict[str, dict] = {
         "kl_placement": "in_reward",
         "mu": 4,
     },
+    # SAPO (Gao et al. 2025), as TRL 1.16's loss_type "sapo": a soft temperature gate instead of the clip,
+    # mean over tokens then sequences.
+    "sapo": {"objective": "sapo", "aggregation": "seq_mean", "sapo_temperature_pos": 1.0,
+             "sapo_temperature_neg": 1.05},
+    # LUSPO (arXiv 2602.05261), as TRL 1.16's loss_type "luspo": GSPO's clipped sequence ratio with each
+    # sequence's loss scaled by its length, i.e. summed over its tokens, then the mean over sequences.
+    "luspo": {"objective": "gspo", "aggregation": "seq_sum", "eps_low": 3e-4, "eps_high": 4e-4},
+    # VESPO (arXiv 2602.10693), as TRL 1.16's loss_type "vespo": a detached Gamma weight of the sequence
+    # ratio instead of the clip, token-level mean.
+    "vespo": {"objective": "vespo", "aggregation": "token_mean"},
 }
 """Presets: name -> overrides of the AlgoConfig defaults. recipes/<name>.yaml mirror them."""
 
@@ -241,6 +290,13 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
     need(cfg.vf_coef > 0, "vf_coef", "must be > 0")
     need(cfg.critic_lr is None or cfg.critic_lr > 0, "critic_lr", "must be null or > 0")
     need(cfg.value_clip is None or cfg.value_clip > 0, "value_clip", "must be null or > 0")
+    need(cfg.steps_per_generation >= 1, "steps_per_generation", "must be >= 1 (optimizer updates per rollout batch)")
+    need(0 < cfg.sync_ref_model_alpha <= 1, "sync_ref_model_alpha", "must be in (0, 1]")
+    need(cfg.sync_ref_model_steps >= 1, "sync_ref_model_steps", "must be >= 1 optimizer updates")
+    need(cfg.sapo_temperature_pos > 0, "sapo_temperature_pos", "must be > 0")
+    need(cfg.sapo_temperature_neg > 0, "sapo_temperature_neg", "must be > 0")
+    for key in ("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+        need(getattr(cfg, key) >= 0, key, "must be >= 0")
 
     # Contradictions between settings.
     if cfg.advantage == "gae" and not cfg.uses_critic:
@@ -255,6 +311,9 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
         raise ConfigError(f"algo.dual_clip: only the clipped objective has a dual clip, objective is {cfg.objective!r}")
     if cfg.adaptive_kl and cfg.beta <= 0:
         raise ConfigError("algo.adaptive_kl: needs an initial beta > 0 to adapt")
+    if cfg.sync_ref_model and cfg.beta <= 0:
+        raise ConfigError("algo.sync_ref_model: beta is 0, so there is no reference to update; set algo.beta > 0 "
+                          "or algo.sync_ref_model: false")
     return cfg
 
 

@@ -8,12 +8,13 @@
 
 Token ids in, token ids out: grpolab renders the chat template and tokenises; an engine never decodes
 and re-encodes the model's tokens. Every Rollout carries the log-prob of each sampled token under the
-engine's sampling distribution (after temperature and top-p) and the policy version that sampled it.
+engine's sampling distribution (after the repetition penalty, temperature, top-k, top-p and min-p) and
+the policy version that sampled it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from grpolab.batch import Rollout
 from grpolab.engine.settings import EngineError  # noqa: F401 (its import path with the seam)
+from grpolab.model.sampling import Filters
 from grpolab.model.turns import Respond, Trajectory
 
 
@@ -32,6 +34,20 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
+    top_k: int = 0
+    """0 or -1: off."""
+    min_p: float = 0.0
+    """0: off."""
+    repetition_penalty: float = 1.0
+    """1: off."""
+    extra: dict = field(default_factory=dict)
+    """Further engine options (generation_kwargs beyond the keys above): vLLM's SamplingParams fields;
+    the native engine takes none (grpolab.engine.settings.check_generation_kwargs refuses them first)."""
+
+    @property
+    def filters(self) -> Filters:
+        """top_k, min_p and repetition_penalty as the native sampler's Filters."""
+        return Filters(self.top_k, self.min_p, self.repetition_penalty)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ class NativeEngine:
         with gathered(self.policy):  # FSDP: unsharded once, not all-gathered per token
             rollout = generate(self.policy, self.tokenizer, prompt_ids, G=G, max_new_tokens=sampling.max_new_tokens,
                                temperature=sampling.temperature, top_p=sampling.top_p, greedy=sampling.greedy,
-                               autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids, lean=self.lean)
+                               autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids, lean=self.lean,
+                               filters=sampling.filters)
         rollout.version = self.version
         return rollout
 
@@ -49,7 +50,7 @@ class NativeEngine:
                 max_model_tokens=limits.max_model_tokens, max_env_tokens=limits.max_env_tokens,
                 max_turns=limits.max_turns, temperature=sampling.temperature, top_p=sampling.top_p,
                 greedy=sampling.greedy, autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids,
-                lean=self.lean)
+                lean=self.lean, filters=sampling.filters)
         rollout.version = self.version
         return rollout, trajs
 

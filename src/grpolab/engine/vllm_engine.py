@@ -128,11 +128,8 @@ class VllmEngine:
     def _params(self, sampling: Sampling, max_tokens: int, n: int, seed: int):
         from vllm import SamplingParams
 
-        return SamplingParams(n=n, temperature=0.0 if sampling.greedy else sampling.temperature,
-                              top_p=1.0 if sampling.greedy else sampling.top_p, max_tokens=max_tokens,
-                              logprobs=None if sampling.greedy else 0, seed=seed, stop_token_ids=sorted(self.eos_ids),
-                              detokenize=False, skip_special_tokens=False,
-                              ignore_eos=not self.eos_ids)  # no stop ids: vLLM would still stop at the config's EOS
+        return SamplingParams(**vllm_sampling_kwargs(sampling, max_tokens=max_tokens, n=n, seed=seed,
+                                                     eos_ids=self.eos_ids))
 
     def _run(self, prompts: list[list[int]], params: list) -> list:
         from vllm.inputs import TokensPrompt
@@ -244,6 +241,23 @@ class VllmEngine:
         self.llm = None
         if llm is not None:
             del llm
+
+
+def vllm_sampling_kwargs(sampling: Sampling, *, max_tokens: int, n: int, seed: int, eos_ids: set[int]) -> dict:
+    """vLLM SamplingParams keywords for `sampling`: temperature, top_p, top_k, min_p and
+    repetition_penalty as grpolab's native sampler reads them (vLLM's penalty has the same form,
+    z / p for z > 0 and z * p otherwise, on prompt and completion tokens), then `sampling.extra`
+    (generation_kwargs) on top. Greedy is temperature 0 with no filter but the penalty. vLLM applies
+    min_p before top-k/top-p, transformers after them; they agree unless min_p and top_p are both set."""
+    greedy = sampling.greedy
+    kw = dict(n=n, temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+              top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k, min_p=0.0 if greedy else sampling.min_p,
+              repetition_penalty=sampling.repetition_penalty, max_tokens=max_tokens,
+              logprobs=None if greedy else 0, seed=seed, stop_token_ids=sorted(eos_ids),
+              detokenize=False, skip_special_tokens=False,
+              ignore_eos=not eos_ids)  # no stop ids: vLLM would still stop at the config's EOS
+    kw.update(sampling.extra)
+    return kw
 
 
 def _resize_kv_cache(worker, restore: bool) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from grpolab.batch import Rollout, Stop
 from grpolab.model.cache import positions
-from grpolab.model.sampling import sample_token
+from grpolab.model.sampling import PLAIN, Filters, sample_token, seen_tokens
 from grpolab.model.session import decode_session
 from grpolab.model.steppers import HFStepper, stepper_for, use_lean  # noqa: F401 (their old import path)
 
@@ -22,19 +22,21 @@ from grpolab.model.steppers import HFStepper, stepper_for, use_lean  # noqa: F40
 def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
              autocast_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
-             eos_ids: set[int] | None = None, lean: bool = True) -> Rollout:
+             eos_ids: set[int] | None = None, lean: bool = True, filters: Filters = PLAIN) -> Rollout:
     """Sample G completions for each prompt (token ids, already chat-templated).
+
+    filters: top-k, min-p and the repetition penalty (grpolab.model.sampling), each off by default.
 
     lean: run the model through grpolab.model.decoder where it supports the model (Llama, Qwen2, Mistral),
     with its weights in `autocast_dtype` (else the model's own dtype); otherwise its HF forward."""
     with decode_session(model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=max_new_tokens,
                         lean=lean, eos_ids=eos_ids) as sess:
         return _decode(sess.stepper, tokenizer, sess.ids, sess.mask, G, max_new_tokens, temperature, top_p, greedy,
-                       generator, sess.eos, sess.pad_id)
+                       generator, sess.eos, sess.pad_id, filters)
 
 
 def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator, eos,
-            pad_id) -> Rollout:
+            pad_id, filters: Filters = PLAIN) -> Rollout:
     """Prefill once per group, then one token per step for the rows still decoding (see generate)."""
     device = ids.device
     B = ids.shape[0]
@@ -50,8 +52,12 @@ def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p
     cmask = torch.zeros((N, max_new_tokens), device=device)
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     active = torch.arange(N, device=device)  # rows still decoding, in cache order
+    seen = seen_tokens(ids, mask, logits.shape[-1]).repeat_interleave(G, 0) if filters.penalised else None  # (N, V)
     for t in range(max_new_tokens):
-        tok, lp = sample_token(logits, temperature, top_p, greedy, generator)
+        tok, lp = sample_token(logits, temperature, top_p, greedy, generator, filters,
+                               None if seen is None else seen[active])
+        if seen is not None:
+            seen[active, tok] = True
         tokens[active, t] = tok
         lps[active, t] = lp
         cmask[active, t] = 1.0

@@ -88,7 +88,9 @@ class _ChunkedTokenLogp(torch.autograd.Function):
 
     Backward, with g_t the incoming gradient of log pi(y_t | s_t) and p_t = softmax(z_t):
         dL/dz_t = g_t (onehot(y_t) - p_t),   dL/dh_t = (dL/dz_t / T) W,   dL/dW = sum_t (dL/dz_t / T)^T h_t
-    recomputing z_t from the saved h_t and logsumexp(z_t).
+    recomputing z_t from the saved h_t and logsumexp(z_t). With the entropy H_t = -sum_v p_v log p_v in
+    the loss too (an entropy bonus), its incoming gradient e_t adds dH_t/dz_t = -p_t (log p_t + H_t):
+        dL/dz_t = g_t onehot(y_t) - p_t (g_t + e_t (log p_t + H_t)).
     """
 
     @staticmethod
@@ -118,16 +120,19 @@ class _ChunkedTokenLogp(torch.autograd.Function):
                     ent[s:s + chunk] = sum_e.log() - _row_dot(e, z) / sum_e
                 lse[s:s + chunk] = lse_c
                 logp[s:s + chunk] = target_z - lse_c
-        ctx.save_for_backward(h, w, targets, lse, kept)
-        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         if ent is None:
             ent = torch.zeros(0, device=h.device)
-        ctx.mark_non_differentiable(ent)
+            ctx.mark_non_differentiable(ent)
+        ctx.save_for_backward(h, w, targets, lse, kept, ent)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
         return logp, ent
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_ent):
-        h, w, targets, lse, kept = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_ent):
+        h, w, targets, lse, kept, ent = ctx.saved_tensors
+        if grad_logp is None:
+            grad_logp = torch.zeros_like(lse)
         T, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
         dev = h.device.type
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -149,7 +154,13 @@ class _ChunkedTokenLogp(torch.autograd.Function):
                     z = buf.as_fp32(kept[s:s + chunk], T)
                 m = z.shape[0]
                 g = grad_logp[s:s + chunk].float() / T  # (m,)
-                dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])  # -g p / T
+                if grad_ent is None:
+                    dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])  # -g p / T
+                else:  # -p (g + e (log p + H)) / T
+                    e = grad_ent[s:s + chunk].float()[:, None] / T  # (m, 1)
+                    logq = z.sub_(lse[s:s + chunk, None])  # (m, V) log p, in place
+                    p = logq.exp()
+                    dz = logq.add_(ent[s:s + chunk, None]).mul_(e).add_(g[:, None]).mul_(p).neg_()
                 dz[rows[:m], targets[s:s + chunk]] += g  # + g onehot(y) / T
                 if at_once:
                     kept[s:s + chunk].copy_(dz)
@@ -172,7 +183,7 @@ def chunked_token_logp(h: Tensor, weight: Tensor, targets: Tensor, *, temperatur
                        with_entropy: bool = False, chunk: int | None = None,
                        keep_bytes: int = SAVED_LOGITS_BYTES) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | s_t) (b, C) of targets (b, C) from hidden states h (b, C, H) and the head's weight
-    (V, H) (no bias), and the entropy H_t (b, C) when asked (no gradient), without holding more than one
+    (V, H) (no bias), and the entropy H_t (b, C) when asked (differentiable), without holding more than one
     chunk of fp32 logits. The matmul runs in the surrounding autocast dtype, like a plain `lm_head(h)`.
     The (b C, V) logits in that dtype are kept for the backward when they take at most keep_bytes
     (0: always recompute)."""

@@ -133,17 +133,18 @@ def values_without_grad(spec: PassSpec, value_model: nn.Module, rollout: Rollout
 
 
 @torch.no_grad()
-def sampled_token_logp(spec: PassSpec, policy: nn.Module, rollout: Rollout, *, top_p: float,
+def sampled_token_logp(spec: PassSpec, policy: nn.Module, rollout: Rollout, *, plain: bool,
                        sampler_is_policy: bool = True) -> Tensor:
     """log pi_theta (N, C) of the sampled tokens, before any update.
 
-    The rollout recorded the log-prob of each token under its sampling distribution, softmax(z / T);
-    with top_p = 1 that is exactly what a forward pass of the policy would give (up to float rounding
-    between the cached decoding and a full pass), so no pass is made. With top_p < 1 the sampling
-    distribution was renormalised over the nucleus, so the policy is run once without gradients; so it
-    is when another engine sampled (`sampler_is_policy` False: vLLM's log-probs are not the policy's).
+    The rollout recorded the log-prob of each token under its sampling distribution; when that is
+    softmax(z / T) itself (`plain`: no top-p, top-k, min-p or repetition penalty) it is exactly what a
+    forward pass of the policy would give (up to float rounding between the cached decoding and a full
+    pass), so no pass is made. A filtered distribution was renormalised, so the policy is run once
+    without gradients; so it is when another engine sampled (`sampler_is_policy` False: vLLM's
+    log-probs are not the policy's).
     """
-    if top_p >= 1.0 and sampler_is_policy:
+    if plain and sampler_is_policy:
         return rollout.sample_logp
     return logp_without_grad(spec, policy, rollout)
 

@@ -52,6 +52,31 @@ class FrozenCopy:
         return converted
 
 
+    def sync(self, policy, alpha: float) -> None:
+        """TR-DPO's soft reference update (mix_into): pi_ref <- alpha pi_theta + (1 - alpha) pi_ref."""
+        mix_into(self.frozen, policy, alpha)
+
+    def state_dict(self) -> dict:
+        """The copy's weights: saved as reference.pt in each checkpoint once they can move (sync_ref_model)."""
+        return self.frozen.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.frozen.load_state_dict(state)
+
+
+@torch.no_grad()
+def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:
+    """theta_target <- alpha theta_source + (1 - alpha) theta_target, parameter by parameter (TR-DPO,
+    Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment", eq. 3, the soft update;
+    TRL 1.16: trl/trainer/callbacks.py, SyncRefModelCallback._sync_target_model). Computed in fp32 and
+    stored in each target parameter's own dtype (a reference kept in bf16 is rounded once per update)."""
+    pairs = list(zip(target.parameters(), source.parameters(), strict=True))
+    for t, src in pairs:
+        if t.shape != src.shape:
+            raise ValueError(f"reference and policy differ in shape: {tuple(t.shape)} vs {tuple(src.shape)}")
+        t.copy_(t.float().mul(1.0 - alpha).add_(src.detach().float(), alpha=alpha))
+
+
 class AdapterOff:
     """pi_ref as the LoRA policy with its adapter disabled (the base model), in eval mode for the pass."""
 
@@ -69,9 +94,20 @@ class AdapterOff:
             self.policy.train(was_training)
 
 
+def synced_reference(ref, sharded: bool = False) -> FrozenCopy:
+    """`ref` when algo.sync_ref_model can update it (a FrozenCopy in one piece); else a ConfigError (exit 2)."""
+    if not isinstance(ref, FrozenCopy) or sharded:
+        from grpolab.util.fields import ConfigError
+
+        raise ConfigError("algo.sync_ref_model: the reference must be its own copy of the weights to be updated, "
+                          "but with lora.r > 0 it is the policy with its adapter off (and under fsdp a sharded "
+                          "copy); use algo.sync_ref_model=false, or full fine-tuning without fsdp")
+    return ref
+
+
 def reference_for(policy) -> FrozenCopy | AdapterOff:
     """The reference of a run that trains `policy`: its base with the adapter off under LoRA, else a frozen copy."""
     return AdapterOff(policy) if is_peft(policy) else FrozenCopy(policy)
 
 
-__all__ = ["AdapterOff", "FrozenCopy", "reference_for"]
+__all__ = ["AdapterOff", "FrozenCopy", "mix_into", "reference_for", "synced_reference"]

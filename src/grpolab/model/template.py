@@ -6,6 +6,20 @@ from __future__ import annotations
 
 import re
 
+_KWARGS_ATTR = "grpolab_template_kwargs"
+
+
+def set_template_kwargs(tokenizer, kwargs: dict | None) -> None:
+    """Extra keyword arguments of `apply_chat_template` for every rendering of this tokenizer's template
+    (the run's chat_template_kwargs, e.g. {"enable_thinking": False}): chat_prompts, render and
+    everything built on them (multi-turn additions, evaluation, chat) pass them on."""
+    setattr(tokenizer, _KWARGS_ATTR, dict(kwargs or {}))
+
+
+def template_kwargs(tokenizer) -> dict:
+    """The kwargs set_template_kwargs gave this tokenizer ({} when none)."""
+    return dict(getattr(tokenizer, _KWARGS_ATTR, None) or {})
+
 
 def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_strings: bool = False) -> list[list[int]]:
     """Token ids of each prompt wrapped in the model's chat template, ready for the assistant turn.
@@ -29,7 +43,8 @@ def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_string
                 msgs.insert(0, {"role": "system", "content": system_prompt})
             text = "\n\n".join(m["content"] for m in msgs)
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                **template_kwargs(tokenizer))
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
         else:  # a bare tokenizer: plain text prompt
@@ -52,7 +67,7 @@ def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_string
 
 def render(tokenizer, messages: list[dict], *, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
     """The chat template's text of `messages` (tools: OpenAI function schemas, for templates that show them)."""
-    kw = {"tools": tools} if tools else {}
+    kw = {**template_kwargs(tokenizer), **({"tools": tools} if tools else {})}
     return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kw)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from grpolab.batch import Rollout, Stop
 from grpolab.model.cache import left_pad, positions
-from grpolab.model.sampling import sample_token
+from grpolab.model.sampling import PLAIN, Filters, sample_token, seen_tokens
 from grpolab.model.session import decode_session
 
 
@@ -53,7 +53,7 @@ def generate_turns(model, tokenizer, prompt_ids: list[list[int]], respond: Respo
                    max_model_tokens: int, max_env_tokens: int, max_turns: int, temperature: float = 1.0,
                    top_p: float = 1.0, greedy: bool = False, autocast_dtype: torch.dtype | None = None,
                    generator: torch.Generator | None = None, eos_ids: set[int] | None = None,
-                   lean: bool = True) -> tuple[Rollout, list[Trajectory]]:
+                   lean: bool = True, filters: Filters = PLAIN) -> tuple[Rollout, list[Trajectory]]:
     """Sample G multi-turn trajectories per prompt (token ids, chat-templated).
 
     max_turn_tokens: the most tokens one model turn may write; max_model_tokens: the trajectory's budget,
@@ -67,12 +67,12 @@ def generate_turns(model, tokenizer, prompt_ids: list[list[int]], respond: Respo
                         eos_ids=eos_ids) as sess:
         ids, mask, pad_id = sess.ids, sess.mask, sess.pad_id
         trajs = _decode_turns(sess.stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens,
-                              max_turns, temperature, top_p, greedy, generator, sess.eos, pad_id)
+                              max_turns, temperature, top_p, greedy, generator, sess.eos, pad_id, filters)
     return as_rollout(trajs, tokenizer, ids, mask, G, pad_id), trajs
 
 
 def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens, max_turns,
-                  temperature, top_p, greedy, generator, eos, pad_id) -> list[Trajectory]:
+                  temperature, top_p, greedy, generator, eos, pad_id, filters: Filters = PLAIN) -> list[Trajectory]:
     device = ids.device
     N = ids.shape[0] * G
     logits = stepper.prefill(ids, mask, positions(mask))  # (B, V)
@@ -82,6 +82,8 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
     pos = positions(mask.repeat_interleave(G, 0))[:, -1]  # (N,) position of each row's last token
     trajs = [Trajectory() for _ in range(N)]
     rows = torch.arange(N, device=device)  # trajectory of each cache row
+    # the repetition penalty's memory: every token of each trajectory so far (prompt, turns, replies)
+    seen = seen_tokens(ids, mask, logits.shape[-1]).repeat_interleave(G, 0) if filters.penalised else None  # (N, V)
     model_used = torch.zeros(N, dtype=torch.long, device=device)
     env_used = [0] * N
     for turn in range(1, max_turns + 1):
@@ -93,7 +95,10 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
         writing = limit > 0  # (n,) rows still in their turn
         ended_eos = torch.zeros(n, dtype=torch.bool, device=device)
         for t in range(max_turn_tokens):
-            tok, lp = sample_token(logits, temperature, top_p, greedy, generator)  # (n,) each
+            tok, lp = sample_token(logits, temperature, top_p, greedy, generator, filters,
+                                   None if seen is None else seen[rows])  # (n,) each
+            if seen is not None:
+                seen[rows[writing], tok[writing]] = True
             tok_hist[writing, t], lp_hist[writing, t] = tok[writing], lp[writing]
             length += writing.long()
             is_eos = torch.isin(tok, eos) & writing
@@ -133,6 +138,8 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
         rows, pos = rows[keep], pos[keep]
         add_ids, add_mask = left_pad(additions, pad_id)
         add_ids, add_mask = add_ids.to(device), add_mask.to(device)
+        if seen is not None:
+            seen[rows] |= seen_tokens(add_ids, add_mask, seen.shape[-1])
         add_pos = pos[:, None] + add_mask.cumsum(-1)  # (n', L): positions go on after each row's last token
         pos = add_pos[:, -1]
         logits = stepper.extend(add_ids, add_mask, add_pos * add_mask)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import textwrap
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from grpolab.algo.presets import AlgoConfig, resolve_algo
 from grpolab.engine.settings import RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
+from grpolab.model.optim import check_scheduler
 from grpolab.util.fields import ConfigError, coerce_field, field_docs
 from grpolab.util.fileio import atomic_write
 from grpolab.util.threads import WAIT_SETTINGS
@@ -35,7 +37,7 @@ class Config:
     out: str = "runs/demo"
     """Run directory: metrics.jsonl, samples.jsonl, config.yaml, TensorBoard events, checkpoints/."""
     steps: int = 30
-    """Number of training steps (one rollout batch + `algo.mu` optimizer updates each); -1 with num_train_epochs set: as many steps as the epochs take."""
+    """Number of training steps (one rollout batch + `algo.mu` x `algo.steps_per_generation` optimizer updates each); -1 with num_train_epochs set: as many steps as the epochs take."""
     seed: int = 0
     """Seed for prompts, sampling and initialisation; the same seed gives the same run on the same machine."""
     model: str = "smollm2-135m"
@@ -68,10 +70,26 @@ class Config:
     """Sampling temperature of rollouts (> 0)."""
     top_p: float = 1.0
     """Nucleus sampling threshold of rollouts, in (0, 1]."""
+    # --- sampling and template options of TRL's GRPOConfig (grpolab.model.sampling) ---------------------
+    top_k: int = 0
+    """Top-k filter of rollouts: sample among the top_k most likely tokens; 0 or -1: off (TRL's default)."""
+    min_p: float = 0.0
+    """Min-p filter of rollouts (Nguyen et al. 2024): drop tokens less likely than min_p x the most likely one, in [0, 1); 0: off."""
+    repetition_penalty: float = 1.0
+    """CTRL repetition penalty of rollouts (transformers' RepetitionPenaltyLogitsProcessor): the logit z of every token already in the prompt or completion becomes z / p if z > 0, z * p otherwise; > 1 discourages repeats, 1: off."""
+    generation_kwargs: dict = field(default_factory=dict)
+    """More sampling options, as TRL's generation_kwargs: the keys temperature, top_p, top_k, min_p, repetition_penalty override the options above (for sampling and for the policy's log-probs alike); any other key goes to vLLM's SamplingParams (rollout.engine=vllm), and the native engine refuses it by name."""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the tokenizer's apply_chat_template for every prompt and conversation rendered (TRL's chat_template_kwargs), e.g. chat_template_kwargs.enable_thinking=false."""
     lr: float = 2e-5
     """Peak learning rate of AdamW."""
     warmup_steps: int = 2
-    """Linear warm-up of the learning rate over the first warmup_steps * algo.mu optimizer updates (steps that made no update do not count), then constant."""
+    """Linear warm-up of the learning rate over the first warmup_steps * algo.mu * algo.steps_per_generation optimizer updates (steps that made no update do not count); what follows is lr_scheduler's."""
+    # --- learning-rate schedule of TRL's GRPOConfig (grpolab.model.optim) ------------------------
+    lr_scheduler: str = "warmup_constant"
+    """Learning-rate schedule over the run's steps * algo.mu * algo.steps_per_generation optimizer updates: warmup_constant (grpolab's: update i gets lr * min(1, (i + 1) / warmup), so the first update already learns), or one of transformers' get_scheduler schedules with the same numbers: linear (TRL's default), cosine, constant (no warm-up), constant_with_warmup."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a share of the optimizer updates, ceil(warmup_ratio x updates), as transformers computes it; > 0 replaces warmup_steps. In [0, 1)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_betas: list = field(default_factory=lambda: [0.9, 0.99])
@@ -309,9 +327,16 @@ def validate(cfg: Config) -> None:
         (cfg.batch_size % max(cfg.G, 1) == 0, "batch_size",
          f"{cfg.batch_size} is not divisible by G={cfg.G}; use a multiple of G, e.g. {max(cfg.G, 1) * max(1, cfg.batch_size // max(cfg.G, 1))}"),
         (cfg.micro_batch >= 1, "micro_batch", "must be >= 1"),
+        ((cfg.batch_size // max(cfg.G, 1)) % cfg.algo.steps_per_generation == 0, "algo.steps_per_generation",
+         f"{cfg.algo.steps_per_generation} does not divide the {cfg.batch_size // max(cfg.G, 1)} prompt groups of a "
+         f"step (batch_size / G); each update takes an equal share of them"),
         (cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
         (cfg.temperature > 0, "temperature", "must be > 0"),
         (0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]"),
+        (cfg.top_k >= -1, "top_k", "must be >= 1, or 0 / -1 for off"),
+        (0 <= cfg.min_p < 1, "min_p", "must be in [0, 1) (0: off)"),
+        (cfg.repetition_penalty > 0, "repetition_penalty", "must be > 0 (1: off)"),
+        (0 <= cfg.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1) (0: use warmup_steps)"),
         (cfg.lr > 0, "lr", "must be > 0"),
         (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
         (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
@@ -347,6 +372,8 @@ def validate(cfg: Config) -> None:
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
+    check_scheduler(cfg.lr_scheduler)
+    check_sampling_kwargs(cfg)
     validate_lora(cfg.lora)
     validate_env(cfg.env)
     validate_rollout(cfg.rollout)
@@ -379,6 +406,64 @@ def eval_checks(cfg: Config) -> list[tuple[bool, str, str]]:
          "needs eval_steps > 0 (the run evaluates only before and after training otherwise)"),
         (not cfg.save_best or not cfg.fsdp, "save_best", "is not supported with fsdp=true (the model is sharded)"),
     ]
+
+
+def lr_updates(cfg: Config) -> dict[str, int]:
+    """The schedule's W and N (grpolab.model.optim.SCHEDULES): total N = steps * algo.mu *
+    algo.steps_per_generation optimizer updates; warmup W = ceil(warmup_ratio * N) when warmup_ratio > 0
+    (transformers' TrainingArguments.get_warmup_steps), else warmup_steps * algo.mu * algo.steps_per_generation."""
+    per_step = cfg.algo.mu * cfg.algo.steps_per_generation
+    total = cfg.steps * per_step
+    warmup = math.ceil(total * cfg.warmup_ratio) if cfg.warmup_ratio > 0 else cfg.warmup_steps * per_step
+    return {"warmup": warmup, "total": total}
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""generation_kwargs keys that override the config's own sampling options (the native engine knows only these)."""
+
+
+def sampling_values(cfg: Config) -> dict:
+    """The sampling options a run uses: temperature, top_p, top_k, min_p, repetition_penalty from the
+    config, each overridden by generation_kwargs where it names it (TRL: generation_kwargs win)."""
+    out = {k: getattr(cfg, k) for k in SAMPLING_KEYS}
+    out.update({k: v for k, v in cfg.generation_kwargs.items() if k in SAMPLING_KEYS})
+    return out
+
+
+def extra_generation_kwargs(cfg: Config) -> dict:
+    """generation_kwargs beyond SAMPLING_KEYS: for vLLM's SamplingParams."""
+    return {k: v for k, v in cfg.generation_kwargs.items() if k not in SAMPLING_KEYS}
+
+
+def check_sampling_kwargs(cfg: Config) -> None:
+    """generation_kwargs' sampling keys obey the same bounds as the options they override; its keys and
+    chat_template_kwargs' are strings."""
+    for name in ("generation_kwargs", "chat_template_kwargs"):
+        bad = [k for k in getattr(cfg, name) if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{name}: keys must be names, got {bad[0]!r}")
+    v = sampling_values(cfg)
+    checks = [
+        (isinstance(v["temperature"], (int, float)) and v["temperature"] > 0, "temperature", "must be a number > 0"),
+        (isinstance(v["top_p"], (int, float)) and 0 < v["top_p"] <= 1, "top_p", "must be in (0, 1]"),
+        (isinstance(v["top_k"], int) and v["top_k"] >= -1, "top_k", "must be an integer >= 1, or 0 / -1 for off"),
+        (isinstance(v["min_p"], (int, float)) and 0 <= v["min_p"] < 1, "min_p", "must be in [0, 1)"),
+        (isinstance(v["repetition_penalty"], (int, float)) and v["repetition_penalty"] > 0, "repetition_penalty",
+         "must be a number > 0"),
+    ]
+    for ok, key, msg in checks:
+        if not ok and key in cfg.generation_kwargs:
+            raise ConfigError(f"generation_kwargs.{key}: {msg}, got {cfg.generation_kwargs[key]!r}")
+
+
+def check_engine_kwargs(cfg: Config, engine_name: str) -> None:
+    """generation_kwargs beyond the sampling options reach only vLLM; the native engine refuses them by name
+    (exit 2) before any model is loaded."""
+    extra = extra_generation_kwargs(cfg)
+    if extra and engine_name != "vllm":
+        raise ConfigError(f"generation_kwargs.{next(iter(extra))}: the {engine_name} rollout engine takes only "
+                          f"{', '.join(SAMPLING_KEYS)}; other keys are vLLM SamplingParams fields: use "
+                          f"rollout.engine=vllm, or drop the key")
 
 
 def to_dict(cfg: Config) -> dict:

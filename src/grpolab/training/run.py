@@ -24,7 +24,8 @@ from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
-from grpolab.training.config import Config
+from grpolab.model.sampling import is_plain
+from grpolab.training.config import Config, extra_generation_kwargs, sampling_values
 from grpolab.util.fields import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not by this module
@@ -109,14 +110,26 @@ class Run:
     """Per reward function: steps in a row on which it failed on every completion (cfg.max_reward_error_steps)."""
 
     def sampling(self, greedy: bool = False) -> Sampling:
-        """How the rollouts draw tokens: the run's temperature, top_p and max_new_tokens (greedy: argmax)."""
-        return Sampling(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, greedy)
+        """How the rollouts draw tokens: the run's max_new_tokens and sampling options (temperature, top_p,
+        top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.config.sampling_values),
+        the other generation_kwargs for the engine (greedy: argmax)."""
+        v = sampling_values(self.cfg)
+        return Sampling(self.cfg.max_new_tokens, float(v["temperature"]), float(v["top_p"]), greedy,
+                        top_k=int(v["top_k"]), min_p=float(v["min_p"]),
+                        repetition_penalty=float(v["repetition_penalty"]), extra=extra_generation_kwargs(self.cfg))
+
+    @property
+    def plain_sampling(self) -> bool:
+        """True when the rollouts sample from softmax(z / T) itself (no top-p, top-k, min-p or penalty), so
+        a token's sampling log-prob is the policy's own (grpolab.model.sampling.is_plain)."""
+        s = self.sampling()
+        return is_plain(s.top_p, s.filters)
 
     def pass_spec(self) -> PassSpec:
         """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
         scoring passes, sampling temperature, micro-batch size, activation checkpointing of the update."""
-        return PassSpec(self.device, self.amp_dtype, self.cfg.temperature, self.cfg.micro_batch,
-                        checkpoint=self.cfg.grad_checkpointing)
+        return PassSpec(self.device, self.amp_dtype, float(sampling_values(self.cfg)["temperature"]),
+                        self.cfg.micro_batch, checkpoint=self.cfg.grad_checkpointing)
 
     @property
     def ranks(self) -> Dist:

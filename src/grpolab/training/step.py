@@ -222,8 +222,8 @@ def shape(run: Run, batch: Batch) -> None:
     algo, rollout = run.cfg.algo, batch.rollout
     kl_in_reward = batch.ref_logp is not None and algo.kl_in_reward
     exact = run.engine.samples_from_trainer  # else the sampler's log-probs are not the policy's: a pass
-    with gathered(run.policy, kl_in_reward and (run.cfg.top_p < 1 or not exact)):  # FSDP: a no-grad policy pass
-        sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, top_p=run.cfg.top_p,
+    with gathered(run.policy, kl_in_reward and not (run.plain_sampling and exact)):  # FSDP: a no-grad policy pass
+        sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, plain=run.plain_sampling,
                                      sampler_is_policy=exact) \
             if kl_in_reward else None  # (N, C) log pi_theta of the sampled tokens
         shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
@@ -246,84 +246,122 @@ def computed_groups(batch: Batch, algo: AlgoConfig, computes_every_group: bool) 
     return has_signal.view(-1, rollout.G).any(-1) | every  # (B,)
 
 
-def update(run: Run, batch: Batch) -> dict:
-    """`algo.mu` optimizer updates on the batch. batch.adv: (N,) or (N, C).
+def loss_mask(rollout: Rollout, algo: AlgoConfig) -> Tensor:
+    """(N, C) the tokens the loss reads: the completion mask, with every truncated completion's row zeroed
+    when algo.mask_truncated_completions (DAPO's overlong filtering; TRL's mask_truncated_completions)."""
+    mask = rollout.completion_mask
+    if algo.mask_truncated_completions:
+        mask = mask * (~rollout.truncated).to(mask.dtype)[:, None]  # (N, C)
+    return mask
 
-    The first pass of the first update records log pi_old = log pi_theta (detached): the weights have
-    not moved yet, so no separate old-log-prob pass is needed. An update whose loss or gradient norm is
-    not finite is skipped (the weights stay as they were) and counted: update/nonfinite_skipped, and
+
+def generation_parts(n_groups: int, parts: int) -> list[Tensor]:
+    """The prompt groups 0..n_groups-1 split into `parts` contiguous runs (algo.steps_per_generation), one
+    optimizer update each; sizes differ by at most one (a DAPO batch may hold fewer groups)."""
+    return list(torch.arange(n_groups).tensor_split(parts))
+
+
+def update(run: Run, batch: Batch) -> dict:
+    """`algo.mu` epochs over the batch, each `algo.steps_per_generation` AdamW updates (one per part of
+    the batch's prompt groups, `generation_parts`). batch.adv: (N,) or (N, C).
+
+    log pi_old is the policy that sampled. The first pass of the first update records it as log pi_theta
+    (detached): the weights have not moved yet, so no separate old-log-prob pass is needed; with
+    steps_per_generation > 1 the later parts' log pi_old is taken before any update (the rollout's own
+    log-probs where they are the policy's, else one no-grad pass). An update whose loss or gradient norm
+    is not finite is skipped (the weights stay as they were) and counted: update/nonfinite_skipped, and
     run.nonfinite_streak for the loop's stop rule. Micro-batches hold whole groups (the
     prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
     the policy gradient and is not computed at all (`computed_groups`); the normalisers n_seq / n_tok
     still count it, so the loss is unchanged. When the engine that sampled is not the trainer (vLLM),
     each token's policy term is weighted by the rollout.correction weight of log pi_old against the
     sampler's log-probs (grpolab.algo.sampler), computed in the first pass and kept for every epoch.
+    The loss reads `loss_mask` (truncated completions left out on request); algo.entropy_coef adds the
+    entropy bonus; algo.sync_ref_model updates the reference every sync_ref_model_steps updates.
     """
     cfg, algo, rollout = run.cfg, run.cfg.algo, batch.rollout
     N, C = rollout.completion_ids.shape
     spec = run.pass_spec()
     adv_tok = per_token(batch.adv, (N, C))  # (N, C)
     kl_in_loss = batch.ref_logp is not None and algo.kl_in_loss
-    groups = computed_groups(batch, algo, run.advantage.computes_every_group).nonzero().squeeze(-1)  # (g,)
-    batches = micro_batches(rollout, groups, spec.micro_batch)
+    lmask = loss_mask(rollout, algo)  # (N, C)
+    computed = computed_groups(batch, algo, run.advantage.computes_every_group)  # (B,)
+    parts = generation_parts(N // rollout.G, algo.steps_per_generation)
+    plan = [micro_batches(rollout, part[computed[part]], spec.micro_batch) for part in parts]
+    batches = [rows for part in plan for rows in part]
     old_logp, last_logp, entropy_tok = torch.zeros((N, C)), torch.zeros((N, C)), torch.zeros((N, C))
-    correct = not run.engine.samples_from_trainer and run.cfg.rollout.correction != "none"
+    exact = run.engine.samples_from_trainer
+    if len(parts) > 1:  # the later parts' updates come after the first's: log pi_old now, before any
+        with gathered(run.policy, not (run.plain_sampling and exact)):
+            old_logp = sampled_token_logp(spec, run.policy, rollout, plain=run.plain_sampling,
+                                          sampler_is_policy=exact).clone()
+    correct = not exact and run.cfg.rollout.correction != "none"
     is_weight, is_clipped = torch.ones((N, C)), torch.zeros((N, C), dtype=torch.bool)
     d = run.ranks
-    n_seq, n_tok, n_batches = (int(x) for x in global_counts(d, N, batch.n_tokens, len(batches)))  # global batch
+    with_entropy = algo.entropy_coef != 0.0
     loss_infos: list[tuple[dict, float]] = []
     entropy_infos: list[tuple[dict, float]] = []
     grad_norms = []
     beta = run.kl.value
-    n_nonfinite = n_idle = 0
-    for epoch in range(algo.mu if n_batches else 0):  # every rank runs the same updates
-        loss_sum = 0.0
-        for rows in passes(d, batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
-            if rows is None:
-                idle_pass(spec, run.policy, rollout)
-                n_idle += 1
+    n_nonfinite = n_idle = n_synced = 0
+    for epoch in range(algo.mu):
+        for p, (part, part_batches) in enumerate(zip(parts, plan)):
+            part_rows = (part[:, None] * rollout.G + torch.arange(rollout.G)).reshape(-1)  # (n,)
+            n_seq, n_tok, n_batches = (int(x) for x in global_counts(d, len(part_rows), float(lmask[part_rows].sum()),
+                                                                     len(part_batches)))  # this update's batch
+            if not n_batches:  # every rank runs the same updates
                 continue
-            part = slice_groups(rollout, rows, spec.device)
-            width, part_mask = part.width, part.completion_mask
-            logp, entropy = policy_logp(spec, run.policy, part, with_entropy=(epoch == 0))  # (b, C') each
-            last_logp[rows, :width] = logp.detach().cpu()
-            if epoch == 0:
-                old_logp[rows, :width] = logp.detach().cpu()
-                if correct:
-                    is_weight[rows, :width], is_clipped[rows, :width] = correction_weights(
-                        old_logp[rows, :width], rollout.sample_logp[rows, :width], part_mask.cpu(),
-                        run.cfg.rollout.correction, run.cfg.rollout.correction_clip)
-                entropy_tok[rows, :width] = (entropy * part_mask).cpu()
-                tokens = float(part_mask.sum())
-                entropy_infos.append(({"entropy": float((entropy * part_mask).sum() / part_mask.sum().clamp(min=1))},
-                                      tokens))
-            loss, info = policy_loss(
-                logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device), part_mask, algo,
-                beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
-                n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_completion_tokens,
-                token_weight=is_weight[rows, :width].to(run.device) if correct else None)
-            loss, value_info = run.advantage.add_loss(loss, spec, part, batch)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
-        sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
-        loss_sum = global_counts(d, loss_sum)[0]
-        # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
-        norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(),
-                                                    cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
-        if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+            loss_sum = 0.0
+            for rows in passes(d, part_batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
+                if rows is None:
+                    idle_pass(spec, run.policy, rollout)
+                    n_idle += 1
+                    continue
+                sl = slice_groups(rollout, rows, spec.device)
+                width, part_mask = sl.width, sl.completion_mask
+                logp, entropy = policy_logp(spec, run.policy, sl, with_entropy=epoch == 0 or with_entropy)  # (b, C')
+                last_logp[rows, :width] = logp.detach().cpu()
+                if epoch == 0:
+                    if p == 0:
+                        old_logp[rows, :width] = logp.detach().cpu()
+                    if correct:
+                        is_weight[rows, :width], is_clipped[rows, :width] = correction_weights(
+                            old_logp[rows, :width], rollout.sample_logp[rows, :width], part_mask.cpu(),
+                            run.cfg.rollout.correction, run.cfg.rollout.correction_clip)
+                    ent = entropy.detach()
+                    entropy_tok[rows, :width] = (ent * part_mask).cpu()
+                    entropy_infos.append(({"entropy": float((ent * part_mask).sum() / part_mask.sum().clamp(min=1))},
+                                          float(part_mask.sum())))
+                loss, info = policy_loss(
+                    logp, old_logp[rows, :width].to(run.device), adv_tok[rows, :width].to(run.device),
+                    lmask[rows, :width].to(run.device), algo,
+                    beta=beta, ref_logp=batch.ref_logp[rows, :width].to(run.device) if kl_in_loss else None,
+                    n_seq=n_seq, n_tok=n_tok, max_len=cfg.max_completion_tokens,
+                    token_weight=is_weight[rows, :width].to(run.device) if correct else None,
+                    entropy=entropy if with_entropy else None)
+                loss, value_info = run.advantage.add_loss(loss, spec, sl, batch)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                loss_infos.append(({**info, **value_info}, float(part_mask.sum())))
+            sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
+            loss_sum = global_counts(d, loss_sum)[0]
+            # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
+            norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(),
+                                                        cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
+            if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+                run.optimizer.zero_grad(set_to_none=True)
+                run.advantage.discard()
+                n_nonfinite += 1
+                run.nonfinite_streak += 1
+                continue
+            if cfg.max_grad_norm > 0:
+                grad_norms.append(norm)
+            run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
-            run.advantage.discard()
-            n_nonfinite += 1
-            run.nonfinite_streak += 1
-            continue
-        if cfg.max_grad_norm > 0:
-            grad_norms.append(norm)
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        run.scheduler.step()  # warm-up counts optimizer updates actually made
-        run.advantage.step(cfg.max_grad_norm)
-        run.nonfinite_streak = 0
+            run.scheduler.step()  # warm-up counts optimizer updates actually made
+            run.advantage.step(cfg.max_grad_norm)
+            run.nonfinite_streak = 0
+            n_synced += sync_reference(run)
     batch.old_logp, batch.last_logp, batch.entropy = old_logp, last_logp, entropy_tok  # rows not computed: 0
     metrics = weighted_mean(loss_infos)
     metrics.update(weighted_mean(entropy_infos))
@@ -331,15 +369,31 @@ def update(run: Run, batch: Batch) -> dict:
     metrics.update({"update/seqs_computed": float(n_rows), "update/skipped": float(n_rows == 0),
                     "update/nonfinite_skipped": float(n_nonfinite),
                     "lr": run.scheduler.get_last_lr()[0], "kl/beta": beta})
+    if algo.sync_ref_model:
+        metrics["ref/synced"] = float(n_synced)
+    if algo.mask_truncated_completions:
+        metrics["update/masked_truncated"] = float(rollout.truncated.sum())
     if grad_norms:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    if not run.engine.samples_from_trainer and n_rows:  # over the computed rows: their log pi_old exists
-        computed = torch.cat(batches) if batches else torch.zeros(0, dtype=torch.long)
-        metrics.update(mismatch_metrics(old_logp[computed], rollout.sample_logp[computed],
-                                        rollout.completion_mask[computed], is_weight[computed], is_clipped[computed]))
+    if not exact and n_rows:  # over the computed rows: their log pi_old exists
+        rows_done = torch.cat(batches) if batches else torch.zeros(0, dtype=torch.long)
+        metrics.update(mismatch_metrics(old_logp[rows_done], rollout.sample_logp[rows_done],
+                                        rollout.completion_mask[rows_done], is_weight[rows_done],
+                                        is_clipped[rows_done]))
     if is_sharded(run.policy):
         metrics["update/idle_passes"] = float(n_idle)
     return metrics
+
+
+def sync_reference(run: Run) -> int:
+    """After an optimizer update: with algo.sync_ref_model, every sync_ref_model_steps-th update (counted by
+    the scheduler, so a resumed run keeps the count) mixes the policy into the reference,
+    pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (grpolab.model.reference.mix_into). Returns 1 if it did."""
+    algo = run.cfg.algo
+    if not algo.sync_ref_model or run.ref is None or run.scheduler.last_epoch % algo.sync_ref_model_steps:
+        return 0
+    run.ref.sync(run.policy, algo.sync_ref_model_alpha)
+    return 1
 
 
 def train_step(run: Run, step: int) -> tuple[dict, Batch]:

@@ -32,8 +32,9 @@ from grpolab.model import precision
 from grpolab.model.generate import eos_token_ids
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.model.lora import attach, trainable_parameters
-from grpolab.model.optim import adamw
-from grpolab.model.reference import FrozenCopy, reference_for
+from grpolab.model.optim import adamw, build_scheduler
+from grpolab.model.reference import FrozenCopy, reference_for, synced_reference
+from grpolab.model.template import set_template_kwargs
 from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
@@ -41,7 +42,7 @@ from grpolab.rewards import build_rewards, check_rewards
 from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
-from grpolab.training.config import Config, save_config
+from grpolab.training.config import Config, check_engine_kwargs, lr_updates, save_config
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir
@@ -69,11 +70,6 @@ def check_same_lora(out: Path, cfg: Config) -> None:
         raise ConfigError(f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
                           f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
                           f"or start a new run")
-
-
-def warmup_lambda(warmup: int) -> Callable[[int], float]:
-    """Learning-rate multiplier: linear warm-up over `warmup` updates, then 1."""
-    return lambda i: min(1.0, (i + 1) / warmup) if warmup > 0 else 1.0
 
 
 def setup(cfg: Config, *, resume: bool = False, training: bool = True,
@@ -112,7 +108,9 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                           "environment class a get_reward(self) method")
     check_rewards(reward_fns, task, environment=environments is not None)  # exit 2 for a keyword nothing provides
     engine_name, why = choose_engine(cfg, path, device, dist, training=training)
+    check_engine_kwargs(cfg, engine_name)
     log(f"rollout engine: {engine_name} ({why})")
+    set_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # every prompt and conversation rendered
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
     policy = load_policy(path, torch.device("cpu") if fsdp else device)
     policy.train()
@@ -127,6 +125,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if training:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
     ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
+    if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
+        components["reference"] = synced_reference(ref, fsdp)
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
@@ -140,7 +140,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if training:
         optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                           weight_decay=cfg.weight_decay, sharded=fsdp)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps * algo.mu))
+        scheduler = build_scheduler(optimizer, cfg.lr_scheduler, **lr_updates(cfg))
     eos_ids = eos_token_ids(policy, tokenizer)
     ctx = EngineContext(cfg.rollout, policy, tokenizer, path, device, prec.rollout, cfg.decoder, eos_ids,
                         max_model_len=None, seed=cfg.seed,
