@@ -36,7 +36,7 @@ def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_toke
     engine = NativeEngine(None, tiny_tokenizer, device=torch.device("cuda"), dtype=None, decoder="auto", eos_ids={0})
     cfg = SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
                           generation_kwargs={})
-    run = SimpleNamespace(tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), engine=engine,
+    run = SimpleNamespace(policy=None, tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), engine=engine,
                           sampling=lambda greedy=False: step_mod.Run.sampling(SimpleNamespace(cfg=cfg), greedy))
     gen = torch.Generator()
     examples = [SimpleNamespace(prompt="1+1?")]
