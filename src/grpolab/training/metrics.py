@@ -93,6 +93,10 @@ class MetricsLogger:
                 self.trackers.append(tracker)
         if names:
             atomic_write(state_path, json.dumps(saved, indent=2) + "\n")
+        if any(t.name != "tensorboard" for t in self.trackers):
+            from grpolab.training.trackers import TRACKERS
+
+            log("trackers: " + ", ".join(f"{t.name} ({out / TRACKERS[t.name].files})" for t in self.trackers))
 
     def _call(self, tracker, hook: str, *args):
         """tracker.hook(*args); a failure warns once and drops the tracker (returns None)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 
 def _fmt(x, nd=3):
@@ -65,6 +66,9 @@ def print_summary(s: dict, console=None) -> None:
         t.add_row(f"held-out accuracy ({b['n']} prompts, greedy, {b['main_reward']})",
                   f"{100 * b['accuracy']:.1f}%", f"{100 * a['accuracy']:.1f}%")
     console.print(t)
+    if s.get("stopped"):
+        console.print(f"stopped after step {s['stopped']['step']}: {s['stopped']['reason']}")
     report = ", report.html (open it in a browser)" if "report.html" in s.get("files", {}) else ""
-    console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, tb/ (tensorboard --logdir "
-                  f"{s['out']}/tb), checkpoints/, summary.json{report}")
+    tb = f"tb/ (tensorboard --logdir {s['out']}/tb), " if Path(s["out"], "tb").is_dir() else ""
+    console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, {tb}checkpoints/, "
+                  f"summary.json{report}")
