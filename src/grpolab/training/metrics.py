@@ -69,7 +69,7 @@ class MetricsLogger:
     def __init__(self, out: Path, report_to=("tensorboard",), resume_step: int | None = None, *,
                  config: dict | None = None, run_name: str = "", project: str = "grpolab", log=print,
                  listeners=()):
-        from grpolab.training.trackers import TrackerContext, build_tracker
+        from grpolab.training.trackers import TRACKERS, TrackerContext, build_tracker
 
         out = Path(out)
         self.jsonl = JsonlWriter(out / "metrics.jsonl", keep_until_step=resume_step)
@@ -78,7 +78,7 @@ class MetricsLogger:
         names = (["tensorboard"] if report_to else []) if isinstance(report_to, bool) else list(report_to)
         state_path = out / self.STATE
         saved = json.loads(state_path.read_text()) if resume_step is not None and state_path.exists() else {}
-        self.trackers = []
+        self.trackers, where = [], []
         for name in names:
             try:
                 tracker = build_tracker(name)
@@ -87,16 +87,16 @@ class MetricsLogger:
                 continue
             ctx = TrackerContext(out=out, config=config or {}, run_name=run_name or out.resolve().name,
                                  project=project, resume_step=resume_step, saved=saved.get(name) or {})
+            self.trackers.append(tracker)
             state = self._call(tracker, "start", ctx)
             if state is not None:  # None: it failed and was dropped
                 saved[name] = state
-                self.trackers.append(tracker)
+                place = state.get("store") or state.get("tracking_uri") or out / TRACKERS[name].files
+                where.append(f"{name} ({place})")
         if names:
             atomic_write(state_path, json.dumps(saved, indent=2) + "\n")
         if any(t.name != "tensorboard" for t in self.trackers):
-            from grpolab.training.trackers import TRACKERS
-
-            log("trackers: " + ", ".join(f"{t.name} ({out / TRACKERS[t.name].files})" for t in self.trackers))
+            log("trackers: " + ", ".join(where))
 
     def _call(self, tracker, hook: str, *args):
         """tracker.hook(*args); a failure warns once and drops the tracker (returns None)."""
@@ -157,5 +157,5 @@ def weighted_mean(items: list[tuple[dict, float]]) -> dict:
     return {k: tot[k] / wsum[k] for k in tot if wsum[k] > 0}
 
 
-__all__ = ["JsonlWriter", "MetricsLogger", "eval_row", "read_jsonl", "sample_table", "truncate_after_step",
-           "weighted_mean"]
+__all__ = ["JsonlWriter", "MetricsLogger", "eval_row", "read_jsonl", "sample_table",
+           "truncate_after_step", "weighted_mean"]

@@ -24,7 +24,7 @@ import torch
 
 from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
-from grpolab.batch import Batch, Example
+from grpolab.batch import Example
 from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
@@ -47,6 +47,7 @@ from grpolab.training.plan import check_run
 from grpolab.training.run import Run
 from grpolab.training.step import rollout_and_score, train_step
 from grpolab.training.stops import RunStopped, StopSignals
+from grpolab.training.token_credit import sample_records
 from grpolab.training.trackers import check_installed
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
@@ -188,39 +189,6 @@ def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, traini
         raise ConfigError(str(e)) from None
 
 
-def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
-    """The first `k` completions of the step: prompt, answer, the verifiers' reward (`reward`, and per
-    function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`).
-    With `run` (and run.cfg.sample_tokens > 0), each also gets `tokens`: the per-token advantage,
-    log-prob, ratio and clip decision, entropy and KL of its first sample_tokens tokens
-    (grpolab.training.token_credit, for the report's credit view). A multi-turn row also gets
-    `conversation` (the messages after the prompt: assistant, tool and user turns), and `stop` (why it
-    ended) where the rollout records it (`stops`)."""
-    rollout = batch.rollout
-    out = []
-    for i in range(min(k, len(rollout.texts))):
-        ex = batch.examples[i // rollout.G]
-        out.append({"step": step, "id": ex.id, "prompt": ex.prompt, "answer": ex.answer,
-                    "completion": rollout.texts[i], "reward": float(batch.raw_reward[i]),
-                    "reward_shaped": float(batch.reward[i]),
-                    "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
-                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])})
-        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
-            out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
-            stops = rollout.stops  # per row, in a multi-turn run
-            if stops is not None:
-                out[-1]["stop"] = stops[i]
-    limit = run.cfg.sample_tokens if run is not None else 0
-    if out and limit > 0 and batch.adv is not None:
-        from grpolab.training.token_credit import token_credit
-
-        credit = token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit,
-                              computes_every_group=run.advantage.computes_every_group)
-        for rec, tokens in zip(out, credit):
-            rec["tokens"] = tokens
-    return out
-
-
 def evaluate(run: Run, examples: list[Example]) -> dict:
     """Greedy completions on held-out prompts. accuracy = mean of the main (highest-weight) reward."""
     if not examples:
@@ -311,8 +279,9 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
         atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
-    logger = MetricsLogger(run.out, cfg.report_to, start if resume else None, config=to_dict(cfg), log=log,
-                           run_name=cfg.run_name, project=cfg.project, listeners=[hooks.listener]) if main else _NoFile()
+    logger = _NoFile() if not main else MetricsLogger(run.out, cfg.report_to, start if resume else None, log=log,
+                                                      config=to_dict(cfg), run_name=cfg.run_name,
+                                                      project=cfg.project, listeners=[hooks.listener])
     samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else _NoFile()
     summary_path = run.out / "summary.json"
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}

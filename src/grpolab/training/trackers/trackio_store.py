@@ -9,8 +9,10 @@ trackio.Table under its name are logged; a resumed run continues the trackio run
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
+import io
 import os
 import sys
 
@@ -37,8 +39,9 @@ class TrackioTracker(Tracker):
             name, resume = ctx.run_name, "never"
         options = dict(embed=False, auto_log_cpu=False, auto_log_gpu=False)  # no dashboard, no system sampler
         known = inspect.signature(trackio.init).parameters
-        self.run = trackio.init(project=ctx.project, name=name, config=ctx.config, resume=resume,
-                                **{k: v for k, v in options.items() if k in known})
+        with contextlib.redirect_stdout(io.StringIO()):  # its dashboard hints assume the default store
+            self.run = trackio.init(project=ctx.project, name=name, config=ctx.config, resume=resume,
+                                    **{k: v for k, v in options.items() if k in known})
         return {"name": name, "store": str(TRACKIO_DIR)}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -52,7 +55,11 @@ class TrackioTracker(Tracker):
             self.run.log({name: self.trackio.Table(columns=cols, data=data)}, step=step)
 
     def finish(self) -> None:
-        self.run.finish()
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.run.finish()
+        current = getattr(self.trackio, "context_vars", None)
+        if current is not None and current.current_run.get() is self.run:
+            current.current_run.set(None)  # finished: trackio's exit handler has nothing left to finish
 
 
 TRACKER = TrackioTracker
