@@ -133,7 +133,7 @@ def test_weighted_mean_edge_cases():
 
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
-    log = MetricsLogger(tmp_path, tensorboard=True)
+    log = MetricsLogger(tmp_path, ["tensorboard"])
     log.log({"step": 1, "reward/mean": 0.25, "entropy": float("nan"), "flag": True, "name": "x"})
     log.log({"step": 2, "reward/mean": 0.5})
     log.close()
@@ -151,11 +151,11 @@ def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path):
 
 
 def test_metrics_logger_resume_truncates(tmp_path):
-    log = MetricsLogger(tmp_path, tensorboard=False)
+    log = MetricsLogger(tmp_path, [])
     for s in (1, 2, 3):
         log.log({"step": s, "reward/mean": float(s)})
     log.close()
-    log = MetricsLogger(tmp_path, tensorboard=False, resume_step=1)
+    log = MetricsLogger(tmp_path, [], resume_step=1)
     log.log({"step": 2, "reward/mean": 20.0})
     log.close()
     recs = read_jsonl(tmp_path / "metrics.jsonl")

@@ -3,6 +3,7 @@
     import grpolab
     summary = grpolab.train("recipes/demo.yaml", steps=5, out="runs/try", rewards=[my_reward_fn])
     grpolab.evaluate("runs/try")
+    grpolab.train(..., callbacks=[MyCallback()])    # grpolab.Callback hooks, or a transformers TrainerCallback
 
 `import grpolab` is cheap: the attributes below load their modules (and torch) on first use.
 See grpolab.app.api for the arguments. A TRL script runs with `from grpolab import GRPOConfig, GRPOTrainer`
@@ -25,6 +26,8 @@ _LAZY = {
     "REWARDS": "grpolab.rewards:REWARDS",
     "GRPOConfig": "grpolab.app.trl_compat:GRPOConfig",
     "GRPOTrainer": "grpolab.app.trl_compat:GRPOTrainer",
+    "Callback": "grpolab.training.callbacks:Callback",
+    "TrainingState": "grpolab.training.callbacks:TrainingState",
 }
 
 __all__ = ["__version__", *_LAZY]

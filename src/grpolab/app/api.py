@@ -282,7 +282,7 @@ def _quiet_hub_bars():
 def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
           overrides: list[str] | None = None, resume: str | Path | None = None, console=None,
           environment_factory=None, tools=None, reward_funcs=None, train_dataset=None, eval_dataset=None,
-          args=None, **settings) -> dict:
+          args=None, callbacks=None, **settings) -> dict:
     """Train and return the summary (the dict written to OUT/summary.json).
 
     config: a Config, a dict, a recipe path or name, or None; settings: top-level keys (steps=5,
@@ -294,11 +294,17 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     GRPOTrainer spellings (the module docstring). eval_dataset: a file, or rows (written to
     OUT/eval_dataset.jsonl), evaluated instead of a share of the training rows. args: a GRPOConfig (grpolab's
     or trl's), mapped by grpolab.app.trl_compat (docs/migrating-from-trl.md); TRL field names among the
-    settings (learning_rate=, per_device_train_batch_size=, ...) are mapped by the same table.
+    settings (learning_rate=, per_device_train_batch_size=, ...) are mapped by the same table. callbacks: objects with any of the hooks on_train_begin,
+    on_step_begin, on_step_end, on_log, on_evaluate, on_save, on_train_end (subclass grpolab.Callback), or
+    transformers TrainerCallbacks; one stops the run by returning True (control.should_training_stop for a
+    TrainerCallback): the run then ends as at its last step, with a checkpoint, summary and report
+    (grpolab.training.callbacks). report_to= (a setting) picks the trackers (docs/metrics.md, "Trackers").
     """
     from rich.console import Console
 
     from grpolab.training import trainer
+    from grpolab.training.callbacks import as_callbacks
+    from grpolab.training.trackers import check_installed
 
     if isinstance(resume, str) and resume == "auto":  # the setting, not a directory named auto
         overrides, resume = [*(overrides or []), "resume=auto"], None
@@ -317,6 +323,8 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
         cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
                           trl_env=env, env_task=environment_factory is not None, eval_dataset=eval_dataset,
                           **settings)
+        hooks = as_callbacks(callbacks)  # before writing anything: a bad callback or a tracker's missing extra
+        check_installed(cfg.report_to)
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"out: {cfg.out} exists and is not a directory; choose another out=DIR")
@@ -328,8 +336,8 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
         from grpolab.app.report import write_run_report
 
         with _quiet_hub_bars():
-            return trainer.train(cfg, resume=resume is not None, console=console,
-                                 report=write_run_report)
+            return trainer.train(cfg, resume=resume is not None, console=console or Console(),
+                                 report=write_run_report, callbacks=hooks)
 
 
 def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,

@@ -27,6 +27,8 @@ only ever appears complete. Leftover temporary directories from a crash are igno
 Integrity: the manifest lists the size and sha256 of every file. `verify_checkpoint` re-checks them,
 and `latest_good_checkpoint` (what resume uses) walks back from the newest checkpoint to the first
 one that verifies, naming each bad file it skips: a truncated or bit-flipped file never loads.
+
+Continuations: each resume of a run adds one line to OUT/restarts.jsonl (record_restart).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from pathlib import Path
 import torch
 
 from grpolab.model.optim import load_state
-from grpolab.util.fileio import atomic_write, fsync_dir
+from grpolab.parallel import distributed
+from grpolab.util.fileio import atomic_write, fsync_dir, read_jsonl
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -430,3 +433,32 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler, *, components: 
     if rng.is_file():
         _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
     return state
+
+
+RESTARTS = "restarts.jsonl"
+
+
+def record_restart(run, step: int, checkpoint: str | None, how: str) -> None:
+    """One line of OUT/restarts.jsonl (rank 0) per continuation of a run: the step it continues after,
+    the checkpoint, the time, how it was continued, torchrun's restart count when under torchrun, the
+    steps that had been logged after that checkpoint and are trained again, and the cause where known."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    # the largest over the ranks (every rank calls this): after a lost host, the new host's agent counts from 0
+    highest = distributed.global_max(run.ranks, float(count) if count and count.isdigit() else -1.0)
+    if not run.ranks.main:
+        return
+    restart = int(highest) if highest >= 0 else None
+    logged = [r.get("step") for r in read_jsonl(run.out / "metrics.jsonl")] if (run.out / "metrics.jsonl").exists() else []
+    redone = sorted(x for x in logged if isinstance(x, int) and x > step)
+    cause = (f"torchrun restarted the workers (restart {restart} of at most "
+             f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}): a worker of the previous attempt failed or was lost"
+             if restart else "the same command was run again (resume=auto): a relaunched or requeued job"
+             if how == "resume=auto" else None)
+    record = {"step": step, "checkpoint": checkpoint, "time": time.time(),
+              "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "how": how,
+              "torchelastic_restart_count": restart, "world_size": run.ranks.world,
+              "steps_redone": redone, "cause": cause}
+    with open(run.out / RESTARTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -147,8 +147,16 @@ class Config:
     """Where synchronous reward functions run. auto: in the training thread, one call after another, as TRL runs them (so signal.alarm works, as math-verify's timeouts need; reward_timeout_s does not apply there), except functions with a `max_concurrency` attribute (the built-in math and code rewards), which run on reward_workers threads with the timeout. main: every one in the training thread. workers: every one on the threads, with the timeout. `async def` functions are always awaited together on an event loop, each within reward_timeout_s."""
     max_reward_error_steps: int = 3
     """A reward function that fails on every completion of a step is named with its first error (console, and reward/<name>/error_frac = 1 in metrics.jsonl); this many such steps in a row stop the run (exit 1) after writing a checkpoint. 0: never stop for it."""
-    tensorboard: bool = True
-    """Write TensorBoard event files under OUT/tb."""
+    tensorboard: bool | None = None
+    """The older switch for TensorBoard, folded into report_to when the config is read: true adds tensorboard to report_to, false removes it (tensorboard=false keeps meaning no OUT/tb); unset (null), report_to alone decides. Recorded as null in config.yaml, report_to holding the result."""
+    # --- experiment trackers and run naming (grpolab.training.trackers; docs/metrics.md "Trackers") ---
+    report_to: list | str = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers that receive the config, every metric (evaluation rows included), the samples and the evaluation tables: tensorboard (OUT/tb), wandb (an offline W&B run in OUT/wandb; extra `wandb`), mlflow (MLflow's local SQLite store OUT/mlflow.db; extra `mlflow`), trackio (trackio's local store OUT/trackio; extra `trackio`); a name or a list, `none` for none, `all` for tensorboard and every other one installed. Nothing is sent over the network unless the tracker's own variable asks for it (WANDB_MODE=online, MLFLOW_TRACKING_URI, TRACKIO_SPACE_ID); docs/metrics.md, "Trackers"."""
+    run_name: str = ""
+    """The run's name in the trackers; empty: the name of the `out` directory."""
+    project: str = "grpolab"
+    """The W&B project, MLflow experiment and trackio project the run is logged under."""
+    # --- end of experiment trackers ---
     progress: bool = True
     """Show a live progress bar on the console."""
     report: bool = True
@@ -312,8 +320,20 @@ def build_config(recipe: dict | None = None, overrides: list[str] | None = None)
     algo_over = dict(algo_raw)
     name = algo_over.pop("name", "grpo")
     cfg.algo = resolve_algo(name, algo_over, choices=algo_choices())
+    fold_report_to(cfg)
     validate(cfg)
     return cfg
+
+
+def fold_report_to(cfg: Config) -> None:
+    """report_to as a list of known tracker names, the older `tensorboard` switch folded in and then unset
+    (grpolab.training.trackers.resolve_report_to); ConfigError names an unknown tracker."""
+    from grpolab.training.trackers import resolve_report_to
+
+    cfg.report_to = resolve_report_to(cfg.report_to, cfg.tensorboard)
+    cfg.tensorboard = None
+    if not cfg.project.strip():
+        raise ConfigError("project: must be a name (the W&B project, MLflow experiment and trackio project)")
 
 
 def validate(cfg: Config) -> None:

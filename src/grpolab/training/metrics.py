@@ -1,5 +1,6 @@
-"""Where numbers go: metrics.jsonl (one object per step), samples.jsonl, TensorBoard, the console; and
-which run directory they may go into (check_out_dir; docs/security.md, "The run directory").
+"""Where numbers go: metrics.jsonl (one object per step), samples.jsonl, the trackers (TensorBoard, W&B,
+MLflow, trackio: grpolab.training.trackers), the console; and which run directory they may go into
+(check_out_dir; docs/security.md, "The run directory").
 
 read_jsonl (re-exported from grpolab.util.fileio) reads them back, skipping a line cut by a crash."""
 
@@ -59,42 +60,111 @@ def truncate_after_step(path: Path, step: int) -> None:
 
 
 class MetricsLogger:
-    """metrics.jsonl + TensorBoard scalars, one call per step."""
+    """Where every metrics row and table of a run goes: metrics.jsonl and the trackers of `report_to`
+    (grpolab.training.trackers: TensorBoard, W&B, MLflow, trackio), then the listeners (the run's callbacks).
 
-    def __init__(self, out: Path, tensorboard: bool, resume_step: int | None = None):
+        logger.log(row)                       a row of metrics.jsonl ({"step": 3, "reward/mean": ...}),
+                                              also sent to every tracker and listener
+        logger.track(row)                     a row for the trackers and listeners only, not metrics.jsonl
+                                              (the held-out evaluation before and after training)
+        logger.log_table("samples", rows, 3)  a table (the step's samples, an evaluation's completions)
+
+    Any row is forwarded whole: evaluation rows (eval/accuracy, eval/pass@1, eval/pass@1_ci_low, ...) reach
+    the trackers exactly as training rows do. report_to: tracker names (True: ["tensorboard"], False: []).
+    A tracker that raises is dropped with one warning: a tracker never costs the run.
+    """
+
+    STATE = "trackers.json"
+
+    def __init__(self, out: Path, report_to=("tensorboard",), resume_step: int | None = None, *,
+                 config: dict | None = None, run_name: str = "", project: str = "grpolab", log=print,
+                 listeners=()):
+        from grpolab.training.trackers import TRACKERS, TrackerContext, build_tracker
+
+        out = Path(out)
         self.jsonl = JsonlWriter(out / "metrics.jsonl", keep_until_step=resume_step)
-        self.tb = None
-        if tensorboard and (out / "tb").is_symlink():
-            raise not_a_link_error(out / "tb")
-        if tensorboard:
+        self.log_fn = log
+        self.listeners = list(listeners)
+        names = (["tensorboard"] if report_to else []) if isinstance(report_to, bool) else list(report_to)
+        state_path = out / self.STATE
+        for entry in ([out / "tb"] if "tensorboard" in names else []) + [state_path]:
+            if entry.is_symlink():
+                raise not_a_link_error(entry)
+        saved = json.loads(state_path.read_text()) if resume_step is not None and state_path.exists() else {}
+        self.trackers, where = [], []
+        for name in names:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                tracker = build_tracker(name)
+            except ConfigError as e:  # found before the run but failing to import: not worth the run
+                log(f"warning: {e}; the run goes on without it")
+                continue
+            ctx = TrackerContext(out=out, config=config or {}, run_name=run_name or out.resolve().name,
+                                 project=project, resume_step=resume_step, saved=saved.get(name) or {})
+            self.trackers.append(tracker)
+            state = self._call(tracker, "start", ctx)
+            if state is not None:  # None: it failed and was dropped
+                saved[name] = state
+                place = state.get("store") or state.get("tracking_uri") or out / TRACKERS[name].files
+                where.append(f"{name} ({place})")
+        if names:
+            atomic_write(state_path, json.dumps(saved, indent=2) + "\n")
+        if any(t.name != "tensorboard" for t in self.trackers):
+            log("trackers: " + ", ".join(where))
 
-                self.tb = SummaryWriter(str(out / "tb"), purge_step=(resume_step + 1) if resume_step is not None else None)
-            except ImportError:  # tensorboard is a declared dependency; be graceful if it is gone
-                print("warning: tensorboard is not installed; pip install tensorboard (metrics.jsonl is still written)")
+    def _call(self, tracker, hook: str, *args):
+        """tracker.hook(*args); a failure warns once and drops the tracker (returns None)."""
+        try:
+            result = getattr(tracker, hook)(*args)
+            return {} if result is None else result
+        except Exception as e:  # noqa: BLE001 (a full disk, a server that refuses: the run goes on)
+            self.log_fn(f"warning: {tracker.name}: {hook} failed ({type(e).__name__}: {e}); "
+                        f"{tracker.name} logs nothing more for this run (metrics.jsonl is still written)")
+            if tracker in getattr(self, "trackers", ()):
+                self.trackers.remove(tracker)
+            return None
 
     def log(self, record: dict) -> None:
         self.jsonl.write(record)
-        if self.tb is not None:
-            step = record["step"]
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
-            self.tb.flush()
+        self.track(record)
+
+    def track(self, record: dict) -> None:
+        step = int(record["step"])
+        for t in list(self.trackers):
+            self._call(t, "log_metrics", record, step)
+        for listener in self.listeners:
+            listener(record)
+
+    def log_table(self, name: str, rows: list[dict], step: int) -> None:
+        for t in list(self.trackers):
+            self._call(t, "log_table", name, rows, step)
 
     def close(self) -> None:
         self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
+        for t in list(self.trackers):
+            self._call(t, "finish")
+        self.trackers = []
+
+
+def eval_row(step: int, result: dict) -> dict:
+    """A held-out evaluation's numbers as a row for the trackers and callbacks: {"step": step,
+    "eval/accuracy": ..., "eval/reward": ..., "eval/length": ..., "eval/n": ...} (its text fields left out)."""
+    return {"step": step, **{f"eval/{k}": v for k, v in result.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+
+
+def sample_table(records: list[dict]) -> list[dict]:
+    """samples.jsonl records as the trackers' "samples" table: without the per-token values (`tokens`),
+    which stay in samples.jsonl and the report."""
+    return [{k: v for k, v in r.items() if k != "tokens"} for r in records]
 
 
 # What grpolab writes directly in a run directory. None of them may be a symbolic link (nor `out` hold
 # anything else when a new run starts): a directory prepared with `samples.jsonl -> victim` or
 # `tb -> victim_dir` would have the trainer append to or write into the link's target.
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "restarts.jsonl",
-               "precision.json", "machine.json", "report.html", "report_plots", "dataset.jsonl", "tb", "checkpoints")
-NEW_RUN_LEFTOVERS = ("dataset.jsonl",)  # written by grpolab.train before the run itself starts
+               "precision.json", "machine.json", "report.html", "report_plots", "dataset.jsonl", "eval_dataset.jsonl",
+               "tb", "checkpoints", "trackers.json", "wandb", "mlflow.db", "mlartifacts", "trackio")
+NEW_RUN_LEFTOVERS = ("dataset.jsonl", "eval_dataset.jsonl")  # written by grpolab.train before the run itself starts
 
 
 def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
@@ -156,4 +226,5 @@ def weighted_mean(items: list[tuple[dict, float]]) -> dict:
     return {k: tot[k] / wsum[k] for k in tot if wsum[k] > 0}
 
 
-__all__ = ["NEW_RUN_LEFTOVERS", "RUN_ENTRIES", "JsonlWriter", "MetricsLogger", "check_out_dir", "make_out_dir", "read_jsonl", "truncate_after_step", "weighted_mean"]
+__all__ = ["NEW_RUN_LEFTOVERS", "RUN_ENTRIES", "JsonlWriter", "MetricsLogger", "check_out_dir", "eval_row",
+           "make_out_dir", "read_jsonl", "sample_table", "truncate_after_step", "weighted_mean"]

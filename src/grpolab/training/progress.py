@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 
 def _fmt(x, nd=3):
@@ -75,9 +76,12 @@ def print_summary(s: dict, console=None) -> None:
     if s.get("best"):
         console.print(f"best model: {s['best']['metric']} = {s['best']['value']:.4g} at step {s['best']['step']} "
                       f"({s['best']['path']})", highlight=False)
+    if s.get("stopped"):
+        console.print(f"stopped after step {s['stopped']['step']}: {s['stopped']['reason']}")
     report = ", report.html (open it in a browser)" if "report.html" in s.get("files", {}) else ""
-    console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, tb/ (tensorboard --logdir "
-                  f"{s['out']}/tb), checkpoints/, summary.json{report}")
+    tb = f"tb/ (tensorboard --logdir {s['out']}/tb), " if Path(s["out"], "tb").is_dir() else ""
+    console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, {tb}checkpoints/, "
+                  f"summary.json{report}")
 
 
 def _pct(ev: dict) -> str:

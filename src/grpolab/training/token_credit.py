@@ -1,4 +1,5 @@
-"""Per-token values of a written sample, for the report's credit view (saved in samples.jsonl).
+"""The records of samples.jsonl (sample_records), with the per-token values of each written sample, for the
+report's credit view (token_credit).
 
 For completion row i of a step's Batch, the first `max_tokens` tokens of its completion stream get, as
 parallel lists (one entry per token):
@@ -26,7 +27,9 @@ KL term in the loss, an advantage component that does not need every group) was 
 
 from __future__ import annotations
 
+import json
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +39,9 @@ from grpolab.algo.losses import SEQUENCE_RATIO, clip_decision, shown_ratio
 from grpolab.algo.presets import AlgoConfig
 from grpolab.batch import Batch
 from grpolab.training.step import computed_groups
+
+if TYPE_CHECKING:
+    from grpolab.training.run import Run
 
 
 def _r(x: float) -> float | None:
@@ -93,4 +99,36 @@ def token_credit(batch: Batch, rows: list[int], tokenizer, algo: AlgoConfig, max
     return out
 
 
-__all__ = ["token_credit"]
+def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
+    """The first `k` completions of the step: prompt, answer, the verifiers' reward (`reward`, and per
+    function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`).
+    With `run` (and run.cfg.sample_tokens > 0), each also gets `tokens`: the per-token advantage,
+    log-prob, ratio and clip decision, entropy and KL of its first sample_tokens tokens
+    (token_credit, for the report's credit view). A multi-turn row also gets
+    `conversation` (the messages after the prompt: assistant, tool and user turns), and `stop` (why it
+    ended) where the rollout records it (`stops`)."""
+    rollout = batch.rollout
+    out = []
+    for i in range(min(k, len(rollout.texts))):
+        ex = batch.examples[i // rollout.G]
+        out.append({"step": step, "id": ex.id, "prompt": ex.prompt, "answer": ex.answer,
+                    "completion": rollout.texts[i], "reward": float(batch.raw_reward[i]),
+                    "reward_shaped": float(batch.reward[i]),
+                    "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
+                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i]),
+                    **({"extra": {c: v[i] for c, v in batch.extra.items()}} if batch.extra else {})})
+        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
+            out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
+            stops = rollout.stops  # per row, in a multi-turn run
+            if stops is not None:
+                out[-1]["stop"] = stops[i]
+    limit = run.cfg.sample_tokens if run is not None else 0
+    if out and limit > 0 and batch.adv is not None:
+        credit = token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit,
+                              computes_every_group=run.advantage.computes_every_group)
+        for rec, tokens in zip(out, credit):
+            rec["tokens"] = tokens
+    return out
+
+
+__all__ = ["sample_records", "token_credit"]

@@ -25,7 +25,6 @@ import torch
 
 from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
-from grpolab.batch import Batch
 from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
@@ -42,14 +41,17 @@ from grpolab.rewards import build_rewards, check_rewards
 from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
-from grpolab.training.config import Config, check_engine_kwargs, lr_updates, save_config
+from grpolab.training.callbacks import Callbacks
+from grpolab.training.config import Config, check_engine_kwargs, fold_report_to, lr_updates, save_config, to_dict
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
-from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir
+from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals, check_reward_failures
+from grpolab.training.token_credit import sample_records
+from grpolab.training.trackers import check_installed
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, open_append, read_jsonl
 from grpolab.util.threads import current, describe_threads
@@ -174,37 +176,6 @@ def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, traini
         raise ConfigError(str(e)) from None
 
 
-def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -> list[dict]:
-    """The first `k` completions of the step: prompt, answer, the verifiers' reward (`reward`, and per
-    function under `rewards`) and the shaped reward the advantages were computed from (`reward_shaped`).
-    With `run` (and run.cfg.sample_tokens > 0), each also gets `tokens`: the per-token advantage,
-    log-prob, ratio and clip decision, entropy and KL of its first sample_tokens tokens
-    (grpolab.training.token_credit, for the report's credit view). A multi-turn row also gets
-    `conversation` (the messages after the prompt: assistant, tool and user turns), and `stop` (why it
-    ended) where the rollout records it (`stops`)."""
-    rollout = batch.rollout
-    out = []
-    for i in range(min(k, len(rollout.texts))):
-        ex = batch.examples[i // rollout.G]
-        out.append({"step": step, "id": ex.id, "prompt": ex.prompt, "answer": ex.answer,
-                    "completion": rollout.texts[i], "reward": float(batch.raw_reward[i]),
-                    "reward_shaped": float(batch.reward[i]),
-                    "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
-                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i]),
-                    **({"extra": {c: v[i] for c, v in batch.extra.items()}} if batch.extra else {})})
-        if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
-            out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
-            stops = rollout.stops  # per row, in a multi-turn run
-            if stops is not None:
-                out[-1]["stop"] = stops[i]
-    limit = run.cfg.sample_tokens if run is not None else 0
-    if out and limit > 0 and batch.adv is not None:
-        from grpolab.training.token_credit import token_credit
-
-        credit = token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit,
-                              computes_every_group=run.advantage.computes_every_group)
-        for rec, tokens in zip(out, credit):
-            rec["tokens"] = tokens
     return out
 
 
@@ -225,7 +196,7 @@ def resume_state(run: Run, how: str = "--resume") -> int:
     """Load the newest checkpoint of run.out that verifies against its manifest (components included;
     a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none).
     Rank 0 records the continuation in OUT/restarts.jsonl (see record_restart)."""
-    from grpolab.training.checkpoint import latest_good_checkpoint, load_checkpoint
+    from grpolab.training.checkpoint import latest_good_checkpoint, load_checkpoint, record_restart
 
     ck = latest_good_checkpoint(run.out, log=run.log)
     if ck is None:
@@ -244,45 +215,18 @@ def resume_state(run: Run, how: str = "--resume") -> int:
     return int(state["step"])
 
 
-RESTARTS = "restarts.jsonl"
-
-
-def record_restart(run: Run, step: int, checkpoint: str | None, how: str) -> None:
-    """One line of OUT/restarts.jsonl (rank 0) per continuation of a run: the step it continues after,
-    the checkpoint, the time, how it was continued, torchrun's restart count when under torchrun, the
-    steps that had been logged after that checkpoint and are trained again, and the cause where known."""
-    import os
-    import time
-
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    # the largest over the ranks (every rank calls this): after a lost host, the new host's agent counts from 0
-    highest = distributed.global_max(run.ranks, float(count) if count and count.isdigit() else -1.0)
-    if not run.ranks.main:
-        return
-    restart = int(highest) if highest >= 0 else None
-    logged = [r.get("step") for r in read_jsonl(run.out / "metrics.jsonl")] if (run.out / "metrics.jsonl").exists() else []
-    redone = sorted(x for x in logged if isinstance(x, int) and x > step)
-    cause = (f"torchrun restarted the workers (restart {restart} of at most "
-             f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}): a worker of the previous attempt failed or was lost"
-             if restart else "the same command was run again (resume=auto): a relaunched or requeued job"
-             if how == "resume=auto" else None)
-    record = {"step": step, "checkpoint": checkpoint, "time": time.time(),
-              "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "how": how,
-              "torchelastic_restart_count": restart, "world_size": run.ranks.world,
-              "steps_redone": redone, "cause": cause}
-    with open_append(run.out / RESTARTS) as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None) -> dict:
+def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None,
+          callbacks=None) -> dict:
     """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary.
 
     report: writes OUT/report.html when cfg.report (the command line and grpolab.train pass
-    grpolab.app.report.write_run_report); None writes none."""
+    grpolab.app.report.write_run_report); None writes none. callbacks: objects with hooks, or transformers
+    TrainerCallbacks (grpolab.training.callbacks); one can stop the run after a step."""
     from grpolab.training.progress import Progress, print_summary
 
+    hooks = Callbacks(callbacks)  # checked before anything runs (ConfigError, exit 2)
+    fold_report_to(cfg)
+    check_installed(cfg.report_to)  # a tracker's missing extra: exit 2 before anything is loaded or written
     d = distributed.from_environment(cfg.device, cfg.fsdp)  # torchrun: this process's rank; else one process
     distributed.check_supported(cfg, d)
     log = (console.print if console is not None else print) if d.main else _quiet
@@ -303,12 +247,19 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
         atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
-    logger = MetricsLogger(run.out, cfg.tensorboard, resume_step=start if resume else None) if main else _NoFile()
+    logger = _NoFile() if not main else MetricsLogger(run.out, cfg.report_to, start if resume else None, log=log,
+                                                      config=to_dict(cfg), run_name=cfg.run_name,
+                                                      project=cfg.project, listeners=[hooks.listener])
     samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else _NoFile()
     summary_path = run.out / "summary.json"
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
     eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
-    evaluator = Evaluator(run, eval_set, logger)  # the one place an evaluation happens: Evaluator.evaluate_at
+    hooks.begin(cfg, run.out, start, is_main=main, objects={"model": run.policy, "processing_class": run.tokenizer,
+                                                             "optimizer": run.optimizer, "lr_scheduler": run.scheduler})
+    # the one place an evaluation happens: Evaluator.evaluate_at; with eval_steps=0 the evaluations before
+    # and after training are in no metrics row, so the trackers and callbacks get them on their own
+    evaluator = Evaluator(run, eval_set, logger, on_evaluate=None if cfg.eval_steps else
+                          lambda step, metrics, res: logger.track({"step": step, **metrics}))
     prior_before = prior.get("eval_before") if resume else None
     before = evaluator.at_start(prior_before)
     if main and before is not None and prior_before is None:
@@ -316,24 +267,36 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
     distributed.barrier(d)
     progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
     watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
+    stopped = None
     try:
         with StopSignals(log=log) as signals:
             for step in range(start + 1, cfg.steps + 1):
+                hooks.step_begin(step)
                 m, batch = engine_step(run, step)
                 watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
                 if evaluator.due(step):
                     m.update(evaluator.evaluate_at(step))
+                hooks.step_end(step, m)
                 logger.log(m)
                 if cfg.samples_per_step and not batch.empty:
-                    for rec in sample_records(batch, step, cfg.samples_per_step, run=run):
+                    records = sample_records(batch, step, cfg.samples_per_step, run=run)
+                    for rec in records:
                         samples.write(rec)
+                    logger.log_table("samples", sample_table(records), step)
                 progress.advance(m)
                 check_nonfinite(run, step)
-                stop = distributed.global_counts(d, float(signals.requested or 0))[0]  # any rank signalled
-                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop or evaluator.stop_reason:
-                    save_or_stop(run, step)
+                # any rank signalled; any rank's callback asked to stop, or to save
+                stop, halt, keep = distributed.global_counts(d, float(signals.requested or 0), float(hooks.should_stop),
+                                                             float(hooks.should_save))
+                if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop or halt or keep
+                        or evaluator.stop_reason):
+                    hooks.saved(save_or_stop(run, step))
                 if evaluator.stop_reason:  # eval_stop_at: finished early, summary and report as at the end
                     log(f"stopping: {evaluator.stop_reason}")
+                    break
+                if halt and not stop:  # a callback: end as at the last step (evaluation, summary, report), exit 0
+                    stopped = {"step": step, "reason": hooks.state.stop_reason or "a callback on another rank"}
+                    log(f"stopped after step {step}: {stopped['reason']}; checkpoint written")
                     break
                 if stop:
                     if main:
@@ -342,21 +305,25 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
                     raise RunStopped(f"stopped by {name} after step {step}; checkpoint written. "
                                      f"Continue with: {resume_command(run)}", code)
                 check_reward_failures(run, step, m, batch, log, save=save_or_stop, resume=resume_command(run))
+        progress.close()
+        after = evaluator.final(stopped["step"] if stopped else cfg.steps)  # before the trackers close
     finally:
         progress.close()
         logger.close()
         samples.close()
-    after = evaluator.final(cfg.steps)
     run.engine.close()
     if not main:  # the other ranks are done: rank 0 writes the summary
+        hooks.end({})
         distributed.barrier(d)
         return {}
     history = read_jsonl(run.out / "metrics.jsonl")
     summary = summarise(history, before, after, run.out, report=cfg.report)
     summary.update(summary_fields(before, after, evaluator, cfg.seed))
+    summary["stopped"] = stopped  # None, or the step and reason of a callback's stop
     _write_summary(summary_path, summary)
     write_run_report(run, log, report)
     print_summary(summary, console=console)
+    hooks.end(summary)
     distributed.barrier(d)
     return summary
 
@@ -378,6 +345,12 @@ class _NoFile:
     """metrics.jsonl / samples.jsonl of a rank other than 0: written by rank 0 only."""
 
     def log(self, record: dict) -> None:
+        pass
+
+    def track(self, record: dict) -> None:
+        pass
+
+    def log_table(self, name: str, rows: list, step: int) -> None:
         pass
 
     def write(self, record: dict) -> None:
@@ -416,17 +389,17 @@ def check_nonfinite(run: Run, step: int) -> None:
                          f"lower lr; continue with: {resume_command(run)}", 1)
 
 
-def save_or_stop(run: Run, step: int) -> None:
-    """save() on rank 0, or RunStopped (exit 1, on every rank) naming the intact previous checkpoint when
-    the disk refuses it."""
+def save_or_stop(run: Run, step: int) -> Path | None:
+    """save() on rank 0 (returns the checkpoint's directory there, None elsewhere), or RunStopped (exit 1,
+    on every rank) naming the intact previous checkpoint when the disk refuses it."""
     from grpolab.training.checkpoint import is_write_failure, latest_checkpoint
 
     d = run.ranks
-    error = None
+    error = path = None
     policy, optimizer = sharding.full_views(run)  # FSDP: every rank gathers the full states for rank 0
     if d.main:
         try:
-            save(run, step, policy, optimizer)
+            path = save(run, step, policy, optimizer)
         except Exception as e:
             if not is_write_failure(e):
                 raise
@@ -438,6 +411,7 @@ def save_or_stop(run: Run, step: int) -> None:
         raise RunStopped(f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
                          f"nothing partial was left and {kept}. Free space, then continue with: "
                          f"{resume_command(run)}", 1) from error
+    return path
 
 
 def _write_summary(path: Path, data: dict) -> None:
