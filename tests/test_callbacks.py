@@ -106,7 +106,9 @@ def test_a_callback_stops_the_run_after_the_step_it_chose(stopped_run):
 
 def test_the_hooks_come_in_order_with_the_metrics(stopped_run):
     _, _, calls, _ = stopped_run
-    evals = ["eval/accuracy", "eval/length", "eval/n", "eval/reward", "step"]
+    evals = ["eval/accuracy", "eval/accuracy_hi", "eval/accuracy_lo", "eval/extract/math/no_answer",
+             "eval/extract/math/right", "eval/extract/math/wrong", "eval/length", "eval/pass@1", "eval/pass@1_hi",
+             "eval/pass@1_lo", "eval/prompts", "eval/reward", "eval/samples_per_prompt", "step"]
     assert calls == [("train_begin", 0, 5), ("evaluate", 0, evals),
                      ("step_begin", 1), ("step_end", 1, 1, True),
                      ("step_begin", 2), ("step_end", 2, 2, True),

@@ -81,7 +81,7 @@ def test_run_files_are_never_opened_through_a_link(tmp_path, victim):
     out.mkdir()
     (out / "tb").symlink_to(d)
     with pytest.raises(ConfigError, match="tb is a symbolic link"):
-        MetricsLogger(out, tensorboard=True)
+        MetricsLogger(out, report_to=["tensorboard"])
     assert v.read_text() == "precious\n" and os.listdir(d) == []
 
 

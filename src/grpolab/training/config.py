@@ -19,10 +19,10 @@ from typing import Any
 import yaml
 
 from grpolab.algo.presets import AlgoConfig, resolve_algo
+from grpolab.algo.schedules import check_scheduler
 from grpolab.engine.settings import RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
-from grpolab.model.optim import check_scheduler
 from grpolab.util.fields import ConfigError, coerce_field, field_docs
 from grpolab.util.fileio import atomic_write
 from grpolab.util.threads import WAIT_SETTINGS
@@ -429,7 +429,7 @@ def eval_checks(cfg: Config) -> list[tuple[bool, str, str]]:
 
 
 def lr_updates(cfg: Config) -> dict[str, int]:
-    """The schedule's W and N (grpolab.model.optim.SCHEDULES): total N = steps * algo.mu *
+    """The schedule's W and N (grpolab.algo.schedules.SCHEDULES): total N = steps * algo.mu *
     algo.steps_per_generation optimizer updates; warmup W = ceil(warmup_ratio * N) when warmup_ratio > 0
     (transformers' TrainingArguments.get_warmup_steps), else warmup_steps * algo.mu * algo.steps_per_generation."""
     per_step = cfg.algo.mu * cfg.algo.steps_per_generation
