@@ -18,13 +18,8 @@ from grpolab.engine.vllm_engine import vllm_sampling_kwargs
 from grpolab.model.optim import SCHEDULES, build_scheduler
 from grpolab.model.reference import FrozenCopy, mix_into
 from grpolab.model.sampling import Filters, apply_repetition_penalty, is_plain, sample_token, sampling_logp, seen_tokens
-from grpolab.training.config import (
-    build_config,
-    check_engine_kwargs,
-    extra_generation_kwargs,
-    lr_updates,
-    sampling_values,
-)
+from grpolab.training.config import build_config
+from grpolab.training.options import check_engine_kwargs, extra_generation_kwargs, lr_updates, sampling_values
 from grpolab.training.step import sync_reference
 from grpolab.util.fields import ConfigError
 

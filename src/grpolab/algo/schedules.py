@@ -19,7 +19,7 @@ from grpolab.util.fields import ConfigError
 #     cosine                 i / W for i < W, then 0.5 (1 + cos(pi p)),           TRL's lr_scheduler_type)
 #                            p = (i - W) / (N - W)
 #
-# W and N of a run: grpolab.training.config.lr_updates.
+# W and N of a run: grpolab.training.options.lr_updates.
 
 
 def warmup_constant(i: int, warmup: int, total: int) -> float:

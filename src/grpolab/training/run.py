@@ -25,7 +25,8 @@ from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
 from grpolab.model.sampling import is_plain
-from grpolab.training.config import Config, extra_generation_kwargs, sampling_values
+from grpolab.training.config import Config
+from grpolab.training.options import extra_generation_kwargs, sampling_values
 from grpolab.util.fields import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not by this module
@@ -111,7 +112,7 @@ class Run:
 
     def sampling(self, greedy: bool = False) -> Sampling:
         """How the rollouts draw tokens: the run's max_new_tokens and sampling options (temperature, top_p,
-        top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.config.sampling_values),
+        top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.options.sampling_values),
         the other generation_kwargs for the engine (greedy: argmax)."""
         v = sampling_values(self.cfg)
         return Sampling(self.cfg.max_new_tokens, float(v["temperature"]), float(v["top_p"]), greedy,

@@ -42,7 +42,8 @@ from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.callbacks import Callbacks
-from grpolab.training.config import Config, check_engine_kwargs, fold_report_to, lr_updates, save_config, to_dict
+from grpolab.training.config import Config, fold_report_to, save_config, to_dict
+from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
