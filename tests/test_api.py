@@ -5,6 +5,7 @@ as it was); rows in memory as a dataset; output printed once."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,7 +206,7 @@ def test_resume_through_the_api(api_run, tmp_path):
 
 def readme_section(title: str) -> str:
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    body = text.split(f"### {title}\n", 1)[1]
+    body = re.split(rf"^#+ {re.escape(title)}\n", text, maxsplit=1, flags=re.M)[1]
     return body.split("\n### ", 1)[0].split("\n## ", 1)[0]
 
 
