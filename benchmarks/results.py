@@ -61,7 +61,7 @@ CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
     "cpu-malloc": ("Freed memory kept (cpu_malloc=keep) against malloc as it is", "keep", "system",
                    "s/step", "lower"),
     "lora-memory": ("LoRA r=16 against full fine-tuning, peak RSS", "LoRA", "full", "MB", "lower"),
-    "demo-learns": ("The demo recipe learns: held-out accuracy after training against before",
+    "demo-learns": ("Recipes learn: held-out accuracy after training against before",
                     "after", "before", "accuracy", "higher"),
     "sandbox": ("Sandbox throughput (run_many, 2 slots)", "grpolab.sandbox", "previous sandbox",
                 "candidates/s", "higher"),
