@@ -378,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
 
         mb = 2 ** 20
         results.record(ns.json, [
-            {**results.entry("memory-plan", r["config"], round(r["predicted_peak"] / mb), round(r["measured_peak"] / mb)),
+            {**results.entry("memory-plan", r["config"], round(r["predicted_peak"] / mb),
+                             round(r["measured_peak"] / mb)),
              "ratio": r["predicted_peak"] / r["measured_peak"]}
             for r in res["rows"] if r["status"] == "ok"])
     return 0 if res["status"] == "ok" and res["within_tolerance"] == res["measured"] else 1

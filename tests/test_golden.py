@@ -53,9 +53,11 @@ pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied i
 
 def run_preset(name: str, model_dir: Path, out: Path) -> dict:
     preset, overrides, extra = RUNS[name]
-    algo = [f"algo={preset}", *(f"algo.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())]
+    algo = [f"algo={preset}",
+            *(f"algo.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())]
     assert main(["train", f"model={model_dir}", f"out={out}", *algo, *ARGS, *extra]) == 0
-    metrics = [{k: v for k, v in m.items() if not k.startswith(SKIP_PREFIXES)} for m in read_jsonl(out / "metrics.jsonl")]
+    metrics = [{k: v for k, v in m.items() if not k.startswith(SKIP_PREFIXES)}
+               for m in read_jsonl(out / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     return {"metrics": metrics, "samples": read_jsonl(out / "samples.jsonl"),
             "weights": weights(out / "checkpoints" / f"step-{STEPS:06d}")}
