@@ -1,13 +1,13 @@
 """Side-by-side CPU benchmarks, printed as ratios (run on a quiet machine; numbers are noisy otherwise).
 
-    .venv/bin/python benchmarks/bench_cpu.py [--reps 3]
+    python benchmarks/bench_cpu.py [--reps 3] [--json PATH]
 
 1. rollout: grpolab.model.generate.generate vs transformers' model.generate (what TRL's GRPOTrainer calls when
    it has no vLLM), same model, prompts, G, max_new_tokens, temperature; both in bf16 autocast.
 2. update: forward+backward of one micro-batch, fp32 vs bf16 autocast (decides `precision=auto`), and
    the prompt computed once per group (grouped_completion_logp) vs once per sequence (what TRL does).
 3. sampler: inverse-CDF sampling vs torch.multinomial over the 49k vocabulary.
-Each line prints the median of --reps runs.
+Each line prints the median of --reps runs; --json appends them as entries of benchmarks/results.py.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--B", type=int, default=4, help="prompts")
     ap.add_argument("--G", type=int, default=8, help="completions per prompt")
     ap.add_argument("--new", type=int, default=32, help="max new tokens")
+    ap.add_argument("--json", help="append the results to this JSON-lines file (benchmarks/results.py)")
     a = ap.parse_args()
     path = model_dir("smollm2-135m")
     tok = load_tokenizer(path)
@@ -120,6 +121,21 @@ def main() -> None:
     ti = median_time(lambda: inverse_cdf_sample(probs, g), 20)
     tm = median_time(lambda: torch.multinomial(probs, 1, generator=g), 20)
     print(f"sampler  inverse-CDF {1e3 * ti:6.1f} ms   torch.multinomial {1e3 * tm:6.1f} ms   speed-up x{tm / ti:.1f}")
+    if a.json:
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import results
+
+        shape = f"{a.B} prompts x G={a.G} x {a.new} tokens"
+        results.record(a.json, [
+            results.entry("rollout-hf", f"{shape}, fp32", n_tok / t_ours, n_tok / peer),
+            results.entry("precision", f"rollout, {shape}", t_bf, t_ours),
+            results.entry("precision", f"update, {b} x ({P} + {C}) tokens", t16, t32),
+            results.entry("prompt-once", f"forward+backward, 2 groups x G=8, {P} prompt + {C} completion tokens, fp32",
+                          t_grp, t_seq),
+            results.entry("sampler", f"{a.B * a.G} rows x {len(tok):,} tokens", 1e3 * ti, 1e3 * tm)])
 
 
 if __name__ == "__main__":

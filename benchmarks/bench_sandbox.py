@@ -4,7 +4,7 @@ Candidates are the reference solutions of the built-in code problems (2-5 tests 
 The machine's load average is printed with each measurement: other jobs on the same cores lower
 the numbers (docs/security.md quotes ~40 candidates/s on 2 idle cores).
 
-    python benchmarks/bench_sandbox.py [--repeats 3] [--sequential 20]
+    python benchmarks/bench_sandbox.py [--repeats 3] [--sequential 20] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sequential", type=int, default=20, help="runs for the single-candidate latency")
+    ap.add_argument("--json", help="append the result to this JSON-lines file (benchmarks/results.py)")
     args = ap.parse_args(argv)
     iso = sb.check_isolation("best_effort")
     print(f"isolation: {iso.describe()}; MAX_PARALLEL = {sb.MAX_PARALLEL}; cpus = {os.cpu_count()}")
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     per = cpu / len(lat)
     print(f"CPU per candidate (all its processes and the trainer's share): {per * 1000:.1f} ms, so at most "
           f"{os.cpu_count() / per:.0f} candidates/s on {os.cpu_count()} idle cores")
+    rates, loads = [], []
     for _ in range(args.repeats):
         load = os.getloadavg()[0]
         t = time.monotonic()
@@ -56,6 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         assert all(r.fraction == 1.0 for r in res), [r.details for r in res if r.fraction != 1.0][:3]
         print(f"run_many: {len(jobs)} candidates in {wall:.2f} s = {len(jobs) / wall:.1f} candidates/s "
               f"(load average before {load:.2f})")
+        rates.append(len(jobs) / wall)
+        loads.append(load)
+    if args.json:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import results
+
+        setting = (f"{len(jobs)} candidates, {sb.MAX_PARALLEL} slots, load {min(loads):.1f}-{max(loads):.1f} "
+                   f"(median of {len(rates)})")
+        results.record(args.json, [results.entry("sandbox", setting, statistics.median(rates), None,
+                                                 interval=[min(rates), max(rates)])])
     return 0
 
 

@@ -2,7 +2,8 @@
 (no EOS), in one process: grpolab's native engine, the vLLM engine (grpolab.engine.vllm_engine), and
 vLLM's own LLM.generate on the same token ids and sampling settings (the integration's overhead).
 
-    python benchmarks/engine_ab.py [--eager] [--dtype bf16|fp32] [--rounds 3] [--shapes 2x8x64,2x8x128,8x8x64] [--json OUT]
+    python benchmarks/engine_ab.py [--eager] [--dtype bf16|fp32] [--rounds 3] [--shapes 2x8x64,2x8x128,8x8x64]
+                                  [--json PATH] [--raw OUT]
 
 `--dtype` is the rollout precision of both engines (bf16: the native engine's lean decoder; fp32: its HF
 forward), as `precision=auto` may choose either on a CPU.
@@ -24,6 +25,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
+def results_module():
+    """benchmarks/results.py, where the shared entry format lives (this file may be loaded from elsewhere)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import results
+
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
@@ -31,7 +42,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="2x8x64,2x8x128,8x8x64")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default="", help="append the results to this JSON-lines file (benchmarks/results.py)")
+    ap.add_argument("--raw", default="", help="write this script's own JSON (every figure) here")
     ns = ap.parse_args()
 
     import torch
@@ -87,15 +99,22 @@ def main() -> None:
                 f()
                 secs[k].append(time.perf_counter() - t)
         tps = {k: tokens / statistics.median(v) for k, v in secs.items()}
+        spans = {k: [tokens / max(v), tokens / min(v)] for k, v in secs.items()}
         rows.append({"shape": shape, **{f"{k}_tok_s": round(v, 1) for k, v in tps.items()},
                      "vllm_over_native": round(tps["vllm"] / tps["native"], 2),
                      "engine_overhead": round(tps["vllm_raw"] / tps["vllm"] - 1, 3)})
         print(json.dumps(rows[-1]), flush=True)
+        if ns.json:
+            results = results_module()
+            setting = f"{B} x {G} x {T} (prompts x G x tokens), {ns.dtype}" + (", eager" if ns.eager else "")
+            results.record(ns.json, [
+                results.entry("engine-speed", setting, tps["native"], tps["vllm"], interval=spans["native"]),
+                results.entry("engine-overhead", setting, tps["vllm"], tps["vllm_raw"], interval=spans["vllm"])])
     out = {"vllm_startup_s": round(startup, 1), "eager": ns.eager, "dtype": ns.dtype, "sync_s": round(sync, 3),
            "threads": torch.get_num_threads(), "rows": rows}
     print(json.dumps(out))
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(out, indent=2) + "\n")
+    if ns.raw:
+        Path(ns.raw).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 (grpolab.app.bench.ours.setup_run), its peak resident memory measured per phase by resetting the kernel's
 high-water mark (`echo 5 > /proc/self/clear_refs`) before each phase and reading VmHWM after it.
 
-    python benchmarks/engine_memory.py [--engine vllm|native] [--setting a|b|agent] [--steps 3]
-                                       [--cpu-malloc keep|system] [--json OUT]
+    python benchmarks/engine_memory.py [--engine vllm|native|both] [--setting a|b|agent] [--steps 3]
+                                       [--cpu-malloc keep|system] [--json PATH] [--raw OUT]
 
 Phases: load+engine (the policy, the reference, the optimizer, and the engine's start: vLLM's model
 load, compile and KV cache), then per step generate (generate_turns in the agent setting), reference
@@ -12,12 +12,16 @@ handed to the engine); scoring, shaping and the engine's release() fall between 
 counted. After each step: the rollout's rows x (prompt + completion) width and its completion tokens, as
 the update's activations grow with both. Prints, per phase, the resident memory after it and its own
 peak (MB); the largest is the run's peak, what `grpolab bench` reports as ru_maxrss. Linux only.
+`--engine both` runs native, then vLLM, each in a process of its own, and with `--json` appends their
+peaks as one entry of benchmarks/results.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,15 +60,42 @@ class Phases:
         return out
 
 
+def results_module():
+    """benchmarks/results.py, where the shared entry format lives (this file may be loaded from elsewhere)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import results
+
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", choices=["vllm", "native"], default="vllm")
+    ap.add_argument("--engine", choices=["vllm", "native", "both"], default="vllm")
     ap.add_argument("--setting", choices=["a", "b", "agent"], default="a")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--cpu-malloc", choices=["keep", "system"], default=None,
                     help="the run's cpu_malloc (default: the config's default)")
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default="", help="append the result to this JSON-lines file (benchmarks/results.py)")
+    ap.add_argument("--raw", default="", help="write this script's own JSON (every phase) here")
     ns = ap.parse_args()
+    if ns.engine == "both":
+        peaks = {}
+        with tempfile.TemporaryDirectory(prefix="grpolab-mem-") as tmp:
+            for engine in ("native", "vllm"):
+                argv = [a for a in sys.argv[1:] if a not in ("both", "--engine") and not a.startswith("--engine=")]
+                argv = [a for i, a in enumerate(argv) if not (i and argv[i - 1] in ("--json", "--raw"))
+                        and a not in ("--json", "--raw")]
+                subprocess.run([sys.executable, __file__, "--engine", engine, "--raw", f"{tmp}/{engine}.json", *argv],
+                               check=True)
+                peaks[engine] = json.loads(Path(f"{tmp}/{engine}.json").read_text())["ru_maxrss_mb"]
+        print(f"peak MB: native {peaks['native']}, vllm {peaks['vllm']} (x{peaks['vllm'] / peaks['native']:.2f})")
+        if ns.json:
+            results = results_module()
+            setting = f"setting ({ns.setting}), {ns.steps} steps, cpu_malloc={ns.cpu_malloc or 'default'}"
+            results.record(ns.json, [results.entry("engine-memory", setting, peaks["vllm"], peaks["native"])])
+        return
 
     from grpolab.app.bench.spec import SETTINGS, Spec, bench_model_dir
 
@@ -99,8 +130,8 @@ def main() -> None:
     out = {"engine": ns.engine, "setting": ns.setting, "cpu_malloc": run.cfg.cpu_malloc,
            "describe": engine.describe(), "phases": phases.rows, "shapes": shapes, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
     print(json.dumps(out))
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
+    if ns.raw:
+        Path(ns.raw).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -124,11 +124,12 @@ def tail(path: Path, n: int = 30) -> str:
 class Check:
     def __init__(self, ns):
         self.dry = ns.dry_run
+        self.json = getattr(ns, "json", None)
         self.size = DRY if self.dry else FULL
         self.out = Path(ns.out or os.environ.get("OUT") or ROOT / "runs" / "gpu-check").resolve()
         self.out.mkdir(parents=True, exist_ok=True)
-        # model dirs, runs, worker files: gigabytes on the GPU, so never under OUT (the device tool brings
-        # back only a few small files from $OUT); removed at the end unless --keep-work
+        # model dirs, runs, worker files: gigabytes on the GPU, so never under OUT (only a few small files
+        # belong in $OUT); removed at the end unless --keep-work
         self.work = Path(ns.work).resolve() if ns.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.keep_work = ns.keep_work or bool(ns.work)
@@ -206,6 +207,10 @@ class Check:
         for line in self.res["summary"]:
             self.log(line)
         bad = [p for p, r in self.res["parts"].items() if r["status"] in ("failed", "timeout")]
+        bench = self.res["parts"].get("bench", {})
+        if self.json and bench.get("status") == "ok":
+            results = results_module()
+            results.record(self.json, results.from_bench(bench["result"], bench["command"]))
         self.log(f"\nwrote {self.out / 'gpu_check.json'} and {self.out / 'gpu_check.log'}"
                  + (f"; failed: {', '.join(bad)}" if bad else ""))
         return 1 if bad else 0
@@ -359,7 +364,7 @@ class Check:
              "log_tail": tail(self.out / "bench.log", 25)}
         if against == "none":
             r["trl"] = {"status": "skipped", "reason": "--no-trl" if env.get("trl_hidden") else env.get("trl_error") or
-                        "TRL is not installed (pip install 'grpolab[bench]', or carry its wheel: bash benchmarks/gpu_wheels.sh)"}
+                        "TRL is not installed (pip install 'grpolab[bench]', or fetch its wheel with bash benchmarks/gpu.sh --fetch-wheels)"}
         if rc is None:
             return {**r, "status": "timeout", "reason": f"killed after {sec:.0f} s"}
         if rc != 0 or not (self.work / "bench.json").exists():
@@ -493,10 +498,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-trl", action="store_true", help="run `grpolab bench --against none` even where TRL is "
                     "installed (TRL then counts as skipped)")
     ap.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts (env always runs)")
+    ap.add_argument("--json", help="append the bench part's result to this JSON-lines file (benchmarks/results.py)")
     ns = ap.parse_args(argv)
     if ns.only:
         ns.only = sorted(set(ns.only) | {"env"})
     return Check(ns).run()
+
+
+def results_module():
+    """benchmarks/results.py, where the shared entry format lives (this file may be loaded from elsewhere)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import results
+
+    return results
 
 
 if __name__ == "__main__":

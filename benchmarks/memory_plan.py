@@ -1,6 +1,6 @@
 """`grpolab plan`'s memory model against measured peaks: a real training step per configuration.
 
-    .venv/bin/python benchmarks/memory_plan.py [--configs NAME ...] [--work DIR] [--json-out FILE]
+    .venv/bin/python benchmarks/memory_plan.py [--configs NAME ...] [--work DIR] [--json PATH] [--json-out FILE]
     .venv/bin/python benchmarks/memory_plan.py --device cuda --set gpu      # benchmarks/gpu.sh runs this
 
 Each configuration runs in a process of its own: grpolab.training.trainer.setup builds the run (the
@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "grpolab" / "bench-models"),
                     help="where random-weight model directories are built once")
-    ap.add_argument("--json-out")
+    ap.add_argument("--json", help="append one entry per configuration to this JSON-lines file (benchmarks/results.py)")
+    ap.add_argument("--json-out", help="write this script's own JSON (every phase) here")
     ap.add_argument("--predict", metavar="JSON", help="recompute the predictions of a --json-out file's measured "
                     "rows with the model as it is now (the measurements stay)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -371,6 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"within {TOLERANCE:.0%}: {res['within_tolerance']} of {res['measured']} measured")
     if ns.json_out:
         Path(ns.json_out).write_text(json.dumps(res, indent=2) + "\n")
+    if ns.json:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import results
+
+        mb = 2 ** 20
+        results.record(ns.json, [
+            {**results.entry("memory-plan", r["config"], round(r["predicted_peak"] / mb),
+                             round(r["measured_peak"] / mb)),
+             "ratio": r["predicted_peak"] / r["measured_peak"]}
+            for r in res["rows"] if r["status"] == "ok"])
     return 0 if res["status"] == "ok" and res["within_tolerance"] == res["measured"] else 1
 
 

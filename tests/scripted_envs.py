@@ -85,6 +85,6 @@ SLEEPY = "".join('<tool_call>{"name": "python", "arguments": {"code": "import ti
 
 
 class SleepyPython(Scripted):
-    """The review's liveness case: one turn of 16 python calls that each sleep 10 s."""
+    """The liveness case of the tool budgets: one turn of 16 python calls that each sleep 10 s."""
 
     turn = SLEEPY

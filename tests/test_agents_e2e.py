@@ -1,4 +1,4 @@
-"""Multi-turn runs through the real CLI on the tiny model (issue 22, item 7): every algorithm preset,
+"""Multi-turn runs through the real CLI on the tiny model: every algorithm preset,
 LoRA, an exact resume, evaluation, and two data-parallel ranks under torchrun.
 
 A tiny random model never answers an arithmetic question, so these runs add the registered test reward

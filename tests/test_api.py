@@ -214,7 +214,7 @@ def test_readme_your_own_reward_runs_as_written(tiny_model_dir, tmp_path, monkey
     """The README's "Your own reward" example, from an empty directory: my_rewards.py, the Python script,
     the command line (split as the shell does), and loading the checkpoint in plain transformers, in
     this process (each subprocess would import torch again). One substitution: the tiny test model
-    instead of the bundled one (the bundled model takes minutes per step on this machine; the README
+    instead of the bundled one (the bundled model takes minutes per step on a small CPU; the README
     gives the numbers it printed there)."""
     import re
     import runpy

@@ -169,7 +169,7 @@ def test_a_one_column_slice_is_widened_without_changing_its_log_probs(tiny_model
     assert torch.allclose(wide, narrow, atol=1e-6) and torch.allclose(wide_entropy, narrow_entropy, atol=1e-5)
 
 
-# Elastic runs (issue 23): resume=auto under torchrun --max-restarts, and two hosts on one machine.
+# Elastic runs: resume=auto under torchrun --max-restarts, and two hosts on one machine.
 
 def _clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}

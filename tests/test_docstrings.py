@@ -1,7 +1,11 @@
-"""Docstrings explain; docs measure. No docstring or comment under src/grpolab holds a date or a timing
-figure from a run: such numbers go stale with the next benchmark, and they live in docs/performance.md
-next to the command that produces them (older ones in docs/bench-history.md). A docstring says what the
-code does and why, and names the section of docs/performance.md that holds the measurement.
+"""Docstrings explain; docs measure. No docstring, comment or runtime message under src/grpolab holds a
+date or a timing figure from a run: such numbers go stale with the next benchmark, and they live in
+docs/results.md with the command that produces them (the dated history in docs/devlog.md). A docstring
+says what the code does and why, and names the section of docs/performance.md that explains it.
+
+The repository speaks of the project alone: no issue numbers, sessions or reviews of its development in
+code, tests, scripts or docs, and no test docstring dated: a test says what it guards, not when it was
+written.
 
 What counts as text here: every comment (tokenize) and every string that stands alone as a statement
 (ast: module, class and function docstrings, and the attribute docstrings under config fields).
@@ -28,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "grpolab"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "grpolab"
 
 _MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December"
            "|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec")
@@ -114,3 +119,69 @@ def test_no_dates_or_timings_in_docstrings_and_comments():
                 found.append(f"{path.relative_to(SRC.parents[1])}:{line}: {hit!r}")
     assert not found, ("dates or timing figures in docstrings or comments (move the number to "
                        "docs/performance.md, next to its command, and point there):\n" + "\n".join(found))
+
+
+# A figure quoted as a range of ratios ("0.93-1.5x", "6-8x slower"), as a runtime message might.
+RATIO_RANGE = re.compile(rf"\b{_NUM}\s?-\s?{_NUM}\s?[x×](?![\w])")
+# How a development log speaks of itself.
+MAKING = re.compile(r"\bissues? #?\d+|\b(?:this|that|next|earlier|previous) session\b|\bsession's\b"
+                    r"|\bsessions\b|\bthe review\b|\breview's\b|\bhelpers? (?:session|engineer)", re.I)
+
+
+def strings_of(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in one source file that is not a docstring-like statement:
+    messages, f-string parts, defaults."""
+    tree = ast.parse(path.read_text())
+    statements = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in statements]
+
+
+@pytest.mark.parametrize("text", ["vLLM measured 0.93-1.5x its tokens/s", "ran 6-8x slower"])
+def test_ratio_ranges_are_caught(text):
+    assert RATIO_RANGE.search(text)
+
+
+@pytest.mark.parametrize("text", ["see issue 30", "on this session's machine", "fixed in the review",
+                                  "Issue 23: floats", "the next session's CPU"])
+def test_development_history_is_caught(text):
+    assert MAKING.search(text), text
+
+
+@pytest.mark.parametrize("text", ["a decode session holds the KV cache", "runs in a new session (setsid)",
+                                  "scope='session'", "the chat session ends on /exit"])
+def test_sessions_of_the_code_pass(text):
+    assert not MAKING.search(text), text
+
+
+def test_no_measured_figure_in_runtime_messages():
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for line, text in strings_of(path):
+            hits = [m.group(0) for pattern in (DATE, TIMING, RATIO_RANGE) for m in pattern.finditer(text)
+                    if any(c.isdigit() for c in m.group(0))]  # a unit alone ("s/step") labels a column
+            found += [f"{path.relative_to(ROOT)}:{line}: {hit!r}" for hit in hits]
+    assert not found, ("measured figures in strings of the code (say it in docs/results.md and point to "
+                       "docs/performance.md):\n" + "\n".join(found))
+
+
+def test_the_repository_speaks_of_the_project_alone():
+    files = [*SRC.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "benchmarks").glob("*.sh"), *(ROOT / "docs").glob("*.md")]
+    found = []
+    for path in sorted(files):
+        if path.name == "test_docstrings.py":  # this file's examples
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            found += [f"{path.relative_to(ROOT)}:{n}: {m.group(0)!r}" for m in MAKING.finditer(line)]
+    assert not found, "the repository's own making, which no reader can look up:\n" + "\n".join(found)
+
+
+def test_test_docstrings_are_not_dated():
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        if path.name == "test_docstrings.py":
+            continue
+        for line, text in texts_of(path):
+            found += [f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r}" for m in DATE.finditer(text)]
+    assert not found, "a test's docstring says what it guards, not when:\n" + "\n".join(found)

@@ -1,5 +1,5 @@
 """Every policy-gradient method runs `grpolab train algo=NAME steps=2` end to end on the tiny model and
-really updates the policy (issue 3, proof 7); PPO also trains its critic, and its cost is visible.
+really updates the policy; PPO also trains its critic, and its cost is visible.
 
 A tiny random model scores 0 on every task, so the runs use a registered test reward that varies within
 groups ((sum of character codes mod 5) / 4), giving every estimator a non-zero advantage.

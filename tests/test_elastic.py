@@ -1,4 +1,4 @@
-"""resume=auto (issue 23): the same command starts a run or continues its newest verified checkpoint,
+"""resume=auto: the same command starts a run or continues its newest verified checkpoint,
 and each continuation is recorded in OUT/restarts.jsonl. One process, in-process, on the tiny model;
 the torchrun cases (a SIGKILLed worker under --max-restarts, a lost host) are in test_distributed.py."""
 

@@ -1,7 +1,7 @@
-"""Issue 30: tool time has a budget per trajectory and per step (grpolab.env.budget), counted in the env
+"""Tool time has a budget per trajectory and per step (grpolab.env.budget), counted in the env
 metrics, and a call the runner abandons no longer holds, nor waits for, a sandbox slot.
 
-The review's case: one turn of 16 sleeping python calls took 82 s for one trajectory. The tools here
+Without budgets, one turn of 16 sleeping python calls holds a trajectory for minutes. The tools here
 either hang until released (threading.Event), so that what is cut and refused does not depend on the
 machine's speed, or sleep far longer than any budget; time is only checked against bounds many times
 wider than the scheduling noise of a loaded machine.
@@ -179,8 +179,8 @@ def test_an_abandoned_python_call_waiting_for_a_slot_never_takes_one():
 
 
 def test_sixteen_sleeping_python_calls_per_turn_through_the_cli_are_bounded_and_counted(tiny_model_dir, tmp_path):
-    """The review's reproducer in a real `grpolab train`: every trajectory's first turn makes 16 python calls
-    that each sleep 10 s (82 s for one trajectory before, at the python tool's own 5 s limit per call). With
+    """The hanging-tools case in a real `grpolab train`: every trajectory's first turn makes 16 python calls
+    that each sleep 10 s (up to 16 x the python tool's own 5 s limit per call without budgets). With
     env.tool_budget_s=1.5 the first call is cut at the budget and the other 15 are refused, each counted."""
     model = chatty_copy(tiny_model_dir, tmp_path / "model")
     out, steps, n = tmp_path / "run", 2, 4

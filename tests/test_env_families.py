@@ -1,4 +1,4 @@
-"""The pieces that let environments written for other trainers run unchanged (issue 28), one by one:
+"""The pieces that let environments written for other trainers run unchanged, one by one:
 the OpenEnv and SkyRL-gym adapters on environments written in those projects' style (tests/envs/),
 sync tools on the calling thread, reward functions that take `environments`, prompts the environment
 writes, rows without prompts or answers, task=env, TRL's spellings in grpolab.train, and what TRL 1.16

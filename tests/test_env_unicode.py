@@ -1,12 +1,12 @@
-"""Issue 30: text with a lone UTF-16 surrogate (JSON's "\\ud800") never crashes a run.
+"""Text with a lone UTF-16 surrogate (JSON's "\\ud800") never crashes a run.
 
-The three paths of the review, each through a real `grpolab train` on the tiny model in the
+Three paths by which such text enters a run, each through a real `grpolab train` on the tiny model in the
 calculator_python environment (the third with a TRL-style tool that echoes its argument). A random tiny
 model never writes these calls, so the environment under test is the real one wrapped so that its first
 step receives the attacker's turn instead of the model's (tests/scripted_envs.py); everything after the
 environment's step (run_turns, the reply's tokens, metrics.jsonl, samples.jsonl) is the trainer's own.
-Before the fix: path 1 raised TypeError in the tokenizer at step 1, path 2 UnicodeEncodeError writing
-samples.jsonl.
+Unrepaired, path 1 would raise TypeError in the tokenizer at step 1, and path 2 UnicodeEncodeError
+writing samples.jsonl.
 
 Then the pieces: util.text.safe_text, the parser's repair, a user environment whose reply holds a
 surrogate, and the special tokens a tool's output spells (escaped, docs/security.md).

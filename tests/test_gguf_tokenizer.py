@@ -1,7 +1,7 @@
 """The bundled model's tokenizer is shipped (grpolab/data/smollm2-tokenizer), not converted from the GGUF:
 transformers 5.17 converts it with EOS = <|im_start|> and no padding token, 5.24 correctly. These tests
 run on whatever transformers is installed; the 5.17 run is described in grpolab/data/smollm2-tokenizer/NOTICE.md
-and docs/performance.md."""
+and docs/devlog.md."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def test_the_dry_run_exits_0_and_writes_the_json_and_the_log(dry):
         assert part["status"] == "ok" or part.get("reason"), (name, part)
     assert "=== summary" in p.stdout and res["summary"] and all(line in p.stdout for line in res["summary"])
     assert (out / "gpu_check.log").read_text().count("--- ") == len(PARTS)
-    assert not any(p.is_dir() for p in out.iterdir())  # model dirs never land in OUT (the device tool brings back files)
+    assert not any(p.is_dir() for p in out.iterdir())  # model dirs never land in OUT (only small result files belong there)
 
 
 def test_each_part_reports_its_numbers(dry):

@@ -773,7 +773,7 @@ def test_tool_call_hostile(payload):
 
 # ----------------------------------------------------------------------------- programs other than Python
 
-# A candidate probe (issue 23): what can run besides the interpreter's Python? Each attempt reports
+# A candidate probe: what can run besides the interpreter's Python? Each attempt reports
 # what happened, as plain data: ("ran", detail) or ("refused", errno name or message).
 EXEC_PROBE = r'''
 import ctypes, errno, glob, mmap, os, platform, shutil, subprocess, sys, sysconfig

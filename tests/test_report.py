@@ -325,7 +325,7 @@ def test_a_run_in_progress_with_a_cut_line(run_a, tmp_path, capsys):
 
 
 def test_aha_metrics_and_alerts_get_their_panels(tmp_path, capsys):
-    """A run that logs the aha metrics (issue "aha") gets its reflection and correlation panels, the
+    """A run that logs the aha metrics (grpolab.training.diagnostics) gets its reflection and correlation panels, the
     correct/incorrect length split and its alerts; written here by hand, no training needed."""
     run = tmp_path / "aha"
     run.mkdir()

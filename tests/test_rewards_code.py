@@ -122,7 +122,7 @@ def test_stub_scores_zero_on_assert_style_problems():
 
 
 def test_integer_expected_values_are_graded_exactly_through_the_sandbox():
-    """issue 23: floats near an int expected value used to pass (relative 1e-9, absolute 1e-12)."""
+    """Floats near an int expected value fail: no tolerance (a relative 1e-9 or absolute 1e-12 would pass them)."""
     big = Example(prompt="", answer="", meta={"entry_point": "add", "tests": [
         "assert add(100000000000000001, 3) == 100000000000000004",
         "assert add(1152921504606846976, 1) == 1152921504606846977",

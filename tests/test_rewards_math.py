@@ -157,7 +157,7 @@ def test_workers_restart_after_shutdown():
     assert score("<answer>\\frac{6}{3}</answer>", "2") == 1.0
 
 
-# ---------------------------------------------------------------- issue 30: decimals and fractions are exact
+# ---------------------------------------------------------------- decimals and fractions are exact
 
 @pytest.mark.parametrize(
     "answer,gold,expected",

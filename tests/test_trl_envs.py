@@ -1,4 +1,4 @@
-"""Environments written for other trainers run unchanged (issue 28): TRL's environment_factory classes
+"""Environments written for other trainers run unchanged: TRL's environment_factory classes
 and reward functions (tests/envs/trl_counter.py), TRL's tools= functions with rewards written as in its
 examples/scripts/grpo_agent.py (tests/envs/trl_tools.py), OpenEnv-style (tests/envs/openenv_style.py) and
 SkyRL-gym-style (tests/envs/skyrl_style.py) environments, each trained 2 steps on the tiny model

@@ -66,7 +66,7 @@ def test_values_does_not_import_the_sandbox():
 
 
 def test_integers_are_graded_exactly():
-    """issue 23: an expected int takes an int, or a float exactly equal; no tolerance, not near 0."""
+    """An expected int takes an int, or a float exactly equal; no tolerance, not near 0."""
     import math
 
     a, b = 10**17 + 1, 3

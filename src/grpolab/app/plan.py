@@ -22,7 +22,7 @@ import re
 import sys
 import time
 
-from grpolab.training.plan import Device, Plan, fitting, plan, prompt_tokens_of
+from grpolab.training.plan import BANDWIDTH_EFFICIENCY, MATMUL_EFFICIENCY, Device, Plan, fitting, plan, prompt_tokens_of
 from grpolab.util.fields import ConfigError
 
 GB = 1 << 30
@@ -123,7 +123,8 @@ def describe(p: Plan) -> list[str]:
               f"time: about {p.step_seconds:.1f} s per step (" +
               ", ".join(f"{k} {v:.1f} s" for k, v in p.seconds.items()) + ") at "
               f"{(d.bf16_flops if r.update_bytes == 2 else d.fp32_flops) / 1e12:.1f} TFLOP/s, {d.bandwidth / 1e9:.0f} GB/s "
-              f"(x0.4 of the rate, x0.7 of the bandwidth: grpolab.training.plan)"]
+              f"({MATMUL_EFFICIENCY:.0%} of the rate, {BANDWIDTH_EFFICIENCY:.0%} of the bandwidth: "
+              "grpolab.training.plan)"]
     lines += [f"note: {n}" for n in p.notes]
     return lines
 

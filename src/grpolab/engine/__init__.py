@@ -64,11 +64,9 @@ ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _nat
 
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-# auto on a CPU stays native. Measured on three machines (docs/performance.md, "Rollout engines"): vLLM's CPU
-# build writes 0.93-1.5x the native engine's tokens/s against its best precision, after a one- to two-minute
-# compiled start-up, and a step with it was no shorter than a native one while holding vLLM's own weights and
-# KV cache beside the update; on one machine the update's own forward and backward ran several times slower
-# once vLLM had started in the trainer's process.
+# auto on a CPU stays native: there vLLM's CPU build writes about the native engine's tokens/s, after a long
+# compiled start-up, while holding its own weights beside the update (docs/performance.md, "Rollout engines";
+# the figures: docs/results.md).
 CPU_AUTO = "native"
 
 
@@ -108,8 +106,8 @@ def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, d
     if unusable:
         return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
     if device.type == "cpu":
-        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM measured 0.93-1.5x its tokens/s after a "
-                          "one- to two-minute start-up: docs/performance.md); rollout.engine=vllm to use it")
+        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM is no faster there: docs/performance.md, "
+                          "\"Rollout engines\"); rollout.engine=vllm to use it")
     return "vllm", "rollout.engine=auto: vLLM is installed and supports the model, on a GPU"
 
 

@@ -8,8 +8,7 @@ kernel on bf16 scores under autocast); masked positions get the dtype's most neg
 of -inf (a query that may look nowhere, a left-padding position, then gets a finite uniform row
 instead of NaN, and its gradient stays 0). On a CPU the update's forward+backward runs faster this
 way than with PyTorch's scaled_dot_product_attention, whose CPU flash kernel is slow for these short
-masked sequences (benchmarks/attention_ab.py; measured in docs/performance.md, "The update on a
-CPU"). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
+masked sequences (docs/performance.md, "The update on a CPU"). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
 GPU, sdpa's fused kernels stay. tests/test_attention.py checks it against sdpa and eager attention.
 """
 

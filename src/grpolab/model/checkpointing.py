@@ -17,7 +17,7 @@ layer's slot of the cache to what it held before the call each time the layer is
 replay then sees exactly the keys and values the first run saw, and computes the same numbers. After
 a replay the slot is restored again: the replayed keys and values carry the replay's autograd graph,
 and left in the cache they would keep that graph's tensors alive, layer after layer, until the
-backward ends (measured: about 20 MB per layer of SmolLM2 at 16 x 128 tokens).
+backward ends (docs/performance.md, "Memory plan").
 
     with checkpointed(policy):            # grpolab.model.passes.policy_logp, when PassSpec.checkpoint
         logp, entropy = grouped_completion_logp(policy, ...)

@@ -19,7 +19,7 @@ which is what autocast computes the products in; a LoRA adapter merged in: W + s
 cast per token. On a CPU, bf16 weights are also reordered once into oneDNN's blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses): the same products
 to the bit, and faster for the few-row products of a decode step, whose weights come from memory at
-every token (benchmarks/cpu_kernels.py; measured in docs/performance.md, "The lean decode step").
+every token (docs/performance.md, "The lean decode step").
 RoPE's cos/sin come from the model's own rotary module (its scaling rules included).
 Everything else falls back to the HF forward (`weights_of` returns None, with the reason).
 tests/test_decoder.py checks the logits against the HF forward and greedy rollouts against the HF path.

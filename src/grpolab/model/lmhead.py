@@ -10,8 +10,7 @@ logits rounded to it, fp32 log-softmax); tests/test_lmhead.py checks values and 
 
 Where all positions' logits in the matmul dtype take at most `SAVED_LOGITS_BYTES` (256 MB: 16 x 128
 positions of SmolLM2 in bf16 take 201 MB), they are kept from the forward instead of recomputed: no
-recomputing product, a quarter of the head's arithmetic (benchmarks/cpu_kernels.py; measured in
-docs/performance.md, "The update on a CPU").
+recomputing product, a quarter of the head's arithmetic (docs/performance.md, "The update on a CPU").
 In fp32 the numbers are bit for bit the recomputing path's; in bf16 the backward's two products then run
 once over all positions, so the weight gradient is rounded once, as a plain head's backward rounds it.
 The backward overwrites the kept logits with their gradient, so a second backward through the same
@@ -51,8 +50,8 @@ class _Buffers:
     """The chunk-sized scratch tensors of one pass, allocated once and reused by every chunk.
 
     On the CPU a fresh tensor of this size (64 MB) costs more than the arithmetic on it: its pages are
-    faulted in anew, where an in-place op on a tensor already touched does not fault (benchmarks/cpu_kernels.py;
-    measured in docs/performance.md, "The update on a CPU"). So each pass writes its logits, their
+    faulted in anew, where an in-place op on a tensor already touched does not fault (docs/performance.md,
+    "The update on a CPU"). So each pass writes its logits, their
     fp32 copy and the exponentials into these instead of into new tensors."""
 
     def __init__(self, chunk: int, V: int, dtype: torch.dtype, device, second: bool):

@@ -4,8 +4,8 @@ theta <- theta - lr * (m_hat / (sqrt(v_hat) + eps) + wd * theta), with m, v the 
 second moments (torch.optim.AdamW). grpolab asks for torch's fused implementation, one kernel over all
 parameters per step, wherever it applies (parameters on a CPU or a CUDA device, not FSDP-sharded):
 one pass over the weights instead of a sequence of per-operation kernels over lists of tensors, which
-on a CPU is several times faster than torch's default (foreach) implementation (benchmarks/cpu_kernels.py;
-measured in docs/performance.md, "The update on a CPU"). The two compute the same update in another
+on a CPU is several times faster than torch's default (foreach) implementation (docs/performance.md,
+"The update on a CPU"). The two compute the same update in another
 float order (about 2e-7 apart after 3 steps, tests/test_optim.py).
 """
 

@@ -52,8 +52,7 @@ def use_lean(decoder: str, dtype: torch.dtype | None, device: torch.device) -> b
     """Whether a rollout in `dtype` (None: fp32) on `device` runs the lean step, for the `decoder` setting:
     lean always; auto where it was measured faster than the HF forward: bf16 on a CPU (in fp32 its fused
     products gain nothing and it copies the weights per rollout, so there it was slower; on a GPU it is
-    not yet measured); hf never. benchmarks/decode_step.py measures both; the figures are in
-    docs/performance.md, "The lean decode step"."""
+    not yet measured); hf never (docs/performance.md, "The lean decode step")."""
     return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device.type == "cpu")
 
 

@@ -4,8 +4,8 @@ glibc's malloc serves every block of 128 KB or more (its mmap threshold, which r
 with a fresh mmap and returns it to the kernel on free; it also trims the top of its heap. A training
 step frees and re-allocates the same large activations over and over, and on a small CPU the page
 faults of a fresh block can cost more than the arithmetic on it (the LM head's weight cast to bf16
-into a new tensor, a 16 x 127 x 576 multiply into a new tensor after it: benchmarks/cpu_kernels.py; measured
-in docs/performance.md, "The update on a CPU").
+into a new tensor, a 16 x 127 x 576 multiply into a new tensor after it: docs/performance.md, "The
+update on a CPU").
 `keep_freed_memory` turns both off through mallopt, so freed blocks are reused:
 
     mallopt(M_MMAP_MAX, 0)             every block from the heap, never a private mmap
@@ -13,8 +13,8 @@ in docs/performance.md, "The update on a CPU").
     mallopt(M_TOP_PAD, 64 MB)          grow the heap in large steps
 
 The process's resident memory then stays at its high-water mark instead of falling between phases,
-and the peak can be higher (benchmarks/step_phases.py --cpu-malloc system|keep; docs/performance.md,
-"The update on a CPU", has the step times and peaks of both). Only glibc on Linux
+and the peak can be higher (`python benchmarks/ab.py phases --cpu-malloc system keep` measures both;
+docs/results.md, "Freed memory kept"). Only glibc on Linux
 has mallopt; elsewhere this does nothing. The config key `cpu_malloc=system` leaves malloc as it is.
 """
 

@@ -28,7 +28,7 @@ from grpolab.util.fields import ConfigError
 
 MATMUL_EFFICIENCY = 0.4
 """Share of the device's peak matmul rate the passes reach (an assumption: MFU of a dense PyTorch
-forward+backward; grpolab's own update measured 1.3x its matmul floor on the 2-core CPU)."""
+forward+backward; grpolab's own update on a CPU: docs/performance.md, "What is still slow, and why")."""
 BANDWIDTH_EFFICIENCY = 0.7
 """Share of the memory bandwidth a decode step reaches reading the weights and the KV cache (an assumption)."""
 DECODE_LAYER_OVERHEAD_S = 4e-4

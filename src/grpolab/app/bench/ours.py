@@ -43,7 +43,7 @@ class _PhaseClock:
 def setup_run(spec: Spec, out: str, model: str | None = None, engine: str = "native", **overrides):
     """The grpolab Run of the setting, with EOS disabled (every completion runs to new_tokens) except in the
     agent setting; `model`: the directory to load instead of spec.model (bench_model_dir);
-    `overrides`: Config fields to change (benchmarks/step_phases.py's --cpu-malloc)."""
+    `overrides`: Config fields to change (benchmarks/ab.py phases's --cpu-malloc)."""
     import dataclasses
 
     from grpolab.training.trainer import setup

@@ -4,8 +4,7 @@ One so far: `decode_attention`, the attention of one decode step for every row a
 (decode_attention.c). In the lean decode step (grpolab.model.decoder) torch's batched products for it
 are many tiny ones (for SmolLM2, 48 (3 x 64) x (64 x S) products per layer), which read the cached keys
 and values far below the memory's speed; the kernel walks each (row, kv head) pair once and comes close
-to the cost of merely reading the cache. Measured in docs/performance.md, "The decode-attention kernel"
-(benchmarks/decode_attention_share.py and benchmarks/decode_ab.py).
+to the cost of merely reading the cache (docs/performance.md, "The decode-attention kernel").
 
 The source is compiled once per machine into grpolab's cache (`$GRPOLAB_CACHE/kernels`, by default
 `~/.cache/grpolab/kernels`), named by a hash of the source,
