@@ -22,15 +22,6 @@ from grpolab.util.fields import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Settings the mapping names that other versions of grpolab add: until they exist, TRL's default for each
-# is dropped and any other value refused (tested below).
-PENDING = {"lr_scheduler", "warmup_ratio", "report_to", "eval_steps", "eval_num_generations", "save_best",
-           "steps_per_generation", "top_k", "min_p", "generation_kwargs", "chat_template_kwargs",
-           "repetition_penalty", "algo.sapo_temperature_neg", "algo.sapo_temperature_pos", "algo.vespo_k_pos",
-           "algo.vespo_lambda_pos", "algo.vespo_k_neg", "algo.vespo_lambda_neg", "mask_truncated_completions",
-           "sync_ref_model", "sync_ref_model_alpha", "sync_ref_model_steps", "entropy_coef"}
-
-
 def test_grpoconfig_has_trls_fields_order_and_defaults():
     trl = pytest.importorskip("trl", reason="TRL (the test extra) is not installed")
     theirs = [f for f in dataclasses.fields(trl.GRPOConfig) if f.init]
@@ -48,7 +39,11 @@ def test_trl_defaults_reach_the_grpolab_config():
     assert (cfg.batch_size, cfg.micro_batch, cfg.steps, cfg.num_train_epochs, cfg.warmup_steps) == (8, 8, -1, 3.0, 0)
     assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.eps_low, cfg.algo.eps_high) == \
         ("group_zscore_unbiased", "clipped", 0.2, 0.2)
-    assert cfg.out == "runs/x" and cfg.grad_checkpointing and not cfg.tensorboard and cfg.rollout.engine == "native"
+    assert cfg.out == "runs/x" and cfg.grad_checkpointing and cfg.report_to == [] and cfg.rollout.engine == "native"
+    assert (cfg.lr_scheduler, cfg.warmup_ratio, cfg.algo.steps_per_generation) == ("linear", 0.0, 1)
+    assert (cfg.eval_num_generations, cfg.eval_temperature, cfg.project, cfg.run_name) == (8, 1.0, "huggingface", "")
+    assert (cfg.top_k, cfg.min_p, cfg.repetition_penalty, cfg.generation_kwargs) == (0, 0.0, 1.0, {})
+    assert (cfg.algo.entropy_coef, cfg.algo.sync_ref_model, cfg.algo.mask_truncated_completions) == (0.0, False, False)
 
 
 def test_a_real_trl_config_maps_like_grpolabs():
@@ -70,7 +65,7 @@ def test_every_field_has_one_entry_and_a_reason_where_it_is_not_mapped():
             assert e.convert is not None and e.target, e.name
 
 
-def test_mapped_paths_exist_or_are_the_declared_pending_settings():
+def test_every_mapped_path_is_a_grpolab_setting():
     values = {name: e.default for name, e in TABLE.items()}
     values.update(eval_strategy="steps", save_strategy="best", warmup_steps=0.1, steps_per_generation=2,
                   report_to=["tensorboard"])
@@ -81,8 +76,9 @@ def test_mapped_paths_exist_or_are_the_declared_pending_settings():
                 paths |= set(e.convert(values[e.name], values))
             except ConfigError:
                 pass
-    missing = {p for p in paths if not config_has(p)}
-    assert missing <= PENDING, missing - PENDING
+    assert {"lr_scheduler", "warmup_ratio", "eval_steps", "save_best", "algo.steps_per_generation",
+            "eval_num_generations", "algo.vespo_k_neg", "algo.sync_ref_model_steps"} <= paths
+    assert {p for p in paths if not config_has(p)} == set()
 
 
 def test_docs_are_generated_from_the_table():
@@ -101,14 +97,40 @@ def test_refused_fields_are_named_with_the_reason(field, value, words):
     assert words in str(e.value)
 
 
-def test_a_pending_setting_drops_trls_default_and_refuses_another_value():
-    if config_has("lr_scheduler"):
-        pytest.skip("this build has lr_scheduler: lr_scheduler_type maps to it")
-    _, notes, _ = trl_recipe(GRPOConfig())
-    assert any("lr_scheduler_type='linear'" in n for n in notes)
-    assert not any(n.startswith("top_k") for n in notes)  # off by default: no note
-    with pytest.raises(ConfigError, match="lr_scheduler_type='cosine'.*no setting lr_scheduler"):
-        trl_recipe(GRPOConfig(lr_scheduler_type="cosine"))
+def test_optimizer_steps_become_generations():
+    """TRL counts optimizer steps; a grpolab step is one generation making num_iterations x
+    steps_per_generation / gradient_accumulation_steps of them (here 2 x 4 / 2 = 4)."""
+    args = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=4,
+                      num_iterations=2, num_generations=4, max_steps=40, warmup_steps=8, save_steps=12,
+                      eval_strategy="steps", eval_steps=20, lr_scheduler_type="cosine")
+    cfg = build_config(trl_recipe(args)[0])
+    assert (cfg.batch_size, cfg.micro_batch, cfg.algo.steps_per_generation, cfg.algo.mu) == (16, 4, 2, 2)
+    assert (cfg.steps, cfg.warmup_steps, cfg.save_every, cfg.eval_steps) == (10, 2, 3, 5)
+    assert cfg.lr_scheduler == "cosine"
+    assert trl_recipe(GRPOConfig(per_device_train_batch_size=4, generation_batch_size=8))[0]["batch_size"] == 8
+    with pytest.raises(ConfigError, match="max_steps=41.*multiple of 4"):
+        trl_recipe(GRPOConfig(**{**dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                        steps_per_generation=4, num_iterations=2), "max_steps": 41}))
+    with pytest.raises(ConfigError, match="steps_per_generation=3.*gradient_accumulation_steps=2"):
+        trl_recipe(GRPOConfig(gradient_accumulation_steps=2, steps_per_generation=3))
+
+
+def test_sampling_evaluation_and_tracker_fields_convert():
+    recipe = trl_recipe(GRPOConfig(num_generations_eval=2, temperature=0.7, min_p=0.05, top_k=20,
+                                   generation_kwargs='{"top_p": 0.9}', chat_template_kwargs={"enable_thinking": False},
+                                   report_to=["wandb", "tensorboard"], run_name="r1", load_best_model_at_end=True,
+                                   loss_type="sapo", sapo_temperature_neg=2.0, entropy_coef=0.01))[0]
+    assert (recipe["eval_num_generations"], recipe["eval_temperature"], recipe["min_p"], recipe["top_k"]) == \
+        (2, 0.7, 0.05, 20)
+    assert recipe["generation_kwargs"] == {"top_p": 0.9} and recipe["chat_template_kwargs"] == {"enable_thinking": False}
+    assert (recipe["report_to"], recipe["run_name"], recipe["save_best"]) == (["wandb", "tensorboard"], "r1",
+                                                                              "eval/reward")
+    assert (recipe["algo"]["objective"], recipe["algo"]["sapo_temperature_neg"], recipe["algo"]["entropy_coef"]) == \
+        ("sapo", 2.0, 0.01)
+    with pytest.raises(ConfigError, match="lr_scheduler_type='polynomial'.*constant_with_warmup"):
+        trl_recipe(GRPOConfig(lr_scheduler_type="polynomial"))
+    with pytest.raises(ConfigError, match="generation_kwargs.*JSON"):
+        trl_recipe(GRPOConfig(generation_kwargs="{top_p"))
 
 
 def test_reward_model_ids_are_refused():
@@ -125,9 +147,7 @@ def test_trl_names_among_settings_convert_without_false_friends():
     assert out["steps"] == 10 and out["lr"] == 1e-6 and out["seed"] == 3
     assert (out["batch_size"], out["micro_batch"]) == (4, 4)
     assert out["algo"] == {"name": "dapo", "advantage": "group_mean", "adv_scale": "batch_std_unbiased"}
-    if not config_has("report_to"):  # a tracker grpolab lacks: named, never "Did you mean report?"
-        with pytest.raises(ConfigError, match="report_to='wandb'"):
-            trl_overrides({"report_to": "wandb"})
+    assert trl_overrides({"report_to": "wandb", "run_name": "x"})[0] == {"report_to": "wandb", "run_name": "x"}  # grpolab's too
 
 
 def test_grpolab_train_takes_a_grpoconfig_as_args(tmp_path):

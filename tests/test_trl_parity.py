@@ -7,8 +7,13 @@ CPU; what differs is the order of floating-point sums (grpolab's chunked log-sof
 which moves fp32 results by about 1e-6 relative. A wrong normaliser or std moves them by 10% or more
 (sqrt(4/3) for the Bessel std with G = 4; 2x for sequences vs tokens here).
 
-cispo's loss value differs by design: TRL's is -w A log pi (the log-prob itself), grpolab's -w A pi/sg(pi)
-(value -w A, the same gradient, grpolab.algo.losses.obj_cispo): only its gradient norm is compared.
+cispo's and vespo's loss values differ by design: TRL's are -w A log pi (the log-prob itself, w detached),
+grpolab's -w A pi/sg(pi) (value -w A, the same gradient; grpolab.algo.losses.obj_cispo, obj_vespo), so that
+the logged loss does not move with the log-probs' size: only their gradient norms are compared.
+
+The learning rate: TRL's default schedule is linear decay to 0 over max_steps optimizer steps (transformers'
+get_scheduler), which the mapping gives grpolab too (lr_scheduler=linear): the lr of the step's update and
+the lr after it match TRL's scheduler, built as Trainer.train builds it, stepped once.
 """
 
 from __future__ import annotations
@@ -35,7 +40,15 @@ CASES = {
     "dapo_batch_std": {"scale_rewards": "batch"},
     "dr_grpo_no_std": {"loss_type": "dr_grpo", "scale_rewards": "none"},
     "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence"},
+    "sapo": {"loss_type": "sapo"},
+    "sapo_temperatures": {"loss_type": "sapo", "sapo_temperature_pos": 0.5, "sapo_temperature_neg": 2.0},
+    "vespo": {"loss_type": "vespo"},
+    "vespo_beta": {"loss_type": "vespo", "beta": 0.04, "vespo_k_neg": 1.5, "vespo_lambda_neg": 4.0},
+    # TRL's default schedule (linear decay) over 4 steps, with and without warm-up: lr of step 1 and after
+    "default_linear_4_steps": {"max_steps": 4},
+    "default_linear_warmup": {"max_steps": 4, "warmup_steps": 2},
 }
+VALUE_DIFFERS = {"cispo", "vespo", "vespo_beta"}  # the loss value's convention (module docstring)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +74,13 @@ def lively_model_dir(tmp_path_factory, tiny_model_dir):
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_step_matches_trl(case, lively_model_dir, tmp_path, monkeypatch):
     args = trl_config(tmp_path / "trl", **CASES[case])
-    trl_loss, trl_norm = trl_step(lively_model_dir, args)
-    ours_loss, ours_norm = grpolab_step(lively_model_dir, args, tmp_path / "grpolab", monkeypatch)
+    trl_loss, trl_norm, trl_lr = trl_step(lively_model_dir, args)
+    ours_loss, ours_norm, ours_lr = grpolab_step(lively_model_dir, args, tmp_path / "grpolab", monkeypatch)
     assert trl_norm > 1e-6, "the step must carry a gradient for the comparison to mean something"
     assert math.isclose(ours_norm, trl_norm, rel_tol=REL), (case, ours_norm, trl_norm)
-    if case != "cispo":
+    if case not in VALUE_DIFFERS:
         assert math.isclose(ours_loss, trl_loss, rel_tol=REL, abs_tol=1e-7), (case, ours_loss, trl_loss)
+    assert ours_lr == pytest.approx(trl_lr, rel=1e-9, abs=1e-15), (case, ours_lr, trl_lr)
+    steps, warmup = args.max_steps, args.warmup_steps  # transformers' linear schedule, worked out
+    expected = [1e-6 * (i / warmup if i < warmup else (steps - i) / (steps - warmup)) for i in (0, 1)]
+    assert trl_lr == pytest.approx(expected, abs=1e-15), (case, trl_lr)

@@ -1,6 +1,6 @@
 """Helpers of tests/test_trl_parity.py: one step of TRL 1.16's GRPOTrainer and of grpolab on the same
 GRPOConfig, the same tiny model, the same forced completions and the same reward function; each side
-returns (loss, gradient norm) of that step."""
+returns (loss, gradient norm, (learning rate of the step's update, learning rate after it))."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def grad_norm(params) -> float:
     return float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None)))
 
 
-def trl_step(model_dir: Path, args) -> tuple[float, float]:
-    """TRL: _generate_and_score_completions on the forced completions, compute_loss, backward."""
+def trl_step(model_dir: Path, args) -> tuple[float, float, tuple[float, float]]:
+    """TRL: _generate_and_score_completions on the forced completions, compute_loss, backward; then the
+    optimizer and schedule Trainer.train builds for args.max_steps, stepped once."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -68,10 +69,15 @@ def trl_step(model_dir: Path, args) -> tuple[float, float]:
     inputs = trainer._generate_and_score_completions(rows)
     loss = trainer.compute_loss(trainer.model, inputs)
     loss.backward()
-    return float(loss), grad_norm(trainer.model.parameters())
+    norm = grad_norm(trainer.model.parameters())
+    trainer.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
+    used = trainer.lr_scheduler.get_last_lr()[0]
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    return float(loss.detach()), norm, (used, trainer.lr_scheduler.get_last_lr()[0])
 
 
-def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, float]:
+def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, float, tuple[float, float]]:
     """grpolab: the config the mapping table gives for `args`, one train_step on the forced completions;
     the loss is the sum of policy_loss's micro-batch losses, the norm clip_grad_norm_'s (before clipping)."""
     from grpolab import rewards as rewards_mod
@@ -116,5 +122,6 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
         return loss, info
 
     monkeypatch.setattr(step_mod, "policy_loss", recording)
+    used = run.optimizer.param_groups[0]["lr"]
     metrics, _ = step_mod.train_step(run, 1)
-    return sum(losses), metrics["grad_norm"]
+    return sum(losses), metrics["grad_norm"], (used, metrics["lr"])  # metrics' lr: the next update's

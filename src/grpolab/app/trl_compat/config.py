@@ -17,7 +17,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from grpolab.app.trl_compat.entries import config_has, value_of
+from grpolab.app.trl_compat.entries import value_of
 from grpolab.app.trl_compat.fields import TABLE
 from grpolab.util.fields import ConfigError
 
@@ -102,17 +102,7 @@ def convert(values: dict, names) -> tuple[dict, list[str]]:
             raise
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{name}={value_of(v)!r}: {err}") from err
-        for path, val in out.items():
-            if config_has(path):
-                settings[path] = val
-            elif _is_default(v, e.default) and e.off_by_default:
-                continue
-            elif _is_default(v, e.default):
-                notes.append(f"{name}={value_of(v)!r} (TRL's default) is not applied: this version of grpolab has "
-                             f"no setting {path}")
-            else:
-                raise ConfigError(f"{name}={value_of(v)!r}: this version of grpolab has no setting {path} to "
-                                  f"give it to; leave {name} at TRL's default ({e.default!r})")
+        settings.update(out)
     return settings, notes
 
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from grpolab.app.trl_compat.entries import config_has
 from grpolab.app.trl_compat.fields import TABLE
 
 HEADER = """# Migrating from TRL
@@ -35,11 +34,20 @@ epsilon=0.2).
 
 Data, as TRL reads it: every row of `train_dataset` is trained on, in seeded, shuffled epochs
 (`num_train_epochs`; `max_steps=-1` lets the epochs decide the number of steps); evaluation reads
-`eval_dataset` only (greedy, before and after training, and every `eval_steps` where that setting
-exists); the prompt is the `prompt` column: a string is the model's input as it is (TRL's standard
+`eval_dataset` only (`num_generations_eval` completions per prompt, by default `num_generations`,
+sampled at the training temperature; before and after training, and every `eval_steps` with
+`eval_strategy="steps"`); the prompt is the `prompt` column: a string is the model's input as it is (TRL's standard
 format, no chat template), a list of messages gets the chat template (conversational format); no answer
 column is needed, and every other column reaches the reward functions as keyword arguments. A
 map-style dataset (`__len__` and `__getitem__`, e.g. a torch `Dataset`) is read by index.
+
+Steps: TRL counts optimizer steps, grpolab counts generations (one rollout batch, then its updates).
+With TRL's defaults they are the same; with `num_iterations` or `steps_per_generation` above
+`gradient_accumulation_steps`, one generation makes `num_iterations x steps_per_generation /
+gradient_accumulation_steps` optimizer steps, and `max_steps`, `warmup_steps`, `eval_steps` and
+`save_steps` are divided by that (a value that is not a multiple is refused by name). The learning-rate
+schedule runs over the optimizer steps, as TRL's. `callbacks` (transformers `TrainerCallback`s or
+`grpolab.Callback`s) are passed to the run.
 
 Differences that remain: an `output_dir` that already holds a run is refused (TRL overwrites it);
 continue it with `trainer.train(resume_from_checkpoint=True)`. `save_model` writes the merged model of
@@ -48,8 +56,6 @@ before and after training.
 
 Kinds: **map** (the value becomes the grpolab settings shown), **refused** (any value but TRL's default
 is an error naming the field and the reason), **ignored** (accepted, no effect, for the reason given).
-A grpolab setting marked *(not in this version)* does not exist in this build: TRL's default for it is
-dropped (noted when the run starts where it changes the run) and any other value is refused.
 """
 
 
@@ -58,13 +64,7 @@ def _cell(text: str) -> str:
 
 
 def _target(path: str) -> str:
-    parts = [p.strip() for p in path.split(",") if p.strip()]
-    shown = []
-    for p in parts:
-        name = p.split(" ")[0].split("[")[0]
-        missing = not name.startswith("(") and not config_has(name)
-        shown.append(f"`{p}`" + (" *(not in this version)*" if missing else ""))
-    return ", ".join(shown)
+    return ", ".join(f"`{p.strip()}`" for p in path.split(",") if p.strip())
 
 
 def render() -> str:

@@ -9,9 +9,7 @@ An Entry is one field of TRL's GRPOConfig: its name, TRL 1.16's default, and one
     ignore  any value is accepted and has no effect, for the reason given (only where the field cannot
             change what is trained: log formatting, DataLoader workers, DDP bucket sizes).
 
-A path a conversion writes that grpolab's Config does not have (a setting another version adds) is
-"pending": TRL's default value for it is dropped and named in the run's notes; any other value is
-refused, naming the missing setting.
+Every path a conversion writes is a setting of grpolab's Config (tests/test_trl_compat.py checks it).
 """
 
 from __future__ import annotations
@@ -37,9 +35,6 @@ class Entry:
     target: str = ""
     convert: Convert | None = None
     reason: str = ""
-    off_by_default: bool = False
-    """TRL's default is what grpolab does without the setting (an option that is off): when the setting is
-    pending, the default is dropped without a note."""
 
 
 def to(path: str, fn: Callable[[Any], Any] = lambda v: v) -> Convert:

@@ -13,15 +13,18 @@ The policy loss: TRL's loss_type names an objective and an aggregation of grpola
     dapo        clipped     token_mean        tokens of the whole batch
     luspo       clipped     seq_sum           sum over tokens, mean over sequences
     cispo       cispo       token_mean        tokens of the whole batch; ratio clipped at epsilon_high
-    sapo/vespo  sapo/vespo  seq_mean/token_mean  (where grpolab has the objective)
+    sapo        sapo        seq_mean          mean over sequences of the mean over tokens
+    vespo       vespo       token_mean        tokens of the whole batch
 
 importance_sampling_level='sequence' makes the clipped objective grpolab's gspo (the sequence ratio).
 """
 
 from __future__ import annotations
 
+import json
+
 from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
-from grpolab.app.trl_compat.fields_hf import TRAINING_ARGUMENTS
+from grpolab.app.trl_compat.fields_hf import TRAINING_ARGUMENTS, _batch
 
 LOSS_TYPES = {"grpo": ("clipped", "seq_mean"), "bnpo": ("clipped", "token_mean"),
               "dr_grpo": ("clipped", "token_sum_norm"), "dapo": ("clipped", "token_mean"),
@@ -79,22 +82,6 @@ def _completion_length(v, a) -> dict:
     return {"max_new_tokens": int(v)}
 
 
-def _generation_split(v, a) -> dict:
-    """steps_per_generation / generation_batch_size: one generation per optimizer step (TRL's default,
-    steps_per_generation = gradient_accumulation_steps) is grpolab's step; more is the steps_per_generation
-    setting."""
-    per_device, accum = int(a["per_device_train_batch_size"]), int(a["gradient_accumulation_steps"])
-    spg = a["steps_per_generation"]
-    if a["generation_batch_size"] is not None:
-        gbs = int(a["generation_batch_size"])
-        if gbs % per_device:
-            raise fail("generation_batch_size", gbs, f"must be a multiple of per_device_train_batch_size={per_device}")
-        spg = gbs // per_device if spg is None else spg
-    if spg is None or int(spg) == accum:
-        return {}
-    return {"steps_per_generation": int(spg)}
-
-
 def _vllm_correction(v, a) -> dict:
     if not v:
         return {"rollout.correction": "none"}
@@ -110,9 +97,29 @@ def _tool_iterations(v, a) -> dict:
     return {} if v is None else {"env.max_turns": int(v) + 1}
 
 
-def _pending(name: str, path: str, default, note: str = "") -> Entry:
-    """A field whose grpolab setting has the same meaning under another name (maybe added by another version)."""
-    return Entry(name, default, "map", path, to(path), note, off_by_default=True)
+def _eval_generations(v, a) -> dict:
+    """TRL evaluates num_generations_eval (None: num_generations) completions per prompt, sampled at the
+    training temperature."""
+    n = int(a["num_generations"] if v is None else v)
+    if n < 1:
+        raise fail("num_generations_eval", v, "must be >= 1 (None: num_generations)")
+    return {"eval_num_generations": n, "eval_temperature": float(a["temperature"])}
+
+
+def _kwargs(name: str, path: str):
+    """A dict option: None -> {}; a JSON string (TRL's command line) -> its dict."""
+    def convert(v, a) -> dict:
+        if v is None:
+            return {path: {}}
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise fail(name, v, f"not a JSON object ({e})") from e
+        if not isinstance(v, dict):
+            raise fail(name, v, "expected a dict (or its JSON text)")
+        return {path: dict(v)}
+    return convert
 
 
 GRPO_FIELDS: list[Entry] = [
@@ -127,22 +134,29 @@ GRPO_FIELDS: list[Entry] = [
     refuse("cast_lm_head_to_fp32", False, "grpolab computes log-probs from fp32 weights already"),
     ignore("remove_unused_columns", False, "(see above)"),
     same("num_generations", "G", 8, "Completions per prompt (the group)."),
-    _pending("num_generations_eval", "eval_num_generations", None, "Completions per evaluation prompt."),
+    Entry("num_generations_eval", None, "map", "eval_num_generations, eval_temperature", _eval_generations,
+          "Completions sampled per evaluation prompt (None: num_generations), at the training temperature."),
     Entry("max_completion_length", 512, "map", "max_new_tokens", _completion_length),
     ignore("ds3_gather_for_generation", True, "a DeepSpeed ZeRO-3 option; grpolab has no DeepSpeed"),
     same("shuffle_dataset", "shuffle", True, "Each epoch in a new seeded order."),
     ignore("pad_to_multiple_of", "auto", "padding only shapes tensors (for Neuron compilation); no value changes"),
-    Entry("generation_batch_size", None, "map", "steps_per_generation", _generation_split,
-          "None or per_device_train_batch_size x gradient_accumulation_steps: one generation per step."),
-    Entry("steps_per_generation", None, "map", "steps_per_generation", _generation_split,
-          "None (= gradient_accumulation_steps): one generation per optimizer step."),
+    Entry("generation_batch_size", None, "map", "batch_size, algo.steps_per_generation", _batch,
+          "Completions per generation: grpolab's batch_size (None: per_device_train_batch_size x "
+          "steps_per_generation)."),
+    Entry("steps_per_generation", None, "map", "algo.steps_per_generation, batch_size", _batch,
+          "Micro-batches per generation (None: gradient_accumulation_steps, one generation per optimizer "
+          "step): algo.steps_per_generation = this / gradient_accumulation_steps optimizer updates."),
     same("temperature", "temperature", 1.0),
     same("top_p", "top_p", 1.0),
-    _pending("top_k", "top_k", 0, "0: off."),
-    _pending("min_p", "min_p", None),
-    _pending("generation_kwargs", "generation_kwargs", None),
-    _pending("chat_template_kwargs", "chat_template_kwargs", None),
-    _pending("repetition_penalty", "repetition_penalty", 1.0),
+    Entry("top_k", 0, "map", "top_k", to("top_k", lambda v: 0 if v is None else int(v)), "0 (or -1): off."),
+    Entry("min_p", None, "map", "min_p", to("min_p", lambda v: 0.0 if v is None else float(v)), "None: off (0.0)."),
+    Entry("generation_kwargs", None, "map", "generation_kwargs", _kwargs("generation_kwargs", "generation_kwargs"),
+          "temperature, top_p, top_k, min_p, repetition_penalty override the fields above; other keys go to "
+          "vLLM's SamplingParams (use_vllm=True); the native engine refuses them by name."),
+    Entry("chat_template_kwargs", None, "map", "chat_template_kwargs",
+          _kwargs("chat_template_kwargs", "chat_template_kwargs"),
+          "Keyword arguments of apply_chat_template for every conversation (e.g. enable_thinking)."),
+    same("repetition_penalty", "repetition_penalty", 1.0, "1.0: off."),
     ignore("cache_implementation", None, "the KV cache's layout in transformers' generate; grpolab decodes "
            "with its own cache, same tokens"),
     Entry("use_vllm", False, "map", "rollout.engine", to("rollout.engine", lambda v: "vllm" if v else "native"),
@@ -171,12 +185,12 @@ GRPO_FIELDS: list[Entry] = [
           "the dual clip (Ye et al. 2020); for A > 0 the PPO clip already bounds it when delta > 1 + epsilon_high."),
     Entry("epsilon_high", None, "map", "algo.eps_high", lambda v, a: {},
           "Read with loss_type: the upper clip (None: epsilon); for cispo the ratio's cap."),
-    _pending("sapo_temperature_neg", "algo.sapo_temperature_neg", 1.05),
-    _pending("sapo_temperature_pos", "algo.sapo_temperature_pos", 1.0),
-    _pending("vespo_k_pos", "algo.vespo_k_pos", 2.0),
-    _pending("vespo_lambda_pos", "algo.vespo_lambda_pos", 3.0),
-    _pending("vespo_k_neg", "algo.vespo_k_neg", 3.0),
-    _pending("vespo_lambda_neg", "algo.vespo_lambda_neg", 2.0),
+    same("sapo_temperature_neg", "algo.sapo_temperature_neg", 1.05, "Read by loss_type='sapo'."),
+    same("sapo_temperature_pos", "algo.sapo_temperature_pos", 1.0, "Read by loss_type='sapo'."),
+    same("vespo_k_pos", "algo.vespo_k_pos", 2.0, "Read by loss_type='vespo'."),
+    same("vespo_lambda_pos", "algo.vespo_lambda_pos", 3.0, "Read by loss_type='vespo'."),
+    same("vespo_k_neg", "algo.vespo_k_neg", 3.0, "Read by loss_type='vespo'."),
+    same("vespo_lambda_neg", "algo.vespo_lambda_neg", 2.0, "Read by loss_type='vespo'."),
     Entry("importance_sampling_level", "token", "map", "algo.objective", lambda v, a: {},
           "Read with loss_type: sequence makes the clipped objective gspo."),
     Entry("reward_weights", None, "map", "rewards[i].weight", lambda v, a: {},
@@ -187,12 +201,14 @@ GRPO_FIELDS: list[Entry] = [
           "group: (r - mean) / (std + 1e-4) per group, Bessel std as TRL; batch: the batch's std; none: Dr. GRPO."),
     Entry("loss_type", "dapo", "map", "algo.objective, algo.aggregation", _loss_type,
           "See the loss table above."),
-    _pending("mask_truncated_completions", "mask_truncated_completions", False),
-    _pending("sync_ref_model", "sync_ref_model", False),
-    _pending("ref_model_mixup_alpha", "sync_ref_model_alpha", 0.6),
-    _pending("ref_model_sync_steps", "sync_ref_model_steps", 512),
+    same("mask_truncated_completions", "algo.mask_truncated_completions", False,
+         "Completions cut at max_completion_length add nothing to the loss."),
+    same("sync_ref_model", "algo.sync_ref_model", False,
+         "TR-DPO: every ref_model_sync_steps optimizer steps, ref <- alpha policy + (1 - alpha) ref; needs beta > 0."),
+    same("ref_model_mixup_alpha", "algo.sync_ref_model_alpha", 0.6),
+    same("ref_model_sync_steps", "algo.sync_ref_model_steps", 512, "Optimizer steps, as in TRL."),
     refuse("top_entropy_quantile", 1.0, "grpolab trains on every token; masking low-entropy tokens is not available"),
-    _pending("entropy_coef", "entropy_coef", 0.0),
+    same("entropy_coef", "algo.entropy_coef", 0.0, "loss - entropy_coef x the mean token entropy, as TRL."),
     refuse("use_adaptive_entropy", False, "grpolab's entropy bonus has a fixed coefficient (entropy_coef)"),
     refuse("entropy_coef_min", 0.0, "only read with use_adaptive_entropy"),
     refuse("entropy_coef_max", 1.0, "only read with use_adaptive_entropy"),

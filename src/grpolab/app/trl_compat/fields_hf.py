@@ -4,7 +4,7 @@ See grpolab.app.trl_compat.entries for the kinds of entry."""
 
 from __future__ import annotations
 
-from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
+from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
 LOGS = "grpolab writes every step's metrics to output_dir/metrics.jsonl (and the trackers report_to names); " \
@@ -14,13 +14,71 @@ DDP = "tuning of transformers' DDP wrapper; grpolab's data parallelism (torchrun
     "(docs/distributed.md)"
 EVAL_LOOP = "a knob of transformers' prediction loop; grpolab's evaluation generates and scores (eval_dataset)"
 NOT_TRAINING = "a flag read by example scripts, not by the trainer"
+BEST = "eval/reward"
+"""grpolab's save_best metric for TRL's best model: the mean evaluation reward (TRL's eval_reward)."""
+
+
+def generation_split(a: dict) -> tuple[int, int]:
+    """(TRL's steps_per_generation, grpolab's algo.steps_per_generation) of TRL fields `a`, as TRL's
+    GRPOConfig.__post_init__ settles them (one process): both None -> steps_per_generation =
+    gradient_accumulation_steps; generation_batch_size = per_device_train_batch_size x steps_per_generation.
+    grpolab's counts optimizer updates per rollout: TRL's / gradient_accumulation_steps."""
+    per_device, accum = int(a["per_device_train_batch_size"]), int(a["gradient_accumulation_steps"])
+    spg, gbs = a["steps_per_generation"], a["generation_batch_size"]
+    if gbs is not None:
+        if int(gbs) % per_device:
+            raise fail("generation_batch_size", gbs, f"must be a multiple of per_device_train_batch_size={per_device}")
+        if spg is not None and int(spg) * per_device != int(gbs):
+            raise fail("generation_batch_size", gbs, f"give it or steps_per_generation={spg}, not both")
+        spg = int(gbs) // per_device
+    spg = accum if spg is None else int(spg)
+    if spg < 1 or spg % accum:
+        raise fail("steps_per_generation", spg, f"grpolab splits a generation batch into whole optimizer updates: "
+                                                f"give a multiple of gradient_accumulation_steps={accum}")
+    return spg, spg // accum
+
+
+def updates_per_step(a: dict) -> int:
+    """TRL optimizer steps per grpolab step (one generation): num_iterations x grpolab's
+    algo.steps_per_generation (TRL generates every steps_per_generation x num_iterations micro-steps)."""
+    return int(a["num_iterations"]) * generation_split(a)[1]
+
+
+def to_steps(name: str, v, a: dict) -> int:
+    """TRL's optimizer steps (max_steps, warmup_steps, eval_steps, save_steps) -> grpolab's steps (rollouts)."""
+    per = updates_per_step(a)
+    if int(v) % per:
+        raise fail(name, v, f"TRL counts optimizer steps, {per} per generation here (num_iterations x "
+                            f"steps_per_generation / gradient_accumulation_steps); grpolab counts generations: "
+                            f"give a multiple of {per}")
+    return int(v) // per
 
 
 def _batch(v, a) -> dict:
     """TRL's optimizer batch is per_device_train_batch_size x gradient_accumulation_steps completions (one
-    process); grpolab's batch_size is completions per step and micro_batch its forward/backward slice."""
-    return {"micro_batch": int(a["per_device_train_batch_size"]),
-            "batch_size": int(a["per_device_train_batch_size"]) * int(a["gradient_accumulation_steps"])}
+    process) and its generation batch per_device_train_batch_size x steps_per_generation; grpolab's
+    batch_size is completions per generation, algo.steps_per_generation its optimizer updates, and
+    micro_batch the forward/backward slice."""
+    spg, updates = generation_split(a)
+    out = {"micro_batch": int(a["per_device_train_batch_size"]),
+           "batch_size": int(a["per_device_train_batch_size"]) * spg}
+    if updates != 1:
+        out["algo.steps_per_generation"] = updates
+    return out
+
+
+def _max_steps(v, a) -> dict:
+    return {"steps": -1 if int(v) < 0 else to_steps("max_steps", v, a)}
+
+
+def _scheduler(v, a) -> dict:
+    from grpolab.model.optim import SCHEDULES
+
+    v = value_of(v)
+    if v not in SCHEDULES or v == "warmup_constant":
+        raise fail("lr_scheduler_type", v, "grpolab has transformers' linear, cosine, constant and "
+                                           "constant_with_warmup schedules (the same numbers)")
+    return {"lr_scheduler": v}
 
 
 def _warmup(v, a) -> dict:
@@ -28,7 +86,7 @@ def _warmup(v, a) -> dict:
         return {"warmup_ratio": v}
     if v != int(v) or v < 0:
         raise fail("warmup_steps", v, "expected a whole number of optimizer steps >= 0, or a ratio in (0, 1)")
-    return {"warmup_steps": int(v)}
+    return {"warmup_steps": to_steps("warmup_steps", v, a)}
 
 
 def _betas(v, a) -> dict:
@@ -51,13 +109,7 @@ def _bf16(v, a) -> dict:
 
 def _report_to(v, a) -> dict:
     names = [] if v in (None, "none") else [v] if isinstance(v, str) else [x for x in v if x != "none"]
-    if config_has("report_to"):
-        return {"report_to": names or ["none"]}
-    unknown = [x for x in names if x != "tensorboard"]
-    if unknown:
-        raise fail("report_to", v, f"this version of grpolab writes TensorBoard events only (no report_to setting "
-                                   f"for {', '.join(unknown)}); use report_to='tensorboard' or 'none'")
-    return {"tensorboard": "tensorboard" in names}
+    return {"report_to": names or ["none"]}
 
 
 def _eval_strategy(v, a) -> dict:
@@ -65,7 +117,10 @@ def _eval_strategy(v, a) -> dict:
     if v == "no":
         return {}
     if v == "steps":
-        return {"eval_steps": int(a.get("eval_steps") or a["logging_steps"])}
+        n = a.get("eval_steps") or a["logging_steps"]
+        if isinstance(n, float) and n < 1:
+            raise fail("eval_steps", n, "a ratio of the run is not available; give a whole number of steps")
+        return {"eval_steps": to_steps("eval_steps", n, a)}
     raise fail("eval_strategy", v, "grpolab evaluates every eval_steps steps; use eval_strategy='steps' and "
                                    "eval_steps=N")
 
@@ -78,9 +133,9 @@ def _save_strategy(v, a) -> dict:
     if v == "steps":
         if not isinstance(steps, int) and not float(steps).is_integer():
             raise fail("save_steps", steps, "grpolab saves every N steps; give a whole number")
-        return {"save_every": int(steps)}
+        return {"save_every": to_steps("save_steps", steps, a)}
     if v == "best":
-        return {"save_best": True}
+        return {"save_best": BEST}
     raise fail("save_strategy", v, "grpolab saves every save_steps steps and at the end; use 'steps' or 'no'")
 
 
@@ -97,15 +152,21 @@ TRAINING_ARGUMENTS: list[Entry] = [
     Entry("output_dir", None, "map", "out", to("out", lambda v: str(v) if v is not None else "trainer_output"),
           "The run directory (metrics.jsonl, config.yaml, checkpoints/); TRL's None is trainer_output."),
     Entry("per_device_train_batch_size", 8, "map", "micro_batch, batch_size", _batch,
-          "Completions per forward/backward pass; batch_size = this x gradient_accumulation_steps."),
+          "Completions per forward/backward pass; batch_size = this x steps_per_generation (TRL's "
+          "generation_batch_size; by default x gradient_accumulation_steps)."),
     same("num_train_epochs", "num_train_epochs", 3.0, "Seeded, shuffled epochs over every training row."),
-    same("max_steps", "steps", -1, "-1: the epochs decide the number of steps, as in TRL."),
+    Entry("max_steps", -1, "map", "steps", _max_steps,
+          "-1: the epochs decide the number of steps, as in TRL. TRL counts optimizer steps, grpolab "
+          "generations: steps = max_steps / (num_iterations x steps_per_generation / gradient_accumulation_steps)."),
     same("learning_rate", "lr", 1e-06),
-    Entry("lr_scheduler_type", "linear", "map", "lr_scheduler", to("lr_scheduler", value_of),
-          "linear: decay to 0 at the last step, as transformers' schedule."),
+    Entry("lr_scheduler_type", "linear", "map", "lr_scheduler", _scheduler,
+          "linear: decay to 0 at the last optimizer step; cosine, constant, constant_with_warmup: "
+          "transformers' schedules, the same numbers."),
     refuse("lr_scheduler_kwargs", None, "grpolab's schedules take no extra parameters"),
     Entry("warmup_steps", 0, "map", "warmup_steps (warmup_ratio below 1)", _warmup,
-          "Optimizer steps of linear warm-up; a float in (0, 1) is a ratio of the run (transformers 5)."),
+          "Optimizer steps of linear warm-up (grpolab's warmup_steps counts generations: divided by "
+          "num_iterations x steps_per_generation / gradient_accumulation_steps); a float in (0, 1) is a "
+          "ratio of the optimizer steps (transformers 5)."),
     Entry("optim", "adamw_torch_fused", "map", "(AdamW)",
           _only("optim", ("adamw_torch_fused", "adamw_torch"), "grpolab trains with torch's AdamW (fused where "
                 "it applies); other optimizers are not available"),
@@ -119,7 +180,8 @@ TRAINING_ARGUMENTS: list[Entry] = [
           "Only 1e-8 (torch's AdamW default, which grpolab uses) is accepted."),
     refuse("optim_target_modules", None, "only for the GaLore/APOLLO optimizers, which grpolab does not have"),
     Entry("gradient_accumulation_steps", 1, "map", "batch_size", _batch,
-          "batch_size = per_device_train_batch_size x this (one optimizer step per generation batch)."),
+          "Micro-batches per optimizer step (with steps_per_generation: algo.steps_per_generation = "
+          "steps_per_generation / this)."),
     ignore("average_tokens_across_devices", True, "grpolab's token-level losses already divide by the tokens of "
            "the whole batch over every process"),
     same("max_grad_norm", "max_grad_norm", 1.0),
@@ -153,16 +215,19 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("log_level", "passive", LOGS),
     ignore("log_level_replica", "warning", LOGS),
     Entry("disable_tqdm", None, "map", "progress", to("progress", lambda v: not v), "True: no progress bar."),
-    Entry("report_to", "none", "map", "report_to (else tensorboard)", _report_to,
-          "Trackers; TRL's default 'none' writes no TensorBoard events."),
-    ignore("run_name", None, "the tracker's name of the run; grpolab names a run by its output_dir"),
-    ignore("project", "huggingface", "the trackio/wandb project name of transformers' integration"),
+    Entry("report_to", "none", "map", "report_to", _report_to,
+          "Trackers (tensorboard, wandb, mlflow, trackio, all; grpolab's run offline/locally unless the "
+          "tracker's variable says otherwise); TRL's default 'none' writes no TensorBoard events."),
+    Entry("run_name", None, "map", "run_name", to("run_name", lambda v: "" if v is None else str(v)),
+          "The run's name in the trackers; None: the output_dir's name."),
+    same("project", "project", "huggingface", "The W&B project, MLflow experiment and trackio project."),
     refuse("trackio_space_id", None, HUB),
     refuse("trackio_bucket_id", None, HUB),
     refuse("trackio_static_space_id", None, HUB),
     Entry("eval_strategy", "no", "map", "eval_steps", _eval_strategy,
           "steps: evaluate eval_dataset every eval_steps (default logging_steps) steps."),
-    Entry("eval_steps", None, "map", "eval_steps", lambda v, a: {}, "Read with eval_strategy."),
+    Entry("eval_steps", None, "map", "eval_steps", lambda v, a: {},
+          "Read with eval_strategy (optimizer steps, converted to generations as max_steps)."),
     refuse("eval_delay", 0, "grpolab evaluates from the first eval_steps on"),
     Entry("per_device_eval_batch_size", 8, "map", "eval_batch", to("eval_batch", int)),
     ignore("prediction_loss_only", False, EVAL_LOOP),
@@ -174,8 +239,10 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("batch_eval_metrics", False, EVAL_LOOP),
     refuse("save_only_model", False, "grpolab's checkpoints always hold the optimizer state, so that they resume"),
     Entry("save_strategy", "steps", "map", "save_every (save_best)", _save_strategy,
-          "steps: a checkpoint every save_steps steps; no: only the final one (grpolab always writes it)."),
-    Entry("save_steps", 500, "map", "save_every", lambda v, a: {}, "Read with save_strategy."),
+          "steps: a checkpoint every save_steps steps; no: only the final one (grpolab always writes it); "
+          "best: save_best='eval/reward'."),
+    Entry("save_steps", 500, "map", "save_every", lambda v, a: {},
+          "Read with save_strategy (optimizer steps, converted to generations as max_steps)."),
     ignore("save_on_each_node", False, "only rank 0 writes checkpoints, to output_dir"),
     Entry("save_total_limit", None, "map", "keep_checkpoints",
           to("keep_checkpoints", lambda v: 1_000_000 if v is None else int(v)), "None keeps every checkpoint."),
@@ -187,8 +254,8 @@ TRAINING_ARGUMENTS: list[Entry] = [
     refuse("hub_strategy", "every_save", HUB),
     refuse("hub_always_push", False, HUB),
     refuse("hub_revision", None, HUB),
-    Entry("load_best_model_at_end", False, "map", "save_best", lambda v, a: {"save_best": True} if v else {},
-          "Keep the checkpoint with the best evaluation."),
+    Entry("load_best_model_at_end", False, "map", "save_best", lambda v, a: {"save_best": BEST} if v else {},
+          "Keep the model with the best mean evaluation reward in output_dir/checkpoints/best."),
     refuse("metric_for_best_model", None, "grpolab's best checkpoint is the one with the best evaluation reward"),
     refuse("greater_is_better", None, "grpolab's best checkpoint is the one with the highest evaluation reward"),
     refuse("ignore_data_skip", False, "a resumed run takes exactly the rows it would have taken (seeded epochs)"),
@@ -233,4 +300,4 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("local_rank", -1, "set by the launcher; grpolab reads torchrun's environment"),
 ]
 
-__all__ = ["TRAINING_ARGUMENTS"]
+__all__ = ["BEST", "TRAINING_ARGUMENTS", "generation_split", "to_steps", "updates_per_step"]

@@ -13,7 +13,6 @@ by its hub id, a dataset without a `prompt` column raise ConfigError (exit 2 on 
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -177,8 +176,6 @@ class GRPOTrainer:
         kwargs: dict = {"environment_factory": self.environment_factory, "tools": self.tools,
                         "console": console}
         if self.callbacks:
-            if "callbacks" not in inspect.signature(api.train).parameters:
-                raise ConfigError("callbacks: this version of grpolab.train takes no callbacks")
             kwargs["callbacks"] = self.callbacks
         if self.train_rows is not None:
             kwargs["dataset"] = self.train_rows
