@@ -110,7 +110,7 @@ class Config:
     """CPU threads for PyTorch; 0 = all cores."""
     # --- how the CPU threads wait (grpolab.util.threads)
     thread_wait: str = "auto"
-    """How PyTorch's CPU threads wait for each other between parallel pieces of work (OpenMP's wait policy, set before torch starts): auto (a short spin, then sleep, so that a machine running something else costs a fair share rather than many times the step; the user's own OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME win where set), short (the same, ignoring those variables), passive (sleep at once), active (spin) or openmp (the runtime's own default: libgomp spins about 3 ms). Printed on the run's first line; docs/performance.md, "A machine doing something else"."""
+    """How PyTorch's CPU threads wait for each other between parallel pieces of work (OpenMP's wait policy, set before torch starts): auto (a short spin, then sleep, so that a machine running something else costs a fair share rather than many times the step; the user's own OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME win where set), short (the same, ignoring those variables), passive (sleep at once), active (spin) or openmp (the runtime's own default: libgomp spins 300,000 rounds). Printed on the run's first line; docs/performance.md, "A machine doing something else"."""
     fsdp: bool = False
     """Under torchrun, shard the policy (and the reference) over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead of a full copy per process: for models whose weights, gradients and AdamW state do not fit one device. Same maths as plain data parallelism; checkpoints stay whole models (docs/distributed.md)."""
     eval_size: int = 64

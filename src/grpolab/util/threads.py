@@ -5,16 +5,15 @@ macOS). Between two parallel regions a team thread waits for the next one, and a
 the threads wait for the slowest. How they wait is the runtime's wait policy, read once from the
 environment when the runtime starts (when torch is imported) and never again:
 
-    libgomp, nothing set      spin GOMP_SPINCOUNT = 300,000 rounds (about 3 ms), then sleep (futex)
+    libgomp, nothing set      spin GOMP_SPINCOUNT = 300,000 rounds, then sleep (futex)
     OMP_WAIT_POLICY=ACTIVE    spin for minutes
     OMP_WAIT_POLICY=PASSIVE   sleep at once (GOMP_SPINCOUNT = 0)
-    libomp / Intel            spin KMP_BLOCKTIME = 200 ms, then sleep
+    libomp / Intel            spin for KMP_BLOCKTIME = 200 (milliseconds, its unit), then sleep
 
 Alone, spinning wins: the next region starts within microseconds, so it catches the back-to-back
 regions of a decode step. On a machine that runs something else the kernel takes a team thread away
-for a time slice, and each of the others then burns its own slices spinning for it: the demo's step
-was 6-8x slower beside two busy processes on 2 cores where its fair share is 2x (docs/performance.md,
-"A machine doing something else"). `thread_wait=auto` spins briefly (SHORT_SPIN rounds of libgomp,
+for a time slice, and each of the others then burns its own slices spinning for it: the step slows
+by far more than its fair share (docs/performance.md, "A machine doing something else"). `thread_wait=auto` spins briefly (SHORT_SPIN rounds of libgomp,
 SHORT_BLOCKTIME_MS of libomp), long enough for the next region of a step and short enough that a
 preempted peer costs a fraction of a slice, then sleeps.
 
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 WAIT_SETTINGS = ("auto", "short", "passive", "active", "openmp")
 USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 MARKER = "GRPOLAB_THREAD_WAIT"  # setting:policy, written beside the variables for the processes started after
-SHORT_SPIN = 10_000  # libgomp spin rounds before sleeping (about 0.1 ms at its own 100,000 rounds per ms)
+SHORT_SPIN = 10_000  # libgomp spin rounds before sleeping: a thirtieth of its default 300,000
 SHORT_BLOCKTIME_MS = 1  # libomp/Intel: milliseconds of spinning before sleeping (its unit; 0 = passive)
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 """The environment of a helper process beside the trainer (a verifier, a sandboxed candidate): one
@@ -52,7 +51,7 @@ _WORDS = {
     "short": f"spin {SHORT_SPIN} rounds, then sleep",
     "passive": "sleep at once (OMP_WAIT_POLICY=PASSIVE)",
     "active": "spin (OMP_WAIT_POLICY=ACTIVE)",
-    "openmp": "the OpenMP runtime's default (libgomp: spin about 3 ms, then sleep)",
+    "openmp": "the OpenMP runtime's default (libgomp: spin 300,000 rounds, then sleep)",
 }
 
 
