@@ -10,7 +10,8 @@ import torch
 
 from grpolab.model import decoder
 from grpolab.model.cache import left_pad, positions
-from grpolab.model.generate import HFStepper, generate, stepper_for
+from grpolab.model.generate import generate
+from grpolab.model.steppers import HFStepper, stepper_for
 
 
 def tiny(kind: str, seed: int = 0):
@@ -181,7 +182,7 @@ def test_decoder_key_is_validated():
 
 
 def test_auto_uses_the_lean_step_where_it_was_measured_faster():
-    from grpolab.model.generate import use_lean
+    from grpolab.model.steppers import use_lean
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert use_lean("auto", torch.bfloat16, cpu)

@@ -94,10 +94,9 @@ def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> 
     return missing_reason()
 
 
-def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, distributed: bool,
-           tokens: int) -> tuple[str, str]:
-    """(engine name, why). `tokens`: the most tokens the run will generate (steps x batch x length), for
-    rules that weigh the run's length (none does now: on a CPU auto is native, on a GPU vLLM)."""
+def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device,
+           distributed: bool) -> tuple[str, str]:
+    """(engine name, why): on a CPU auto is native, on a GPU vLLM where it can serve the model."""
     if settings.engine == "native":
         return "native", "rollout.engine=native"
     unusable = vllm_unusable(model_path, device, distributed)

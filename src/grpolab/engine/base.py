@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from grpolab.batch import Rollout
-from grpolab.engine.settings import EngineError  # noqa: F401 (its import path with the seam)
 from grpolab.model.sampling import Filters
 from grpolab.model.turns import Respond, Trajectory
 

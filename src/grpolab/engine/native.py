@@ -13,7 +13,8 @@ from torch import nn
 
 from grpolab.batch import Rollout
 from grpolab.engine.base import Sampling, TurnLimits
-from grpolab.model.generate import generate, use_lean
+from grpolab.model.generate import generate
+from grpolab.model.steppers import use_lean
 from grpolab.model.turns import Respond, Trajectory, generate_turns
 from grpolab.parallel.fsdp import gathered
 

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from grpolab.batch import Rollout, Stop
-from grpolab.engine.base import EngineError, Sampling, TurnLimits
+from grpolab.engine.base import Sampling, TurnLimits
+from grpolab.engine.settings import EngineError
 from grpolab.engine.kv_cache import kv_cache_bytes
 from grpolab.engine.settings import RolloutConfig
 from grpolab.model.cache import left_pad

@@ -15,7 +15,6 @@ from grpolab.batch import Rollout, Stop
 from grpolab.model.cache import positions
 from grpolab.model.sampling import PLAIN, Filters, sample_token, seen_tokens
 from grpolab.model.session import decode_session
-from grpolab.model.steppers import HFStepper, stepper_for, use_lean  # noqa: F401 (their old import path)
 
 
 @torch.no_grad()

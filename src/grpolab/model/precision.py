@@ -79,7 +79,7 @@ def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, tokens: int
 
         t = t_setup + t_steps * tokens / PROBE_STEPS
     """
-    from grpolab.model.generate import HFStepper, stepper_for, use_lean
+    from grpolab.model.steppers import HFStepper, stepper_for, use_lean
 
     device = next(model.parameters()).device
     ids = _probe_ids(model, rows, prompt, device)

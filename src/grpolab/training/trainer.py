@@ -45,7 +45,7 @@ from grpolab.training.callbacks import Callbacks
 from grpolab.training.config import Config, fold_report_to, save_config, to_dict
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.diagnostics import CollapseWatcher
-from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
+from grpolab.training.evaluation import Evaluator, summary_fields
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run, check_epochs
@@ -110,7 +110,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                           "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
                           "environment class a get_reward(self) method")
     check_rewards(reward_fns, task, environment=environments is not None)  # exit 2 for a keyword nothing provides
-    engine_name, why = choose_engine(cfg, path, device, dist, training=training)
+    engine_name, why = choose_engine(cfg, path, device, dist)
     check_engine_kwargs(cfg, engine_name)
     log(f"rollout engine: {engine_name} ({why})")
     set_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # every prompt and conversation rendered
@@ -163,16 +163,11 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                engine=engine, trainer_state=trainer_state(0, cfg.steps))
 
 
-def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, training: bool) -> tuple[str, str]:
+def choose_engine(cfg: Config, path: Path, device: torch.device, dist) -> tuple[str, str]:
     """The rollout engine's name and why (grpolab.engine.choose); rollout.engine=vllm where it cannot run
     is a usage error (exit 2), raised before anything is loaded or written."""
-    per_sample = cfg.max_completion_tokens
-    evals = 2 + (cfg.steps // cfg.eval_steps if training and cfg.eval_steps else 0)
-    tokens = ((cfg.steps * cfg.batch_size if training else 0) + evals * cfg.eval_size
-              * max(1, cfg.eval_num_generations)) * per_sample
     try:
-        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active,
-                      tokens=tokens)
+        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active)
     except EngineError as e:
         raise ConfigError(str(e)) from None
 
