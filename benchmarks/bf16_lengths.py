@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from grpolab.model.generate import eos_token_ids, generate
+from grpolab.engine.native.generate import eos_token_ids, generate
 from grpolab.model.load import load_policy, load_tokenizer, model_dir
 from grpolab.model.template import chat_prompts
 from grpolab.tasks import build_task

@@ -5,7 +5,7 @@
 
 - `F.rms_norm` instead of the HF RMSNorm module in a training pass: 16 x 174 x 576 fp32 positions,
   forward+backward, whether the outputs and gradients are equal, ms (median of 3 rounds of 20);
-- the lean decode step (grpolab.model.decoder.forward, 16 rows, bf16 weights in oneDNN's layout) with its KV
+- the lean decode step (grpolab.engine.native.decoder.forward, 16 rows, bf16 weights in oneDNN's layout) with its KV
   cache in fp32 (as shipped) and in bf16 (its attention products then run in bf16), ms per token step
   at about 50 cached positions, alternating, median of 3 rounds of 20 steps;
 - torch.compile (inductor, dynamic shapes) of one decoder layer's decode step, the 30 layers only:
@@ -56,7 +56,7 @@ def rms_norm_variants() -> None:
 
 
 def _lean(model):
-    from grpolab.model import decoder as D
+    from grpolab.engine.native import decoder as D
 
     return D, D.weights_of(model, torch.bfloat16, 16)
 

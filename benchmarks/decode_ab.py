@@ -3,7 +3,7 @@
     git worktree add /tmp/base <commit>
     .venv/bin/python benchmarks/decode_ab.py /tmp/base [--rounds 6] [--steps 48]
 
-Loads grpolab/model/decoder.py of the other tree as a second module (everything else is this tree's) and
+Loads the other tree's lean decoder (grpolab/engine/native/decoder.py, or where an older tree kept it) as a second module (everything else is this tree's) and
 runs both on the bundled SmolLM2-135M-Instruct in bf16 (oneDNN-packed weights, as the rollout runs it),
 after timing each tree's `weights_of` (the weight layout a rollout starts with) six times, alternating:
 2 prompts of 46 tokens, prefill, repeated to 16 rows, then --steps decode steps. First it checks that
@@ -25,7 +25,9 @@ import torch
 
 
 def load_decoder(tree: str):
-    path = Path(tree) / "src" / "grpolab" / "decoder.py"
+    src = Path(tree) / "src" / "grpolab"
+    path = next((p for p in (src / "engine" / "native" / "decoder.py", src / "model" / "decoder.py", src / "decoder.py")
+                 if p.exists()), src / "engine" / "native" / "decoder.py")
     spec = importlib.util.spec_from_file_location("grpolab_decoder_other", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
@@ -72,7 +74,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=48)
     a = ap.parse_args()
 
-    from grpolab.model import decoder as ours
+    from grpolab.engine.native import decoder as ours
     from grpolab.model.load import load_policy, model_dir
     from grpolab.parallel.allocator import keep_freed_memory
 

@@ -4,7 +4,7 @@
 
 SmolLM2-135M-Instruct in bf16 (the rollout's layout), 2 prompts of 46 tokens, prefilled and repeated to
 16 rows, then --steps decode steps, for each of three attentions in turn (--rounds alternations):
-"torch" (grpolab.model.attention's two products), "kernel" (grpolab.model.kernels' C kernel, as shipped) and
+"torch" (grpolab.model.attention's two products), "kernel" (grpolab.engine.native.kernels' C kernel, as shipped) and
 "read only", which sums the row's cached keys and values and returns the queries (no attention at
 all: what merely reading the cache costs inside the step). Prints ms per step and the ms of it spent
 in the attention call, per round (the numbers of the kernel against the torch path: decode_ab.py and
@@ -24,8 +24,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=128)
     a = ap.parse_args()
-    from grpolab.model import decoder as D
-    from grpolab.model import kernels
+    from grpolab.engine.native import decoder as D
+    from grpolab.engine.native import kernels
     from grpolab.model.load import load_policy, model_dir
     from grpolab.parallel.allocator import keep_freed_memory
 

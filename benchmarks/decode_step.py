@@ -1,10 +1,10 @@
-"""Milliseconds per decode step of the rollout: the lean step (grpolab.model.decoder) vs the model's own forward.
+"""Milliseconds per decode step of the rollout: the lean step (grpolab.engine.native.decoder) vs the model's own forward.
 
     .venv/bin/python benchmarks/decode_step.py [--rows 16] [--tokens 32] [--reps 3] [--lora-r 0]
 
 SmolLM2-135M-Instruct (the bundled model), `--rows` sequences (2 chat-templated prompts x rows/2), every
 completion forced to `--tokens` tokens (no EOS), sampling at temperature 1, through
-grpolab.model.generate.generate with decoder=hf (the HF forward; fp32, and bf16 autocast around the whole
+grpolab.engine.native.generate.generate with decoder=hf (the HF forward; fp32, and bf16 autocast around the whole
 loop) and decoder=lean (fp32 weights, and bf16 weights in oneDNN's layout on a CPU). The four paths
 alternate for `--reps` rounds in one process; per path the median of the rounds, as ms per generated
 token step (the whole rollout, prefill, weight layout and sampling included, divided by --tokens).
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--lora-r", type=int, default=0)
     a = ap.parse_args()
 
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
     from grpolab.model.load import load_policy, load_tokenizer, model_dir
     from grpolab.model.template import chat_prompts
 

@@ -220,7 +220,7 @@ def test_an_engine_that_refuses_the_weights_stops_the_run_with_the_checkpoint_in
     """The sync after step 2 fails (as vLLM refusing the new weights would): exit 1, the reason and how
     to continue; step 1's checkpoint verifies and no step-2 checkpoint exists."""
     from grpolab.app.cli import main
-    from grpolab.engine.native import NativeEngine
+    from grpolab.engine.native.engine import NativeEngine
     from grpolab.training.checkpoint import verify_checkpoint
 
     real = NativeEngine.sync

@@ -24,7 +24,7 @@ from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
-from grpolab.model.sampling import is_plain
+from grpolab.engine.native.sampling import is_plain
 from grpolab.training.config import Config
 from grpolab.training.options import extra_generation_kwargs, sampling_values
 from grpolab.util.fields import ConfigError
@@ -122,7 +122,7 @@ class Run:
     @property
     def plain_sampling(self) -> bool:
         """True when the rollouts sample from softmax(z / T) itself (no top-p, top-k, min-p or penalty), so
-        a token's sampling log-prob is the policy's own (grpolab.model.sampling.is_plain)."""
+        a token's sampling log-prob is the policy's own (grpolab.engine.native.sampling.is_plain)."""
         s = self.sampling()
         return is_plain(s.top_p, s.filters)
 

@@ -1,6 +1,6 @@
 """One training step, top to bottom, as stages over one `Batch`:
 
-    batch = collect(run, step)            B prompts, G completions each, verifier rewards   model/generate.py, rewards/
+    batch = collect(run, step)            B prompts, G completions each, verifier rewards   engine/, rewards/
                                           (DAPO: drop all-equal groups and sample more)       algo/shaping.py
     reference(run, batch)                 log pi_ref of the completions, when beta > 0        model/passes.py
     shape(run, batch)                     overlong penalty, KL in the reward                  algo/shaping.py

@@ -25,10 +25,10 @@ import torch
 
 from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
-from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision
+from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision, rollout_probe
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
-from grpolab.model.generate import eos_token_ids
+from grpolab.engine.native.generate import eos_token_ids
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.model.lora import attach, trainable_parameters
 from grpolab.model.optim import adamw, build_scheduler
@@ -133,7 +133,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
-                            decoder=cfg.decoder, recorded=out / precision.FILE if resume else None,
+                            rollout_probe=rollout_probe(engine_name, cfg.decoder),
+                            recorded=out / precision.FILE if resume else None,
                             rows=cfg.batch_size, tokens=cfg.max_new_tokens,
                             engine_rollout=rollout_precision(engine_name))
     log(prec.describe())
@@ -170,9 +171,6 @@ def choose_engine(cfg: Config, path: Path, device: torch.device, dist) -> tuple[
         return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active)
     except EngineError as e:
         raise ConfigError(str(e)) from None
-
-
-    return out
 
 
 def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
