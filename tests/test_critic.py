@@ -188,7 +188,7 @@ def test_group_baseline_and_critic_are_advantage_components():
     the protocol's parameters (the step calls them positionally, so the names must mean the same)."""
     import inspect
 
-    from grpolab.algo.advantages import AdvantageComponent, GroupBaseline
+    from grpolab.training.components import AdvantageComponent, GroupBaseline
     from grpolab.model.critic import Critic
 
     algo = resolve_algo("ppo")

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from grpolab.algo.advantages import AdvantageComponent
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine.base import RolloutEngine, Sampling
+from grpolab.engine.native.sampling import is_plain
 from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
-from grpolab.engine.native.sampling import is_plain
+from grpolab.training.components import AdvantageComponent
 from grpolab.training.config import Config
 from grpolab.training.options import extra_generation_kwargs, sampling_values
 from grpolab.util.fields import ConfigError
@@ -86,7 +86,7 @@ class Run:
     reward_fns: list[RewardFn]
     eos_ids: set[int]
     advantage: AdvantageComponent
-    """The advantage component: grpolab.algo.advantages.GroupBaseline, or grpolab.model.critic.Critic for PPO."""
+    """The advantage component: grpolab.training.components.GroupBaseline, or grpolab.model.critic.Critic for PPO."""
     kl: AdaptiveKL
     """The current beta (fixed unless algo.adaptive_kl)."""
     ref: Reference | None = None

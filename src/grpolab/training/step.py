@@ -10,7 +10,7 @@
 
 Each stage reads the Batch and fills in its own fields; nothing else is shared. The raw verifier
 reward and the shaped one both stay on the batch. A method with a critic differs only in
-`run.advantage` (grpolab.model.critic.Critic instead of grpolab.algo.advantages.GroupBaseline).
+`run.advantage` (grpolab.model.critic.Critic instead of grpolab.training.components.GroupBaseline).
 The loop around the step (setup, evaluation, checkpoints, summary) is grpolab.training.trainer.
 """
 

@@ -23,7 +23,6 @@ from typing import Callable
 
 import torch
 
-from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision, rollout_probe
 from grpolab.engine.kv_cache import call_tokens
@@ -42,6 +41,7 @@ from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.callbacks import Callbacks
+from grpolab.training.components import GroupBaseline
 from grpolab.training.config import Config, fold_report_to, save_config, to_dict
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.diagnostics import CollapseWatcher
