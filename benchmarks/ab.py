@@ -4,7 +4,7 @@ machine, alternating (one machine's speed drifts over minutes, so only alternati
     git worktree add /tmp/base <commit>          # the other side, where a subcommand takes a tree
 
     python benchmarks/ab.py decode /tmp/base [--rounds 6] [--steps 48] [--json PATH]
-        The lean decode step (grpolab.model.decoder) of both trees in this process, on the bundled
+        The lean decode step (grpolab.engine.native.decoder) of both trees in this process, on the bundled
         SmolLM2-135M in bf16 (oneDNN-packed weights, as the rollout runs it): first whether both give the
         same logits (bf16 and fp32, a left-padded prefill and 5 greedy steps), then the time of each
         tree's weight layout, then --rounds alternations of --steps 16-row decode steps each; prints the
@@ -45,12 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def load_decoder(tree: str):
     """grpolab's decoder module of another tree, loaded beside this tree's."""
-    for rel in ("src/grpolab/model/decoder.py", "src/grpolab/decoder.py"):
+    for rel in ("src/grpolab/engine/native/decoder.py", "src/grpolab/" + "model/decoder.py", "src/grpolab/decoder.py"):
         path = Path(tree) / rel
         if path.exists():
             break
     else:
-        raise SystemExit(f"ab.py decode: no src/grpolab/model/decoder.py under {tree}")
+        raise SystemExit(f"ab.py decode: no src/grpolab/engine/native/decoder.py under {tree}")
     spec = importlib.util.spec_from_file_location("grpolab_decoder_other", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
@@ -97,7 +97,7 @@ def ms_per_step(dec, w, steps: int) -> float:
 def decode(a) -> int:
     import torch
 
-    from grpolab.model import decoder as ours
+    from grpolab.engine.native import decoder as ours
     from grpolab.model.load import load_policy, model_dir
     from grpolab.parallel.allocator import keep_freed_memory
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cpu.py [--reps 3] [--json PATH]
 
-1. rollout: grpolab.model.generate.generate vs transformers' model.generate (what TRL's GRPOTrainer calls when
+1. rollout: grpolab.engine.native.generate.generate vs transformers' model.generate (what TRL's GRPOTrainer calls when
    it has no vLLM), same model, prompts, G, max_new_tokens, temperature; both in bf16 autocast.
 2. update: forward+backward of one micro-batch, fp32 vs bf16 autocast (decides `precision=auto`), and
    the prompt computed once per group (grouped_completion_logp) vs once per sequence (what TRL does).
@@ -19,10 +19,10 @@ import time
 import torch
 
 from grpolab.model.cache import left_pad
-from grpolab.model.generate import generate
+from grpolab.engine.native.generate import generate
 from grpolab.model.load import load_policy, load_tokenizer, model_dir
 from grpolab.model.logprobs import completion_logp, grouped_completion_logp
-from grpolab.model.sampling import inverse_cdf_sample
+from grpolab.engine.native.sampling import inverse_cdf_sample
 from grpolab.model.template import chat_prompts
 
 

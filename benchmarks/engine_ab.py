@@ -52,7 +52,7 @@ def main() -> None:
         torch.set_num_threads(ns.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     from grpolab.engine.base import Sampling
-    from grpolab.engine.native import NativeEngine
+    from grpolab.engine.native.engine import NativeEngine
     from grpolab.engine.settings import RolloutConfig
     from grpolab.engine.vllm_engine import VllmEngine
     from grpolab.model.load import load_policy, load_tokenizer, model_dir

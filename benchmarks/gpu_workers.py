@@ -180,13 +180,13 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
 def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, compile: bool = True,
            reps: int = 2, seed: int = 0) -> dict:
     """Decode throughput, every completion forced to `new_tokens` (no EOS), sampling at temperature 1:
-    grpolab.model.generate.generate with the lean decode step (decoder=lean, bf16 on a GPU), with
+    grpolab.engine.native.generate.generate with the lean decode step (decoder=lean, bf16 on a GPU), with
     decoder=hf (the model's forward, fp32 weights under bf16 autocast) and, on a GPU, on bf16 weights; transformers' generate with a static KV cache on bf16 weights, eager (disable_compile) and,
     when `compile`, compiled as generate does it itself on a static cache: torch.compile of the
     forward, mode="reduce-overhead" (CUDA graphs). A path that fails is recorded with its reason and
     the others still run; each path's first call (compilation included) is reported apart."""
     from grpolab.model.cache import left_pad
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
     from grpolab.model.load import load_policy, load_tokenizer
     from grpolab.model.template import chat_prompts
 
@@ -213,7 +213,7 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
     amp = amp_dtype("auto", dev)
     record("grpolab", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
                                        generator=gen, eos_ids=set()))
-    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.model.decoder), weights cast to " + ("bf16" if amp else "fp32")
+    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.engine.native.decoder), weights cast to " + ("bf16" if amp else "fp32")
     record("grpolab_hf_forward", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
                                                   generator=gen, eos_ids=set(), lean=False))
     res["paths"]["grpolab_hf_forward"]["precision"] = "decoder=hf: fp32 weights, " + ("bf16 autocast" if amp else "fp32")

@@ -27,7 +27,7 @@ from e2e_helpers import varied_score  # noqa: E402
 from grpolab import rewards
 from grpolab.app.cli import main
 from grpolab.batch import Rollout
-from grpolab.engine import native
+from grpolab.engine.native import engine as native
 from grpolab.model.cache import left_pad
 
 
@@ -88,7 +88,7 @@ if __name__ == "__main__":
     if "--sampled" in sys.argv:  # the model's own rollouts (sampled on each rank), not fixed_generate
         sys.argv.remove("--sampled")
     else:
-        native.generate = fixed_generate  # the native engine's decode loop (grpolab.engine.native)
+        native.generate = fixed_generate  # the native engine's decode loop (grpolab.engine.native.engine)
     rewards.REWARDS["test_varied"] = lambda: varied_score
     rewards.REWARDS["test_uneven"] = lambda: uneven_score
     if os.environ.get("GRPOLAB_TEST_HOLD"):

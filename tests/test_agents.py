@@ -13,10 +13,10 @@ from grpolab.algo.gae import gae
 from grpolab.algo.losses import policy_loss
 from grpolab.algo.presets import AlgoConfig
 from grpolab.batch import Rollout
+from grpolab.engine.native.turns import generate_turns
 from grpolab.env.settings import EnvConfig
 from grpolab.model.passes import PassSpec, slice_groups, slice_logp
 from grpolab.model.template import addition_ids, append_only_problem, render
-from grpolab.model.turns import generate_turns
 from grpolab.training.agents import load_environments
 from grpolab.util.fields import ConfigError
 

@@ -71,7 +71,7 @@ def reply_of(text: str, typed: str) -> str:
 def greedy_reply(model_dir: Path, messages: list[dict], max_new_tokens: int) -> str:
     import torch
 
-    from grpolab.model.generate import eos_token_ids
+    from grpolab.engine.native.generate import eos_token_ids
     from grpolab.model.load import load_policy, load_tokenizer
     from grpolab.model.template import chat_prompts
 

@@ -184,11 +184,11 @@ def test_value_model_sees_left_padded_rows_at_their_own_positions(make):
 
 
 def test_group_baseline_and_critic_are_advantage_components():
-    """Both classes satisfy grpolab.algo.advantages.AdvantageComponent: every member, and each method with
+    """Both classes satisfy grpolab.training.components.AdvantageComponent: every member, and each method with
     the protocol's parameters (the step calls them positionally, so the names must mean the same)."""
     import inspect
 
-    from grpolab.algo.advantages import AdvantageComponent, GroupBaseline
+    from grpolab.training.components import AdvantageComponent, GroupBaseline
     from grpolab.model.critic import Critic
 
     algo = resolve_algo("ppo")

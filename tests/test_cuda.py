@@ -66,7 +66,7 @@ def test_completion_logp_on_cuda_equals_the_cpu(cuda_tiny_dir, tok):
 
 
 def test_generate_on_cuda_with_a_cuda_generator(cuda_tiny_dir, tok):
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
     from grpolab.model.logprobs import completion_logp
     from grpolab.model.template import chat_prompts
 
@@ -88,7 +88,7 @@ def test_generate_on_cuda_with_a_cuda_generator(cuda_tiny_dir, tok):
 
 
 def test_generate_under_bf16_autocast_on_cuda(cuda_tiny_dir, tok):
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
     from grpolab.model.precision import choose
     from grpolab.model.template import chat_prompts
 

@@ -1,4 +1,4 @@
-"""The lean decode step (grpolab.model.decoder) against the model's own HF forward: the same logits for
+"""The lean decode step (grpolab.engine.native.decoder) against the model's own HF forward: the same logits for
 Llama (grouped-query heads), Qwen2 (q/k/v biases) and a LoRA adapter merged in, with left padding and
 rows leaving the batch; greedy rollouts token for token; the packed bf16 layout is exact; models it
 does not support fall back to the HF forward."""
@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.model import decoder
+from grpolab.engine.native import decoder
+from grpolab.engine.native.generate import generate
+from grpolab.engine.native.steppers import HFStepper, stepper_for
 from grpolab.model.cache import left_pad, positions
-from grpolab.model.generate import HFStepper, generate, stepper_for
 
 
 def tiny(kind: str, seed: int = 0):
@@ -181,7 +182,7 @@ def test_decoder_key_is_validated():
 
 
 def test_auto_uses_the_lean_step_where_it_was_measured_faster():
-    from grpolab.model.generate import use_lean
+    from grpolab.engine.native.steppers import use_lean
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert use_lean("auto", torch.bfloat16, cpu)

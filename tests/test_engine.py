@@ -91,13 +91,12 @@ def test_auto_picks_native_with_its_reason(tiny_model_dir):
     """The test model's heads are 8 wide, which vLLM's CPU attention does not take: auto says so; asking
     for vllm there is an EngineError (a usage error at the command line); native is native."""
     assert head_size(tiny_model_dir) == 8
-    name, why = choose(RolloutConfig(engine="auto"), model_path=tiny_model_dir, device=CPU, distributed=False, tokens=10**9)
+    name, why = choose(RolloutConfig(engine="auto"), model_path=tiny_model_dir, device=CPU, distributed=False)
     assert name == "native" and "head size (8" in why
     with pytest.raises(EngineError, match="head size"):
-        choose(RolloutConfig(engine="vllm"), model_path=tiny_model_dir, device=CPU, distributed=False, tokens=1)
-    assert choose(RolloutConfig(engine="native"), model_path=tiny_model_dir, device=CPU, distributed=False,
-                  tokens=1) == ("native", "rollout.engine=native")
-    name, why = choose(RolloutConfig(engine="auto"), model_path=tiny_model_dir, device=CPU, distributed=True, tokens=1)
+        choose(RolloutConfig(engine="vllm"), model_path=tiny_model_dir, device=CPU, distributed=False)
+    assert choose(RolloutConfig(engine="native"), model_path=tiny_model_dir, device=CPU, distributed=False) == ("native", "rollout.engine=native")
+    name, why = choose(RolloutConfig(engine="auto"), model_path=tiny_model_dir, device=CPU, distributed=True)
     assert name == "native" and "torchrun" in why
 
 
@@ -108,12 +107,11 @@ def test_auto_is_native_on_a_cpu_and_vllm_on_a_gpu(tmp_path, monkeypatch):
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576, "num_attention_heads": 9}))
     monkeypatch.setattr(vllm_engine, "missing_reason", lambda: None)  # as if vLLM imported
-    name, why = choose(RolloutConfig(), model_path=tmp_path, device=CPU, distributed=False, tokens=10**9)
+    name, why = choose(RolloutConfig(), model_path=tmp_path, device=CPU, distributed=False)
     assert name == "native" and "rollout.engine=vllm" in why and "performance.md" in why
-    name, why = choose(RolloutConfig(), model_path=tmp_path, device=torch.device("cuda"), distributed=False, tokens=1)
+    name, why = choose(RolloutConfig(), model_path=tmp_path, device=torch.device("cuda"), distributed=False)
     assert name == "vllm" and "GPU" in why
-    assert choose(RolloutConfig(engine="vllm"), model_path=tmp_path, device=CPU, distributed=False,
-                  tokens=1)[0] == "vllm"
+    assert choose(RolloutConfig(engine="vllm"), model_path=tmp_path, device=CPU, distributed=False)[0] == "vllm"
 
 
 def test_precision_auto_asks_vllm_for_its_rollout_dtype_and_times_the_native_decoder(monkeypatch):
@@ -222,7 +220,7 @@ def test_an_engine_that_refuses_the_weights_stops_the_run_with_the_checkpoint_in
     """The sync after step 2 fails (as vLLM refusing the new weights would): exit 1, the reason and how
     to continue; step 1's checkpoint verifies and no step-2 checkpoint exists."""
     from grpolab.app.cli import main
-    from grpolab.engine.native import NativeEngine
+    from grpolab.engine.native.engine import NativeEngine
     from grpolab.training.checkpoint import verify_checkpoint
 
     real = NativeEngine.sync

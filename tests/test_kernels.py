@@ -1,4 +1,4 @@
-"""grpolab.model.kernels: the C decode-attention kernel against the torch attention (grpolab.model.attention) over
+"""grpolab.engine.native.kernels: the C decode-attention kernel against the torch attention (grpolab.model.attention) over
 shapes, padding and lengths; shapes it does not take fall back; a missing or failing compiler and the
 opt-out variable leave the torch path with a reason; the lean decode step gives the same logits with
 and without it."""
@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from grpolab.model import decoder, kernels
+from grpolab.engine.native import decoder, kernels
 from grpolab.model.attention import grouped_query_attention
 from grpolab.model.cache import left_pad
 
@@ -115,7 +115,7 @@ def test_loading_the_kernel_keeps_subnormal_floats(tiny_model_dir, tmp_path):
 
     script = (
         "import sys, numpy as np, torch, grpolab\n"
-        "from grpolab.model import kernels\n"
+        "from grpolab.engine.native import kernels\n"
         "assert kernels.decode_attention() is not None, kernels.unavailable_reason()\n"
         "grpolab.train({'model': sys.argv[1], 'seed': 1}, steps=1, G=2, batch_size=2, max_new_tokens=4,"
         " eval_size=0, progress=False, tensorboard=False, out=sys.argv[2])\n"

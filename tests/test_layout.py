@@ -23,12 +23,12 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], *, types: bool = False) -> set[str]:
     """grpolab modules that `path` imports when it runs: top level or inside functions (a lazy import
-    runs too), but not under `if TYPE_CHECKING:` (never executed)."""
+    runs too), but not under `if TYPE_CHECKING:` (never executed) unless `types`."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node)
-            for n in ast.walk(node)}
+    skip = set() if types else {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                                and _is_type_checking(node) for n in ast.walk(node)}
     this = module_name(path)
     package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
     out = set()
@@ -100,9 +100,19 @@ def test_algos_imports_no_other_grpolab_module_but_the_fields():
     assert graph()["grpolab.algo.presets"] == {"grpolab.util.fields"}
 
 
+def test_algo_names_nothing_above_it_not_even_as_a_type():
+    """The maths (algo/) imports only itself and util/, also under `if TYPE_CHECKING:`: the step's
+    contract with its components lives with the step (training/components.py)."""
+    modules = {module_name(p) for p in SRC.rglob("*.py")}
+    named = {m for p in sorted((SRC / "algo").glob("*.py")) for m in imports_of(p, modules, types=True)}
+    assert {"grpolab.algo.kl", "grpolab.algo.presets"} <= named  # the imports are read, types included
+    above = sorted(m for m in named if folder_of(m) not in ("algo", "util"))
+    assert not above, above
+
+
 # The layers, from the ground up. A module imports only its own folder and the layers below; two folders
-# on one layer never import each other. The top-level modules: batch.py is a layer of its own, the
-# compat re-exports (rollout.py, trainer.py) and __main__ stand above the applications.
+# on one layer never import each other. The top-level modules: batch.py is a layer of its own, __main__
+# stands above the applications. engine/native/ (the native decode loop) is part of engine/'s layer.
 LAYERS = [
     {"util"},
     {"batch"},
@@ -112,7 +122,7 @@ LAYERS = [
     {"env", "engine"},
     {"training"},
     {"app"},
-    {"__main__", "rollout", "trainer"},
+    {"__main__"},
 ]
 
 
@@ -176,7 +186,7 @@ def test_layout_page_names_every_module():
             continue
         name = p.name if p.suffix == ".py" else p.name + "/"
         assert name in words, f"docs/layout.md does not mention src/grpolab/{name}"
-    for folder in ("util", "algo", "model", "parallel", "training"):  # the layers' modules, each named
+    for folder in ("util", "algo", "model", "parallel", "engine", "engine/native", "training"):  # each named
         for p in sorted((SRC / folder).glob("*.py")):
             if p.name != "__init__.py":
                 assert p.name in words, f"docs/layout.md does not mention src/grpolab/{folder}/{p.name}"

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from grpolab.engine.native import probe
+from grpolab.engine.native.probe import decode_seconds
 from grpolab.model import precision
 from grpolab.model.precision import Precision, choose, faster
 
@@ -35,7 +37,7 @@ def test_auto_decides_each_phase_from_its_own_measurement(tiny_model, monkeypatc
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     timings = iter([{"fp32": 1.0, "bf16": 0.6}, {"fp32": 1.0, "bf16": 1.4}])  # rollout, then update
     monkeypatch.setattr(precision, "time_both", lambda fn, reps=2: next(timings))
-    p = choose("auto", tiny_model, CPU)
+    p = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds)
     assert (p.rollout, p.update) == (torch.bfloat16, None)
     assert "rollout bf16/fp32 time x0.60" in p.reason and "update bf16/fp32 time x1.40" in p.reason
     assert p.describe() == f"precision: rollout bf16, update fp32 ({p.reason})"
@@ -44,7 +46,7 @@ def test_auto_decides_each_phase_from_its_own_measurement(tiny_model, monkeypatc
 def test_measuring_leaves_the_rng_the_gradients_and_the_mode_as_they_were(tiny_model):
     tiny_model.train()
     rng = torch.get_rng_state()
-    p = precision.measure(tiny_model)
+    p = precision.measure(tiny_model, rollout_probe=decode_seconds)
     assert torch.equal(rng, torch.get_rng_state())
     assert all(q.grad is None for q in tiny_model.parameters())
     assert tiny_model.training
@@ -53,7 +55,7 @@ def test_measuring_leaves_the_rng_the_gradients_and_the_mode_as_they_were(tiny_m
 
 
 def test_evaluation_measures_the_rollout_only(tiny_model):
-    assert set(precision.measure(tiny_model, training=False).seconds) == {"rollout"}
+    assert set(precision.measure(tiny_model, training=False, rollout_probe=decode_seconds).seconds) == {"rollout"}
 
 
 def test_a_recorded_choice_wins_on_resume(tiny_model, tmp_path, monkeypatch):
@@ -74,25 +76,24 @@ def test_gpu_and_torchrun_rules(tiny_model, monkeypatch):
 
 def test_the_rollout_probe_scales_its_steps_to_the_run_and_pays_the_set_up_once(tiny_model, monkeypatch):
     clock = iter([10.0, 11.0, 13.0])  # set-up (layout, prefill) 1 s, PROBE_STEPS decode steps 2 s
-    monkeypatch.setattr(precision.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: next(clock))
     # t = t_setup + t_steps * tokens / PROBE_STEPS = 1 + 2 * 12 / 6
-    assert precision.decode_seconds(tiny_model, None, rows=2, tokens=2 * precision.PROBE_STEPS) == 5.0
+    assert decode_seconds(tiny_model, None, rows=2, tokens=2 * precision.PROBE_STEPS) == 5.0
 
 
 def test_the_rollout_probe_takes_the_run_s_shape(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     seen = []
-    monkeypatch.setattr(precision, "decode_seconds", lambda m, dt, **kw: seen.append(kw) or 1.0)
     monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 1.0)
-    choose("auto", tiny_model, CPU, rows=256, tokens=48)
+    choose("auto", tiny_model, CPU, rows=256, tokens=48, rollout_probe=lambda m, dt, **kw: seen.append(kw) or 1.0)
     assert {(kw["rows"], kw["tokens"]) for kw in seen} == {(precision.MAX_PROBE_ROWS, 48)}
 
 
 def test_an_engine_with_its_own_kernels_sets_the_rollout_and_only_the_update_is_timed(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
-    monkeypatch.setattr(precision, "decode_seconds", lambda *a, **k: pytest.fail("timed grpolab's decoder for vLLM"))
     monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 0.5 if dt is torch.bfloat16 else 1.0)
-    p = choose("auto", tiny_model, CPU, engine_rollout=(torch.bfloat16, "the engine's rule"))
+    p = choose("auto", tiny_model, CPU, engine_rollout=(torch.bfloat16, "the engine's rule"),
+               rollout_probe=lambda *a, **k: pytest.fail("timed grpolab's decoder for vLLM"))
     assert (p.rollout, p.update) == (torch.bfloat16, torch.bfloat16)
     assert set(p.seconds) == {"update"} and p.reason.endswith("; rollout: the engine's rule")
     assert "update bf16/fp32 time x0.50" in p.reason

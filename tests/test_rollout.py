@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from grpolab.batch import Rollout, concat_rollouts
+from grpolab.engine.native.generate import eos_token_ids, generate
+from grpolab.engine.native.sampling import sample_token
 from grpolab.model.cache import left_pad, positions
-from grpolab.model.generate import eos_token_ids, generate
 from grpolab.model.logprobs import completion_logp
-from grpolab.model.sampling import sample_token
 from grpolab.model.template import chat_prompts
 
 PROMPTS = ["What is 2+3?", "Hi", "Compute 17 * 23 and explain every step carefully.", "Name a colour.", "x"]

@@ -28,8 +28,8 @@ def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_toke
     used to make a fresh CUDA generator seeded with the same seed on every call, so on a GPU every refill
     round of dynamic sampling drew the same random numbers. Checked with a fake CUDA device and a stub
     `generate` behind the native engine, so no GPU is needed (making a CUDA generator here would raise)."""
-    import grpolab.engine.native as native_mod
-    from grpolab.engine.native import NativeEngine
+    import grpolab.engine.native.engine as native_mod
+    from grpolab.engine.native.engine import NativeEngine
 
     seen = []
     monkeypatch.setattr(native_mod, "generate", lambda *a, **k: seen.append(k["generator"]) or SimpleNamespace())

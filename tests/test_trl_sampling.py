@@ -17,7 +17,7 @@ from grpolab.engine.base import Sampling
 from grpolab.engine.vllm_engine import vllm_sampling_kwargs
 from grpolab.model.optim import SCHEDULES, build_scheduler
 from grpolab.model.reference import FrozenCopy, mix_into
-from grpolab.model.sampling import Filters, apply_repetition_penalty, is_plain, sample_token, sampling_logp, seen_tokens
+from grpolab.engine.native.sampling import Filters, apply_repetition_penalty, is_plain, sample_token, sampling_logp, seen_tokens
 from grpolab.training.config import build_config
 from grpolab.training.options import check_engine_kwargs, extra_generation_kwargs, lr_updates, sampling_values
 from grpolab.training.step import sync_reference
@@ -107,7 +107,7 @@ def test_plain_means_no_filter():
 def test_native_generate_repetition_penalty_is_transformers_generate(lively_model, tiny_tokenizer):
     """Greedy with repetition_penalty 2 and top_k 3 on the tiny model: the same tokens as transformers'
     model.generate with the same settings (the penalty covers prompt and completion so far)."""
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
 
     tiny_model = lively_model
     prompt = tiny_tokenizer("one two three four")["input_ids"]
@@ -124,7 +124,7 @@ def test_native_generate_repetition_penalty_is_transformers_generate(lively_mode
 
 
 def test_native_top_k_1_sampling_equals_greedy(lively_model, tiny_tokenizer):
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
 
     tiny_model = lively_model
     prompts = [tiny_tokenizer("a b c")["input_ids"], tiny_tokenizer("hello there friend")["input_ids"]]

@@ -64,7 +64,7 @@ class Rollout:
     G: int
     env_mask: torch.Tensor | None = None  # (N, C) float, 1 = a token the environment inserted (multi-turn)
     conversations: list[list[dict]] | None = None  # multi-turn: the messages after the prompt, per row
-    stops: list[str] | None = None  # multi-turn: why each trajectory ended (Stop; grpolab.model.turns.Trajectory.stop)
+    stops: list[str] | None = None  # multi-turn: why each trajectory ended (Stop; grpolab.engine.native.turns.Trajectory.stop)
     version: int = 0  # the policy version that sampled it: optimizer steps taken when its weights were synced
 
     @property

@@ -352,6 +352,7 @@ def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None
     from rich.console import Console
 
     from grpolab.training import trainer
+    from grpolab.training.evaluation import evaluate as evaluate_run
     from grpolab.training.config import config_from_run
 
     recipe: ConfigLike = target
@@ -370,7 +371,7 @@ def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None
             raise ConfigError("dataset: evaluate reads a file or datasets directory (rows in memory are for train)")
         with _quiet_hub_bars():
             run = trainer.setup(cfg, training=False, log=console.print)
-            return trainer.evaluate(run, run.task.eval_set()[: cfg.eval_size or 64])
+            return evaluate_run(run, run.task.eval_set()[: cfg.eval_size or 64])
 
 
 __all__ = ["build", "evaluate", "train"]

@@ -126,7 +126,7 @@ def chat_main(argv: list[str]) -> int:
     from transformers import TextStreamer
     from transformers.utils import logging as hf_logging
 
-    from grpolab.model.generate import eos_token_ids
+    from grpolab.engine.native.generate import eos_token_ids
     from grpolab.model.load import load_policy, load_tokenizer, pick_device
 
     hf_logging.disable_progress_bar()

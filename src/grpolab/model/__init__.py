@@ -1,4 +1,5 @@
 """Layer 3, the network: loading (local directory, GGUF, the bundled default), LoRA, the reference and
-the critic, generation (sampling, KV cache, the decode loop, the lean decoder and its C kernel), the
-log-prob passes and precision. Every forward pass over whole groups has one owner: grpolab.model.passes.
+the critic, the chat template, the log-prob passes, precision and the planner's shapes and bytes. Every
+forward pass over whole groups has one owner: grpolab.model.passes. The decode loop that samples
+rollouts is the native engine's (grpolab.engine.native).
 """

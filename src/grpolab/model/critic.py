@@ -21,7 +21,7 @@ What the training step does with a `Critic` (grpolab.training.step), per step:
     (an update skipped for a non-finite loss: critic.discard() instead)
 
 Its passes are grpolab.model.passes' (slice_values, values_without_grad). Methods without a critic use
-grpolab.algo.advantages.GroupBaseline; both satisfy grpolab.algo.advantages.AdvantageComponent
+grpolab.training.components.GroupBaseline; both satisfy grpolab.training.components.AdvantageComponent
 (targets, add_loss, step, discard, computes_every_group, trained_params, state_dict/load_state_dict).
 """
 
@@ -105,7 +105,7 @@ class ValueModel(nn.Module):
 class Critic:
     """The value model as a component of a run: its own AdamW, its targets, its loss, its state.
 
-    The step uses it exactly as grpolab.algo.advantages.GroupBaseline (the AdvantageComponent protocol); the checkpoint
+    The step uses it exactly as grpolab.training.components.GroupBaseline (the AdvantageComponent protocol); the checkpoint
     saves `state_dict()` (weights and optimiser) inside the same atomic checkpoint directory as the
     policy, as critic.pt, so a resumed run always gets the critic of the step it resumes from.
     """

@@ -8,7 +8,7 @@ of whole steps):
               reference copy (full fine-tuning with beta > 0; its linear weights in the update's
               autocast dtype, grpolab.model.reference); a PPO critic (a copy of the backbone) and its AdamW
   generation  the KV cache (the lean decoder's is fp32 and sized for the longest sequence, and is
-              copied when finished rows leave the batch: grpolab.model.decoder.KVCache; the model's own
+              copied when finished rows leave the batch: grpolab.engine.native.decoder.KVCache; the model's own
               cache grows in the compute dtype), the weights in the compute dtype (the lean decoder's
               layout, or autocast's cached casts of trained weights), the logits and sampling buffers;
               or, with an inference engine, its reserved share of the device instead
@@ -36,7 +36,7 @@ from grpolab.model.shapes import LORA_TARGETS, Shape
 F32 = 4
 LOGIT_BUDGET = 1 << 24  # grpolab.model.lmhead: fp32 logits entries held at once (one chunk)
 SAVED_LOGITS_BYTES = 1 << 28  # grpolab.model.lmhead: logits kept for the backward up to this size
-SAMPLING_BUFFERS = 5  # (rows, V) fp32 tensors alive while a token is drawn (grpolab.model.sampling)
+SAMPLING_BUFFERS = 5  # (rows, V) fp32 tensors alive while a token is drawn (grpolab.engine.native.sampling)
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Regime:
     """Bytes per value of the scoring passes' compute dtype: 2 under bf16 autocast, 4 in fp32."""
     rollout_bytes: int = 4
     lean: bool = False
-    """The rollout runs grpolab.model.decoder's lean step (else the model's own forward and cache)."""
+    """The rollout runs grpolab.engine.native.decoder's lean step (else the model's own forward and cache)."""
     lora_r: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_dropout: float = 0.0

@@ -3,7 +3,7 @@ passes (reference, old policy), the critic's and the FSDP idle pass. Each takes 
 autocast dtype, temperature, micro-batch), not the whole run.
 
 The one forward pass that is not here is generation's: the prefill and decode steps of
-grpolab.model.generate and grpolab.model.turns build and extend a KV cache token by token (through a
+grpolab.engine.native.generate and grpolab.engine.native.turns build and extend a KV cache token by token (through a
 stepper: the lean decoder or the model's own forward) and sample as they go; they score nothing. Every
 pass that scores completions (log-probs, entropies, values) is here.
 """

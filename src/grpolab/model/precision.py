@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ SMALL_MODEL_PARAMS = 10_000_000  # below this a matmul is too small for bf16 to 
 FILE = "precision.json"
 NAMES = {None: "fp32", torch.bfloat16: "bf16"}
 DTYPES = {v: k for k, v in NAMES.items()}
+RolloutProbe = Callable[..., float]
+"""(model, dtype, *, rows, tokens) -> seconds of one rollout: the rollout engine's own timing."""
 
 
 @dataclass(frozen=True)
@@ -58,45 +61,15 @@ def faster(seconds: dict[str, float], margin: float = BF16_MARGIN) -> torch.dtyp
     return torch.bfloat16 if seconds["bf16"] <= margin * seconds["fp32"] else None
 
 
-def _probe_ids(model, rows: int, length: int, device) -> torch.Tensor:
+def probe_ids(model, rows: int, length: int, device) -> torch.Tensor:
     """Fixed token ids (rows, length) inside the vocabulary: no random draw, so the run's RNG is untouched."""
     vocab = int(model.config.vocab_size)
     return (torch.arange(rows * length, device=device).view(rows, length) * 7919 % (vocab - 1)) + 1
 
 
-def _sync(device) -> None:
+def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, tokens: int = PROBE_STEPS,
-                   decoder: str = "auto") -> float:
-    """Seconds one rollout of `rows` sequences writing `tokens` tokens in `dtype` (None: fp32) takes, as
-    grpolab.model.generate.generate runs it for the `decoder` setting: the lean step where it applies
-    (grpolab.model.generate.use_lean), else the model's forward under one autocast context. What a rollout
-    pays once (the lean step's weight layout, the prefill) is timed once; PROBE_STEPS cached decode steps
-    are timed and scaled to the rollout's length, so a short probe weighs the set-up as a long rollout does:
-
-        t = t_setup + t_steps * tokens / PROBE_STEPS
-    """
-    from grpolab.model.generate import HFStepper, stepper_for, use_lean
-
-    device = next(model.parameters()).device
-    ids = _probe_ids(model, rows, prompt, device)
-    pos = torch.arange(prompt, device=device).expand(rows, prompt)
-    _sync(device)
-    t0 = time.perf_counter()
-    stepper = stepper_for(model, dtype or torch.float32, PROBE_STEPS, use_lean(decoder, dtype, device))
-    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and isinstance(stepper, HFStepper))
-    with torch.no_grad(), amp:
-        tok = stepper.prefill(ids, torch.ones_like(ids), pos).argmax(-1)
-        _sync(device)
-        t1 = time.perf_counter()
-        for i in range(PROBE_STEPS):
-            tok = stepper.step(tok, pos[:, -1] + i + 1).argmax(-1)
-        _sync(device)
-    t2 = time.perf_counter()
-    return (t1 - t0) + (t2 - t1) * tokens / PROBE_STEPS
 
 
 def update_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, completion: int = 32) -> float:
@@ -105,14 +78,14 @@ def update_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, completion:
     from grpolab.model.logprobs import completion_logp
 
     device = next(model.parameters()).device
-    p_ids = _probe_ids(model, rows, prompt, device)
-    c_ids = _probe_ids(model, rows, completion, device).flip(-1)
-    _sync(device)
+    p_ids = probe_ids(model, rows, prompt, device)
+    c_ids = probe_ids(model, rows, completion, device).flip(-1)
+    sync(device)
     t0 = time.perf_counter()
     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         logp, _ = completion_logp(model, p_ids, torch.ones_like(p_ids), c_ids, torch.ones(c_ids.shape, device=device))
     logp.float().mean().backward()
-    _sync(device)
+    sync(device)
     dt = time.perf_counter() - t0
     for p in model.parameters():
         p.grad = None
@@ -130,12 +103,16 @@ def time_both(fn, reps: int = 2) -> dict[str, float]:
     return best
 
 
-def measure(model, *, training: bool = True, decoder: str = "auto", rows: int = 8, tokens: int = PROBE_STEPS,
-            engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
+def measure(model, *, training: bool = True, rollout_probe: RolloutProbe | None = None, rows: int = 8,
+            tokens: int = PROBE_STEPS, engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
     """Time both precisions on `model` for the rollout (and the update when training) and choose. `rows`,
     `tokens`: the shape of the run's rollouts (sequences per generate call, at most MAX_PROBE_ROWS, and
-    new tokens): the lean step's gain over fp32 differs with both. `engine_rollout`: (dtype, why) of an
-    engine that samples with its own kernels; the rollout is then not timed here."""
+    new tokens): the lean step's gain over fp32 differs with both. `rollout_probe`: the rollout engine's
+    timing of one rollout (grpolab.engine.native.probe.decode_seconds for grpolab's own decoder);
+    `engine_rollout`: (dtype, why) of an engine that samples with its own kernels; the rollout is then not
+    timed here. One of the two is given."""
+    if engine_rollout is None and rollout_probe is None:
+        raise TypeError("precision.measure: give the rollout engine's rollout_probe or its engine_rollout rule")
     rows = max(1, min(rows, MAX_PROBE_ROWS))
     was_training = model.training
     seconds = {}
@@ -143,8 +120,7 @@ def measure(model, *, training: bool = True, decoder: str = "auto", rows: int = 
         try:
             if engine_rollout is None:
                 model.eval()
-                seconds["rollout"] = time_both(lambda dt: decode_seconds(model, dt, rows=rows, tokens=tokens,
-                                                                       decoder=decoder))
+                seconds["rollout"] = time_both(lambda dt: rollout_probe(model, dt, rows=rows, tokens=tokens))
             model.train(was_training)
             if training:
                 seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
@@ -161,12 +137,12 @@ def measure(model, *, training: bool = True, decoder: str = "auto", rows: int = 
 
 
 def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
-           decoder: str = "auto", recorded: Path | None = None, rows: int = 8, tokens: int = PROBE_STEPS,
-           engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
+           rollout_probe: RolloutProbe | None = None, recorded: Path | None = None, rows: int = 8,
+           tokens: int = PROBE_STEPS, engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto; `rows`,
-    `tokens`: the shape of its rollouts (measure); `engine_rollout`: (dtype, why) of a rollout engine that
-    does not decode with the policy (grpolab.engine.rollout_precision), taken instead of the rollout probe,
+    `tokens`: the shape of its rollouts and `rollout_probe` the engine's timing of one (measure);
+    `engine_rollout`: (dtype, why) of a rollout engine that does not decode with the policy (grpolab.engine.rollout_precision), taken instead of the rollout probe,
     which times grpolab's own decoder."""
     if setting == "fp32":
         return Precision(None, None, "precision=fp32")
@@ -184,4 +160,5 @@ def choose(setting: str, model, device: torch.device, *, training: bool = True, 
     if n < SMALL_MODEL_PARAMS:
         return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
                                      f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
-    return measure(model, training=training, decoder=decoder, rows=rows, tokens=tokens, engine_rollout=engine_rollout)
+    return measure(model, training=training, rollout_probe=rollout_probe, rows=rows, tokens=tokens,
+                   engine_rollout=engine_rollout)

@@ -70,7 +70,7 @@ class Config:
     """Sampling temperature of rollouts (> 0)."""
     top_p: float = 1.0
     """Nucleus sampling threshold of rollouts, in (0, 1]."""
-    # --- sampling and template options of TRL's GRPOConfig (grpolab.model.sampling) ---------------------
+    # --- sampling and template options of TRL's GRPOConfig (grpolab.engine.native.sampling) ---------------------
     top_k: int = 0
     """Top-k filter of rollouts: sample among the top_k most likely tokens; 0 or -1: off (TRL's default)."""
     min_p: float = 0.0
@@ -105,7 +105,7 @@ class Config:
     cpu_malloc: str = "keep"
     """On a CPU under glibc: keep (freed memory stays in the process and is reused, so a new tensor does not fault its pages in anew; grpolab.parallel.allocator) or system (malloc as it is)."""
     decoder: str = "auto"
-    """How rollouts run the model: auto (grpolab.model.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
+    """How rollouts run the model: auto (grpolab.engine.native.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
     threads: int = 0
     """CPU threads for PyTorch; 0 = all cores."""
     # --- how the CPU threads wait (grpolab.util.threads)

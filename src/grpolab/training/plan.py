@@ -11,7 +11,7 @@ before step 1.
 
 The decisions mirror grpolab.training.trainer.setup and grpolab.training.step: a reference only with
 beta > 0 (a frozen copy, or the adapter switched off under LoRA), a critic for PPO, the lean decoder
-where grpolab.model.generate.use_lean picks it, micro-batches of whole groups, every group computed
+where grpolab.engine.native.generate.use_lean picks it, micro-batches of whole groups, every group computed
 (the worst case: none has zero advantage), every completion as long as max_new_tokens.
 """
 

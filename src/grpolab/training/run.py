@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from grpolab.algo.advantages import AdvantageComponent
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine.base import RolloutEngine, Sampling
+from grpolab.engine.native.sampling import is_plain
 from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
-from grpolab.model.sampling import is_plain
+from grpolab.training.components import AdvantageComponent
 from grpolab.training.config import Config
 from grpolab.training.options import extra_generation_kwargs, sampling_values
 from grpolab.util.fields import ConfigError
@@ -86,7 +86,7 @@ class Run:
     reward_fns: list[RewardFn]
     eos_ids: set[int]
     advantage: AdvantageComponent
-    """The advantage component: grpolab.algo.advantages.GroupBaseline, or grpolab.model.critic.Critic for PPO."""
+    """The advantage component: grpolab.training.components.GroupBaseline, or grpolab.model.critic.Critic for PPO."""
     kl: AdaptiveKL
     """The current beta (fixed unless algo.adaptive_kl)."""
     ref: Reference | None = None
@@ -122,7 +122,7 @@ class Run:
     @property
     def plain_sampling(self) -> bool:
         """True when the rollouts sample from softmax(z / T) itself (no top-p, top-k, min-p or penalty), so
-        a token's sampling log-prob is the policy's own (grpolab.model.sampling.is_plain)."""
+        a token's sampling log-prob is the policy's own (grpolab.engine.native.sampling.is_plain)."""
         s = self.sampling()
         return is_plain(s.top_p, s.filters)
 

@@ -23,12 +23,11 @@ from typing import Callable
 
 import torch
 
-from grpolab.algo.advantages import GroupBaseline
 from grpolab.algo.kl import AdaptiveKL
-from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision
+from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision, rollout_probe
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.model import precision
-from grpolab.model.generate import eos_token_ids
+from grpolab.engine.native.generate import eos_token_ids
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.model.lora import attach, trainable_parameters
 from grpolab.model.optim import adamw, build_scheduler
@@ -42,10 +41,11 @@ from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.callbacks import Callbacks
+from grpolab.training.components import GroupBaseline
 from grpolab.training.config import Config, fold_report_to, save_config, to_dict
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.diagnostics import CollapseWatcher
-from grpolab.training.evaluation import Evaluator, evaluate, summary_fields  # noqa: F401 (evaluate: its old path)
+from grpolab.training.evaluation import Evaluator, summary_fields
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run, check_epochs
@@ -110,7 +110,7 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                           "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
                           "environment class a get_reward(self) method")
     check_rewards(reward_fns, task, environment=environments is not None)  # exit 2 for a keyword nothing provides
-    engine_name, why = choose_engine(cfg, path, device, dist, training=training)
+    engine_name, why = choose_engine(cfg, path, device, dist)
     check_engine_kwargs(cfg, engine_name)
     log(f"rollout engine: {engine_name} ({why})")
     set_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # every prompt and conversation rendered
@@ -133,7 +133,8 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
-                            decoder=cfg.decoder, recorded=out / precision.FILE if resume else None,
+                            rollout_probe=rollout_probe(engine_name, cfg.decoder),
+                            recorded=out / precision.FILE if resume else None,
                             rows=cfg.batch_size, tokens=cfg.max_new_tokens,
                             engine_rollout=rollout_precision(engine_name))
     log(prec.describe())
@@ -163,21 +164,13 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
                engine=engine, trainer_state=trainer_state(0, cfg.steps))
 
 
-def choose_engine(cfg: Config, path: Path, device: torch.device, dist, *, training: bool) -> tuple[str, str]:
+def choose_engine(cfg: Config, path: Path, device: torch.device, dist) -> tuple[str, str]:
     """The rollout engine's name and why (grpolab.engine.choose); rollout.engine=vllm where it cannot run
     is a usage error (exit 2), raised before anything is loaded or written."""
-    per_sample = cfg.max_completion_tokens
-    evals = 2 + (cfg.steps // cfg.eval_steps if training and cfg.eval_steps else 0)
-    tokens = ((cfg.steps * cfg.batch_size if training else 0) + evals * cfg.eval_size
-              * max(1, cfg.eval_num_generations)) * per_sample
     try:
-        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active,
-                      tokens=tokens)
+        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active)
     except EngineError as e:
         raise ConfigError(str(e)) from None
-
-
-    return out
 
 
 def save(run: Run, step: int, policy=None, optimizer=None) -> Path:

@@ -141,7 +141,7 @@ def check_sequences(spec: Spec, n_prompts: int = 2, G: int = 2, max_tokens: int 
     import torch
 
     from grpolab.app.bench.spec import step_prompts
-    from grpolab.model.generate import generate
+    from grpolab.engine.native.generate import generate
     from grpolab.model.logprobs import completion_logp
     from grpolab.model.template import chat_prompts
 

@@ -59,7 +59,7 @@ def completion_stats(policy, ref, tok, prompts: list[str], max_new_tokens: int, 
     reference's perplexity of the completions, their length and repetition."""
     import torch
 
-    from grpolab.model.generate import eos_token_ids, generate
+    from grpolab.engine.native.generate import eos_token_ids, generate
     from grpolab.model.template import chat_prompts
 
     g = torch.Generator().manual_seed(seed)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 
 from grpolab.batch import Rollout, Stop
+from grpolab.engine.native.sampling import PLAIN, Filters, sample_token, seen_tokens
+from grpolab.engine.native.session import decode_session
 from grpolab.model.cache import positions
-from grpolab.model.sampling import PLAIN, Filters, sample_token, seen_tokens
-from grpolab.model.session import decode_session
-from grpolab.model.steppers import HFStepper, stepper_for, use_lean  # noqa: F401 (their old import path)
 
 
 @torch.no_grad()
@@ -25,9 +24,9 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_t
              eos_ids: set[int] | None = None, lean: bool = True, filters: Filters = PLAIN) -> Rollout:
     """Sample G completions for each prompt (token ids, already chat-templated).
 
-    filters: top-k, min-p and the repetition penalty (grpolab.model.sampling), each off by default.
+    filters: top-k, min-p and the repetition penalty (grpolab.engine.native.sampling), each off by default.
 
-    lean: run the model through grpolab.model.decoder where it supports the model (Llama, Qwen2, Mistral),
+    lean: run the model through grpolab.engine.native.decoder where it supports the model (Llama, Qwen2, Mistral),
     with its weights in `autocast_dtype` (else the model's own dtype); otherwise its HF forward."""
     with decode_session(model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=max_new_tokens,
                         lean=lean, eos_ids=eos_ids) as sess:

@@ -1,7 +1,7 @@
 """Hand-written CPU kernels, compiled on first use with the machine's C compiler, loaded with ctypes.
 
 One so far: `decode_attention`, the attention of one decode step for every row and head
-(decode_attention.c). In the lean decode step (grpolab.model.decoder) torch's batched products for it
+(decode_attention.c). In the lean decode step (grpolab.engine.native.decoder) torch's batched products for it
 are many tiny ones (for SmolLM2, 48 (3 x 64) x (64 x S) products per layer), which read the cached keys
 and values far below the memory's speed; the kernel walks each (row, kv head) pair once and comes close
 to the cost of merely reading the cache (docs/performance.md, "The decode-attention kernel").

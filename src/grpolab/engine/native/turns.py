@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 
 from grpolab.batch import Rollout, Stop
+from grpolab.engine.native.sampling import PLAIN, Filters, sample_token, seen_tokens
+from grpolab.engine.native.session import decode_session
 from grpolab.model.cache import left_pad, positions
-from grpolab.model.sampling import PLAIN, Filters, sample_token, seen_tokens
-from grpolab.model.session import decode_session
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The two ways a decode loop runs the model one step: the model's own forward with its KV cache
-(HFStepper, any causal LM), or grpolab's lean decode step (grpolab.model.decoder.LeanStepper), and the
+(HFStepper, any causal LM), or grpolab's lean decode step (grpolab.engine.native.decoder.LeanStepper), and the
 rule that picks one (use_lean, stepper_for)."""
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def use_lean(decoder: str, dtype: torch.dtype | None, device: torch.device) -> b
 
 
 def stepper_for(model, dtype: torch.dtype, max_new_tokens: int, lean: bool):
-    """The lean step (grpolab.model.decoder) where the model is one it supports and `lean`, else HFStepper."""
-    from grpolab.model import decoder
+    """The lean step (grpolab.engine.native.decoder) where the model is one it supports and `lean`, else HFStepper."""
+    from grpolab.engine.native import decoder
 
     w = decoder.weights_of(model, dtype) if lean else None
     return decoder.LeanStepper(w, max_new_tokens) if w is not None else HFStepper(model)

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 import torch
 
+from grpolab.engine.native.steppers import HFStepper, stepper_for
 from grpolab.model.cache import left_pad
-from grpolab.model.steppers import HFStepper, stepper_for
 
 
 @dataclass
 class Session:
     """What a decode loop reads: the stepper, the padded prompts, the end-of-sequence ids, the pad id."""
 
-    stepper: object  # grpolab.model.steppers.HFStepper or grpolab.model.decoder.LeanStepper
+    stepper: object  # grpolab.engine.native.steppers.HFStepper or grpolab.engine.native.decoder.LeanStepper
     ids: torch.Tensor  # (B, P) left-padded prompt ids on the device
     mask: torch.Tensor  # (B, P) 1 = real token
     eos: torch.Tensor  # (E,) every id that ends a turn

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpolab.model import kernels
+from grpolab.engine.native import kernels
 from grpolab.model.attention import grouped_query_attention
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
@@ -204,7 +204,7 @@ class KVCache:
         self.k = [torch.empty(shape, device=device) for _ in w.layers]
         self.v = [torch.empty(shape, device=device) for _ in w.layers]
         self.length = 0
-        # one decode step's attention by grpolab.model.kernels' C kernel on a CPU (None: torch's products)
+        # one decode step's attention by grpolab.engine.native.kernels' C kernel on a CPU (None: torch's products)
         self.attend = kernels.decode_attention() if torch.device(device).type == "cpu" else None
 
     def rows(self, idx: Tensor | None = None, repeat: int = 1) -> None:
