@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # ---- decode --------------------------------------------------------------------------------------
 
+
 def load_decoder(tree: str):
     """grpolab's decoder module of another tree, loaded beside this tree's."""
     for rel in ("src/grpolab/engine/native/decoder.py", "src/grpolab/" + "model/decoder.py", "src/grpolab/decoder.py"):
@@ -125,21 +126,34 @@ def decode(a) -> int:
         for name, dec in mods.items():
             times[name].append(ms_per_step(dec, ws[name], a.steps))
     for name, ts in times.items():
-        print(f"{name:>20s}: {statistics.median(ts):6.2f} ms per 16-row decode step (median of {a.rounds}; "
-              f"{', '.join(f'{t:.1f}' for t in ts)})")
+        print(
+            f"{name:>20s}: {statistics.median(ts):6.2f} ms per 16-row decode step (median of {a.rounds}; "
+            f"{', '.join(f'{t:.1f}' for t in ts)})"
+        )
     ours_ms, other_ms = statistics.median(times["this tree"]), statistics.median(times[a.other])
     print(f"ratio this tree / other: {ours_ms / other_ms:.3f}")
     if a.json:
         import results
 
         t = times["this tree"]
-        results.record(a.json, [results.entry(
-            "decode-ab", f"16 rows, 2 prompts of 46 tokens, {a.steps} steps, median of {a.rounds} "
-            f"(peer: {a.label or a.other})", ours_ms, other_ms, interval=[min(t), max(t)])])
+        results.record(
+            a.json,
+            [
+                results.entry(
+                    "decode-ab",
+                    f"16 rows, 2 prompts of 46 tokens, {a.steps} steps, median of {a.rounds} "
+                    f"(peer: {a.label or a.other})",
+                    ours_ms,
+                    other_ms,
+                    interval=[min(t), max(t)],
+                )
+            ],
+        )
     return 0
 
 
 # ---- phases --------------------------------------------------------------------------------------
+
 
 def phases_worker(argv: list[str]) -> int:
     """One side of `phases`, in its own process: prints one JSON line with the medians."""
@@ -158,9 +172,16 @@ def phases_worker(argv: list[str]) -> int:
     def med(key: str) -> float:
         return statistics.median(m[key] for m in ms[1:])
 
-    print(json.dumps({"generate_s": med("time/generate_s"), "update_s": med("time/update_s"),
-                      "step_s": med("time/step_s"),
-                      "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "generate_s": med("time/generate_s"),
+                "update_s": med("time/update_s"),
+                "step_s": med("time/step_s"),
+                "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
     return 0
 
 
@@ -177,15 +198,22 @@ def phases(a, bench_flags: list[str]) -> int:
     for r in range(a.rounds):
         for name, (tree, extra) in sides.items():
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]))
-            p = subprocess.run([sys.executable, __file__, "_phases", "--steps", str(a.steps), *extra, *bench_flags],
-                               env=env, capture_output=True, text=True)
+            p = subprocess.run(
+                [sys.executable, __file__, "_phases", "--steps", str(a.steps), *extra, *bench_flags],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if p.returncode != 0:
                 print(p.stdout + p.stderr, file=sys.stderr)
                 raise SystemExit(f"ab.py phases: the run of {name} failed (exit {p.returncode})")
             got[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
             m = got[name][-1]
-            print(f"round {r + 1} {name:>20s}: gen {m['generate_s']:.2f} update {m['update_s']:.2f} "
-                  f"step {m['step_s']:.2f} peak {m['peak_mb']:.0f} MB", flush=True)
+            print(
+                f"round {r + 1} {name:>20s}: gen {m['generate_s']:.2f} update {m['update_s']:.2f} "
+                f"step {m['step_s']:.2f} peak {m['peak_mb']:.0f} MB",
+                flush=True,
+            )
     (first, x), (second, y) = got.items()
     sx, sy = statistics.median(m["step_s"] for m in x), statistics.median(m["step_s"] for m in y)
     print(f"step seconds, median over rounds: {first} {sx:.2f}, {second} {sy:.2f}, ratio {sx / sy:.3f}")
@@ -197,13 +225,13 @@ def phases(a, bench_flags: list[str]) -> int:
             keep, system = (sx, sy) if first.endswith("keep") else (sy, sx)
             e = results.entry("cpu-malloc", f"{setting}, median of {a.rounds} rounds", keep, system)
         else:
-            e = results.entry("step-ab", f"{setting}, median of {a.rounds} rounds (peer: {a.label or a.other})",
-                              sx, sy)
+            e = results.entry("step-ab", f"{setting}, median of {a.rounds} rounds (peer: {a.label or a.other})", sx, sy)
         results.record(a.json, [e])
     return 0
 
 
 # ---- curves --------------------------------------------------------------------------------------
+
 
 def load_metrics(path: str) -> list[dict]:
     p = Path(path)
@@ -229,9 +257,11 @@ def curves(out: str, specs: list[str]) -> int:
         ax[1].plot(steps, [x["completion/length_mean"] for x in m], st, ms=4, label=label)
         r = [x["reward/mean"] for x in m]
         diverge = next((x["step"] for x, y in zip(m, first) if x["reward/mean"] != y["reward/mean"]), None)
-        print(f"{label:40s} reward first 5 {sum(r[:5]) / 5:.3f} last 5 {sum(r[-5:]) / 5:.3f}  length mean "
-              f"{sum(x['completion/length_mean'] for x in m) / len(m):.1f}  first step with another reward than "
-              f"{runs[0][0]!r}: {diverge}")
+        print(
+            f"{label:40s} reward first 5 {sum(r[:5]) / 5:.3f} last 5 {sum(r[-5:]) / 5:.3f}  length mean "
+            f"{sum(x['completion/length_mean'] for x in m) / len(m):.1f}  first step with another reward than "
+            f"{runs[0][0]!r}: {diverge}"
+        )
     ax[0].set_title("reward/mean")
     ax[1].set_title("completion/length_mean")
     for x in ax:
@@ -249,7 +279,7 @@ def main(argv: list[str]) -> int:
     bench_flags: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, bench_flags = argv[:i], argv[i + 1:]
+        argv, bench_flags = argv[:i], argv[i + 1 :]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("decode", help="the lean decode step of this tree against another tree's")

@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from grpolab.model.cache import left_pad
 from grpolab.engine.native.generate import generate
+from grpolab.engine.native.sampling import inverse_cdf_sample
+from grpolab.model.cache import left_pad
 from grpolab.model.load import load_policy, load_tokenizer, model_dir
 from grpolab.model.logprobs import completion_logp, grouped_completion_logp
-from grpolab.engine.native.sampling import inverse_cdf_sample
 from grpolab.model.template import chat_prompts
 
 
@@ -57,8 +57,9 @@ def main() -> None:
     n_tok = a.B * a.G * a.new
 
     def ours(dtype):
-        return lambda: generate(model, tok, ids, G=a.G, max_new_tokens=a.new, autocast_dtype=dtype, generator=g,
-                                eos_ids=set())
+        return lambda: generate(
+            model, tok, ids, G=a.G, max_new_tokens=a.new, autocast_dtype=dtype, generator=g, eos_ids=set()
+        )
 
     t_ours = median_time(ours(None), a.reps)
     x, m = left_pad(ids, tok.pad_token_id)
@@ -66,12 +67,23 @@ def main() -> None:
 
     def hf():
         with torch.no_grad():
-            model.generate(input_ids=xr, attention_mask=mr, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                           max_new_tokens=a.new, min_new_tokens=a.new, pad_token_id=tok.pad_token_id)
+            model.generate(
+                input_ids=xr,
+                attention_mask=mr,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=a.new,
+                min_new_tokens=a.new,
+                pad_token_id=tok.pad_token_id,
+            )
 
     peer = median_time(hf, a.reps)
-    print(f"rollout  grpolab {n_tok / t_ours:7.1f} tok/s   transformers.generate {n_tok / peer:7.1f} tok/s   "
-          f"speed-up x{peer / t_ours:.2f}")
+    print(
+        f"rollout  grpolab {n_tok / t_ours:7.1f} tok/s   transformers.generate {n_tok / peer:7.1f} tok/s   "
+        f"speed-up x{peer / t_ours:.2f}"
+    )
     t_bf = median_time(ours(bf16), a.reps)
     print(f"rollout  fp32 {t_ours:6.2f} s   bf16 autocast {t_bf:6.2f} s   bf16/fp32 time x{t_bf / t_ours:.2f}")
 
@@ -90,6 +102,7 @@ def main() -> None:
                 lp, _ = completion_logp(model, p, pm, c, cm)
             lp.sum().backward()
             model.zero_grad(set_to_none=True)
+
         return run
 
     t32 = median_time(step(None), a.reps)
@@ -112,8 +125,10 @@ def main() -> None:
 
     t_seq = median_time(per_seq, a.reps)
     t_grp = median_time(grouped, a.reps)
-    print(f"update   per-sequence {t_seq:6.2f} s   prompt once per group {t_grp:6.2f} s   speed-up x{t_seq / t_grp:.2f}"
-          f"   ({P} prompt + {C} completion tokens, G=8)")
+    print(
+        f"update   per-sequence {t_seq:6.2f} s   prompt once per group {t_grp:6.2f} s   speed-up x{t_seq / t_grp:.2f}"
+        f"   ({P} prompt + {C} completion tokens, G=8)"
+    )
 
     # 3. sampler
     logits = torch.randn(a.B * a.G, len(tok)) * 3
@@ -129,13 +144,21 @@ def main() -> None:
         import results
 
         shape = f"{a.B} prompts x G={a.G} x {a.new} tokens"
-        results.record(a.json, [
-            results.entry("rollout-hf", f"{shape}, fp32", n_tok / t_ours, n_tok / peer),
-            results.entry("precision", f"rollout, {shape}", t_bf, t_ours),
-            results.entry("precision", f"update, {b} x ({P} + {C}) tokens", t16, t32),
-            results.entry("prompt-once", f"forward+backward, 2 groups x G=8, {P} prompt + {C} completion tokens, fp32",
-                          t_grp, t_seq),
-            results.entry("sampler", f"{a.B * a.G} rows x {len(tok):,} tokens", 1e3 * ti, 1e3 * tm)])
+        results.record(
+            a.json,
+            [
+                results.entry("rollout-hf", f"{shape}, fp32", n_tok / t_ours, n_tok / peer),
+                results.entry("precision", f"rollout, {shape}", t_bf, t_ours),
+                results.entry("precision", f"update, {b} x ({P} + {C}) tokens", t16, t32),
+                results.entry(
+                    "prompt-once",
+                    f"forward+backward, 2 groups x G=8, {P} prompt + {C} completion tokens, fp32",
+                    t_grp,
+                    t_seq,
+                ),
+                results.entry("sampler", f"{a.B * a.G} rows x {len(tok):,} tokens", 1e3 * ti, 1e3 * tm),
+            ],
+        )
 
 
 if __name__ == "__main__":

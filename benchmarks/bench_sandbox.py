@@ -41,14 +41,18 @@ def main(argv: list[str] | None = None) -> int:
         lat.append(time.monotonic() - t)
     c1, s1 = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     lat.sort()
-    print(f"latency of one candidate, sequential ({len(lat)} runs): median {statistics.median(lat):.3f} s, "
-          f"p90 {lat[int(0.9 * (len(lat) - 1))]:.3f} s  (load average {os.getloadavg()[0]:.2f})")
+    print(
+        f"latency of one candidate, sequential ({len(lat)} runs): median {statistics.median(lat):.3f} s, "
+        f"p90 {lat[int(0.9 * (len(lat) - 1))]:.3f} s  (load average {os.getloadavg()[0]:.2f})"
+    )
     # CPU time of every process of a run (the kernel adds the namespace's processes to its init's
     # children, and the init to unshare's): what bounds throughput on idle cores, whatever the load
     cpu = sum(getattr(c1, f) - getattr(c0, f) + getattr(s1, f) - getattr(s0, f) for f in ("ru_utime", "ru_stime"))
     per = cpu / len(lat)
-    print(f"CPU per candidate (all its processes and the trainer's share): {per * 1000:.1f} ms, so at most "
-          f"{os.cpu_count() / per:.0f} candidates/s on {os.cpu_count()} idle cores")
+    print(
+        f"CPU per candidate (all its processes and the trainer's share): {per * 1000:.1f} ms, so at most "
+        f"{os.cpu_count() / per:.0f} candidates/s on {os.cpu_count()} idle cores"
+    )
     rates, loads = [], []
     for _ in range(args.repeats):
         load = os.getloadavg()[0]
@@ -56,18 +60,24 @@ def main(argv: list[str] | None = None) -> int:
         res = sb.run_many(jobs)
         wall = time.monotonic() - t
         assert all(r.fraction == 1.0 for r in res), [r.details for r in res if r.fraction != 1.0][:3]
-        print(f"run_many: {len(jobs)} candidates in {wall:.2f} s = {len(jobs) / wall:.1f} candidates/s "
-              f"(load average before {load:.2f})")
+        print(
+            f"run_many: {len(jobs)} candidates in {wall:.2f} s = {len(jobs) / wall:.1f} candidates/s "
+            f"(load average before {load:.2f})"
+        )
         rates.append(len(jobs) / wall)
         loads.append(load)
     if args.json:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import results
 
-        setting = (f"{len(jobs)} candidates, {sb.MAX_PARALLEL} slots, load {min(loads):.1f}-{max(loads):.1f} "
-                   f"(median of {len(rates)})")
-        results.record(args.json, [results.entry("sandbox", setting, statistics.median(rates), None,
-                                                 interval=[min(rates), max(rates)])])
+        setting = (
+            f"{len(jobs)} candidates, {sb.MAX_PARALLEL} slots, load {min(loads):.1f}-{max(loads):.1f} "
+            f"(median of {len(rates)})"
+        )
+        results.record(
+            args.json,
+            [results.entry("sandbox", setting, statistics.median(rates), None, interval=[min(rates), max(rates)])],
+        )
     return 0
 
 

@@ -47,8 +47,21 @@ def run_once(recipe: str, steps: int, policy: str, overrides: list[str], out: Pa
     """One `grpolab train` process; its step times (time/step_s) and its first line."""
     env = {k: v for k, v in os.environ.items() if k not in USER_VARS}
     env["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "grpolab.app.cli", "train", recipe, f"steps={steps}", "eval_size=0", f"out={out}",
-           f"thread_wait={policy}", "progress=false", "report=false", "tensorboard=false", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpolab.app.cli",
+        "train",
+        recipe,
+        f"steps={steps}",
+        "eval_size=0",
+        f"out={out}",
+        f"thread_wait={policy}",
+        "progress=false",
+        "report=false",
+        "tensorboard=false",
+        *overrides,
+    ]
     load = load_average()
     t0 = time.perf_counter()
     with busy_processes(busy):
@@ -87,22 +100,43 @@ def main(argv: list[str]) -> int:
                     out = Path(tmp) / f"{p}-{busy}-{r}"
                     res = run_once(ns.recipe, ns.steps, p, ns.overrides, out, busy)
                     runs[(p, busy)].append(res)
-                    print(f"round {r + 1} thread_wait={p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
-                          f"(load before {res['load_before']})", file=sys.stderr, flush=True)
+                    print(
+                        f"round {r + 1} thread_wait={p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
+                        f"(load before {res['load_before']})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     med = {k: median_of(v, ns.skip) for k, v in runs.items()}
     base = policies[0]
-    print(f"median s/step over steps {ns.skip + 1}..{ns.steps}, {ns.rounds} round(s); loaded = beside {ns.busy} busy "
-          f"processes; {os.cpu_count()} cores")
+    print(
+        f"median s/step over steps {ns.skip + 1}..{ns.steps}, {ns.rounds} round(s); loaded = beside {ns.busy} busy "
+        f"processes; {os.cpu_count()} cores"
+    )
     print(f"{'thread_wait':12}{'alone':>9}{'loaded':>9}{'loaded/alone':>14}{'alone/' + base:>16}{'loaded/' + base:>16}")
     rows = {}
     for p in policies:
         a, b = med[(p, 0)], med[(p, ns.busy)]
-        rows[p] = {"alone_s": a, "loaded_s": b, "loaded_over_alone": b / a,
-                   "alone_over_base": a / med[(base, 0)], "loaded_over_base": b / med[(base, ns.busy)]}
-        print(f"{p:12}{a:9.2f}{b:9.2f}{b / a:14.2f}{rows[p]['alone_over_base']:16.3f}{rows[p]['loaded_over_base']:16.3f}")
-    result = {"recipe": ns.recipe, "steps": ns.steps, "skip": ns.skip, "busy": ns.busy, "rounds": ns.rounds,
-              "overrides": ns.overrides, "cores": os.cpu_count(), "summary": rows,
-              "runs": [r for v in runs.values() for r in v]}
+        rows[p] = {
+            "alone_s": a,
+            "loaded_s": b,
+            "loaded_over_alone": b / a,
+            "alone_over_base": a / med[(base, 0)],
+            "loaded_over_base": b / med[(base, ns.busy)],
+        }
+        print(
+            f"{p:12}{a:9.2f}{b:9.2f}{b / a:14.2f}{rows[p]['alone_over_base']:16.3f}{rows[p]['loaded_over_base']:16.3f}"
+        )
+    result = {
+        "recipe": ns.recipe,
+        "steps": ns.steps,
+        "skip": ns.skip,
+        "busy": ns.busy,
+        "rounds": ns.rounds,
+        "overrides": ns.overrides,
+        "cores": os.cpu_count(),
+        "summary": rows,
+        "runs": [r for v in runs.values() for r in v],
+    }
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -65,8 +65,16 @@ def main() -> None:
     native = NativeEngine(policy, tok, device=torch.device("cpu"), dtype=dtype, decoder="auto", eos_ids=set())
     t0 = time.perf_counter()
     settings = RolloutConfig(engine="vllm", vllm_eager=ns.eager)
-    vllm = VllmEngine(settings, model_path=path, tokenizer=tok, device=torch.device("cpu"), dtype=dtype,
-                      eos_ids=set(), max_model_len=1024, seed=0)
+    vllm = VllmEngine(
+        settings,
+        model_path=path,
+        tokenizer=tok,
+        device=torch.device("cpu"),
+        dtype=dtype,
+        eos_ids=set(),
+        max_model_len=1024,
+        seed=0,
+    )
     startup = time.perf_counter() - t0
     sync = vllm.sync(policy, 0)
     from vllm import SamplingParams
@@ -81,14 +89,17 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
 
         def raw():
-            params = SamplingParams(n=G, temperature=1.0, max_tokens=T, logprobs=0, seed=1, detokenize=False,
-                                    ignore_eos=True)
+            params = SamplingParams(
+                n=G, temperature=1.0, max_tokens=T, logprobs=0, seed=1, detokenize=False, ignore_eos=True
+            )
             outs = vllm.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
             return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-        timed = {"native": lambda: int(native.generate(ids, sampling, G=G, generator=g).completion_mask.sum()),
-                 "vllm": lambda: int(vllm.generate(ids, sampling, G=G, generator=g).completion_mask.sum()),
-                 "vllm_raw": raw}
+        timed = {
+            "native": lambda: int(native.generate(ids, sampling, G=G, generator=g).completion_mask.sum()),
+            "vllm": lambda: int(vllm.generate(ids, sampling, G=G, generator=g).completion_mask.sum()),
+            "vllm_raw": raw,
+        }
         tokens = B * G * T
         for k, f in timed.items():  # warm-up, and every engine really writes every token
             assert f() == tokens, f"{k} did not write {tokens} tokens"
@@ -100,18 +111,33 @@ def main() -> None:
                 secs[k].append(time.perf_counter() - t)
         tps = {k: tokens / statistics.median(v) for k, v in secs.items()}
         spans = {k: [tokens / max(v), tokens / min(v)] for k, v in secs.items()}
-        rows.append({"shape": shape, **{f"{k}_tok_s": round(v, 1) for k, v in tps.items()},
-                     "vllm_over_native": round(tps["vllm"] / tps["native"], 2),
-                     "engine_overhead": round(tps["vllm_raw"] / tps["vllm"] - 1, 3)})
+        rows.append(
+            {
+                "shape": shape,
+                **{f"{k}_tok_s": round(v, 1) for k, v in tps.items()},
+                "vllm_over_native": round(tps["vllm"] / tps["native"], 2),
+                "engine_overhead": round(tps["vllm_raw"] / tps["vllm"] - 1, 3),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
         if ns.json:
             results = results_module()
             setting = f"{B} x {G} x {T} (prompts x G x tokens), {ns.dtype}" + (", eager" if ns.eager else "")
-            results.record(ns.json, [
-                results.entry("engine-speed", setting, tps["native"], tps["vllm"], interval=spans["native"]),
-                results.entry("engine-overhead", setting, tps["vllm"], tps["vllm_raw"], interval=spans["vllm"])])
-    out = {"vllm_startup_s": round(startup, 1), "eager": ns.eager, "dtype": ns.dtype, "sync_s": round(sync, 3),
-           "threads": torch.get_num_threads(), "rows": rows}
+            results.record(
+                ns.json,
+                [
+                    results.entry("engine-speed", setting, tps["native"], tps["vllm"], interval=spans["native"]),
+                    results.entry("engine-overhead", setting, tps["vllm"], tps["vllm_raw"], interval=spans["vllm"]),
+                ],
+            )
+    out = {
+        "vllm_startup_s": round(startup, 1),
+        "eager": ns.eager,
+        "dtype": ns.dtype,
+        "sync_s": round(sync, 3),
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
     print(json.dumps(out))
     if ns.raw:
         Path(ns.raw).write_text(json.dumps(out, indent=2) + "\n")

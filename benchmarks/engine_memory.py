@@ -53,8 +53,14 @@ class Phases:
         reset_peak()
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        self.rows.append({"phase": name, "seconds": round(time.perf_counter() - t0, 2),
-                          "rss_mb": round(status_mb("VmRSS")), "peak_mb": round(status_mb("VmHWM"))})
+        self.rows.append(
+            {
+                "phase": name,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "rss_mb": round(status_mb("VmRSS")),
+                "peak_mb": round(status_mb("VmHWM")),
+            }
+        )
         r = self.rows[-1]
         print(f"{name:18} {r['seconds']:8.2f} s   rss {r['rss_mb']:6d} MB   peak {r['peak_mb']:6d} MB", flush=True)
         return out
@@ -75,8 +81,12 @@ def main() -> None:
     ap.add_argument("--engine", choices=["vllm", "native", "both"], default="vllm")
     ap.add_argument("--setting", choices=["a", "b", "agent"], default="a")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--cpu-malloc", choices=["keep", "system"], default=None,
-                    help="the run's cpu_malloc (default: the config's default)")
+    ap.add_argument(
+        "--cpu-malloc",
+        choices=["keep", "system"],
+        default=None,
+        help="the run's cpu_malloc (default: the config's default)",
+    )
     ap.add_argument("--json", default="", help="append the result to this JSON-lines file (benchmarks/results.py)")
     ap.add_argument("--raw", default="", help="write this script's own JSON (every phase) here")
     ns = ap.parse_args()
@@ -85,10 +95,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="grpolab-mem-") as tmp:
             for engine in ("native", "vllm"):
                 argv = [a for a in sys.argv[1:] if a not in ("both", "--engine") and not a.startswith("--engine=")]
-                argv = [a for i, a in enumerate(argv) if not (i and argv[i - 1] in ("--json", "--raw"))
-                        and a not in ("--json", "--raw")]
-                subprocess.run([sys.executable, __file__, "--engine", engine, "--raw", f"{tmp}/{engine}.json", *argv],
-                               check=True)
+                argv = [
+                    a
+                    for i, a in enumerate(argv)
+                    if not (i and argv[i - 1] in ("--json", "--raw")) and a not in ("--json", "--raw")
+                ]
+                subprocess.run(
+                    [sys.executable, __file__, "--engine", engine, "--raw", f"{tmp}/{engine}.json", *argv], check=True
+                )
                 peaks[engine] = json.loads(Path(f"{tmp}/{engine}.json").read_text())["ru_maxrss_mb"]
         print(f"peak MB: native {peaks['native']}, vllm {peaks['vllm']} (x{peaks['vllm'] / peaks['native']:.2f})")
         if ns.json:
@@ -107,8 +121,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="grpolab-mem-") as tmp:
         model = bench_model_dir(spec, tmp) if spec.agent else None
-        run = phases.measure("load+engine", setup_run, spec, f"{tmp}/run", model=model, engine=ns.engine,
-                            **({"cpu_malloc": ns.cpu_malloc} if ns.cpu_malloc else {}))
+        run = phases.measure(
+            "load+engine",
+            setup_run,
+            spec,
+            f"{tmp}/run",
+            model=model,
+            engine=ns.engine,
+            **({"cpu_malloc": ns.cpu_malloc} if ns.cpu_malloc else {}),
+        )
         engine = run.engine
         for name in ("generate", "generate_turns", "sync"):  # instance attributes shadow the methods
             fn = getattr(engine, name)
@@ -122,13 +143,30 @@ def main() -> None:
             _, batch = step_mod.train_step(run, step)
             r = batch.rollout
             rows, prompt, width = r.completion_ids.shape[0], r.prompt_ids.shape[1], r.completion_ids.shape[1]
-            shapes.append({"step": step, "rows": rows, "prompt_width": prompt, "completion_width": width,
-                           "tokens": int(r.completion_mask.sum())})
-            print(f"   rows x (prompt + completion) = {rows} x ({prompt} + {width}), "
-                  f"{shapes[-1]['tokens']} completion tokens", flush=True)
+            shapes.append(
+                {
+                    "step": step,
+                    "rows": rows,
+                    "prompt_width": prompt,
+                    "completion_width": width,
+                    "tokens": int(r.completion_mask.sum()),
+                }
+            )
+            print(
+                f"   rows x (prompt + completion) = {rows} x ({prompt} + {width}), "
+                f"{shapes[-1]['tokens']} completion tokens",
+                flush=True,
+            )
         engine.close()
-    out = {"engine": ns.engine, "setting": ns.setting, "cpu_malloc": run.cfg.cpu_malloc,
-           "describe": engine.describe(), "phases": phases.rows, "shapes": shapes, "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device))}
+    out = {
+        "engine": ns.engine,
+        "setting": ns.setting,
+        "cpu_malloc": run.cfg.cpu_malloc,
+        "describe": engine.describe(),
+        "phases": phases.rows,
+        "shapes": shapes,
+        "ru_maxrss_mb": round(step_mod.peak_memory_mb(run.device)),
+    }
     print(json.dumps(out))
     if ns.raw:
         Path(ns.raw).write_text(json.dumps(out, indent=1) + "\n")

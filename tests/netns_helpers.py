@@ -56,8 +56,20 @@ class TwoHosts:
         try:
             for ns in self.ns:
                 _ip("netns", "add", ns)
-            _ip("link", "add", self.dev[0], "netns", self.ns[0], "type", "veth", "peer", "name", self.dev[1],
-                "netns", self.ns[1])
+            _ip(
+                "link",
+                "add",
+                self.dev[0],
+                "netns",
+                self.ns[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.dev[1],
+                "netns",
+                self.ns[1],
+            )
             for ns, dev, addr in zip(self.ns, self.dev, ADDRS):
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 _ip("-n", ns, "link", "set", dev, "up")
@@ -67,20 +79,42 @@ class TwoHosts:
             raise
         return self
 
-    def agent(self, host: int, torchrun_args: list[str], script_args: list[str], env: dict,
-              log=None) -> subprocess.Popen:
+    def agent(
+        self, host: int, torchrun_args: list[str], script_args: list[str], env: dict, log=None
+    ) -> subprocess.Popen:
         """One torchrun agent in host `host`'s namespace (a session of its own, so that it and its
         workers can be killed together, as a lost machine loses them)."""
-        cmd = ["ip", "netns", "exec", self.ns[host], sys.executable, "-m", "torch.distributed.run",
-               "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"{ADDRS[0]}:{PORT}", "--local-addr", ADDRS[host],
-               # a lost host counts as gone after 2 missed heartbeats of 1 s (default: 3 of 5 s)
-               "--rdzv-conf", (f"is_host={'true' if host == 0 else 'false'},join_timeout=120,"
-                               "keep_alive_interval=1,keep_alive_max_attempt=2"),
-               *torchrun_args, *script_args]
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            self.ns[host],
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{ADDRS[0]}:{PORT}",
+            "--local-addr",
+            ADDRS[host],
+            # a lost host counts as gone after 2 missed heartbeats of 1 s (default: 3 of 5 s)
+            "--rdzv-conf",
+            (
+                f"is_host={'true' if host == 0 else 'false'},join_timeout=120,"
+                "keep_alive_interval=1,keep_alive_max_attempt=2"
+            ),
+            *torchrun_args,
+            *script_args,
+        ]
         env = {**env, "GLOO_SOCKET_IFNAME": self.dev[host]}
-        proc = subprocess.Popen(cmd, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.procs.append(proc)
         return proc
 

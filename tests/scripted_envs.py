@@ -20,6 +20,7 @@ def chatty_copy(tiny_model_dir: Path, out: Path) -> Path:
     (out / "generation_config.json").write_text(json.dumps(cfg))
     return out
 
+
 PYTHON_RAISES = '<tool_call>{"name": "python", "arguments": {"code": "raise ValueError(\'\\\\ud800\')"}}</tool_call>'
 SURROGATE_NAME = '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>'
 ECHO = '<tool_call>{"name": "echo", "arguments": {"text": "say \\ud800 back"}}</tool_call>'
@@ -80,8 +81,10 @@ class Echo(Scripted):
     turn = ECHO
 
 
-SLEEPY = "".join('<tool_call>{"name": "python", "arguments": {"code": "import time\\ntime.sleep(10)"}}</tool_call>'
-                 for _ in range(16))
+SLEEPY = "".join(
+    '<tool_call>{"name": "python", "arguments": {"code": "import time\\ntime.sleep(10)"}}</tool_call>'
+    for _ in range(16)
+)
 
 
 class SleepyPython(Scripted):

@@ -31,10 +31,22 @@ QWEN_STYLE = (
     "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
-          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                         "required": ["a", "b"]}}}]
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(params=["bundled", "qwen_style"])
@@ -53,10 +65,15 @@ def test_trajectory_ids_equal_the_templates_rendering_of_the_whole_conversation(
     tok = template_tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     convo = [{"role": "user", "content": "What is 17 + 25?"}]
-    turns = ['<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>\n'
-             '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>', "It is 42."]
+    turns = [
+        '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>\n'
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>',
+        "It is 42.",
+    ]
     replies = [[{"role": "tool", "content": "42"}, {"role": "tool", "content": "2"}]]
-    stream = list(tok(render(tok, convo, add_generation_prompt=True, tools=TOOLS), add_special_tokens=False)["input_ids"])
+    stream = list(
+        tok(render(tok, convo, add_generation_prompt=True, tools=TOOLS), add_special_tokens=False)["input_ids"]
+    )
     for k, text in enumerate(turns):
         stream += list(tok(text, add_special_tokens=False)["input_ids"]) + [eos]  # the model's ids, kept as sampled
         convo.append({"role": "assistant", "content": text})
@@ -65,8 +82,8 @@ def test_trajectory_ids_equal_the_templates_rendering_of_the_whole_conversation(
             convo += replies[k]
     whole = render(tok, convo, add_generation_prompt=False, tools=TOOLS)
     expected = list(tok(whole, add_special_tokens=False)["input_ids"])
-    assert stream == expected[:len(stream)]
-    assert tok.decode(expected[len(stream):]).strip() == ""  # only the template's final newline is left
+    assert stream == expected[: len(stream)]
+    assert tok.decode(expected[len(stream) :]).strip() == ""  # only the template's final newline is left
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_before_training(tiny_tokenizer):
@@ -75,9 +92,11 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_before_training(tiny_
     tok = copy.deepcopy(tiny_tokenizer)
     assert append_only_problem(tok) is None and append_only_problem(tok, TOOLS) is None
     # drops the content of past assistant turns (as reasoning templates drop past <think> blocks)
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
-                         "(earlier){% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+        "(earlier){% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     assert "not append-only" in append_only_problem(tok)
     with pytest.raises(ConfigError, match="append"):
         load_environments(EnvConfig(name="retry_arithmetic"), tok, None)
@@ -94,8 +113,15 @@ class Scripted:
         for r in rows:
             self.turns[r] = self.turns.get(r, 0) + 1
             done = self.turns[r] >= self.ends_after
-            out.append(None if done else list(self.tok("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n",
-                                                       add_special_tokens=False)["input_ids"]))
+            out.append(
+                None
+                if done
+                else list(
+                    self.tok("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)[
+                        "input_ids"
+                    ]
+                )
+            )
         return out
 
 
@@ -103,10 +129,23 @@ class Scripted:
 def test_turns_share_one_cache_and_stop_for_a_stated_reason(tiny_model, tiny_tokenizer, lean):
     tok = tiny_tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    prompt = [list(tok(render(tok, [{"role": "user", "content": "hi"}], add_generation_prompt=True),
-                       add_special_tokens=False)["input_ids"])]
-    kw = dict(G=4, max_turn_tokens=6, max_model_tokens=40, max_env_tokens=200, temperature=1.0,
-              generator=torch.Generator().manual_seed(0), eos_ids={eos}, lean=lean)
+    prompt = [
+        list(
+            tok(render(tok, [{"role": "user", "content": "hi"}], add_generation_prompt=True), add_special_tokens=False)[
+                "input_ids"
+            ]
+        )
+    ]
+    kw = dict(
+        G=4,
+        max_turn_tokens=6,
+        max_model_tokens=40,
+        max_env_tokens=200,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(0),
+        eos_ids={eos},
+        lean=lean,
+    )
     # the tiny random model rarely samples EOS within 6 tokens: most turns end at the per-turn cap
     rollout, trajs = generate_turns(tiny_model, tok, prompt, Scripted(tok, 2), max_turns=3, **kw)
     assert {t.stop for t in trajs} <= {"budget", "answer", "max_turns", "env_tokens"}
@@ -149,8 +188,17 @@ def _env_rollout(tiny_tokenizer, seed=0) -> Rollout:
     env[:, 3:6] = 1
     cm = 1 - env
     cm[1, 8] = 0  # a shorter row
-    return Rollout(torch.randint(5, 200, (N, P), generator=g), pm, torch.randint(5, 200, (N, C), generator=g), cm,
-                   torch.zeros((N, C)), torch.zeros(N, dtype=torch.bool), [""] * N, 2, env)
+    return Rollout(
+        torch.randint(5, 200, (N, P), generator=g),
+        pm,
+        torch.randint(5, 200, (N, C), generator=g),
+        cm,
+        torch.zeros((N, C)),
+        torch.zeros(N, dtype=torch.bool),
+        [""] * N,
+        2,
+        env,
+    )
 
 
 def test_environment_tokens_get_exactly_zero_gradient(tiny_model, tiny_tokenizer, monkeypatch):
@@ -171,8 +219,16 @@ def test_environment_tokens_get_exactly_zero_gradient(tiny_model, tiny_tokenizer
         tiny_model.zero_grad(set_to_none=True)
         logp, _ = slice_logp(PassSpec(torch.device("cpu")), tiny_model, part)
         adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
-        loss, _ = policy_loss(logp, logp.detach(), adv, part.completion_mask, AlgoConfig(), n_seq=4,
-                              n_tok=int(part.completion_mask.sum()), max_len=9)
+        loss, _ = policy_loss(
+            logp,
+            logp.detach(),
+            adv,
+            part.completion_mask,
+            AlgoConfig(),
+            n_seq=4,
+            n_tok=int(part.completion_mask.sum()),
+            max_len=9,
+        )
         loss.backward()
         return [p.grad.clone() for p in tiny_model.parameters() if p.grad is not None]
 
@@ -225,10 +281,25 @@ def test_a_trl_environment_class_trains_unchanged_through_the_cli(tmp_path, tiny
     envfile = tmp_path / "addition_env.py"
     envfile.write_text(TRL_ENV)
     out = tmp_path / "run"
-    code = main(["train", f"model={tiny_model_dir}", f"out={out}", "steps=2", "batch_size=8", "G=4",
-                 "micro_batch=4", "eval_size=2", "progress=false", "report=false", f"env.name={envfile}:AdditionEnv",
-                 "env.max_turns=2", "env.max_turn_tokens=6", "env.max_model_tokens=12",
-                 "rewards=[{name: format, weight: 0.5}]"])
+    code = main(
+        [
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            "steps=2",
+            "batch_size=8",
+            "G=4",
+            "micro_batch=4",
+            "eval_size=2",
+            "progress=false",
+            "report=false",
+            f"env.name={envfile}:AdditionEnv",
+            "env.max_turns=2",
+            "env.max_turn_tokens=6",
+            "env.max_model_tokens=12",
+            "rewards=[{name: format, weight: 0.5}]",
+        ]
+    )
     assert code == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2

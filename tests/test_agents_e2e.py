@@ -28,9 +28,21 @@ from grpolab.algo.presets import ALGOS
 from grpolab.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT = ["steps=2", "batch_size=8", "G=4", "micro_batch=4", "eval_size=2", "progress=false", "report=false",
-         "tensorboard=false", "env.name=retry_arithmetic", "env.max_turns=2", "env.max_turn_tokens=4",
-         "env.max_model_tokens=8", "rewards=[{name: test_varied}]"]
+AGENT = [
+    "steps=2",
+    "batch_size=8",
+    "G=4",
+    "micro_batch=4",
+    "eval_size=2",
+    "progress=false",
+    "report=false",
+    "tensorboard=false",
+    "env.name=retry_arithmetic",
+    "env.max_turns=2",
+    "env.max_turn_tokens=4",
+    "env.max_model_tokens=8",
+    "rewards=[{name: test_varied}]",
+]
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
 
@@ -90,9 +102,25 @@ def test_two_ranks_train_in_an_environment(chatty_model_dir, tmp_path):
     """torchrun -m grpolab with two gloo ranks: each rank rolls out its share in its own environments."""
     out = tmp_path / "ddp"
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "grpolab", "train", f"model={chatty_model_dir}", f"out={out}", *AGENT,
-           "steps=1", "rewards=[{name: format}]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "grpolab",
+        "train",
+        f"model={chatty_model_dir}",
+        f"out={out}",
+        *AGENT,
+        "steps=1",
+        "rewards=[{name: format}]",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_jsonl(out / "metrics.jsonl")
@@ -104,9 +132,19 @@ def test_audit_reports_turns_and_calls_in_an_environment(chatty_model_dir):
     from grpolab.app.audit import audit
     from grpolab.training.config import build_config
 
-    cfg = build_config(None, [f"model={chatty_model_dir}", "G=4", "batch_size=8", "env.name=retry_arithmetic",
-                              "env.max_turns=2", "env.max_turn_tokens=4", "env.max_model_tokens=8",
-                              "rewards=[{name: math, weight: 0.0}]"])  # as recipes/agent.yaml: the environment scores
+    cfg = build_config(
+        None,
+        [
+            f"model={chatty_model_dir}",
+            "G=4",
+            "batch_size=8",
+            "env.name=retry_arithmetic",
+            "env.max_turns=2",
+            "env.max_turn_tokens=4",
+            "env.max_model_tokens=8",
+            "rewards=[{name: math, weight: 0.0}]",
+        ],
+    )  # as recipes/agent.yaml: the environment scores
     lines: list[str] = []
     res = audit(cfg, n_prompts=2, log=lines.append)
     env = res["env"]
@@ -121,9 +159,15 @@ def _agent_cli(model: Path, out: Path, *args: str) -> subprocess.Popen:
     """`python -m grpolab train` of an agent run in its own session, so that signals reach only it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     base = [a for a in AGENT if not a.startswith(("steps=", "rewards="))] + ["rewards=[{name: format}]"]
-    return subprocess.Popen([sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", *base, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", *base, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def _wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -153,8 +197,9 @@ def test_sigterm_then_sigkill_of_an_agent_run_resume_exactly(chatty_model_dir, t
     assert proc.returncode == 143 and f"--resume {out}" in err and "Traceback" not in err, err[-3000:]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     resume = [sys.executable, "-m", "grpolab", "train", "--resume", str(out)]
-    proc = subprocess.Popen(resume, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        resume, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     _wait_for_steps(out, 3, proc)
     with contextlib.suppress(ProcessLookupError):  # (a resume that already finished: nothing to kill)
         os.killpg(proc.pid, signal.SIGKILL)

@@ -14,21 +14,25 @@ from importlib.resources import files
 import pytest
 from env_helpers import scripted_model
 
-from grpolab.model.template import (
-    TemplateError,
-    addition_ids,
-    addition_text,
-    append_only_problem,
-    render,
-    turn_end,
-)
+from grpolab.model.template import TemplateError, addition_ids, addition_text, append_only_problem, render, turn_end
 
 TEMPLATES = files("trl") / "chat_templates"
 LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 GLM = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
-          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                         "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 EDGED = ["2 + 3 = 5. \n", "\n 5", "</think>5", "5</think>", "</think> 5 \n", ""]
 """Turns as models write them: whitespace at either end, a stray end of reasoning, nothing at all."""
 
@@ -61,10 +65,11 @@ def test_llama3_text_after_an_edged_turn_is_the_templates_own(llama, turn):
     assistant header, exactly."""
     history = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": turn}]
     added = [{"role": "tool", "content": "5"}]
-    assert addition_text(llama, history, added) == ("<|start_header_id|>ipython<|end_header_id|>\n\n\"5\"<|eot_id|>"
-                                                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert addition_text(llama, history, added) == (
+        '<|start_header_id|>ipython<|end_header_id|>\n\n"5"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n'
+    )
     closed = render(llama, history, add_generation_prompt=False)
-    assert closed[:turn_end(llama, history)] == closed  # the turn and its <|eot_id|> end the rendering
+    assert closed[: turn_end(llama, history)] == closed  # the turn and its <|eot_id|> end the rendering
     ids = addition_ids(llama, history, added)
     assert ids[0] == llama.convert_tokens_to_ids("<|start_header_id|>") and ids.count(ids[0]) == 2
 
@@ -76,14 +81,19 @@ def test_qwen3_text_after_an_edged_turn_is_the_templates_own(qwen3, turn):
     history = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": turn}]
     added = [{"role": "tool", "content": "5"}]
     assert addition_text(qwen3, history, added, TOOLS) == (
-        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.mark.parametrize("name", ["llama3_2", "llama3_1", "qwen3_training", "qwen3_8", "qwen2_5"])
 def test_trimming_and_think_splitting_templates_pass_the_probe(tiny_tokenizer, name):
     """The probe renders edged turns too, and these templates render them append-only."""
-    tok = family(tiny_tokenizer, name, LLAMA if name.startswith("llama") else (),
-                 "<|eot_id|>" if name.startswith("llama") else None)
+    tok = family(
+        tiny_tokenizer,
+        name,
+        LLAMA if name.startswith("llama") else (),
+        "<|eot_id|>" if name.startswith("llama") else None,
+    )
     assert append_only_problem(tok) is None
     assert append_only_problem(tok, TOOLS, "Be brief.") is None
 
@@ -106,7 +116,8 @@ def test_a_template_whose_reply_depends_on_the_turn_is_named(tiny_tokenizer):
         "{%- for m in messages %}{%- if m.role == 'tool' %}<|im_start|>tool\n{{ m.content }} (after "
         "{{ messages[loop.index0 - 1].content | length }} chars)<|im_end|>\n{%- else %}<|im_start|>{{ m.role }}\n"
         "{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
-        "{%- endif %}")
+        "{%- endif %}"
+    )
     history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "5 "}]
     with pytest.raises(TemplateError, match="depends on that turn's text"):
         addition_ids(tok, history, [{"role": "tool", "content": "5"}])
@@ -161,14 +172,37 @@ def test_edged_turns_train_through_tool_replies_on_the_cli(tmp_path, tiny_model_
     from grpolab.app.cli import main
 
     specials, eos = FAMILIES[name]
-    model = scripted_model(tiny_model_dir, tmp_path / "model", (CALL, "</think> 5 \n", "5</think>"),
-                           chat_template=(TEMPLATES / f"{name}.jinja").read_text(), specials=specials, eos_token=eos)
+    model = scripted_model(
+        tiny_model_dir,
+        tmp_path / "model",
+        (CALL, "</think> 5 \n", "5</think>"),
+        chat_template=(TEMPLATES / f"{name}.jinja").read_text(),
+        specials=specials,
+        eos_token=eos,
+    )
     envfile = tmp_path / "addition_env.py"
     envfile.write_text(ADDITION_ENV)
     out = tmp_path / "run"
-    code = main(["train", f"model={model}", f"out={out}", "steps=2", "batch_size=8", "G=4", "micro_batch=8",
-                 "eval_size=1", "progress=false", "report=false", "tensorboard=false", f"env.name={envfile}:AdditionEnv",
-                 "env.max_turns=2", "env.max_turn_tokens=2", "env.max_model_tokens=4", "algo.beta=0.0"])
+    code = main(
+        [
+            "train",
+            f"model={model}",
+            f"out={out}",
+            "steps=2",
+            "batch_size=8",
+            "G=4",
+            "micro_batch=8",
+            "eval_size=1",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+            f"env.name={envfile}:AdditionEnv",
+            "env.max_turns=2",
+            "env.max_turn_tokens=2",
+            "env.max_model_tokens=4",
+            "algo.beta=0.0",
+        ]
+    )
     assert code == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2

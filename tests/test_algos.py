@@ -142,10 +142,13 @@ def test_algos_is_a_leaf_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import grpolab.algo.presets; "
-            "print(sorted(m for m in sys.modules if m.startswith('grpolab') or m == 'torch'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(ROOT / "src")}).stdout
+    code = (
+        "import sys; import grpolab.algo.presets; "
+        "print(sorted(m for m in sys.modules if m.startswith('grpolab') or m == 'torch'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": str(ROOT / "src")}
+    ).stdout
     assert eval(out) == ["grpolab", "grpolab.algo", "grpolab.algo.presets", "grpolab.util", "grpolab.util.fields"]
 
 
@@ -163,16 +166,36 @@ def test_docs_map_every_registered_function():
     import inspect
 
     text = (ROOT / "docs" / "algorithms.md").read_text()
-    functions = [*ADVANTAGES.values(), *ADV_SCALES.values(), *OBJECTIVES.values(), *AGGREGATIONS.values(),
-                 *KL_ESTIMATORS.values()]
+    functions = [
+        *ADVANTAGES.values(),
+        *ADV_SCALES.values(),
+        *OBJECTIVES.values(),
+        *AGGREGATIONS.values(),
+        *KL_ESTIMATORS.values(),
+    ]
     for fn in functions:
         assert f"`{fn.__name__}`" in text or f"`{fn.__name__}(" in text, fn.__name__
     for name in NAMES:
         assert f"`{name}`" in text, name
     # every call written in the docs names a real function with the arguments it really takes
-    modules = [importlib.import_module(f"grpolab.{m}") for m in
-               ("algo.advantages", "algo.losses", "algo.kl", "algo.gae", "model.critic", "algo.shaping", "training.step",
-                "model.passes", "batch", "algo.presets", "training.config", "training.trainer", "model.reference")]
+    modules = [
+        importlib.import_module(f"grpolab.{m}")
+        for m in (
+            "algo.advantages",
+            "algo.losses",
+            "algo.kl",
+            "algo.gae",
+            "model.critic",
+            "algo.shaping",
+            "training.step",
+            "model.passes",
+            "batch",
+            "algo.presets",
+            "training.config",
+            "training.trainer",
+            "model.reference",
+        )
+    ]
     calls = documented_calls(text)
     assert len(calls) >= 8
     methods = {}  # `run.advantage.targets(...)`: a method of a component class

@@ -18,11 +18,20 @@ import grpolab
 from grpolab.app.cli import main
 from grpolab.rewards import REWARDS
 
-SMALL = dict(batch_size=8, G=4, max_new_tokens=8, micro_batch=4, eval_size=4, tensorboard=False, save_every=0,
-             samples_per_step=2)
-ROWS = [{"prompt": [{"role": "system", "content": "Answer with a number."},
-                    {"role": "user", "content": f"What is {i} + 1?"}], "answer": str(i + 1), "level": i % 2}
-        for i in range(12)]
+SMALL = dict(
+    batch_size=8, G=4, max_new_tokens=8, micro_batch=4, eval_size=4, tensorboard=False, save_every=0, samples_per_step=2
+)
+ROWS = [
+    {
+        "prompt": [
+            {"role": "system", "content": "Answer with a number."},
+            {"role": "user", "content": f"What is {i} + 1?"},
+        ],
+        "answer": str(i + 1),
+        "level": i % 2,
+    }
+    for i in range(12)
+]
 
 MODULE = '''
 seen = []
@@ -59,19 +68,33 @@ def api_run(tiny_model_dir, tmp_path_factory):
         from rich.console import Console
 
         with contextlib.redirect_stdout(buf):
-            summary = grpolab.train({"model": str(tiny_model_dir), "seed": 3}, steps=2, out=str(root / "run"),
-                                    rewards=[api_user_rewards.varied, {"name": closure, "weight": 0.5}],
-                                    dataset=ROWS, console=Console(file=buf, width=120), **SMALL)
+            summary = grpolab.train(
+                {"model": str(tiny_model_dir), "seed": 3},
+                steps=2,
+                out=str(root / "run"),
+                rewards=[api_user_rewards.varied, {"name": closure, "weight": 0.5}],
+                dataset=ROWS,
+                console=Console(file=buf, width=120),
+                **SMALL,
+            )
         assert dict(REWARDS) == before
-        yield {"root": root, "summary": summary, "out": root / "run", "module": api_user_rewards,
-               "closure_calls": calls, "stdout": buf.getvalue()}
+        yield {
+            "root": root,
+            "summary": summary,
+            "out": root / "run",
+            "module": api_user_rewards,
+            "closure_calls": calls,
+            "stdout": buf.getvalue(),
+        }
     finally:
         sys.path.remove(str(root))
 
 
 def test_import_grpolab_is_cheap():
-    code = ("import sys, grpolab; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
-            "grpolab.train; grpolab.evaluate; grpolab.Config; assert 'torch' not in sys.modules; print('ok')")
+    code = (
+        "import sys, grpolab; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
+        "grpolab.train; grpolab.evaluate; grpolab.Config; assert 'torch' not in sys.modules; print('ok')"
+    )
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src})
     assert out.stdout.strip() == "ok", out.stderr
@@ -106,8 +129,12 @@ def test_config_names_importable_rewards_and_the_written_rows(api_run):
     assert cfg["rewards"][0] == {"name": "api_user_rewards:varied"}  # resumable by import path
     assert cfg["rewards"][1] == {"name": "closure", "weight": 0.5}  # registered for the call only
     assert cfg["task"] == "dataset" and cfg["task_args"]["path"] == str(api_run["out"] / "dataset.jsonl")
-    assert [r for _, r in grpolab.util.fileio.iter_jsonl(
-        (api_run["out"] / "dataset.jsonl").read_text().splitlines(), "x", strict=True)] == ROWS
+    assert [
+        r
+        for _, r in grpolab.util.fileio.iter_jsonl(
+            (api_run["out"] / "dataset.jsonl").read_text().splitlines(), "x", strict=True
+        )
+    ] == ROWS
 
 
 def test_progress_and_summary_printed_once(api_run):
@@ -133,8 +160,12 @@ def test_config_forms_give_the_same_config(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("steps: 3\ntask: countdown\nalgo: dapo\n")
     want = build_config({"steps": 3, "task": "countdown", "algo": "dapo"}, ["algo.beta=0.01"])
-    for config in (str(recipe), recipe, {"steps": 3, "task": "countdown", "algo": "dapo"},
-                   build_config({"steps": 3, "task": "countdown", "algo": "dapo"})):
+    for config in (
+        str(recipe),
+        recipe,
+        {"steps": 3, "task": "countdown", "algo": "dapo"},
+        build_config({"steps": 3, "task": "countdown", "algo": "dapo"}),
+    ):
         cfg, rows = build(config, overrides=["algo.beta=0.01"])
         assert cfg == want and rows is None
     cfg, _ = build("dapo", steps=4, task_args={"digits": 2}, algo="rloo")
@@ -143,12 +174,15 @@ def test_config_forms_give_the_same_config(tmp_path):
     assert cfg.task == "dataset" and cfg.task_args == {"prompt_column": "q", "path": "data.jsonl"}
 
 
-@pytest.mark.parametrize("kwargs,args", [
-    ({"G": 3}, ["G=3"]),
-    ({"stepz": 3}, ["stepz=3"]),
-    ({"algo": {"beta": "high"}}, ["algo.beta=high"]),
-    ({"task": "nope"}, ["task=nope"]),
-])
+@pytest.mark.parametrize(
+    "kwargs,args",
+    [
+        ({"G": 3}, ["G=3"]),
+        ({"stepz": 3}, ["stepz=3"]),
+        ({"algo": {"beta": "high"}}, ["algo.beta=high"]),
+        ({"task": "nope"}, ["task=nope"]),
+    ],
+)
 def test_errors_are_the_clis(kwargs, args, capsys, tmp_path):
     with pytest.raises(grpolab.ConfigError) as e:
         grpolab.train(out=str(tmp_path / "x"), **kwargs)
@@ -193,15 +227,17 @@ def test_resume_through_the_api(api_run, tmp_path):
             build_rewards(c.rewards)
         c, _ = build(resume=out, steps=3)
         assert c.steps == 3 and c.out == str(out) and c.task == "dataset"
-        summary = grpolab.train(resume=out, steps=3, progress=False,
-                                rewards=[api_run["module"].varied, {"name": lambda c, ex: 0.5, "label": "closure",
-                                                                    "weight": 0.5}])
+        summary = grpolab.train(
+            resume=out,
+            steps=3,
+            progress=False,
+            rewards=[api_run["module"].varied, {"name": lambda c, ex: 0.5, "label": "closure", "weight": 0.5}],
+        )
         assert summary["steps"] == 3
         assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
         assert read_jsonl(out / "metrics.jsonl")[-1]["reward/closure/mean"] == 0.5
     finally:
         sys.path.remove(str(api_run["root"]))
-
 
 
 def readme_section(title: str) -> str:
@@ -228,7 +264,7 @@ def test_readme_your_own_reward_runs_as_written(tiny_model_dir, tmp_path, monkey
     (tmp_path / "my_rewards.py").write_text(files)
     marker = 'out="runs/own-reward",'
     assert script.count(marker) == 1
-    (tmp_path / "train_mine.py").write_text(script.replace(marker, f'{marker} model={str(tiny_model_dir)!r},'))
+    (tmp_path / "train_mine.py").write_text(script.replace(marker, f"{marker} model={str(tiny_model_dir)!r},"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
@@ -247,8 +283,11 @@ def test_readme_your_own_reward_runs_as_written(tiny_model_dir, tmp_path, monkey
     cfg = yaml.safe_load((tmp_path / "runs/own-reward/config.yaml").read_text())
     assert cfg["rewards"][1] == {"name": "my_rewards:brevity", "weight": 0.2}
     # the checkpoint loads in plain transformers with the README's lines
-    checkpoint = next(b for b in re.findall(r"```python\n(.*?)```", readme_section("What a run leaves"), re.S)
-                      if "from_pretrained" in b)
+    checkpoint = next(
+        b
+        for b in re.findall(r"```python\n(.*?)```", readme_section("What a run leaves"), re.S)
+        if "from_pretrained" in b
+    )
     ns: dict = {}
     exec(checkpoint, ns)
     assert type(ns["model"]).__name__ == "LlamaForCausalLM" and ns["tokenizer"].eos_token == "<|im_end|>"

@@ -13,16 +13,19 @@ from grpolab.model.logprobs import grouped_completion_logp
 
 
 def tiny(kind: str = "llama", impl: str = "sdpa"):
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, attn_implementation=impl)
+    common = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation=impl,
+    )
     cls, cfg = (Qwen2ForCausalLM, Qwen2Config) if kind == "qwen2" else (LlamaForCausalLM, LlamaConfig)
     model = cls(cfg(**common))
     with torch.no_grad():
@@ -49,7 +52,10 @@ def test_same_logits_and_gradients_as_sdpa_and_eager_with_left_padding(kind):
     for impl in ("sdpa", "eager"):
         ref_logits, ref_grads = forward_and_grads(tiny(kind, impl), ids, mask)
         real = mask.bool()
-        assert torch.allclose(got_logits[real], ref_logits[real], atol=2e-5), (impl, (got_logits - ref_logits).abs().max())
+        assert torch.allclose(got_logits[real], ref_logits[real], atol=2e-5), (
+            impl,
+            (got_logits - ref_logits).abs().max(),
+        )
         for n, g in got_grads.items():
             assert torch.isfinite(g).all(), n
             assert torch.allclose(g, ref_grads[n], atol=1e-5, rtol=1e-4), (impl, n, (g - ref_grads[n]).abs().max())
@@ -108,7 +114,9 @@ def test_bf16_autocast_is_as_close_to_fp32_as_sdpa_under_autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits, grads = forward_and_grads(model, ids, mask)
         assert all(torch.isfinite(g).all() for g in grads.values())
-        errs[impl] = ((logits.float()[real] - ref_logits[real]).abs().max().item(),
-                      max(((grads[n] - g).norm() / g.norm()).item() for n, g in ref_grads.items()))
+        errs[impl] = (
+            (logits.float()[real] - ref_logits[real]).abs().max().item(),
+            max(((grads[n] - g).norm() / g.norm()).item() for n, g in ref_grads.items()),
+        )
     assert errs[attention.NAME][0] <= max(1.5 * errs["sdpa"][0], 0.05), errs
     assert errs[attention.NAME][1] <= max(2.0 * errs["sdpa"][1], 0.02), errs

@@ -1,12 +1,7 @@
 """grpolab audit: the gold-answer check, the zero-variance estimate, the suggestions, and the command's
 exit status on a model that can learn nothing."""
 
-from grpolab.app.audit import (
-    check_gold,
-    expected_zero_var,
-    suggest_G,
-    suggest_max_new_tokens,
-)
+from grpolab.app.audit import check_gold, expected_zero_var, suggest_G, suggest_max_new_tokens
 from grpolab.rewards import build_rewards
 from grpolab.rewards.scoring import RewardFn
 from grpolab.tasks import build_task

@@ -18,14 +18,30 @@ from grpolab.app.bench import worker
 from grpolab.app.cli import main as cli_main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TINY = ["--prompts", "2", "--G", "2", "--new-tokens", "4", "--steps", "1", "--rounds", "1", "--device", "cpu",
-        "--threads", "1"]  # one thread: on a shared machine two spinning OpenMP threads per process are far slower
+TINY = [
+    "--prompts",
+    "2",
+    "--G",
+    "2",
+    "--new-tokens",
+    "4",
+    "--steps",
+    "1",
+    "--rounds",
+    "1",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+]  # one thread: on a shared machine two spinning OpenMP threads per process are far slower
 CONFIG_KEYS = {"precision", "s_per_step", "gen_tok_s", "train_tok_s", "peak_mb", "phases_s", "step_s_all"}
 
 
 def _env(extra_path: Path | None = None) -> dict:
     env = dict(os.environ)
-    paths = ([str(extra_path)] if extra_path else []) + [str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    paths = (
+        ([str(extra_path)] if extra_path else []) + [str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
@@ -33,8 +49,14 @@ def _env(extra_path: Path | None = None) -> dict:
 
 
 def bench_cli(args: list[str], cwd: Path, extra_path: Path | None = None, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "grpolab.app.cli", "bench", *args], cwd=cwd, env=_env(extra_path),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "grpolab.app.cli", "bench", *args],
+        cwd=cwd,
+        env=_env(extra_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def json_line(stdout: str) -> dict:
@@ -53,8 +75,9 @@ def no_trl(tmp_path) -> Path:
 
 def test_against_none_prints_the_floor_table_and_a_json_line(tiny_model_dir, tmp_path):
     out = tmp_path / "bench.json"
-    p = bench_cli(["--model", str(tiny_model_dir), "--against", "none", "--beta", "0.04", *TINY,
-                   "--json-out", str(out)], tmp_path)
+    p = bench_cli(
+        ["--model", str(tiny_model_dir), "--against", "none", "--beta", "0.04", *TINY, "--json-out", str(out)], tmp_path
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json_line(p.stdout)
     assert json.loads(out.read_text()) == res
@@ -67,15 +90,26 @@ def test_against_none_prints_the_floor_table_and_a_json_line(tiny_model_dir, tmp
     assert rows["reference"]["flops"] > 0 and rows["update"]["flops"] == 3 * rows["generation"]["flops"]
     assert all(r["ratio"] > 0 for r in rows.values())  # measured time over the floor
     assert res["matmul_flops"]["fp32"] > 0 and res["matmul_flops"]["bf16"] > 0 and res["threads"] == 1
-    for text in ("s/step", "gen tok/s", "train tok/s", "peak MB", "x floor", "generation", "reference",
-                 "update", "2N(P+C)", "TFLOP/s"):
+    for text in (
+        "s/step",
+        "gen tok/s",
+        "train tok/s",
+        "peak MB",
+        "x floor",
+        "generation",
+        "reference",
+        "update",
+        "2N(P+C)",
+        "TFLOP/s",
+    ):
         assert text in p.stdout, text
 
 
 def test_against_trl_runs_real_trl_and_reports_ratios(tiny_model_dir, tmp_path):
     """Setting (c) in miniature: LoRA and a reference pass on both sides, real TRL."""
-    p = bench_cli(["--model", str(tiny_model_dir), "--trl-precision", "fp32", "--lora-r", "2", "--beta", "0.04",
-                   *TINY], tmp_path)
+    p = bench_cli(
+        ["--model", str(tiny_model_dir), "--trl-precision", "fp32", "--lora-r", "2", "--beta", "0.04", *TINY], tmp_path
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json_line(p.stdout)
     check = res["logp_check"]
@@ -130,10 +164,16 @@ def test_missing_trl_in_a_worker_exits_2(tiny_model_dir, tmp_path, monkeypatch, 
         assert "pip install 'grpolab[bench]'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, text", [
-    (["--G", "1"], "--G"), (["--steps", "0"], "--steps"), (["--new-tokens", "0"], "--new-tokens"),
-    (["--beta", "-1"], "--beta"), (["--model", "HuggingFaceTB/SmolLM2-135M"], "model"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["--G", "1"], "--G"),
+        (["--steps", "0"], "--steps"),
+        (["--new-tokens", "0"], "--new-tokens"),
+        (["--beta", "-1"], "--beta"),
+        (["--model", "HuggingFaceTB/SmolLM2-135M"], "model"),
+    ],
+)
 def test_usage_errors_exit_2(args, text, capsys):
     assert cli_main(["bench", *args]) == 2
     assert text in capsys.readouterr().err
@@ -171,8 +211,24 @@ def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and
     from grpolab.model.load import load_tokenizer
     from grpolab.model.template import render
 
-    spec = bench_spec.parse_spec(["--model", str(tiny_model_dir), "--setting", "agent", "--G", "2", "--prompts", "2",
-                                  "--new-tokens", "8", "--max-turns", "3", "--device", "cpu"])
+    spec = bench_spec.parse_spec(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--setting",
+            "agent",
+            "--G",
+            "2",
+            "--prompts",
+            "2",
+            "--new-tokens",
+            "8",
+            "--max-turns",
+            "3",
+            "--device",
+            "cpu",
+        ]
+    )
     assert spec.agent and (spec.new_tokens, spec.max_turns, spec.beta, spec.lora_r) == (8, 3, 0.0, 0)
     lim = bench_spec.agent_limits(spec)
     model = bench_spec.bench_model_dir(spec, str(tmp_path))
@@ -197,14 +253,20 @@ def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and
     # the few-shot prompt is, token for token, the template's rendering of a real two-shot tool conversation
     def shot(a, b):
         call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
-        return [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "name": "add", "content": str(a + b)},
-                {"role": "assistant", "content": f"The answer is {a + b}."}]
+        return [
+            {"role": "user", "content": f"What is {a} + {b}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "add", "content": str(a + b)},
+            {"role": "assistant", "content": f"The answer is {a + b}."},
+        ]
+
     system = [{"role": "system", "content": bench_spec.AGENT_TASK_ARGS["system_prompt"]}]
     real = system + shot(12, 30) + shot(57, 16) + [{"role": "user", "content": "What is 1 + 2?"}]
     ours = system + [{"role": "user", "content": bench_spec.AGENT_TASK_ARGS["template"].format(question="1 + 2")}]
     tools = [bench_spec.BenchCalculator().add]
-    assert render(tok, ours, add_generation_prompt=True, tools=tools) == render(tok, real, add_generation_prompt=True, tools=tools)
+    assert render(tok, ours, add_generation_prompt=True, tools=tools) == render(
+        tok, real, add_generation_prompt=True, tools=tools
+    )
 
     check = worker.agent_token_check(spec)
     assert check["agent_same_prompt_tokens"] and check["agent_same_tool_reply_tokens"]

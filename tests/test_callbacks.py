@@ -22,8 +22,18 @@ from grpolab.training.config import build_config
 from grpolab.util.fields import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(steps=5, batch_size=8, G=4, max_new_tokens=6, micro_batch=8, eval_size=4, progress=False,
-            save_every=0, samples_per_step=1, report_to="none")
+TINY = dict(
+    steps=5,
+    batch_size=8,
+    G=4,
+    max_new_tokens=6,
+    micro_batch=8,
+    eval_size=4,
+    progress=False,
+    save_every=0,
+    samples_per_step=1,
+    report_to="none",
+)
 
 
 class StopAtTwo(grpolab.Callback):
@@ -106,25 +116,54 @@ def test_a_callback_stops_the_run_after_the_step_it_chose(stopped_run):
 
 def test_the_hooks_come_in_order_with_the_metrics(stopped_run):
     _, _, calls, _ = stopped_run
-    evals = ["eval/accuracy", "eval/accuracy_hi", "eval/accuracy_lo", "eval/extract/math/no_answer",
-             "eval/extract/math/right", "eval/extract/math/wrong", "eval/length", "eval/pass@1", "eval/pass@1_hi",
-             "eval/pass@1_lo", "eval/prompts", "eval/reward", "eval/samples_per_prompt", "step"]
-    assert calls == [("train_begin", 0, 5), ("evaluate", 0, evals),
-                     ("step_begin", 1), ("step_end", 1, 1, True),
-                     ("step_begin", 2), ("step_end", 2, 2, True),
-                     ("save", "step-000002"), ("evaluate", 2, evals),
-                     ("train_end", 2, 2, 4)]  # log_history: the evaluation before, 2 steps, the evaluation after
+    evals = [
+        "eval/accuracy",
+        "eval/accuracy_hi",
+        "eval/accuracy_lo",
+        "eval/extract/math/no_answer",
+        "eval/extract/math/right",
+        "eval/extract/math/wrong",
+        "eval/length",
+        "eval/pass@1",
+        "eval/pass@1_hi",
+        "eval/pass@1_lo",
+        "eval/prompts",
+        "eval/reward",
+        "eval/samples_per_prompt",
+        "step",
+    ]
+    assert calls == [
+        ("train_begin", 0, 5),
+        ("evaluate", 0, evals),
+        ("step_begin", 1),
+        ("step_end", 1, 1, True),
+        ("step_begin", 2),
+        ("step_end", 2, 2, True),
+        ("save", "step-000002"),
+        ("evaluate", 2, evals),
+        ("train_end", 2, 2, 4),
+    ]  # log_history: the evaluation before, 2 steps, the evaluation after
 
 
 def test_a_trainer_callback_is_called_as_transformers_calls_it(stopped_run, tmp_path):
     out, _, _, calls = stopped_run
-    assert calls[0] == ("on_train_begin", str(out), 5, 2e-5, ["lr_scheduler", "model", "optimizer",
-                                                             "processing_class"])
-    assert calls[1:] == [("on_epoch_begin",), ("on_log", 0, 0, False), ("on_evaluate", True),
-                         ("on_step_begin", 0), ("on_step_end", 1), ("on_log", 1, 1, False),
-                         ("on_step_begin", 1), ("on_step_end", 2), ("on_log", 2, 2, False),
-                         ("on_save", 2, "step-000002"), ("on_log", 2, 2, False), ("on_evaluate", True),
-                         ("on_epoch_end",), ("on_train_end", 2, 0.4)]
+    assert calls[0] == ("on_train_begin", str(out), 5, 2e-5, ["lr_scheduler", "model", "optimizer", "processing_class"])
+    assert calls[1:] == [
+        ("on_epoch_begin",),
+        ("on_log", 0, 0, False),
+        ("on_evaluate", True),
+        ("on_step_begin", 0),
+        ("on_step_end", 1),
+        ("on_log", 1, 1, False),
+        ("on_step_begin", 1),
+        ("on_step_end", 2),
+        ("on_log", 2, 2, False),
+        ("on_save", 2, "step-000002"),
+        ("on_log", 2, 2, False),
+        ("on_evaluate", True),
+        ("on_epoch_end",),
+        ("on_train_end", 2, 0.4),
+    ]
 
 
 class SaveThenStop(TrainerCallback):
@@ -141,15 +180,22 @@ def test_trainer_control_saves_and_stops_a_cli_like_process_that_exits_0(tiny_mo
     at step 1 (should_save) and at step 3, the summary and the report."""
     out = tmp_path / "run"
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f'''
+    script.write_text(
+        textwrap.dedent(f"""
         import grpolab, sys
         sys.path.insert(0, {str(ROOT / "tests")!r})
         from test_callbacks import SaveThenStop, TINY
         grpolab.train(model={str(tiny_model_dir)!r}, out={str(out)!r}, report=True, callbacks=[SaveThenStop],
                       **{{**TINY, "eval_size": 0, "keep_checkpoints": 5}})
-    '''))
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    """)
+    )
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000001", "step-000003"]
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]

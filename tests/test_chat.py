@@ -78,10 +78,15 @@ def greedy_reply(model_dir: Path, messages: list[dict], max_new_tokens: int) -> 
     tok = load_tokenizer(model_dir)
     model = load_policy(model_dir, torch.device("cpu")).eval()
     (ids,) = chat_prompts(tok, [messages], None)
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos_token_ids(model, tok)),
-                         pad_token_id=tok.pad_token_id)
-    return tok.decode(out[0, len(ids):], skip_special_tokens=True)
+    out = model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=sorted(eos_token_ids(model, tok)),
+        pad_token_id=tok.pad_token_id,
+    )
+    return tok.decode(out[0, len(ids) :], skip_special_tokens=True)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +105,9 @@ def lively_dir(tiny_model_dir, tmp_path_factory):
 
 def test_chat_scripted_conversation(lively_dir):
     tiny_model_dir = lively_dir
-    term = Terminal([sys.executable, "-c", CLI, "chat", str(tiny_model_dir), "--temperature", "0",
-                     "--max-new-tokens", "6"])
+    term = Terminal(
+        [sys.executable, "-c", CLI, "chat", str(tiny_model_dir), "--temperature", "0", "--max-new-tokens", "6"]
+    )
     try:
         banner = term.read_until("you> ")
         assert "grpolab chat:" in banner and "/reset" in banner and "/quit" in banner
@@ -124,9 +130,15 @@ def test_chat_scripted_conversation(lively_dir):
     want = greedy_reply(tiny_model_dir, [{"role": "user", "content": "Hello there"}], 6)
     assert first.strip() == want.strip() and first.strip()
     assert again == first  # /reset forgot the first exchange
-    want2 = greedy_reply(tiny_model_dir, [{"role": "user", "content": "Hello there"},
-                                          {"role": "assistant", "content": want},
-                                          {"role": "user", "content": "And now?"}], 6)
+    want2 = greedy_reply(
+        tiny_model_dir,
+        [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": want},
+            {"role": "user", "content": "And now?"},
+        ],
+        6,
+    )
     assert second.strip() == want2.strip()  # the second turn saw the whole conversation
 
 
@@ -150,14 +162,44 @@ def test_chat_ends_on_eof_and_refuses_a_bad_target(lively_dir, tmp_path, capsys,
 @pytest.fixture(scope="module")
 def tiny_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("chat") / "run"
-    assert main(["train", f"model={tiny_model_dir}", f"out={out}", "steps=1", "batch_size=4", "G=4",
-                 "max_new_tokens=4", "eval_size=0", "progress=false", "tensorboard=false"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"model={tiny_model_dir}",
+                f"out={out}",
+                "steps=1",
+                "batch_size=4",
+                "G=4",
+                "max_new_tokens=4",
+                "eval_size=0",
+                "progress=false",
+                "tensorboard=false",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_sample_prints_k_samples_with_rewards(tiny_run, capsys):
-    assert main(["sample", str(tiny_run), "--prompt", "What is 2 + 2?", "--answer", "4", "-k", "3", "--json",
-                 "max_new_tokens=5"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                str(tiny_run),
+                "--prompt",
+                "What is 2 + 2?",
+                "--answer",
+                "4",
+                "-k",
+                "3",
+                "--json",
+                "max_new_tokens=5",
+            ]
+        )
+        == 0
+    )
     recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["sample"] for r in recs] == [0, 1, 2]
     for r in recs:
@@ -184,10 +226,12 @@ def test_chat_env_runs_the_tool_calls_a_turn_writes(capsys):
 
     env = _environment("calculator_python")
     assert {t["function"]["name"] for t in env.tools} == {"calculator", "python"}
-    added = _env_reply(env, 'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "17 * 3"}}'
-                            '</tool_call>')
+    added = _env_reply(
+        env, 'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "17 * 3"}}</tool_call>'
+    )
     assert added == [{"role": "tool", "name": "calculator", "content": "51"}] or (
-        len(added) == 1 and added[0]["role"] == "tool" and added[0]["content"] == "51")
+        len(added) == 1 and added[0]["role"] == "tool" and added[0]["content"] == "51"
+    )
     assert "tool> 51" in capsys.readouterr().out
     assert _env_reply(env, "It is 51.") == []
     assert _env_reply(None, "anything") == []
@@ -196,8 +240,23 @@ def test_chat_env_runs_the_tool_calls_a_turn_writes(capsys):
 
 
 def test_chat_with_env_shows_the_tools_and_talks(lively_dir):
-    term = Terminal([sys.executable, "-c", CLI, "chat", str(lively_dir), "--temperature", "0", "--max-new-tokens", "4",
-                     "--env", "calculator_python", "--max-turns", "2"])
+    term = Terminal(
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "chat",
+            str(lively_dir),
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "4",
+            "--env",
+            "calculator_python",
+            "--max-turns",
+            "2",
+        ]
+    )
     try:
         term.read_until("you> ")
         term.type("What is 17 * 3?")

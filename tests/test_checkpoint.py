@@ -10,17 +10,20 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpolab.training.checkpoint as ckpt
-from grpolab.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from grpolab.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _tiny(tie: bool = False, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tie)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tie,
+    )
     model = LlamaForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
@@ -87,8 +90,9 @@ def test_round_trip(tmp_path, tie):
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, weights[k]), k
     assert fresh_sched.last_epoch == sched.last_epoch
-    assert torch.equal(LlamaForCausalLM.from_pretrained(path).model.embed_tokens.weight,
-                       weights["model.embed_tokens.weight"])
+    assert torch.equal(
+        LlamaForCausalLM.from_pretrained(path).model.embed_tokens.weight, weights["model.embed_tokens.weight"]
+    )
 
 
 def test_numpy_rng_restored(tmp_path):
@@ -201,8 +205,16 @@ def test_tokenizer_saved_and_bad_state(tmp_path):
 def test_load_rejects_mismatch(tmp_path):
     model, opt, sched = _tiny()
     path = save_checkpoint(tmp_path, 1, model, None, opt, sched, {})
-    other = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     with pytest.raises(RuntimeError, match="lacks weights"):
         load_checkpoint(path, other, None, None)
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):

@@ -9,11 +9,7 @@ import os
 import pytest
 import torch
 
-from grpolab.training.checkpoint import (
-    _load_model_weights,
-    save_checkpoint,
-    verify_checkpoint,
-)
+from grpolab.training.checkpoint import _load_model_weights, save_checkpoint, verify_checkpoint
 
 
 @pytest.fixture
@@ -25,8 +21,7 @@ def _evil_weights(tiny_model, tmp_path):
     """A full set of the model's weights, all zero, outside the checkpoint."""
     from safetensors.torch import save_file
 
-    state = {k: torch.zeros_like(v).contiguous() for k, v in tiny_model.state_dict().items()
-             if k != "lm_head.weight"}
+    state = {k: torch.zeros_like(v).contiguous() for k, v in tiny_model.state_dict().items() if k != "lm_head.weight"}
     path = tmp_path / "elsewhere" / "evil.safetensors"
     path.parent.mkdir()
     save_file(state, str(path))

@@ -109,8 +109,15 @@ def test_checkpointing_keeps_far_fewer_tensors_for_the_backward():
     from grpolab.model.attention import install
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=256, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg)
     install(model, torch.device("cpu"))  # the CPU attention the update runs
     batch = _batch(64, B=2, G=4, P=24, C=40)

@@ -31,8 +31,14 @@ def _env(tmp: Path) -> dict:
 
 
 def grpolab(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpolab.app.cli", *args], cwd=cwd, env=_env(cwd),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "grpolab.app.cli", *args],
+        cwd=cwd,
+        env=_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # name -> (arguments after `grpolab train`, text the error must contain)
@@ -54,7 +60,10 @@ USAGE_ERRORS = {
     "bad_task_args": (["task_args.bogus=1"], ["task_args", "bogus"]),
     "unknown_reward": (["rewards=[{name: nope}]"], ["rewards", "'nope'", "format"]),
     "not_key_value": (["steps=2", "oops"], ["oops", "KEY=VALUE"]),
-    "resume_not_a_run": (["--resume", "nowhere"], ["nowhere", "no such directory", "grpolab train [RECIPE] out=nowhere"]),
+    "resume_not_a_run": (
+        ["--resume", "nowhere"],
+        ["nowhere", "no such directory", "grpolab train [RECIPE] out=nowhere"],
+    ),
 }
 
 
@@ -128,14 +137,30 @@ def test_eval_usage_errors(tmp_path):
 def test_existing_run_is_not_overwritten(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     run.mkdir()
-    files = {"config.yaml": "steps: 3\n", "metrics.jsonl": '{"step": 1, "reward/mean": 0.5}\n',
-             "samples.jsonl": '{"step": 1}\n'}
+    files = {
+        "config.yaml": "steps: 3\n",
+        "metrics.jsonl": '{"step": 1, "reward/mean": 0.5}\n',
+        "samples.jsonl": '{"step": 1}\n',
+    }
     for name, text in files.items():
         (run / name).write_text(text)
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
     # a tiny model and no evaluation, so that a missing check would not cost much time
-    res = grpolab(["train", f"out={run}", "steps=1", f"model={tiny_model_dir}", "eval_size=0",
-                   "batch_size=2", "G=2", "max_new_tokens=2", "progress=false", "tensorboard=false"], tmp_path)
+    res = grpolab(
+        [
+            "train",
+            f"out={run}",
+            "steps=1",
+            f"model={tiny_model_dir}",
+            "eval_size=0",
+            "batch_size=2",
+            "G=2",
+            "max_new_tokens=2",
+            "progress=false",
+            "tensorboard=false",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
     assert "out" in res.stderr and "--resume" in res.stderr and str(run) in res.stderr
     after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}

@@ -49,10 +49,26 @@ def test_defaults():
 
 
 def test_parse_overrides_nests_and_parses_yaml_scalars():
-    got = parse_overrides(["steps=5", "algo.beta=0.04", "task_args.digits=2", "tensorboard=false",
-                           "out=runs/x", "adam_betas=[0.8, 0.9]", "model="])
-    assert got == {"steps": 5, "algo": {"beta": 0.04}, "task_args": {"digits": 2}, "tensorboard": False,
-                   "out": "runs/x", "adam_betas": [0.8, 0.9], "model": ""}
+    got = parse_overrides(
+        [
+            "steps=5",
+            "algo.beta=0.04",
+            "task_args.digits=2",
+            "tensorboard=false",
+            "out=runs/x",
+            "adam_betas=[0.8, 0.9]",
+            "model=",
+        ]
+    )
+    assert got == {
+        "steps": 5,
+        "algo": {"beta": 0.04},
+        "task_args": {"digits": 2},
+        "tensorboard": False,
+        "out": "runs/x",
+        "adam_betas": [0.8, 0.9],
+        "model": "",
+    }
 
 
 def test_value_may_contain_equals_sign():
@@ -80,19 +96,26 @@ def test_algo_preset_by_name_and_overrides_in_either_order():
 
 def test_yaml_recipe_merge(tmp_path):
     recipe_path = tmp_path / "r.yaml"
-    recipe_path.write_text(yaml.safe_dump({
-        "steps": 12, "G": 4, "batch_size": 16, "task": "countdown",
-        "task_args": {"digits": 1, "ops": "+-"},
-        "algo": {"name": "grpo", "beta": 0.0, "eps_high": 0.28},
-    }))
+    recipe_path.write_text(
+        yaml.safe_dump(
+            {
+                "steps": 12,
+                "G": 4,
+                "batch_size": 16,
+                "task": "countdown",
+                "task_args": {"digits": 1, "ops": "+-"},
+                "algo": {"name": "grpo", "beta": 0.0, "eps_high": 0.28},
+            }
+        )
+    )
     recipe = load_recipe(recipe_path)
     cfg = build_config(recipe, ["task_args.digits=2", "algo.beta=0.04", "G=8"])
-    assert cfg.steps == 12                                  # from the recipe
+    assert cfg.steps == 12  # from the recipe
     assert cfg.task == "countdown"
-    assert cfg.task_args == {"digits": 2, "ops": "+-"}      # override merged into the recipe's mapping
+    assert cfg.task_args == {"digits": 2, "ops": "+-"}  # override merged into the recipe's mapping
     assert cfg.algo.eps_high == 0.28 and cfg.algo.beta == 0.04
-    assert cfg.G == 8 and cfg.batch_size == 16              # override wins, recipe's batch still divisible
-    assert cfg.seed == Config().seed                        # untouched default
+    assert cfg.G == 8 and cfg.batch_size == 16  # override wins, recipe's batch still divisible
+    assert cfg.seed == Config().seed  # untouched default
     # the recipe dict itself is not mutated by build_config
     assert recipe["task_args"] == {"digits": 1, "ops": "+-"}
 
@@ -149,49 +172,55 @@ def test_override_without_equals():
     assert "KEY=VALUE" in _error(["steps"])
 
 
-@pytest.mark.parametrize("override, key, expected", [
-    ("steps=abc", "steps", "int"),
-    ("steps=3.5", "steps", "int"),
-    ("steps=true", "steps", "int"),   # a bool is not an int here
-    ("lr=fast", "lr", "float"),
-    ("tensorboard=maybe", "tensorboard", "bool"),
-    ("task_args=3", "task_args", "dict"),
-    ("rewards=3", "rewards", "list"),
-])
+@pytest.mark.parametrize(
+    "override, key, expected",
+    [
+        ("steps=abc", "steps", "int"),
+        ("steps=3.5", "steps", "int"),
+        ("steps=true", "steps", "int"),  # a bool is not an int here
+        ("lr=fast", "lr", "float"),
+        ("tensorboard=maybe", "tensorboard", "bool"),
+        ("task_args=3", "task_args", "dict"),
+        ("rewards=3", "rewards", "list"),
+    ],
+)
 def test_wrong_type(override, key, expected):
     msg = _error([override])
     assert msg.startswith(f"{key}:"), msg
     assert expected in msg
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["G=0"], "G"),
-    (["G=-2"], "G"),
-    (["batch_size=10", "G=4"], "batch_size"),
-    (["batch_size=0"], "batch_size"),
-    (["steps=0"], "steps"),
-    (["temperature=0"], "temperature"),
-    (["temperature=-1"], "temperature"),
-    (["top_p=1.5"], "top_p"),
-    (["top_p=0"], "top_p"),
-    (["micro_batch=0"], "micro_batch"),
-    (["max_new_tokens=0"], "max_new_tokens"),
-    (["lr=0"], "lr"),
-    (["warmup_steps=-1"], "warmup_steps"),
-    (["max_grad_norm=-1"], "max_grad_norm"),
-    (["device=tpu"], "device"),
-    (["precision=fp8"], "precision"),
-    (["eval_size=-1"], "eval_size"),
-    (["keep_checkpoints=0"], "keep_checkpoints"),
-    (["reward_timeout_s=0"], "reward_timeout_s"),
-    (["reward_workers=0"], "reward_workers"),
-    (["adam_betas=[0.9]"], "adam_betas"),
-    (["adam_betas=[0.9, 1.5]"], "adam_betas"),
-    (["out="], "out"),
-    (["rewards=[3]"], "rewards[0]"),
-    (["task=nope"], "task"),
-    (["algo=nope"], "algo"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["G=0"], "G"),
+        (["G=-2"], "G"),
+        (["batch_size=10", "G=4"], "batch_size"),
+        (["batch_size=0"], "batch_size"),
+        (["steps=0"], "steps"),
+        (["temperature=0"], "temperature"),
+        (["temperature=-1"], "temperature"),
+        (["top_p=1.5"], "top_p"),
+        (["top_p=0"], "top_p"),
+        (["micro_batch=0"], "micro_batch"),
+        (["max_new_tokens=0"], "max_new_tokens"),
+        (["lr=0"], "lr"),
+        (["warmup_steps=-1"], "warmup_steps"),
+        (["max_grad_norm=-1"], "max_grad_norm"),
+        (["device=tpu"], "device"),
+        (["precision=fp8"], "precision"),
+        (["eval_size=-1"], "eval_size"),
+        (["keep_checkpoints=0"], "keep_checkpoints"),
+        (["reward_timeout_s=0"], "reward_timeout_s"),
+        (["reward_workers=0"], "reward_workers"),
+        (["adam_betas=[0.9]"], "adam_betas"),
+        (["adam_betas=[0.9, 1.5]"], "adam_betas"),
+        (["out="], "out"),
+        (["rewards=[3]"], "rewards[0]"),
+        (["task=nope"], "task"),
+        (["algo=nope"], "algo"),
+    ],
+)
 def test_impossible_values(overrides, key):
     msg = _error(overrides)
     assert msg.startswith(f"{key}"), msg
@@ -213,8 +242,20 @@ def test_unknown_algo_lists_known_ones():
 
 
 def test_allowed_edge_values():
-    cfg = build_config(None, ["G=1", "batch_size=1", "top_p=1", "temperature=0.01", "max_grad_norm=0",
-                              "warmup_steps=0", "eval_size=0", "device=cpu", "precision=fp32"])
+    cfg = build_config(
+        None,
+        [
+            "G=1",
+            "batch_size=1",
+            "top_p=1",
+            "temperature=0.01",
+            "max_grad_norm=0",
+            "warmup_steps=0",
+            "eval_size=0",
+            "device=cpu",
+            "precision=fp32",
+        ],
+    )
     assert cfg.G == 1 and cfg.top_p == 1.0
 
 

@@ -114,8 +114,15 @@ def tiny_llama(dtype=torch.float32):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).to(dtype)
 
 
@@ -188,8 +195,8 @@ def test_group_baseline_and_critic_are_advantage_components():
     the protocol's parameters (the step calls them positionally, so the names must mean the same)."""
     import inspect
 
-    from grpolab.training.components import AdvantageComponent, GroupBaseline
     from grpolab.model.critic import Critic
+    from grpolab.training.components import AdvantageComponent, GroupBaseline
 
     algo = resolve_algo("ppo")
     critic = Critic(tiny_llama(), algo, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, device=torch.device("cpu"))
@@ -217,18 +224,27 @@ def test_the_critic_pass_goes_through_model_passes():
     critic = Critic(tiny_llama(), algo, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, device=torch.device("cpu"))
     torch.nn.init.normal_(critic.model.value_head.weight)
     mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
-    rollout = Rollout(prompt_ids=torch.randint(1, 32, (4, 4)), prompt_mask=torch.ones(4, 4, dtype=torch.long),
-                      completion_ids=torch.randint(1, 32, (4, 3)), completion_mask=mask, sample_logp=-mask,
-                      truncated=torch.zeros(4, dtype=torch.bool), texts=list("abcd"), G=2)
-    batch = SimpleNamespace(rollout=rollout, token_reward=terminal_rewards(torch.tensor([1.0, 0, 1, 0]), mask),
-                            n_tokens=int(mask.sum()))
+    rollout = Rollout(
+        prompt_ids=torch.randint(1, 32, (4, 4)),
+        prompt_mask=torch.ones(4, 4, dtype=torch.long),
+        completion_ids=torch.randint(1, 32, (4, 3)),
+        completion_mask=mask,
+        sample_logp=-mask,
+        truncated=torch.zeros(4, dtype=torch.bool),
+        texts=list("abcd"),
+        G=2,
+    )
+    batch = SimpleNamespace(
+        rollout=rollout, token_reward=terminal_rewards(torch.tensor([1.0, 0, 1, 0]), mask), n_tokens=int(mask.sum())
+    )
     spec = PassSpec(torch.device("cpu"), None, micro_batch=2)
     adv = critic.targets(spec, batch)
     assert adv.shape == (4, 3) and batch.old_values.shape == (4, 3) and batch.returns.shape == (4, 3)
     part = slice_groups(rollout, micro_batches(rollout, all_groups(rollout), 2)[0], spec.device)
     v = critic.values(spec, part)
-    assert torch.allclose(v.detach() * part.completion_mask, batch.old_values[part.rows, :part.width] * part.completion_mask,
-                          atol=1e-6)
+    assert torch.allclose(
+        v.detach() * part.completion_mask, batch.old_values[part.rows, : part.width] * part.completion_mask, atol=1e-6
+    )
     loss, info = critic.add_loss(torch.zeros(()), spec, part, batch)
     loss.backward()
     assert "value/error" in info and critic.model.value_head.weight.grad is not None

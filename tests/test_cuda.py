@@ -82,7 +82,9 @@ def test_generate_on_cuda_with_a_cuda_generator(cuda_tiny_dir, tok):
     assert torch.equal(r.completion_ids, sample(0).completion_ids)  # the cuda generator's seed decides
     assert len(r.texts) == len(PROMPTS) * 3
     # the recorded sampling log-probs are the policy's (temperature 1, top_p 1), recomputed on the GPU
-    lp, _ = completion_logp(model, *(x.cuda() for x in (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)))
+    lp, _ = completion_logp(
+        model, *(x.cuda() for x in (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask))
+    )
     m = r.completion_mask.bool()
     assert (lp.cpu()[m] - r.sample_logp[m]).abs().max() < 1e-3
 
@@ -97,8 +99,15 @@ def test_generate_under_bf16_autocast_on_cuda(cuda_tiny_dir, tok):
     model = lively(cuda_tiny_dir, "cuda")
     assert choose("auto", model, torch.device("cuda")).rollout == torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(0)
-    r = generate(model, tok, chat_prompts(tok, PROMPTS, None), G=2, max_new_tokens=8, generator=gen,
-                 autocast_dtype=torch.bfloat16)
+    r = generate(
+        model,
+        tok,
+        chat_prompts(tok, PROMPTS, None),
+        G=2,
+        max_new_tokens=8,
+        generator=gen,
+        autocast_dtype=torch.bfloat16,
+    )
     assert torch.isfinite(r.sample_logp).all() and (r.sample_logp <= 0).all()
 
 
@@ -106,8 +115,23 @@ def test_two_training_steps_on_cuda(cuda_tiny_dir, tmp_path):
     from grpolab.app.cli import main
 
     out = tmp_path / "run"
-    rc = main(["train", f"model={cuda_tiny_dir}", "device=cuda", "steps=2", "batch_size=8", "G=4", "max_new_tokens=8",
-               "micro_batch=4", "eval_size=4", "save_every=2", "progress=false", "report=false", f"out={out}"])
+    rc = main(
+        [
+            "train",
+            f"model={cuda_tiny_dir}",
+            "device=cuda",
+            "steps=2",
+            "batch_size=8",
+            "G=4",
+            "max_new_tokens=8",
+            "micro_batch=4",
+            "eval_size=4",
+            "save_every=2",
+            "progress=false",
+            "report=false",
+            f"out={out}",
+        ]
+    )
     assert rc == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -15,9 +15,11 @@ from grpolab.tasks import build_task
 SRC = Path(__file__).resolve().parents[1] / "src"
 SKYRL = Path(__file__).resolve().parent / "envs" / "skyrl_style.py"
 # a lone surrogate in prompt, answer and id (JSON escapes), then a row with bytes that are not UTF-8
-ROWS_BYTES = (b'{"prompt": "What is 2 + 2? \\ud800", "answer": "4\\udfff", "id": "r\\ud83d"}\n'
-              b'{"prompt": "What is 3 + 3? \xff\xfe", "answer": "6", "id": "b\xc3"}\n'
-              b'{"prompt": "What is 1 + 1? \\ud83d\\ude00", "answer": "2", "id": "ok"}\n')
+ROWS_BYTES = (
+    b'{"prompt": "What is 2 + 2? \\ud800", "answer": "4\\udfff", "id": "r\\ud83d"}\n'
+    b'{"prompt": "What is 3 + 3? \xff\xfe", "answer": "6", "id": "b\xc3"}\n'
+    b'{"prompt": "What is 1 + 1? \\ud83d\\ude00", "answer": "2", "id": "ok"}\n'
+)
 
 
 def _strict(s: str) -> str:
@@ -26,8 +28,7 @@ def _strict(s: str) -> str:
 
 
 def test_rows_are_valid_unicode_after_loading(tmp_path):
-    for fmt, data in (("jsonl", ROWS_BYTES),
-                      ("csv", b"prompt,answer,id\nWhat is 3 + 3? \xff,6,b\xc3\n")):
+    for fmt, data in (("jsonl", ROWS_BYTES), ("csv", b"prompt,answer,id\nWhat is 3 + 3? \xff,6,b\xc3\n")):
         path = tmp_path / f"d.{fmt}"
         path.write_bytes(data)
         t = build_task("dataset", 0, {"path": str(path), "eval_size": 0})
@@ -38,7 +39,7 @@ def test_rows_are_valid_unicode_after_loading(tmp_path):
             json.dumps(e.meta, ensure_ascii=False).encode("utf-8")
         prompts = {e.prompt for e in examples}
         if fmt == "jsonl":
-            assert prompts == {"What is 2 + 2? \ufffd", "What is 3 + 3? \ufffd\ufffd", "What is 1 + 1? \U0001F600"}
+            assert prompts == {"What is 2 + 2? \ufffd", "What is 3 + 3? \ufffd\ufffd", "What is 1 + 1? \U0001f600"}
             assert {e.answer for e in examples} == {"4\ufffd", "6", "2"}
         else:
             assert prompts == {"What is 3 + 3? \ufffd"}
@@ -71,13 +72,38 @@ def test_a_run_on_rows_with_invalid_text_trains_and_writes_utf8(tmp_path, tiny_m
     data = tmp_path / "rows.jsonl"
     data.write_bytes(ROWS_BYTES)
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-m", "grpolab.app.cli", "train", f"model={tiny_model_dir}", "task=dataset",
-                          f"task_args.path={data}", "task_args.eval_size=0", "steps=1", "G=2", "batch_size=2",
-                          "max_new_tokens=4", "eval_size=0", "progress=false", "tensorboard=false",
-                          "samples_per_step=2", f"out={out}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab.app.cli",
+            "train",
+            f"model={tiny_model_dir}",
+            "task=dataset",
+            f"task_args.path={data}",
+            "task_args.eval_size=0",
+            "steps=1",
+            "G=2",
+            "batch_size=2",
+            "max_new_tokens=4",
+            "eval_size=0",
+            "progress=false",
+            "tensorboard=false",
+            "samples_per_step=2",
+            f"out={out}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     text = (out / "samples.jsonl").read_bytes().decode("utf-8")  # strict
     recs = [json.loads(line) for line in text.splitlines()]

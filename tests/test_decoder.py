@@ -16,16 +16,19 @@ from grpolab.model.cache import left_pad, positions
 
 def tiny(kind: str, seed: int = 0):
     """A random 3-layer model of the given family, hidden 64, 4 query heads over 2 KV heads."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+    common = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+    )
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
     else:
@@ -89,8 +92,9 @@ def test_lean_bf16_is_as_close_to_fp32_as_hf_autocast():
     lean = lean_logits(model, ids, mask, new, torch.bfloat16)
 
     def err(xs):
-        return max((torch.log_softmax(x.float(), -1) - torch.log_softmax(e, -1)).abs().max().item()
-                   for x, e in zip(xs, exact))
+        return max(
+            (torch.log_softmax(x.float(), -1) - torch.log_softmax(e, -1)).abs().max().item() for x, e in zip(xs, exact)
+        )
 
     assert 0 < err(lean) <= 2 * err(amp) + 0.01, (err(lean), err(amp))
 
@@ -131,11 +135,14 @@ def test_greedy_rollout_same_tokens_as_hf_with_rows_leaving(lively_model, tiny_t
     """generate() through both steppers: identical greedy tokens and log-probs, with an EOS set that
     ends rows at different steps (so the cache drops rows mid-rollout)."""
     ids = [[1, 2, 3, 40, 50], [7, 8, 9], [100, 200, 300, 400]]
-    free = generate(lively_model, tiny_tokenizer, ids, G=2, max_new_tokens=6, greedy=True, eos_ids=set(),
-                    lean=False).completion_ids
+    free = generate(
+        lively_model, tiny_tokenizer, ids, G=2, max_new_tokens=6, greedy=True, eos_ids=set(), lean=False
+    ).completion_ids
     eos = {int(free[0, 1]), int(free[4, 4])}  # group 0 ends at its 2nd token, group 2 by its 5th
-    runs = [generate(lively_model, tiny_tokenizer, ids, G=2, max_new_tokens=10, greedy=True, eos_ids=eos, lean=lean)
-            for lean in (False, True)]
+    runs = [
+        generate(lively_model, tiny_tokenizer, ids, G=2, max_new_tokens=10, greedy=True, eos_ids=eos, lean=lean)
+        for lean in (False, True)
+    ]
     hf, lean = runs
     lengths = hf.lengths.tolist()
     assert min(lengths) < max(lengths), "no row left the batch early: the test would not exercise keep()"
@@ -146,8 +153,19 @@ def test_greedy_rollout_same_tokens_as_hf_with_rows_leaving(lively_model, tiny_t
 
 def test_sampled_rollout_same_as_hf_for_a_seed(lively_model, tiny_tokenizer):
     ids = [[1, 2, 3, 40, 50], [7, 8, 9]]
-    runs = [generate(lively_model, tiny_tokenizer, ids, G=4, max_new_tokens=8, eos_ids=set(), lean=lean,
-                     generator=torch.Generator().manual_seed(0)) for lean in (False, True)]
+    runs = [
+        generate(
+            lively_model,
+            tiny_tokenizer,
+            ids,
+            G=4,
+            max_new_tokens=8,
+            eos_ids=set(),
+            lean=lean,
+            generator=torch.Generator().manual_seed(0),
+        )
+        for lean in (False, True)
+    ]
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
 
 
@@ -158,8 +176,15 @@ def test_unsupported_model_falls_back_to_hf_forward(tiny_tokenizer):
     assert "gpt2" in decoder.unsupported_reason(model)
     assert decoder.weights_of(model, torch.float32) is None
     assert isinstance(stepper_for(model, torch.float32, 4, lean=True), HFStepper)
-    r = generate(model, tiny_tokenizer, [[1, 2, 3]], G=2, max_new_tokens=3, eos_ids=set(),
-                 generator=torch.Generator().manual_seed(0))
+    r = generate(
+        model,
+        tiny_tokenizer,
+        [[1, 2, 3]],
+        G=2,
+        max_new_tokens=3,
+        eos_ids=set(),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert r.completion_ids.shape == (2, 3)
 
 
@@ -190,4 +215,3 @@ def test_auto_uses_the_lean_step_where_it_was_measured_faster():
     assert not use_lean("auto", torch.bfloat16, cuda)  # not measured on a GPU yet
     assert use_lean("lean", None, cpu) and use_lean("lean", torch.bfloat16, cuda)
     assert not use_lean("hf", torch.bfloat16, cpu)
-

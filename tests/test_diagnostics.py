@@ -6,25 +6,26 @@ from types import SimpleNamespace
 import torch
 
 from grpolab.training.config import build_config
-from grpolab.training.diagnostics import (
-    CollapseWatcher,
-    aha_metrics,
-    count_phrases,
-    pearson,
-    phrase_pattern,
-)
+from grpolab.training.diagnostics import CollapseWatcher, aha_metrics, count_phrases, pearson, phrase_pattern
 
 
 def fake_batch(texts, lengths, main, total=None, truncated=None, G=2):
-    rollout = SimpleNamespace(texts=texts, lengths=torch.tensor(lengths, dtype=torch.float32), G=G,
-                              truncated=torch.tensor(truncated or [False] * len(texts)))
-    return SimpleNamespace(rollout=rollout, raw_reward=torch.tensor(total if total is not None else main),
-                           reward_by_fn={"math": list(main), "format": [0.1] * len(texts)}, empty=False)
+    rollout = SimpleNamespace(
+        texts=texts,
+        lengths=torch.tensor(lengths, dtype=torch.float32),
+        G=G,
+        truncated=torch.tensor(truncated or [False] * len(texts)),
+    )
+    return SimpleNamespace(
+        rollout=rollout,
+        raw_reward=torch.tensor(total if total is not None else main),
+        reward_by_fn={"math": list(main), "format": [0.1] * len(texts)},
+        empty=False,
+    )
 
 
 def test_length_split_uses_the_main_verifier_full_score():
-    b = fake_batch(["a", "bb", "ccc", "dddd"], [2, 4, 6, 8], main=[1.0, 0.0, 1.0, 0.5],
-                   total=[1.1, 0.1, 1.1, 0.6])
+    b = fake_batch(["a", "bb", "ccc", "dddd"], [2, 4, 6, 8], main=[1.0, 0.0, 1.0, 0.5], total=[1.1, 0.1, 1.1, 0.6])
     m = aha_metrics(b, "math", [])
     assert m["aha/length_correct"] == 4.0  # lengths 2 and 6 (score 1.0)
     assert m["aha/length_incorrect"] == 6.0  # 4 and 8 (0.0 and a partial 0.5 are not correct)
@@ -52,8 +53,15 @@ def test_length_reward_correlation_sign():
 
 
 def step_metrics(step, **kw):
-    return {"step": step, "entropy": 1.0, "groups/zero_std_frac": 0.5, "completion/truncated_frac": 0.0,
-            "reward/mean": 0.5, "kl": 0.0, **kw}
+    return {
+        "step": step,
+        "entropy": 1.0,
+        "groups/zero_std_frac": 0.5,
+        "completion/truncated_frac": 0.0,
+        "reward/mean": 0.5,
+        "kl": 0.0,
+        **kw,
+    }
 
 
 def test_watcher_alerts_fire_print_once_and_count():
@@ -85,15 +93,19 @@ def test_watcher_reward_falling_while_kl_rises():
     fired = [w.update(step_metrics(s, **{"reward/mean": 0.9 - 0.1 * s, "kl": 0.01 * s})) for s in range(1, 7)]
     assert "reward_down_kl_up" not in fired[3] and "reward_down_kl_up" in fired[4]
     w2 = CollapseWatcher(cfg, lambda _: None)  # reward rising with the KL: learning, not collapse
-    assert not any("reward_down_kl_up" in w2.update(step_metrics(s, **{"reward/mean": 0.1 * s, "kl": 0.01 * s}))
-                   for s in range(1, 7))
+    assert not any(
+        "reward_down_kl_up" in w2.update(step_metrics(s, **{"reward/mean": 0.1 * s, "kl": 0.01 * s}))
+        for s in range(1, 7)
+    )
 
 
 def test_watcher_rolling_correlation_across_the_window():
     cfg = build_config({}, ["alert_window=3"])
     w = CollapseWatcher(cfg, lambda _: None)
-    ms = [step_metrics(s, **{"reward/mean": r, "completion/length_mean": n})
-          for s, (r, n) in enumerate([(0.1, 5), (0.2, 9), (0.3, 12), (0.4, 4), (0.5, 3)], 1)]
+    ms = [
+        step_metrics(s, **{"reward/mean": r, "completion/length_mean": n})
+        for s, (r, n) in enumerate([(0.1, 5), (0.2, 9), (0.3, 12), (0.4, 4), (0.5, 3)], 1)
+    ]
     for m in ms:
         w.update(m)
     assert math.isnan(ms[1]["aha/length_reward_corr_rolling"])  # fewer than 3 steps
@@ -103,9 +115,18 @@ def test_watcher_rolling_correlation_across_the_window():
 
 def test_a_resumed_watcher_continues_exactly():
     cfg = build_config({}, ["alert_window=3", "alert_zero_var_steps=2"])
-    seq = [step_metrics(s, **{"reward/mean": 0.1 * s, "completion/length_mean": 3.0 + s,
-                              "groups/zero_std_frac": 1.0 if s >= 3 else 0.5, "entropy": 0.001 if s == 4 else 1.0})
-           for s in range(1, 7)]
+    seq = [
+        step_metrics(
+            s,
+            **{
+                "reward/mean": 0.1 * s,
+                "completion/length_mean": 3.0 + s,
+                "groups/zero_std_frac": 1.0 if s >= 3 else 0.5,
+                "entropy": 0.001 if s == 4 else 1.0,
+            },
+        )
+        for s in range(1, 7)
+    ]
     straight = CollapseWatcher(cfg, lambda _: None)
     done = []
     for m in seq:

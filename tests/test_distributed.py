@@ -37,8 +37,19 @@ def launch(nproc: int, *args: str, check: bool = True):
     if nproc == 1:
         cmd = [sys.executable, str(WORKER), *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-               "127.0.0.1", "--master_port", str(free_port()), str(WORKER), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(WORKER),
+            *args,
+        ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if check:
         assert res.returncode == 0, res.stderr[-4000:]
@@ -83,8 +94,14 @@ def test_resuming_with_another_world_size_is_refused(pair, tiny_model_dir, tmp_p
     res = run(out, tiny_model_dir, 4, 1, "steps=3", check=False)  # a fresh run in an existing dir: refused
     assert res.returncode == 2
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    res = subprocess.run([sys.executable, str(WORKER), "--resume", str(out), "steps=3"], env=env,
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(WORKER), "--resume", str(out), "steps=3"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2 and "was written by 2 processes and this run has 1" in res.stderr, res.stderr[-2000:]
 
 
@@ -97,6 +114,7 @@ def test_what_data_parallelism_does_not_support_is_refused(tiny_model_dir, tmp_p
 
 # FSDP2 (fsdp=true, grpolab.parallel.fsdp): the model sharded over the ranks instead of copied to each.
 
+
 def test_fsdp_two_ranks_reach_the_parameters_of_one_process_on_the_global_batch(pair, tiny_model_dir, tmp_path):
     one, _ = pair
     out = tmp_path / "fsdp"
@@ -107,6 +125,7 @@ def test_fsdp_two_ranks_reach_the_parameters_of_one_process_on_the_global_batch(
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), (k, (a[k] - b[k]).abs().max())
     oa = torch.load(one / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)
     ob = torch.load(out / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)
+
     def groups(o):  # the implementation (fused on one process, foreach when sharded) is not state
         return [{k: v for k, v in g.items() if k not in IMPLEMENTATION_KEYS} for g in o["param_groups"]]
 
@@ -125,8 +144,19 @@ def test_fsdp_uneven_ranks_and_an_exact_resume(tiny_model_dir, tmp_path):
     import shutil
 
     out = tmp_path / "uneven"
-    run(out, tiny_model_dir, 2, 2, "--sampled", "steps=2", "save_every=1", "fsdp=true", "algo.beta=0",
-        "rewards=[{name: test_uneven}]", "eval_size=4")
+    run(
+        out,
+        tiny_model_dir,
+        2,
+        2,
+        "--sampled",
+        "steps=2",
+        "save_every=1",
+        "fsdp=true",
+        "algo.beta=0",
+        "rewards=[{name: test_uneven}]",
+        "eval_size=4",
+    )
     assert json.loads((out / "summary.json").read_text())["eval_after"]["n"] == 4
     idle = [m["update/idle_passes"] for m in read_jsonl(out / "metrics.jsonl")]
     assert idle == [2, 1], idle  # no hang, and the test exercised what it is for
@@ -159,8 +189,14 @@ def test_a_one_column_slice_is_widened_without_changing_its_log_probs(tiny_model
     from grpolab.parallel import fsdp as sharding
 
     g = torch.Generator().manual_seed(0)
-    part = GroupSlice(torch.arange(4), torch.randint(100, 5000, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.long),
-                      torch.randint(100, 5000, (4, 1), generator=g), torch.ones(4, 1), 2)
+    part = GroupSlice(
+        torch.arange(4),
+        torch.randint(100, 5000, (2, 5), generator=g),
+        torch.ones(2, 5, dtype=torch.long),
+        torch.randint(100, 5000, (4, 1), generator=g),
+        torch.ones(4, 1),
+        2,
+    )
     spec = PassSpec(torch.device("cpu"), None, temperature=0.7)
     narrow, narrow_entropy = slice_logp(spec, tiny_model, part, with_entropy=True)
     setattr(tiny_model, sharding._MARK, {"layers": [], "root": None, "depth": 0})  # as if sharded
@@ -170,6 +206,7 @@ def test_a_one_column_slice_is_widened_without_changing_its_log_probs(tiny_model
 
 
 # Elastic runs: resume=auto under torchrun --max-restarts, and two hosts on one machine.
+
 
 def _clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
@@ -209,11 +246,35 @@ def test_a_sigkilled_worker_is_restarted_by_torchrun_and_the_run_resumes_exactly
     continues the step-1 checkpoint; the job succeeds with the uninterrupted run's weights, bit for bit."""
     _, two = pair
     out, hold = tmp_path / "elastic", tmp_path / "hold.pid"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(WORKER),
-           str(out), str(tiny_model_dir), "2", "steps=2", "save_every=1", "resume=auto"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_elastic_env(GRPOLAB_TEST_HOLD=f"1:2:{hold}"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        str(WORKER),
+        str(out),
+        str(tiny_model_dir),
+        "2",
+        "steps=2",
+        "save_every=1",
+        "resume=auto",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_elastic_env(GRPOLAB_TEST_HOLD=f"1:2:{hold}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         pid = _wait_for_pid(hold, [proc])
         os.kill(pid, signal.SIGKILL)
@@ -226,8 +287,12 @@ def test_a_sigkilled_worker_is_restarted_by_torchrun_and_the_run_resumes_exactly
     assert f"failed (exitcode: -9) local_rank: 1 (pid: {pid})" in log  # torchrun saw the kill and restarted
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     (rec,) = read_jsonl(out / "restarts.jsonl")
-    assert (rec["step"], rec["checkpoint"], rec["torchelastic_restart_count"], rec["world_size"]) == \
-        (1, "step-000001", 1, 2), rec
+    assert (rec["step"], rec["checkpoint"], rec["torchelastic_restart_count"], rec["world_size"]) == (
+        1,
+        "step-000001",
+        1,
+        2,
+    ), rec
     assert "torchrun restarted" in rec["cause"] and rec["steps_redone"] == []
     _same_step_two(two, out)
 
@@ -238,8 +303,6 @@ def _two_hosts_or_skip():
     why = unavailable()
     if why:
         pytest.skip(f"two hosts on one machine need network namespaces: {why}")
-
-
 
 
 def _close_to(a_dir: Path, b_dir: Path) -> None:

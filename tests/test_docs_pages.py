@@ -20,8 +20,9 @@ def test_index_lists_every_page_once():
 
 
 def test_configuration_reference_is_current():
-    assert (DOCS / "configuration.md").read_text() == docs_config.render(), \
+    assert (DOCS / "configuration.md").read_text() == docs_config.render(), (
         "docs/configuration.md is not current: run `python -m grpolab.app.docs_config`"
+    )
 
 
 def test_configuration_reference_names_every_nested_key():

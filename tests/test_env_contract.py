@@ -68,7 +68,7 @@ class ShoppingEnv:
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 FIELDS = {"prompt": [{"role": "user", "content": "Buy bread and milk."}], "budget": 10}
@@ -80,10 +80,17 @@ def test_trl_environment_class_works_unchanged():
     assert [t["function"]["name"] for t in env.tools] == ["add_item", "total"]
     assert env.tools[0]["function"]["parameters"]["required"] == ["item", "price"]
     assert env.reset(FIELDS) == " Your budget is 10 dollars."
-    reply = env.step("I will buy both. " + call("add_item", item="bread", price=3) + call("add_item", item="milk",
-                                                                                         price=2.5) + call("total"))
-    assert [m["content"] for m in reply.messages] == ["Added bread for 3.0 dollars.", "Added milk for 2.5 dollars.",
-                                                      "5.5"]
+    reply = env.step(
+        "I will buy both. "
+        + call("add_item", item="bread", price=3)
+        + call("add_item", item="milk", price=2.5)
+        + call("total")
+    )
+    assert [m["content"] for m in reply.messages] == [
+        "Added bread for 3.0 dollars.",
+        "Added milk for 2.5 dollars.",
+        "5.5",
+    ]
     assert [m["name"] for m in reply.messages] == ["add_item", "add_item", "total"]
     assert reply.calls == {"add_item": 2, "total": 1} and not reply.done
     final = env.step("The total is 5.5 dollars.")

@@ -32,7 +32,7 @@ OPENENV, SKYRL = ENVS / "openenv_style.py", ENVS / "skyrl_style.py"
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 # ---------------------------------------------------------------------------------------- OpenEnv
@@ -199,8 +199,9 @@ def test_reward_functions_receive_the_environments_and_prompts_of_their_group():
     envs = [Adapter({"n": k}) for k in range(4)]
     prompts = [[{"role": "user", "content": f"P{k}"}] for k in range(4)]
     convs = [[{"role": "assistant", "content": "x"}]] * 4
-    scores = score_completions(fns, ["x"] * 4, [a, a, b, b], conversations=convs,
-                               context={"environments": envs, "prompts": prompts})
+    scores = score_completions(
+        fns, ["x"] * 4, [a, a, b, b], conversations=convs, context={"environments": envs, "prompts": prompts}
+    )
     assert scores.total == [0.0, 1.0, 2.0, 3.0]  # the user's objects, unwrapped, one per completion
     assert sorted(s[2] for s in seen) == [["1", "1"], ["2", "2"]]  # one call per group, with its columns
     assert [p for s in sorted(seen, key=lambda s: s[2]) for p in s[1]] == prompts
@@ -213,9 +214,14 @@ def test_reward_functions_receive_the_environments_and_prompts_of_their_group():
 
 def test_prompt_messages_take_trl_rows_and_what_reset_returns():
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add."}]
-    assert prompt_messages(Example(msgs, ""), " 2 and 3", None) == [msgs[0], {"role": "user", "content": "Add.\n\n 2 and 3"}]
-    assert prompt_messages(Example("", ""), "Reach 2.", "S") == [{"role": "system", "content": "S"},
-                                                                {"role": "user", "content": "Reach 2."}]
+    assert prompt_messages(Example(msgs, ""), " 2 and 3", None) == [
+        msgs[0],
+        {"role": "user", "content": "Add.\n\n 2 and 3"},
+    ]
+    assert prompt_messages(Example("", ""), "Reach 2.", "S") == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Reach 2."},
+    ]
     empty = [{"role": "user", "content": ""}]
     assert prompt_messages(Example(empty, ""), "Task.", None) == [{"role": "user", "content": "Task."}]
     written = [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]
@@ -239,8 +245,12 @@ def test_seeded_draws_are_the_same_per_example_and_leave_the_stream_alone():
 
 def test_rows_without_prompt_or_answer_need_an_environment(tmp_path):
     path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [{"level": 1}, {"prompt": "", "level": 2},
-                                                           {"prompt": [{"role": "user", "content": ""}]}] * 2))
+    path.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [{"level": 1}, {"prompt": "", "level": 2}, {"prompt": [{"role": "user", "content": ""}]}] * 2
+        )
+    )
     with pytest.raises(ConfigError, match="no prompt column"):
         build_task("dataset", 0, {"path": str(path)})
     task = build_task("dataset", 0, {"path": str(path), "eval_size": 1}, environment=True)
@@ -287,8 +297,9 @@ def test_trl_spellings_of_the_python_api_are_checked_and_leave_nothing_registere
     with pytest.raises(ConfigError, match="environment_factory: expected a class"):
         grpolab.train(environment_factory=42, out=str(tmp_path / "c"))
     with pytest.raises(ConfigError, match="the config already sets env.name"):
-        grpolab.train(environment_factory=_load(OPENENV).GridEnvironment, env={"name": "guess_number"},
-                      out=str(tmp_path / "d"))
+        grpolab.train(
+            environment_factory=_load(OPENENV).GridEnvironment, env={"name": "guess_number"}, out=str(tmp_path / "d")
+        )
     assert not REGISTRY
     from grpolab.app.api import build
 
@@ -326,7 +337,9 @@ def test_what_trl_1_16_does_is_what_grpolab_follows():
     assert 'Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * num_placeholder_rows})' in source
     # a dict of factories is routed by the `environment` field, which reset does not receive
     assert 'x.get("environment") if self._multi_environment else None' in source
-    assert 'reset_kwargs = {k: v for k, v in x.items() if k != "environment"} if self._multi_environment else x' in source
+    assert (
+        'reset_kwargs = {k: v for k, v in x.items() if k != "environment"} if self._multi_environment else x' in source
+    )
     # sync tools are called inline, on the trainer's (main) thread; async ones on an event-loop thread
     assert 'tool_call_results.append((name, sync_tool_dict[name](**function["arguments"])))' in source
     assert "asyncio.run_coroutine_threadsafe(" in source

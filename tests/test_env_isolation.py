@@ -37,7 +37,7 @@ for a loaded machine."""
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def power(a: int, b: int) -> int:
@@ -47,7 +47,7 @@ def power(a: int, b: int) -> int:
         a: The base.
         b: The exponent.
     """
-    return a ** b
+    return a**b
 
 
 def matches(pattern: str, text: str) -> bool:
@@ -70,9 +70,9 @@ def total(n: int) -> int:
 
 
 GIL_HOLDERS = {
-    "power": call("power", a=3, b=10 ** 9),
+    "power": call("power", a=3, b=10**9),
     "regex": call("matches", pattern="(a+)+$", text="a" * 40 + "!"),
-    "sum": call("total", n=10 ** 12),
+    "sum": call("total", n=10**12),
 }
 
 
@@ -84,8 +84,9 @@ def test_a_gil_holding_call_in_a_child_process_is_killed_at_its_limit(case):
     budget = ToolBudget(1, per_trajectory_s=3.0, per_step_s=3.0)
     replies: list = []
     t0 = time.monotonic()
-    stepper = threading.Thread(target=lambda: replies.extend(run_turns([env], [GIL_HOLDERS[case]],
-                                                                        clocks=budget.clocks)))
+    stepper = threading.Thread(
+        target=lambda: replies.extend(run_turns([env], [GIL_HOLDERS[case]], clocks=budget.clocks))
+    )
     stepper.start()
     ticks = 0
     while stepper.is_alive():
@@ -164,6 +165,7 @@ def spin_until(release: threading.Event):
         while not release.is_set():
             pass
         return "done"
+
     return spin
 
 
@@ -189,7 +191,9 @@ def test_abandoned_calls_are_capped_and_further_ones_refused_at_once():
         assert events == Counter(timeout=4, stuck=20)
         refused = envs[0].step(call("spin")).messages[0]["content"]
         assert "was not run" in refused and f"at most {base + 2} may be" in refused
-        assert FunctionTools([total], timeout_s=5.0, process=True).step(call("total", n=10)).messages[0]["content"] == "45"
+        assert (
+            FunctionTools([total], timeout_s=5.0, process=True).step(call("total", n=10)).messages[0]["content"] == "45"
+        )
         release.set()
         deadline = time.monotonic() + 10
         while stuck_calls() > base and time.monotonic() < deadline:
@@ -293,10 +297,28 @@ def test_environments_that_fail_to_start_score_zero_and_training_goes_on(tmp_pat
     envfile.write_text(FLAKY_ENV)
     out = tmp_path / "run"
     model = chatty_copy(tiny_model_dir, tmp_path / "model")
-    code = main(["train", f"model={model}", f"out={out}", "steps=2", "batch_size=8", "G=2", "micro_batch=8",
-                 "eval_size=1", "progress=false", "report=false", "tensorboard=false", f"env.name={envfile}:Flaky",
-                 "env.max_turns=1", "env.max_turn_tokens=4", "env.max_model_tokens=4", "env.reset_timeout_s=0.5",
-                 "samples_per_step=8", "rewards=[]"])
+    code = main(
+        [
+            "train",
+            f"model={model}",
+            f"out={out}",
+            "steps=2",
+            "batch_size=8",
+            "G=2",
+            "micro_batch=8",
+            "eval_size=1",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+            f"env.name={envfile}:Flaky",
+            "env.max_turns=1",
+            "env.max_turn_tokens=4",
+            "env.max_model_tokens=4",
+            "env.reset_timeout_s=0.5",
+            "samples_per_step=8",
+            "rewards=[]",
+        ]
+    )
     assert code == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2

@@ -6,14 +6,7 @@ import time
 
 import pytest
 
-from grpolab.env import (
-    FunctionTools,
-    Reply,
-    ToolRunner,
-    parse_tool_calls,
-    run_turns,
-    stuck_calls,
-)
+from grpolab.env import FunctionTools, Reply, ToolRunner, parse_tool_calls, run_turns, stuck_calls
 from grpolab.env.adapters import cached_schema
 
 LOG: list = []
@@ -133,17 +126,20 @@ def test_a_turn_without_a_call_ends_the_trajectory():
     assert reply.done and reply.messages == [] and not reply.events
 
 
-@pytest.mark.parametrize("turn, kind, text", [
-    ('<tool_call>{"name": "add", "arguments": {"a": 1,</tool_call>', "parse", "could not parse the tool call"),
-    ('<tool_call>{"name": "add", "arguments": {}}', "parse", "without a closing"),
-    (call("multiply", a=1, b=2), "unknown_tool", "unknown tool 'multiply'. Available tools: add, async_add"),
-    (call("add", a=1), "bad_arguments", "bad arguments for tool 'add': missing required argument 'b'"),
-    (call("add", a=1, b=2, c=3), "bad_arguments", "unknown argument 'c'"),
-    (call("add", a="1", b=2), "bad_arguments", "'a' must be an integer, got a string"),
-    (call("fail", message="boom"), "exception", "tool 'fail' raised ValueError: boom"),
-    (call("leave", code=3), "exception", "tool 'leave' raised SystemExit: 3"),
-    (call("hang", seconds=30), "timeout", "tool 'hang' timed out after 0.5 s"),
-])
+@pytest.mark.parametrize(
+    "turn, kind, text",
+    [
+        ('<tool_call>{"name": "add", "arguments": {"a": 1,</tool_call>', "parse", "could not parse the tool call"),
+        ('<tool_call>{"name": "add", "arguments": {}}', "parse", "without a closing"),
+        (call("multiply", a=1, b=2), "unknown_tool", "unknown tool 'multiply'. Available tools: add, async_add"),
+        (call("add", a=1), "bad_arguments", "bad arguments for tool 'add': missing required argument 'b'"),
+        (call("add", a=1, b=2, c=3), "bad_arguments", "unknown argument 'c'"),
+        (call("add", a="1", b=2), "bad_arguments", "'a' must be an integer, got a string"),
+        (call("fail", message="boom"), "exception", "tool 'fail' raised ValueError: boom"),
+        (call("leave", code=3), "exception", "tool 'leave' raised SystemExit: 3"),
+        (call("hang", seconds=30), "timeout", "tool 'hang' timed out after 0.5 s"),
+    ],
+)
 def test_every_bad_input_gives_an_error_message_and_a_counted_event(turn, kind, text):
     reply = make_env().step(turn)
     (message,) = reply.messages
@@ -286,10 +282,12 @@ def test_a_tool_that_never_returns_does_not_keep_the_process_alive():
     import subprocess
     import sys
 
-    code = ("import threading, time\n"
-            "from grpolab.env.runner import call_with_timeout, stuck_calls\n"
-            "forever = threading.Event()\n"
-            "assert call_with_timeout(lambda: forever.wait(), {}, 0.2) is None\n"
-            "print('stuck', stuck_calls())\n")
+    code = (
+        "import threading, time\n"
+        "from grpolab.env.runner import call_with_timeout, stuck_calls\n"
+        "forever = threading.Event()\n"
+        "assert call_with_timeout(lambda: forever.wait(), {}, 0.2) is None\n"
+        "print('stuck', stuck_calls())\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "stuck 1" in res.stdout, res.stderr[-2000:]

@@ -4,12 +4,7 @@ from typing import Literal
 
 import pytest
 
-from grpolab.env.schema import (
-    SchemaError,
-    check_arguments,
-    function_schema,
-    prepare_arguments,
-)
+from grpolab.env.schema import SchemaError, check_arguments, function_schema, prepare_arguments
 
 
 def convert(value: float, unit: Literal["km", "mi"], digits: int = 2, tags: list[str] | None = None) -> str:
@@ -68,29 +63,40 @@ def test_valid_arguments_pass_and_int_becomes_float_for_number():
     assert check_arguments(SCHEMA["function"]["parameters"], {"value": 1, "unit": "km", "tags": ["a"]}) is None
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({"unit": "km"}, "missing required argument 'value'"),
-    ({"value": 1, "unit": "km", "colour": "red"}, "unknown argument 'colour'"),
-    ({"value": "3", "unit": "km"}, "'value' must be a number, got a string"),
-    ({"value": True, "unit": "km"}, "'value' must be a number, got True"),
-    ({"value": 1, "unit": "m"}, "'unit' must be one of 'km', 'mi'"),
-    ({"value": 1, "unit": "km", "digits": 2.0}, "'digits' must be an integer, got 2.0"),
-    ({"value": 1, "unit": "km", "digits": False}, "'digits' must be an integer, got False"),
-    ({"value": 1, "unit": "km", "tags": "a"}, "'tags' must be an array or null"),
-    ({"value": 1, "unit": "km", "tags": ["a", 2]}, "'tags'[1] must be a string"),
-    ({"value": None, "unit": "km"}, "'value' must be a number, got None"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"unit": "km"}, "missing required argument 'value'"),
+        ({"value": 1, "unit": "km", "colour": "red"}, "unknown argument 'colour'"),
+        ({"value": "3", "unit": "km"}, "'value' must be a number, got a string"),
+        ({"value": True, "unit": "km"}, "'value' must be a number, got True"),
+        ({"value": 1, "unit": "m"}, "'unit' must be one of 'km', 'mi'"),
+        ({"value": 1, "unit": "km", "digits": 2.0}, "'digits' must be an integer, got 2.0"),
+        ({"value": 1, "unit": "km", "digits": False}, "'digits' must be an integer, got False"),
+        ({"value": 1, "unit": "km", "tags": "a"}, "'tags' must be an array or null"),
+        ({"value": 1, "unit": "km", "tags": ["a", 2]}, "'tags'[1] must be a string"),
+        ({"value": None, "unit": "km"}, "'value' must be a number, got None"),
+    ],
+)
 def test_bad_arguments_get_a_clear_message(arguments, message):
     err = check_arguments(SCHEMA, arguments)
     assert err is not None and message in err, err
 
 
 def test_nested_objects_and_type_lists():
-    schema = {"type": "object", "required": ["p"], "properties": {
-        "p": {"type": "object", "required": ["x"], "properties": {"x": {"type": ["integer", "string"]}},
-              "additionalProperties": False},
-        "m": {"type": "object", "additionalProperties": {"type": "number"}},
-    }}
+    schema = {
+        "type": "object",
+        "required": ["p"],
+        "properties": {
+            "p": {
+                "type": "object",
+                "required": ["x"],
+                "properties": {"x": {"type": ["integer", "string"]}},
+                "additionalProperties": False,
+            },
+            "m": {"type": "object", "additionalProperties": {"type": "number"}},
+        },
+    }
     assert check_arguments(schema, {"p": {"x": "a"}, "m": {"a": 1, "b": 2.5}}) is None
     assert "missing required key" in check_arguments(schema, {"p": {}})
     assert "unknown key" in check_arguments(schema, {"p": {"x": 1, "y": 2}})

@@ -34,18 +34,39 @@ def chatty_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return chatty_copy(tiny_model_dir, tmp_path_factory.mktemp("chatty") / "model")
 
 
-@pytest.mark.parametrize("name,expect_in_reply", [
-    ("PythonRaises", "ValueError: \ufffd"),  # the tool's error text
-    ("SurrogateName", "unknown tool '\ufffd'"),  # the tool's name, in the message and in its "name"
-    ("Echo", "say \ufffd back"),  # a tool that echoes its argument
-])
-def test_a_lone_surrogate_on_each_path_is_repaired_counted_and_the_run_goes_on(name, expect_in_reply, tmp_path,
-                                                                               chatty_model_dir):
+@pytest.mark.parametrize(
+    "name,expect_in_reply",
+    [
+        ("PythonRaises", "ValueError: \ufffd"),  # the tool's error text
+        ("SurrogateName", "unknown tool '\ufffd'"),  # the tool's name, in the message and in its "name"
+        ("Echo", "say \ufffd back"),  # a tool that echoes its argument
+    ],
+)
+def test_a_lone_surrogate_on_each_path_is_repaired_counted_and_the_run_goes_on(
+    name, expect_in_reply, tmp_path, chatty_model_dir
+):
     out = tmp_path / "run"
-    code = main(["train", f"model={chatty_model_dir}", f"out={out}", f"steps={STEPS}", f"batch_size={N}", f"G={G}",
-                 f"micro_batch={N}", "eval_size=0", "progress=false", "report=false", "tensorboard=false",
-                 f"env.name={SCRIPTED}:{name}", "env.max_turns=2", "env.max_turn_tokens=4", "env.max_model_tokens=8",
-                 f"samples_per_step={N}", "rewards=[{name: format, weight: 0.5}]"])
+    code = main(
+        [
+            "train",
+            f"model={chatty_model_dir}",
+            f"out={out}",
+            f"steps={STEPS}",
+            f"batch_size={N}",
+            f"G={G}",
+            f"micro_batch={N}",
+            "eval_size=0",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+            f"env.name={SCRIPTED}:{name}",
+            "env.max_turns=2",
+            "env.max_turn_tokens=4",
+            "env.max_model_tokens=8",
+            f"samples_per_step={N}",
+            "rewards=[{name: format, weight: 0.5}]",
+        ]
+    )
     assert code == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(metrics) == STEPS
@@ -118,8 +139,9 @@ class _UserEnv:
     def step(self, turn_text):
         from grpolab.env import Reply
 
-        return Reply([{"role": "user", "content": "bad \ud800", "name": "\udc00"}], done=False,
-                     events=Counter({"mine\ud800": 1}))
+        return Reply(
+            [{"role": "user", "content": "bad \ud800", "name": "\udc00"}], done=False, events=Counter({"mine\ud800": 1})
+        )
 
     def reward(self):
         return None
@@ -136,13 +158,17 @@ def test_every_reply_run_turns_hands_back_is_valid_unicode():
 
 # ---------------------------------------------------------------- special tokens inside environment text
 
+
 def test_special_tokens_a_tool_prints_are_plain_text_in_the_token_stream(tiny_tokenizer):
     from grpolab.model.template import addition_ids, addition_text, special_strings
 
     tok = tiny_tokenizer
     special_ids = {tok.convert_tokens_to_ids(s) for s in special_strings(tok)}
     im_end, im_start = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|im_start|>")
-    history = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "<tool_call>x</tool_call>"}]
+    history = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "<tool_call>x</tool_call>"},
+    ]
     ordinary = addition_ids(tok, history, [{"role": "tool", "content": "5"}])
     # the template's own tokens: <|im_start|>tool ... <|im_end|> <|im_start|>assistant
     assert [i for i in ordinary if i in special_ids] == [im_start, im_end, im_start]

@@ -17,13 +17,13 @@ from grpolab.app.cli import main
 from grpolab.batch import Example
 from grpolab.rewards import build_rewards
 
-SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=4", "progress=false",
-         "eval_batch=8"]
+SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=4", "progress=false", "eval_batch=8"]
 VARIED = "rewards=[{name: test_varied}]"
 
 
 def make_found():
     """test_varied's score, with an answer found in every completion (none is "no parsable answer")."""
+
     def found(completion, example):
         return varied_score(completion, example)
 
@@ -33,6 +33,7 @@ def make_found():
 
 def make_never():
     """Scores 0 and never finds an answer: every completion is "no parsable answer"."""
+
     def never(completion, example):
         return 0.0
 
@@ -57,9 +58,16 @@ def train(model: Path, out: Path, *args: str) -> Path:
 @pytest.fixture(scope="module")
 def eval_run(tiny_model_dir, tmp_path_factory) -> Path:
     """5 steps evaluated every 2 (and at 0 and 5), 4 samples per prompt, the best pass@2 kept."""
-    return train(tiny_model_dir, tmp_path_factory.mktemp("evaluation") / "run", "steps=5", "eval_steps=2",
-                 "eval_num_generations=4", "save_best=eval/pass@2", "save_every=0",
-                 "rewards=[{name: test_found}, {name: test_never, weight: 0.5}]")
+    return train(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("evaluation") / "run",
+        "steps=5",
+        "eval_steps=2",
+        "eval_num_generations=4",
+        "save_best=eval/pass@2",
+        "save_every=0",
+        "rewards=[{name: test_found}, {name: test_never, weight: 0.5}]",
+    )
 
 
 def test_eval_rows_at_0_n_2n_and_the_end(eval_run):
@@ -127,8 +135,16 @@ def test_report_plots_the_eval_curve(eval_run):
 def test_stop_at_a_threshold(tiny_model_dir, tmp_path):
     """eval_stop_at=0: the first evaluation after a step reaches it; the run stops there with a checkpoint
     and a summary that says why."""
-    out = train(tiny_model_dir, tmp_path / "run", "steps=4", "eval_steps=1", "eval_stop_at=0.0", "save_every=0",
-                "report=false", VARIED)
+    out = train(
+        tiny_model_dir,
+        tmp_path / "run",
+        "steps=4",
+        "eval_steps=1",
+        "eval_stop_at=0.0",
+        "save_every=0",
+        "report=false",
+        VARIED,
+    )
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [0, 1]
     s = json.loads((out / "summary.json").read_text())
     assert s["stopped_early"]["step"] == 1 and "eval_stop_at=0" in s["stopped_early"]["reason"]
@@ -164,8 +180,9 @@ def test_eval_cli_usage_errors(tiny_model_dir, capsys):
 
 def test_math_and_countdown_say_whether_an_answer_was_found():
     ex = Example("What is 70 + 1?", "71", {"numbers": [1, 2, 3], "target": 9})
-    last, tagged, countdown = build_rewards([{"name": "math", "extract": "last_number"}, {"name": "math", "label": "m2"},
-                                             {"name": "countdown"}])
+    last, tagged, countdown = build_rewards(
+        [{"name": "math", "extract": "last_number"}, {"name": "math", "label": "m2"}, {"name": "countdown"}]
+    )
     assert last.fn.answer_found("so it is 70", ex) and last.fn("so it is 70", ex) == 0  # wrong, not unparsed
     assert not last.fn.answer_found("no idea", ex)
     assert tagged.fn.answer_found("<answer>71</answer>", ex) and not tagged.fn.answer_found("it is 71", ex)

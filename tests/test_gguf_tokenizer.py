@@ -27,10 +27,15 @@ def test_the_bundled_gguf_has_a_shipped_tokenizer_equal_to_its_cache(real_model_
         assert (shipped / name).read_bytes() == (real_model_dir / name).read_bytes(), name
     tok = load_tokenizer(shipped)
     cfg = json.loads((real_model_dir / "config.json").read_text())
-    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|im_end|>", cfg["eos_token_id"], cfg["pad_token_id"])
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == (
+        "<|im_end|>",
+        cfg["eos_token_id"],
+        cfg["pad_token_id"],
+    )
     assert len(tok) == cfg["vocab_size"] == 49152
-    assert "<|im_start|>assistant" in tok.apply_chat_template([{"role": "user", "content": "hi"}],
-                                                              add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>assistant" in tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
 
 
 def test_a_cache_holding_the_517_conversion_is_repaired(tmp_path, monkeypatch, real_model_dir):

@@ -41,9 +41,22 @@ RUNS = {
     "rloo_kl_in_reward": ("rloo", {"beta": 0.05}, []),
 }
 STEPS, BATCH, G, NEW = 2, 8, 4, 8
-ARGS = [f"steps={STEPS}", f"batch_size={BATCH}", f"G={G}", f"max_new_tokens={NEW}", "micro_batch=4", "eval_size=0",
-        "progress=false", f"samples_per_step={BATCH}", f"sample_tokens={NEW}", "tensorboard=false", "report=false",
-        "save_every=0", "rewards=[{name: test_varied}]", "lr=1e-4"]
+ARGS = [
+    f"steps={STEPS}",
+    f"batch_size={BATCH}",
+    f"G={G}",
+    f"max_new_tokens={NEW}",
+    "micro_batch=4",
+    "eval_size=0",
+    "progress=false",
+    f"samples_per_step={BATCH}",
+    f"sample_tokens={NEW}",
+    "tensorboard=false",
+    "report=false",
+    "save_every=0",
+    "rewards=[{name: test_varied}]",
+    "lr=1e-4",
+]
 SKIP_PREFIXES = ("time/", "memory/")  # wall clock and process-wide numbers
 ADV_TOL = 5e-5 + 1e-6  # samples.jsonl rounds advantages to 4 decimals
 LOSS_TOL = 1e-5
@@ -53,21 +66,27 @@ pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied i
 
 def run_preset(name: str, model_dir: Path, out: Path) -> dict:
     preset, overrides, extra = RUNS[name]
-    algo = [f"algo={preset}",
-            *(f"algo.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())]
+    algo = [
+        f"algo={preset}",
+        *(f"algo.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()),
+    ]
     assert main(["train", f"model={model_dir}", f"out={out}", *algo, *ARGS, *extra]) == 0
-    metrics = [{k: v for k, v in m.items() if not k.startswith(SKIP_PREFIXES)}
-               for m in read_jsonl(out / "metrics.jsonl")]
+    metrics = [
+        {k: v for k, v in m.items() if not k.startswith(SKIP_PREFIXES)} for m in read_jsonl(out / "metrics.jsonl")
+    ]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    return {"metrics": metrics, "samples": read_jsonl(out / "samples.jsonl"),
-            "weights": weights(out / "checkpoints" / f"step-{STEPS:06d}")}
+    return {
+        "metrics": metrics,
+        "samples": read_jsonl(out / "samples.jsonl"),
+        "weights": weights(out / "checkpoints" / f"step-{STEPS:06d}"),
+    }
 
 
 def advantages(rewards: list[float], estimator: str, eps: float) -> list[float]:
     """The papers' sequence advantages in float64, group by group (groups of G consecutive samples)."""
     out = []
     for g in range(0, len(rewards), G):
-        r = rewards[g:g + G]
+        r = rewards[g : g + G]
         mean = sum(r) / G
         if estimator == "group_zscore":
             std = math.sqrt(sum((x - mean) ** 2 for x in r) / G)  # population std
@@ -88,7 +107,8 @@ def test_preset_is_deterministic_and_matches_hand_computed_references(name, tiny
     a, b = (run_preset(name, tiny_model_dir, tmp_path / side) for side in ("a", "b"))
     # 1. determinism: bit-identical metrics, samples and weights
     assert a["metrics"] == b["metrics"], [
-        (m["step"], k, m[k], n.get(k)) for m, n in zip(a["metrics"], b["metrics"]) for k in m if m[k] != n.get(k)][:10]
+        (m["step"], k, m[k], n.get(k)) for m, n in zip(a["metrics"], b["metrics"]) for k in m if m[k] != n.get(k)
+    ][:10]
     assert a["samples"] == b["samples"]
     assert a["weights"].keys() == b["weights"].keys()
     assert all(a["weights"][k].equal(b["weights"][k]) for k in a["weights"]), "final weights differ between runs"
@@ -107,8 +127,8 @@ def test_preset_is_deterministic_and_matches_hand_computed_references(name, tiny
             assert len(got) == s["length"] and all(abs(x - adv) <= ADV_TOL for x in got), (name, got, adv)
         # the update computes exactly the groups that carry a signal
         for g in range(0, BATCH, G):
-            assert all(computed[g:g + G]) == any(abs(x) > 0 for x in want[g:g + G]), (name, g, want[g:g + G])
-            assert len(set(computed[g:g + G])) == 1
+            assert all(computed[g : g + G]) == any(abs(x) > 0 for x in want[g : g + G]), (name, g, want[g : g + G])
+            assert len(set(computed[g : g + G])) == 1
         rows = [i for i in range(BATCH) if computed[i]]
         if algo.mu == 1 and rows:
             tokens = sum(step1[i]["length"] for i in rows)

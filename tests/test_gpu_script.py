@@ -22,8 +22,14 @@ def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-dry")
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
-    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run", "--no-trl", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run", "--no-trl", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return p, out
 
 
@@ -38,7 +44,9 @@ def test_the_dry_run_exits_0_and_writes_the_json_and_the_log(dry):
         assert part["status"] == "ok" or part.get("reason"), (name, part)
     assert "=== summary" in p.stdout and res["summary"] and all(line in p.stdout for line in res["summary"])
     assert (out / "gpu_check.log").read_text().count("--- ") == len(PARTS)
-    assert not any(p.is_dir() for p in out.iterdir())  # model dirs never land in OUT (only small result files belong there)
+    assert not any(
+        p.is_dir() for p in out.iterdir()
+    )  # model dirs never land in OUT (only small result files belong there)
 
 
 def test_each_part_reports_its_numbers(dry):

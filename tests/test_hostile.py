@@ -42,9 +42,17 @@ MARK = f"grpolab_pwned_{TOKEN}"
 CFG = SandboxConfig(timeout_s=2.0, cpu_s=3, memory_mb=256, max_output_bytes=16 * 1024)
 ADD = [literal_test("add(1, 2)", "3"), literal_test("add(-4, 4)", "0"), literal_test("add(10, 5)", "15")]
 GOOD = "def add(a, b):\n    return a + b\n"
-WATCH_DIRS = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", os.getcwd(), os.path.expanduser("~"),
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix,
-              *[p for p in sys.path if p.endswith("site-packages")]]
+WATCH_DIRS = [
+    "/tmp",
+    "/var/tmp",
+    "/dev/shm",
+    "/run/lock",
+    os.getcwd(),
+    os.path.expanduser("~"),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    sys.prefix,
+    *[p for p in sys.path if p.endswith("site-packages")],
+]
 
 
 def _slot_uid_pids() -> list[int]:
@@ -171,9 +179,11 @@ def test_forged_duplicate_results_zero_everything(contained):
     assert r.tampered
 
 
-ASSERTS = [sb.TestCase("assert", fn="add", source="assert add(1, 2) == 3"),
-           sb.TestCase("assert", fn="add", source="assert add(-4, 4) == 0"),
-           sb.TestCase("assert", fn="add", source="assert add(10, 5) == 15")]
+ASSERTS = [
+    sb.TestCase("assert", fn="add", source="assert add(1, 2) == 3"),
+    sb.TestCase("assert", fn="add", source="assert add(-4, 4) == 0"),
+    sb.TestCase("assert", fn="add", source="assert add(10, 5) == 15"),
+]
 
 
 def test_forging_verdicts_of_assert_tests(contained):
@@ -234,13 +244,17 @@ def test_hash_collisions_cannot_stall_grading(contained):
 
 
 def test_eq_always_true_object(contained):
-    hostile("class Any:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
-            "def add(a, b):\n    return Any()\n")
+    hostile(
+        "class Any:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
+        "def add(a, b):\n    return Any()\n"
+    )
 
 
 def test_int_subclass_with_lying_eq(contained):
-    hostile("class Liar(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
-            "def add(a, b):\n    return Liar(0)\n")
+    hostile(
+        "class Liar(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+        "def add(a, b):\n    return Liar(0)\n"
+    )
 
 
 def test_patching_unittest_and_builtins(contained):
@@ -255,8 +269,10 @@ def test_patching_unittest_and_builtins(contained):
 
 
 def test_printing_passed(contained):
-    r = hostile("print('PASSED'); print('All 3 tests passed'); print('{\"i\": 0, \"v\": 3}')\n"
-                "def add(a, b):\n    print('ok')\n    return None\n")
+    r = hostile(
+        "print('PASSED'); print('All 3 tests passed'); print('{\"i\": 0, \"v\": 3}')\n"
+        "def add(a, b):\n    print('ok')\n    return None\n"
+    )
     assert "PASSED" in r.stdout
 
 
@@ -288,12 +304,16 @@ def test_fork_bomb(contained):
 
 
 def test_fork_bomb_inside_the_function(contained):
-    hostile("import os\ndef add(a, b):\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n")
+    hostile(
+        "import os\ndef add(a, b):\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n"
+    )
 
 
 def test_thread_bomb(contained):
-    hostile("import threading, time\n"
-            "def add(a, b):\n    while True:\n        threading.Thread(target=time.sleep, args=(100,)).start()\n")
+    hostile(
+        "import threading, time\n"
+        "def add(a, b):\n    while True:\n        threading.Thread(target=time.sleep, args=(100,)).start()\n"
+    )
 
 
 def test_setsid_double_fork_outliving_the_run(contained):
@@ -317,7 +337,9 @@ def test_stdout_flood(contained):
 
 
 def test_stderr_flood_that_ignores_broken_pipes(contained):
-    r = hostile("import sys\nwhile True:\n    try:\n        sys.stderr.write('y' * 65536)\n    except OSError:\n        pass\n")
+    r = hostile(
+        "import sys\nwhile True:\n    try:\n        sys.stderr.write('y' * 65536)\n    except OSError:\n        pass\n"
+    )
     assert len(r.stderr) <= CFG.max_output_bytes
 
 
@@ -346,8 +368,10 @@ def test_disk_bomb(contained):
 
 
 def test_ignoring_sigalrm_and_sigterm(contained):
-    hostile("import signal\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
-            "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass\n")
+    hostile(
+        "import signal\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+        "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass\n"
+    )
 
 
 def test_network_is_cut(contained):
@@ -420,7 +444,7 @@ def test_reading_secrets_from_the_environment(contained, monkeypatch):
 def test_persisting_sitecustomize_into_the_next_run(contained):
     hostile(
         "import os, sys, site\n"
-        "payload = 'import builtins\\nbuiltins.MARK = 1\\nopen(\"/tmp/MARK\", \"w\")\\n'\n"
+        'payload = \'import builtins\\nbuiltins.MARK = 1\\nopen("/tmp/MARK", "w")\\n\'\n'
         "dirs = set(sys.path) | {'.', '/tmp', os.path.expanduser('~')}\n"
         "for d in dirs:\n"
         "    for name in ('sitecustomize.py', 'usercustomize.py', 'MARK.pth'):\n"
@@ -462,12 +486,16 @@ def test_infinite_loop_at_import(contained):
 
 
 def test_closing_the_result_channel(contained):
-    hostile("import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n        pass\n"
-            "def add(a, b):\n    return a + b\n")
+    hostile(
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n        pass\n"
+        "def add(a, b):\n    return a + b\n"
+    )
 
 
 def test_huge_and_deep_return_values(contained):
-    hostile("def add(a, b):\n    x = []\n    for _ in range(10**5):\n        x = [x]\n    return x if a != 10 else 'z' * 10**8\n")
+    hostile(
+        "def add(a, b):\n    x = []\n    for _ in range(10**5):\n        x = [x]\n    return x if a != 10 else 'z' * 10**8\n"
+    )
 
 
 def test_sandbox_escape_via_setuid_binaries(contained):
@@ -511,7 +539,8 @@ def test_candidate_cannot_find_its_own_test_file(contained):
         "                        pass\n"
         "    return False\n"
         "def add(a, b):\n    return a + b if found() else -1\n",
-        cfg=SandboxConfig(timeout_s=10.0, cpu_s=10, memory_mb=256), max_s=14.0,
+        cfg=SandboxConfig(timeout_s=10.0, cpu_s=10, memory_mb=256),
+        max_s=14.0,
     )
 
 
@@ -689,11 +718,16 @@ def test_memory_of_all_processes_together_is_bounded(contained):
 
 
 def test_code_reward_many_hostile_completions_in_one_batch(contained):
-    ex = Example(prompt="", answer="", meta={"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"],
-                                              "entry_point": "add"})
-    bad = ["```python\nimport os\nwhile True:\n    os.fork()\n```", "```python\nwhile True: pass\n```",
-           "```python\nclass A:\n    __eq__ = lambda s, o: True\ndef add(a, b): return A()\n```",
-           "no code at all", "```python\nimport sys; sys.exit(0)\n```"]
+    ex = Example(
+        prompt="", answer="", meta={"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], "entry_point": "add"}
+    )
+    bad = [
+        "```python\nimport os\nwhile True:\n    os.fork()\n```",
+        "```python\nwhile True: pass\n```",
+        "```python\nclass A:\n    __eq__ = lambda s, o: True\ndef add(a, b): return A()\n```",
+        "no code at all",
+        "```python\nimport sys; sys.exit(0)\n```",
+    ]
     good = "```python\ndef add(a, b):\n    return a + b\n```"
     fns = build_rewards([{"name": "code", "timeout_s": 2.0, "cpu_s": 2}])
     t = time.monotonic()
@@ -738,8 +772,15 @@ def test_math_hostile(completion):
 
 # ----------------------------------------------------------------------------- tool calls
 
-TOOLS_EX = Example(prompt="", answer="", meta={"tools": [TOOL_SPECS["calculator"], TOOL_SPECS["date_add"]],
-                                                "expected_tool": "calculator", "expected_result": 6})
+TOOLS_EX = Example(
+    prompt="",
+    answer="",
+    meta={
+        "tools": [TOOL_SPECS["calculator"], TOOL_SPECS["date_add"]],
+        "expected_tool": "calculator",
+        "expected_result": 6,
+    },
+)
 
 
 @pytest.mark.parametrize(
@@ -767,15 +808,17 @@ def test_tool_call_hostile(payload):
     t = time.monotonic()
     assert tool_call_score(f"<tool_call>{payload}</tool_call>", TOOLS_EX) == 0.0
     assert time.monotonic() - t < 1.0
-    assert tool_call_score('<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>',
-                           TOOLS_EX) == 1.0
+    assert (
+        tool_call_score('<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>', TOOLS_EX)
+        == 1.0
+    )
 
 
 # ----------------------------------------------------------------------------- programs other than Python
 
 # A candidate probe: what can run besides the interpreter's Python? Each attempt reports
 # what happened, as plain data: ("ran", detail) or ("refused", errno name or message).
-EXEC_PROBE = r'''
+EXEC_PROBE = r"""
 import ctypes, errno, glob, mmap, os, platform, shutil, subprocess, sys, sysconfig
 
 def _run(argv):
@@ -827,12 +870,17 @@ def probe():
     if unshare:
         out["raw_unshare"] = ["ran", _machine_code(unshare)]  # the raw return: -errno
     return out
-'''
+"""
 
 
 def _exec_probe() -> dict:
-    res, values = sb._run(EXEC_PROBE, [sb.TestCase("call", fn="probe")],
-                          SandboxConfig(timeout_s=8.0, cpu_s=6, memory_mb=512), sb.probe_isolation(), want_values=True)
+    res, values = sb._run(
+        EXEC_PROBE,
+        [sb.TestCase("call", fn="probe")],
+        SandboxConfig(timeout_s=8.0, cpu_s=6, memory_mb=512),
+        sb.probe_isolation(),
+        want_values=True,
+    )
     assert values and type(values[0]) is PlainDict, (res.details, res.stderr[-2000:])
     return dict(values[0].pairs)
 

@@ -54,7 +54,7 @@ def test_same_attention_as_torch_over_lengths_and_padding(nh, nkv, d):
     for S in (1, 8, 9, 23, cap):
         valid_s = valid.clone()
         valid_s[:, 0] |= S <= 7  # every row may look somewhere
-        got = attend(q, k, v, valid_s, S, d ** -0.5)
+        got = attend(q, k, v, valid_s, S, d**-0.5)
         assert torch.allclose(got, torch_attention(q, k, v, valid_s, S), atol=1e-5, rtol=1e-4), S
 
 
@@ -127,7 +127,12 @@ def test_loading_the_kernel_keeps_subnormal_floats(tiny_model_dir, tmp_path):
     src = Path(__file__).resolve().parents[1] / "src"
     env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop(kernels.DISABLE_ENV, None)
-    res = subprocess.run([sys.executable, "-c", script, str(tiny_model_dir), str(tmp_path / "run")], env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_model_dir), str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "SUBNORMALS True True True True" in res.stdout, (res.stdout[-2000:], res.stderr[-3000:])
     assert "smallest subnormal" not in res.stderr  # numpy's warning when FTZ is on

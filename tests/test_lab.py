@@ -93,9 +93,11 @@ def test_memory_builds_two_train_commands(monkeypatch, tmp_path, capsys):
         algo = next(a for a in cmd if a.startswith("algo="))[5:]
         big = 2 if algo == "ppo" else 1
         from pathlib import Path
+
         Path(out).mkdir(parents=True)
-        Path(out, "metrics.jsonl").write_text(json.dumps(
-            {"params/trained": 100 * big, "memory/peak_mb": 1000 * big, "time/step_s": 1.0 * big}) + "\n")
+        Path(out, "metrics.jsonl").write_text(
+            json.dumps({"params/trained": 100 * big, "memory/peak_mb": 1000 * big, "time/step_s": 1.0 * big}) + "\n"
+        )
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_run)

@@ -47,7 +47,10 @@ def test_char_tokenizer_saves_as_a_normal_hf_directory(tmp_path):
     tok2 = load_tokenizer(tmp_path / "m")
     ids = chat_prompts(tok2, ["3+5="], None)[0]  # no chat template: the prompt text as it is
     assert len(ids) == 4 and tok2.decode(ids) == "3+5="
-    assert tok2.decode(tok2("8+7=15 wait 16")["input_ids"] + [tok2.eos_token_id], skip_special_tokens=True) == "8+7=15 wait 16"
+    assert (
+        tok2.decode(tok2("8+7=15 wait 16")["input_ids"] + [tok2.eos_token_id], skip_special_tokens=True)
+        == "8+7=15 wait 16"
+    )
 
 
 def test_quick_miniature_length_and_reward_rise_together(tmp_path):
@@ -66,8 +69,15 @@ def test_quick_miniature_length_and_reward_rise_together(tmp_path):
     assert saved["verdict"] == res["verdict"]
     assert (tmp_path / "aha.png").stat().st_size > 1000
     rec = read_jsonl(tmp_path / "grpo" / "metrics.jsonl")[0]  # the aha metrics of every run
-    for k in ("aha/length_correct", "aha/length_incorrect", "aha/reflection_frac", "aha/length_reward_corr",
-              "aha/length_reward_corr_rolling", "alert/count", "completion/truncated_frac"):
+    for k in (
+        "aha/length_correct",
+        "aha/length_incorrect",
+        "aha/reflection_frac",
+        "aha/length_reward_corr",
+        "aha/length_reward_corr_rolling",
+        "alert/count",
+        "completion/truncated_frac",
+    ):
         assert k in rec
 
 
@@ -96,8 +106,12 @@ def test_bad_budgets_are_usage_errors():
 
     from grpolab.app.cli import main
 
-    for argv in (["lab", "aha", "--steps", "0"], ["lab", "aha", "--pretrain-steps", "0"], ["lab", "critic", "--steps", "0"],
-                 ["lab", "kl", "--steps", "-1"]):
+    for argv in (
+        ["lab", "aha", "--steps", "0"],
+        ["lab", "aha", "--pretrain-steps", "0"],
+        ["lab", "critic", "--steps", "0"],
+        ["lab", "kl", "--steps", "-1"],
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2

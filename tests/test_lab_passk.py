@@ -18,8 +18,17 @@ def test_passk_quick_end_to_end(tiny_model_dir, tmp_path, capsys):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
-        rc = main(["lab", "passk", "--quick", "--out", str(tmp_path), f"model={tiny_model_dir}",
-                   "rewards=[{name: test_varied}]"])
+        rc = main(
+            [
+                "lab",
+                "passk",
+                "--quick",
+                "--out",
+                str(tmp_path),
+                f"model={tiny_model_dir}",
+                "rewards=[{name: test_varied}]",
+            ]
+        )
     assert rc == 0
     res = lab.last_result
     printed = capsys.readouterr().out
@@ -47,7 +56,8 @@ def test_verdict_cases():
     assert text.startswith("holds here") and "base model is ahead" in text
     assert passk.verdict(change, {"change": -0.2, "ci": [-0.3, -0.1]}, 64).startswith("does not hold here")
     assert passk.verdict(change, {"change": 0.05, "ci": [-0.05, 0.15]}, 64).startswith(
-        "not measured here: the two gains are within noise")
+        "not measured here: the two gains are within noise"
+    )
     flat = {"pass@1": _cmp(0.3, 0.32, -0.05, 0.09, False), "pass@64": _cmp(0.9, 0.9, 0, 0, False)}
     assert "did not raise pass@1" in passk.verdict(flat, gap, 64)
 

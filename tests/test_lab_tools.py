@@ -28,10 +28,11 @@ def test_tokenizer_renders_tool_conversations_append_only_and_round_trips():
     for word in tools.WORDS[:4]:
         assert tok.convert_tokens_to_ids(word) in ids  # one token each
     assert len(ids) == 44
-    history = [{"role": "user", "content": TRACE_PROMPT},
-               {"role": "assistant", "content": tools.call_text(347, 589)}]
-    assert addition_text(tok, history, [{"role": "tool", "name": "add", "content": "936"}]) == \
-        "<tool_response>936</tool_response>"  # what the environment adds after the model's EOS
+    history = [{"role": "user", "content": TRACE_PROMPT}, {"role": "assistant", "content": tools.call_text(347, 589)}]
+    assert (
+        addition_text(tok, history, [{"role": "tool", "name": "add", "content": "936"}])
+        == "<tool_response>936</tool_response>"
+    )  # what the environment adds after the model's EOS
 
 
 def test_corpus_texts():
@@ -85,8 +86,11 @@ def test_calculators_through_the_environment_loader():
 def test_classify_trajectories():
     tool = {"role": "tool", "name": "add", "content": "936"}
     call = {"role": "assistant", "content": tools.call_text(347, 589)}
-    assert tools.classify([call, tool, {"role": "assistant", "content": "936"}]) == \
-        {"called": True, "uses": True, "turns": 2}
+    assert tools.classify([call, tool, {"role": "assistant", "content": "936"}]) == {
+        "called": True,
+        "uses": True,
+        "turns": 2,
+    }
     assert tools.classify([call, tool, {"role": "assistant", "content": "935"}])["uses"] is False
     assert tools.classify([{"role": "assistant", "content": "936"}]) == {"called": False, "uses": False, "turns": 1}
     assert tools.classify([call, tool, call, tool, call])["uses"] is False  # cut while calling: no answer
@@ -101,11 +105,17 @@ def _trace_rollout(tok, G=2):
     ids = turn1 + env + turn2
     model = [1.0] * len(turn1) + [0.0] * len(env) + [1.0] * len(turn2)
     N = G
-    return Rollout(prompt_ids=torch.tensor([p] * N), prompt_mask=torch.ones((N, len(p)), dtype=torch.long),
-                   completion_ids=torch.tensor([ids] * N), completion_mask=torch.tensor([model] * N),
-                   sample_logp=torch.full((N, len(ids)), -0.5) * torch.tensor([model] * N),
-                   truncated=torch.zeros(N, dtype=torch.bool), texts=["936"] * N, G=G,
-                   env_mask=1.0 - torch.tensor([model] * N)), len(env)
+    return Rollout(
+        prompt_ids=torch.tensor([p] * N),
+        prompt_mask=torch.ones((N, len(p)), dtype=torch.long),
+        completion_ids=torch.tensor([ids] * N),
+        completion_mask=torch.tensor([model] * N),
+        sample_logp=torch.full((N, len(ids)), -0.5) * torch.tensor([model] * N),
+        truncated=torch.zeros(N, dtype=torch.bool),
+        texts=["936"] * N,
+        G=G,
+        env_mask=1.0 - torch.tensor([model] * N),
+    ), len(env)
 
 
 @pytest.mark.parametrize("wrong", [False, True])
@@ -114,8 +124,9 @@ def test_instrumented_rollouts_and_the_wrong_setting(monkeypatch, wrong):
     from grpolab.training import step as step_module
 
     tok = tools.tool_tokenizer()
-    run = SimpleNamespace(policy=tinychar.tiny_llama(tok, hidden=32, layers=1), tokenizer=tok,
-                          cfg=SimpleNamespace(temperature=1.0))
+    run = SimpleNamespace(
+        policy=tinychar.tiny_llama(tok, hidden=32, layers=1), tokenizer=tok, cfg=SimpleNamespace(temperature=1.0)
+    )
     rollout, n_env = _trace_rollout(tok)
     cmask, smp = rollout.completion_mask.clone(), rollout.sample_logp.clone()
     monkeypatch.setattr(step_module, "agent_rollout", lambda run, ex, **kw: (rollout, [None, None], {"env/x": 1.0}))
@@ -127,7 +138,9 @@ def test_instrumented_rollouts_and_the_wrong_setting(monkeypatch, wrong):
     assert info["lab/result_logp"] < 0  # the 3 result digits under the policy
     env = cmask == 0
     if not wrong:
-        assert out.env_mask is not None and torch.equal(out.completion_mask, cmask) and "lab/env_token_share" not in info
+        assert (
+            out.env_mask is not None and torch.equal(out.completion_mask, cmask) and "lab/env_token_share" not in info
+        )
         return
     assert out.env_mask is None and bool((out.completion_mask == 1).all())  # every token now reads as the model's
     assert info["lab/env_token_share"] == pytest.approx(n_env / cmask.shape[1])
@@ -153,12 +166,25 @@ def test_quick_miniature_machinery(tmp_path, monkeypatch):
     from grpolab.util.fileio import read_jsonl
 
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
-    argv = ["lab", "tools", "--ablate", "--pretrain-steps", "20", "--steps", "2", "--blocks", "2",
-            "--out", str(tmp_path / "out")]
+    argv = [
+        "lab",
+        "tools",
+        "--ablate",
+        "--pretrain-steps",
+        "20",
+        "--steps",
+        "2",
+        "--blocks",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 0
     res = last_result
     assert set(res["arms"]) == set(tools.ARMS)
-    assert res["verdict"].startswith(("holds here", "does not hold here")) and res["ablation_verdict"].startswith("ablation")
+    assert res["verdict"].startswith(("holds here", "does not hold here")) and res["ablation_verdict"].startswith(
+        "ablation"
+    )
     saved = json.loads((tmp_path / "out" / "tools.json").read_text())
     assert saved["verdict"] == res["verdict"] and len(saved["per_step"]["calc"]) == 2
     assert (tmp_path / "out" / "calc" / "report.html").exists()
@@ -173,8 +199,11 @@ def test_quick_miniature_machinery(tmp_path, monkeypatch):
 def test_bad_budgets_are_usage_errors():
     from grpolab.app.cli import main
 
-    for argv in (["lab", "tools", "--steps", "0"], ["lab", "tools", "--pretrain-steps", "0"],
-                 ["lab", "tools", "--blocks", "0"]):
+    for argv in (
+        ["lab", "tools", "--steps", "0"],
+        ["lab", "tools", "--pretrain-steps", "0"],
+        ["lab", "tools", "--blocks", "0"],
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2

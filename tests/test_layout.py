@@ -20,15 +20,24 @@ def module_name(path: Path) -> str:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(path: Path, modules: set[str], *, types: bool = False) -> set[str]:
     """grpolab modules that `path` imports when it runs: top level or inside functions (a lazy import
     runs too), but not under `if TYPE_CHECKING:` (never executed) unless `types`."""
     tree = ast.parse(path.read_text())
-    skip = set() if types else {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                                and _is_type_checking(node) for n in ast.walk(node)}
+    skip = (
+        set()
+        if types
+        else {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and _is_type_checking(node)
+            for n in ast.walk(node)
+        }
+    )
     this = module_name(path)
     package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
     out = set()
@@ -41,7 +50,9 @@ def imports_of(path: Path, modules: set[str], *, types: bool = False) -> set[str
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from pkg import submodule` imports the submodule; `from pkg import name` runs pkg itself
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         for name in names:
@@ -68,7 +79,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(g.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:
@@ -151,11 +162,15 @@ def layer_violations(g: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_layer_check_sees_an_upward_import():
-    g = {"grpolab.algo.losses": {"grpolab.model.passes"}, "grpolab.model.passes": {"grpolab.algo.losses"},
-         "grpolab.tasks.qa": {"grpolab.parallel.fsdp"}}
+    g = {
+        "grpolab.algo.losses": {"grpolab.model.passes"},
+        "grpolab.model.passes": {"grpolab.algo.losses"},
+        "grpolab.tasks.qa": {"grpolab.parallel.fsdp"},
+    }
     assert layer_violations(g) == [
         "grpolab.algo.losses (layer 2) imports grpolab.model.passes (layer 3)",
-        "grpolab.tasks.qa (layer 4) imports grpolab.parallel.fsdp (layer 4)"]
+        "grpolab.tasks.qa (layer 4) imports grpolab.parallel.fsdp (layer 4)",
+    ]
 
 
 def test_imports_point_down_the_layers():
@@ -173,8 +188,11 @@ def test_every_folder_says_its_job_first():
 
 
 def test_no_source_file_outside_the_sandbox_is_over_500_lines():
-    big = {str(p.relative_to(ROOT)): n for p in SRC.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > 500 and "sandbox" not in p.parts}
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500 and "sandbox" not in p.parts
+    }
     assert not big, big
 
 

@@ -85,8 +85,10 @@ def test_no_full_logits_are_kept_for_the_backward():
     # one keeps h, w, the targets and one log-sum-exp per position.
     h, w, y, _ = case(2, b=4, C=16, V=400)
     M, V = 4 * 16, 400
-    for fn, expect_full in ((lambda: plain(h, w, y, 1.0), True),
-                            (lambda: chunked_token_logp(h, w, y, chunk=8, keep_bytes=0), False)):
+    for fn, expect_full in (
+        (lambda: plain(h, w, y, 1.0), True),
+        (lambda: chunked_token_logp(h, w, y, chunk=8, keep_bytes=0), False),
+    ):
         sizes = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
             fn()[0].sum()
@@ -97,8 +99,9 @@ def test_completion_logp_on_the_tiny_model_equals_the_plain_head(tiny_model, mon
     import grpolab.model.logprobs as lp_mod
 
     assert plain_head_weight(tiny_model) is tiny_model.lm_head.weight  # tied to the embeddings
-    p_ids, p_mask, c_ids, c_mask = padded_sequences(tiny_model.config.vocab_size, (2, 5), (2, 6), 3, pad=(0, 2),
-                                                    cut=(1, 4))
+    p_ids, p_mask, c_ids, c_mask = padded_sequences(
+        tiny_model.config.vocab_size, (2, 5), (2, 6), 3, pad=(0, 2), cut=(1, 4)
+    )
     ours = completion_logp(tiny_model, p_ids, p_mask, c_ids, c_mask, temperature=0.9, with_entropy=True)
     monkeypatch.setattr(lp_mod, "plain_head_weight", lambda model: None)
     ref = completion_logp(tiny_model, p_ids, p_mask, c_ids, c_mask, temperature=0.9, with_entropy=True)
@@ -126,8 +129,9 @@ def test_kept_logits_give_the_recomputed_numbers_in_fp32():
     h, w, y, up = case(4, b=3, C=9, V=70)
     for T in (1.0, 0.7):
         kept = grads(lambda: chunked_token_logp(h, w, y, temperature=T, with_entropy=True, chunk=4), h, w, up)
-        again = grads(lambda: chunked_token_logp(h, w, y, temperature=T, with_entropy=True, chunk=4, keep_bytes=0),
-                      h, w, up)
+        again = grads(
+            lambda: chunked_token_logp(h, w, y, temperature=T, with_entropy=True, chunk=4, keep_bytes=0), h, w, up
+        )
         for a, b in zip(kept, again):
             assert torch.equal(a, b)
 
@@ -141,7 +145,7 @@ def test_kept_logits_in_bf16_give_the_plain_heads_numbers():
         ref = grads(lambda: plain(h, w, y, 1.0), h, w, up)
     assert torch.equal(ours[0], ref[0])
     assert torch.equal(ours[2], ref[2])
-    assert (ours[3] - ref[3]).abs().max() <= 2 ** -7 * ref[3].abs().max()
+    assert (ours[3] - ref[3]).abs().max() <= 2**-7 * ref[3].abs().max()
 
 
 def test_logits_are_kept_only_under_the_budget_and_only_for_a_backward():

@@ -76,8 +76,8 @@ def _batch(tok, prompts, completions):
     cids = torch.full((len(c_ids), C), tok.pad_token_id)
     cm = torch.zeros((len(c_ids), C))
     for i, c in enumerate(c_ids):
-        cids[i, :len(c)] = torch.tensor(c)
-        cm[i, :len(c)] = 1
+        cids[i, : len(c)] = torch.tensor(c)
+        cm[i, : len(c)] = 1
     return pids, pm, cids, cm
 
 
@@ -87,14 +87,17 @@ def _reference_logp(model, pids, pm, cids, cm, temperature=1.0):
     mask = torch.cat([pm, cm.long()], 1)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits.float()
     P = pids.shape[1]
-    lp = torch.log_softmax(logits[:, P - 1:-1] / temperature, -1)  # (b, C, V): logits at t predict t+1
+    lp = torch.log_softmax(logits[:, P - 1 : -1] / temperature, -1)  # (b, C, V): logits at t predict t+1
     return lp.gather(-1, cids[..., None]).squeeze(-1), lp
 
 
 def test_completion_logp_equals_full_forward_left_padded(lively_model, tiny_tokenizer):
     tok = tiny_tokenizer
-    pids, pm, cids, cm = _batch(tok, ["What is 2+3?", "Hi", "A much longer prompt, with several more tokens."],
-                                ["5", "Hello there, friend", "ok then"])
+    pids, pm, cids, cm = _batch(
+        tok,
+        ["What is 2+3?", "Hi", "A much longer prompt, with several more tokens."],
+        ["5", "Hello there, friend", "ok then"],
+    )
     assert (pm == 0).any() and (cm == 0).any()  # both kinds of padding present
     with torch.no_grad():
         lp, ent = completion_logp(lively_model, pids, pm, cids, cm, with_entropy=True)

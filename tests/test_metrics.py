@@ -7,13 +7,7 @@ import math
 
 import pytest
 
-from grpolab.training.metrics import (
-    JsonlWriter,
-    MetricsLogger,
-    read_jsonl,
-    truncate_after_step,
-    weighted_mean,
-)
+from grpolab.training.metrics import JsonlWriter, MetricsLogger, read_jsonl, truncate_after_step, weighted_mean
 
 
 def _lines(path):

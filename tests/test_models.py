@@ -96,10 +96,17 @@ def test_importing_grpolab_models_switches_the_hub_off():
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    code = ("import os; import grpolab.model.load; "
-            "print(os.environ['HF_HUB_OFFLINE'], os.environ['TRANSFORMERS_OFFLINE'])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    code = (
+        "import os; import grpolab.model.load; print(os.environ['HF_HUB_OFFLINE'], os.environ['TRANSFORMERS_OFFLINE'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout.split()
     assert out == ["1", "1"]
 
 
@@ -129,8 +136,9 @@ def test_make_tiny_model_round_trip(tiny_model_dir, real_model_dir):
     assert tok.eos_token_id == real_tok.eos_token_id
     assert tok("What is 2+3?")["input_ids"] == real_tok("What is 2+3?")["input_ids"]
     msgs = [{"role": "user", "content": "2+3"}]
-    assert tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == \
-        real_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == real_tok.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False
+    )
 
     model = load_policy(tiny_model_dir, torch.device("cpu"))
     assert model.config.vocab_size == len(tok)
@@ -200,8 +208,10 @@ def _write_tiny_gguf(path: Path, hidden: int = 8, ff: int = 16, heads: int = 2, 
     w.add_pad_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     rng = np.random.default_rng(seed)
     arrays = {}
 

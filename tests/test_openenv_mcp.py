@@ -22,7 +22,7 @@ MCP = Path(__file__).resolve().parent / "envs" / "openenv_mcp.py"
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def test_an_mcp_environment_offers_its_real_tools_and_calls_them():
@@ -34,8 +34,13 @@ def test_an_mcp_environment_offers_its_real_tools_and_calls_them():
     assert env.tools[0]["function"]["description"] == "Echo back the provided message."
     assert env.tools[0]["function"]["parameters"]["required"] == ["message"]
     assert json.loads(env.reset({"id": "a"}))["echoed_message"] == "Echo environment ready!"
-    reply = env.step(call("echo_message", message="hi there") + call("echo_with_length", message="hi there")
-                     + call("split_words", message="hi there") + call("nope") + call("echo_message", text="x"))
+    reply = env.step(
+        call("echo_message", message="hi there")
+        + call("echo_with_length", message="hi there")
+        + call("split_words", message="hi there")
+        + call("nope")
+        + call("echo_message", text="x")
+    )
     contents = [m["content"] for m in reply.messages]
     assert contents[0] == "hi there" and json.loads(contents[1]) == {"message": "hi there", "length": 8}
     assert json.loads(contents[2]) == ["hi", "there"] and reply.values == {2: ["hi", "there"]}  # the list, for rewards
@@ -76,10 +81,29 @@ def test_a_dataset_advancing_environment_serves_its_next_question_each_step(tiny
     (TRL's pool behaves the same); `questions_seen` reads the instances' index."""
     model = scripted_model(tiny_model_dir, tmp_path / "model", turns=(QUIZ_TURN,))
     out = tmp_path / "run"
-    rc = main(["train", f"model={model}", f"out={out}", "steps=3", "batch_size=2", "G=2", "micro_batch=2",
-               "eval_size=0", "progress=false", "report=false", "tensorboard=false", "algo.beta=0.0",
-               "task=env", f"env.name={MCP}:QuizEnvironment", "env.max_turns=1", "env.max_turn_tokens=2",
-               "env.max_model_tokens=2", f"rewards=[{{name: '{MCP}:questions_seen'}}]", "samples_per_step=2"])
+    rc = main(
+        [
+            "train",
+            f"model={model}",
+            f"out={out}",
+            "steps=3",
+            "batch_size=2",
+            "G=2",
+            "micro_batch=2",
+            "eval_size=0",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+            "algo.beta=0.0",
+            "task=env",
+            f"env.name={MCP}:QuizEnvironment",
+            "env.max_turns=1",
+            "env.max_turn_tokens=2",
+            "env.max_model_tokens=2",
+            f"rewards=[{{name: '{MCP}:questions_seen'}}]",
+            "samples_per_step=2",
+        ]
+    )
     assert rc == 0, "".join(capsys.readouterr())
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["reward/questions_seen/mean"] for m in metrics] == [0.0, 1.0, 2.0]

@@ -53,8 +53,17 @@ def test_seven_b_full_fine_tuning_does_not_fit_a_5090_and_nothing_tried_does(cap
 
 
 def test_what_does_not_fit_comes_with_settings_that_do(capsys):
-    out = _plan_json(capsys, "model=qwen2.5-1.5b", "G=8", "batch_size=64", "max_new_tokens=1024",
-                     "--prompt-tokens", "256", "--memory", "80GB")
+    out = _plan_json(
+        capsys,
+        "model=qwen2.5-1.5b",
+        "G=8",
+        "batch_size=64",
+        "max_new_tokens=1024",
+        "--prompt-tokens",
+        "256",
+        "--memory",
+        "80GB",
+    )
     assert out["fits"] is False and out["fitting"]
     usable = out["usable"]
     for alt in out["fitting"]:
@@ -69,14 +78,33 @@ def test_what_does_not_fit_comes_with_settings_that_do(capsys):
 def test_the_text_names_the_peak_phase_and_the_time(capsys):
     assert main(["plan", *BIG, "--memory", "80GB"]) == 0
     text = capsys.readouterr().out
-    for word in ("resident", "generation", "reference", "update (backward)", "optimizer", "peak:", "time: about",
-                 "KV cache", "AdamW state", "activations", "gradients (pending)"):
+    for word in (
+        "resident",
+        "generation",
+        "reference",
+        "update (backward)",
+        "optimizer",
+        "peak:",
+        "time: about",
+        "KV cache",
+        "AdamW state",
+        "activations",
+        "gradients (pending)",
+    ):
         assert word in text, word
 
 
 def test_checkpointing_lora_and_an_engine_share_move_the_plan(capsys):
-    base = ["model=qwen2.5-1.5b", "G=8", "batch_size=32", "max_new_tokens=512", "--prompt-tokens", "128",
-            "--memory", "80GB"]
+    base = [
+        "model=qwen2.5-1.5b",
+        "G=8",
+        "batch_size=32",
+        "max_new_tokens=512",
+        "--prompt-tokens",
+        "128",
+        "--memory",
+        "80GB",
+    ]
     plain = _plan_json(capsys, *base)
     ckpt = _plan_json(capsys, *base, "grad_checkpointing=true")
     lora = _plan_json(capsys, *base, "lora.r=16")
@@ -112,12 +140,24 @@ def varied_reward():
         yield
 
 
-RUN = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "eval_size=0", "progress=false", "report=false",
-       "tensorboard=false", "precision=fp32", "rewards=[{name: test_varied}]", "steps=2"]
+RUN = [
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=8",
+    "micro_batch=4",
+    "eval_size=0",
+    "progress=false",
+    "report=false",
+    "tensorboard=false",
+    "precision=fp32",
+    "rewards=[{name: test_varied}]",
+    "steps=2",
+]
 
 
-def test_train_warns_before_step_1_when_the_plan_is_over_the_device(tiny_model_dir, tmp_path, monkeypatch, capsys,
-                                                                     varied_reward):
+def test_train_warns_before_step_1_when_the_plan_is_over_the_device(
+    tiny_model_dir, tmp_path, monkeypatch, capsys, varied_reward
+):
     monkeypatch.setattr(plan_mod, "_available_cpu_bytes", lambda: 1 << 20)  # a 1 MB machine
     assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'small'}", *RUN, "steps=1"]) == 0
     out = capsys.readouterr().out
@@ -134,7 +174,9 @@ def test_grad_checkpointing_trains_the_same_weights(tiny_model_dir, tmp_path, va
         assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / name}", *RUN, *extra]) == 0
     a, b = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("plain", "ckpt"))
     for x, y in zip(a, b):
-        assert x["loss/policy"] == y["loss/policy"] and x["grad_norm"] == y["grad_norm"] and x["entropy"] == y["entropy"]
+        assert (
+            x["loss/policy"] == y["loss/policy"] and x["grad_norm"] == y["grad_norm"] and x["entropy"] == y["entropy"]
+        )
     wa = weights(tmp_path / "plain" / "checkpoints" / "step-000002")
     wb = weights(tmp_path / "ckpt" / "checkpoints" / "step-000002")
     assert all((wa[k] == wb[k]).all() for k in wa)

@@ -92,8 +92,13 @@ def test_the_rollout_probe_takes_the_run_s_shape(tiny_model, monkeypatch):
 def test_an_engine_with_its_own_kernels_sets_the_rollout_and_only_the_update_is_timed(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 0.5 if dt is torch.bfloat16 else 1.0)
-    p = choose("auto", tiny_model, CPU, engine_rollout=(torch.bfloat16, "the engine's rule"),
-               rollout_probe=lambda *a, **k: pytest.fail("timed grpolab's decoder for vLLM"))
+    p = choose(
+        "auto",
+        tiny_model,
+        CPU,
+        engine_rollout=(torch.bfloat16, "the engine's rule"),
+        rollout_probe=lambda *a, **k: pytest.fail("timed grpolab's decoder for vLLM"),
+    )
     assert (p.rollout, p.update) == (torch.bfloat16, torch.bfloat16)
     assert set(p.seconds) == {"update"} and p.reason.endswith("; rollout: the engine's rule")
     assert "update bf16/fp32 time x0.50" in p.reason

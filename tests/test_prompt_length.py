@@ -14,15 +14,42 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 def test_a_prompt_past_the_context_is_a_usage_error_naming_the_row(tmp_path, tiny_model_dir):
     data = tmp_path / "rows.jsonl"
-    rows = [{"prompt": "What is 1 + 1? " + "word " * 3000, "answer": "2", "id": "huge"},
-            {"prompt": "What is 2 + 2?", "answer": "4", "id": "small"}]
+    rows = [
+        {"prompt": "What is 1 + 1? " + "word " * 3000, "answer": "2", "id": "huge"},
+        {"prompt": "What is 2 + 2?", "answer": "4", "id": "small"},
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-m", "grpolab.app.cli", "train", f"model={tiny_model_dir}", "task=dataset",
-                          f"task_args.path={data}", "task_args.eval_size=0", "eval_size=0", "steps=1", "G=2",
-                          "batch_size=4", "max_new_tokens=4", "progress=false", "tensorboard=false",
-                          f"out={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab.app.cli",
+            "train",
+            f"model={tiny_model_dir}",
+            "task=dataset",
+            f"task_args.path={data}",
+            "task_args.eval_size=0",
+            "eval_size=0",
+            "steps=1",
+            "G=2",
+            "batch_size=4",
+            "max_new_tokens=4",
+            "progress=false",
+            "tensorboard=false",
+            f"out={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 2, res.stderr[-3000:]
     assert "prompt of example 'huge' has" in res.stderr and "context of 512 tokens" in res.stderr
     assert "Traceback" not in res.stderr

@@ -36,8 +36,15 @@ def test_linear_layers_in_bf16_give_the_same_log_probs_under_autocast(tiny_model
 def test_setup_stores_the_reference_in_the_update_dtype(tiny_model_dir, tmp_path):
     from grpolab.training.trainer import setup
 
-    args = [f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "algo=grpo", "algo.beta=0.04", "eval_size=0",
-            "progress=false", "tensorboard=false"]
+    args = [
+        f"model={tiny_model_dir}",
+        f"out={tmp_path / 'run'}",
+        "algo=grpo",
+        "algo.beta=0.04",
+        "eval_size=0",
+        "progress=false",
+        "tensorboard=false",
+    ]
     run = setup(build_config(None, [*args, "precision=bf16"]), log=lambda *_: None)
     assert run.amp_dtype == torch.bfloat16
     assert run.ref.frozen.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16

@@ -35,8 +35,16 @@ from grpolab.app.cli import main
 from grpolab.batch import Batch, Rollout
 from grpolab.training.token_credit import token_credit
 
-SMALL = ["batch_size=8", "G=4", "max_new_tokens=8", "micro_batch=4", "progress=false", "tensorboard=false",
-         "save_every=0", "rewards=[{name: test_varied}, {name: format, weight: 0.5}]"]
+SMALL = [
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=8",
+    "micro_batch=4",
+    "progress=false",
+    "tensorboard=false",
+    "save_every=0",
+    "rewards=[{name: test_varied}, {name: format, weight: 0.5}]",
+]
 
 
 pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
@@ -50,15 +58,29 @@ def train(model: Path, out: Path, *args: str) -> Path:
 @pytest.fixture(scope="module")
 def run_a(tiny_model_dir, tmp_path_factory) -> Path:
     """GRPO with its reference (beta 0.04), two epochs per rollout (ratios move), 6 tokens saved of 8."""
-    return train(tiny_model_dir, tmp_path_factory.mktemp("report") / "grpo", "steps=3", "eval_size=4",
-                 "algo.mu=2", "lr=1e-3", "sample_tokens=6")
+    return train(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("report") / "grpo",
+        "steps=3",
+        "eval_size=4",
+        "algo.mu=2",
+        "lr=1e-3",
+        "sample_tokens=6",
+    )
 
 
 @pytest.fixture(scope="module")
 def run_b(tiny_model_dir, tmp_path_factory) -> Path:
     """Dr. GRPO without a report and without per-token values."""
-    return train(tiny_model_dir, tmp_path_factory.mktemp("report") / "drgrpo", "steps=2", "eval_size=0",
-                 "algo=dr_grpo", "report=false", "sample_tokens=0")
+    return train(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("report") / "drgrpo",
+        "steps=2",
+        "eval_size=0",
+        "algo=dr_grpo",
+        "report=false",
+        "sample_tokens=0",
+    )
 
 
 # -- the per-token values -------------------------------------------------------------------------
@@ -70,11 +92,22 @@ def toy_batch(adv: list[float], ref: bool) -> Batch:
     mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
     old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -2.0, 0.0], [0.0] * 3, [0.0] * 3])
     ratio = torch.tensor([[1.5, 1.1, 0.5], [0.5, 1.1, 1.0], [1.0] * 3, [1.0] * 3])
-    rollout = Rollout(prompt_ids=torch.ones(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.long),
-                      completion_ids=torch.arange(12).view(4, 3), completion_mask=mask, sample_logp=-mask,
-                      truncated=torch.tensor([False, False, True, True]), texts=list("abcd"), G=2)
-    batch = Batch([SimpleNamespace(id=f"p{i}", prompt=f"q{i}", answer=str(i)) for i in range(2)], rollout,
-                  torch.tensor([1.0, 0.0, 0.5, 0.5]), {"math": [1.0, 0.0, 0.5, 0.5]})
+    rollout = Rollout(
+        prompt_ids=torch.ones(4, 2, dtype=torch.long),
+        prompt_mask=torch.ones(4, 2, dtype=torch.long),
+        completion_ids=torch.arange(12).view(4, 3),
+        completion_mask=mask,
+        sample_logp=-mask,
+        truncated=torch.tensor([False, False, True, True]),
+        texts=list("abcd"),
+        G=2,
+    )
+    batch = Batch(
+        [SimpleNamespace(id=f"p{i}", prompt=f"q{i}", answer=str(i)) for i in range(2)],
+        rollout,
+        torch.tensor([1.0, 0.0, 0.5, 0.5]),
+        {"math": [1.0, 0.0, 0.5, 0.5]},
+    )
     batch.reward, batch.adv = batch.raw_reward.clone(), torch.tensor(adv)
     batch.old_logp, batch.last_logp = old, old + ratio.log()
     batch.entropy = torch.tensor([[0.3, 0.2, 0.1], [0.4, 0.5, 0.0], [0.0] * 3, [0.0] * 3])
@@ -98,8 +131,18 @@ def test_token_values_of_a_computed_row_and_of_a_skipped_one():
     assert a["ratio"] == pytest.approx([1.5, 1.1, 0.5], abs=1e-4)
     assert a["clip"] == [1, 0, 0]  # A > 0: only a ratio above 1 + eps_high is clipped
     assert b["clip"] == [-1, 0] and b["n"] == 2 and b["kl"] is None  # A < 0: only below 1 - eps_low; no ref
-    assert skipped == {"n": 3, "shown": 3, "computed": False, "text": ["<6>", "<7>", "<8>"], "adv": [0.0] * 3,
-                       "logp": None, "ratio": None, "entropy": None, "kl": None, "clip": None}
+    assert skipped == {
+        "n": 3,
+        "shown": 3,
+        "computed": False,
+        "text": ["<6>", "<7>", "<8>"],
+        "adv": [0.0] * 3,
+        "logp": None,
+        "ratio": None,
+        "entropy": None,
+        "kl": None,
+        "clip": None,
+    }
 
 
 def test_token_values_are_bounded_and_carry_the_kl_to_the_reference():
@@ -113,8 +156,9 @@ def test_token_values_are_bounded_and_carry_the_kl_to_the_reference():
     assert recs[0]["kl"][0] == pytest.approx(math.exp(d) - d - 1, abs=1e-4)
 
 
-@pytest.mark.parametrize("objective,row0,row1", [("pg", [0, 0, 0], [0, 0]), ("cispo", [1, 0, -1], [-1, 0]),
-                                                  ("gspo", [0, 0, 0], [-1, -1])])
+@pytest.mark.parametrize(
+    "objective,row0,row1", [("pg", [0, 0, 0], [0, 0]), ("cispo", [1, 0, -1], [-1, 0]), ("gspo", [0, 0, 0], [-1, -1])]
+)
 def test_the_clip_decision_follows_the_objective(objective, row0, row1):
     batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
     recs = token_credit(batch, [0, 1], TOK, algo(objective=objective), max_tokens=10, computes_every_group=False)
@@ -127,7 +171,11 @@ def test_the_clip_decision_follows_the_objective(objective, row0, row1):
 def test_dual_clip_is_marked():
     batch = toy_batch([-1.0, -1.0, 0.0, 0.0], ref=False)
     batch.last_logp[0, 0] = batch.old_logp[0, 0] + math.log(4.0)  # ratio 4 > c = 3 with A < 0
-    assert token_credit(batch, [0], TOK, algo(dual_clip=3.0), max_tokens=10, computes_every_group=False)[0]["clip"] == [2, 0, -1]
+    assert token_credit(batch, [0], TOK, algo(dual_clip=3.0), max_tokens=10, computes_every_group=False)[0]["clip"] == [
+        2,
+        0,
+        -1,
+    ]
 
 
 def test_a_component_that_needs_every_group_marks_every_row_computed():
@@ -163,16 +211,33 @@ def test_a_newly_registered_objective_brings_its_own_clip_decision(monkeypatch):
 # One group of G = 2 trajectories. Row 0 calls a tool and answers: model 4, environment 3 (the tool
 # result with its template headers), model 2. Row 1 answers, gets "try again" and answers again: model
 # 2, environment 1, model 2. The environment's positions hold exact zeros, as the passes leave them.
-VOCAB = ["<tool_call>", "add(7,5)", "</tool_call>", "<|im_end|>", "\n<|im_start|>tool\n", "12",
-         "<|im_end|>\n<|im_start|>assistant\n", "13", "\n<|im_start|>user\nNot right. Try again.<|im_end|>\n",
-         "<pad>"]
+VOCAB = [
+    "<tool_call>",
+    "add(7,5)",
+    "</tool_call>",
+    "<|im_end|>",
+    "\n<|im_start|>tool\n",
+    "12",
+    "<|im_end|>\n<|im_start|>assistant\n",
+    "13",
+    "\n<|im_start|>user\nNot right. Try again.<|im_end|>\n",
+    "<pad>",
+]
 STREAM = [[0, 1, 2, 3, 4, 5, 6, 5, 3], [7, 3, 8, 5, 3, 9, 9, 9, 9]]
 ENV = [[0, 0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 0, 0, 0, 0, 0, 0]]
 MODEL = [[1, 1, 1, 1, 0, 0, 0, 1, 1], [1, 1, 0, 1, 1, 0, 0, 0, 0]]
-CONVERSATIONS = [[{"role": "assistant", "content": "<tool_call>add(7,5)</tool_call>"},
-                  {"role": "tool", "name": "add", "content": "12"}, {"role": "assistant", "content": "12"}],
-                 [{"role": "assistant", "content": "13"}, {"role": "user", "content": "Not right. Try again."},
-                  {"role": "assistant", "content": "12"}]]
+CONVERSATIONS = [
+    [
+        {"role": "assistant", "content": "<tool_call>add(7,5)</tool_call>"},
+        {"role": "tool", "name": "add", "content": "12"},
+        {"role": "assistant", "content": "12"},
+    ],
+    [
+        {"role": "assistant", "content": "13"},
+        {"role": "user", "content": "Not right. Try again."},
+        {"role": "assistant", "content": "12"},
+    ],
+]
 VTOK = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: VOCAB[ids[0]])
 
 
@@ -180,12 +245,24 @@ def multi_turn_batch(ref: bool = True) -> Batch:
     model, env = torch.tensor(MODEL, dtype=torch.float), torch.tensor(ENV, dtype=torch.float)
     log_ratio = torch.tensor([[0.4, 0.1, -0.2, 0.0, 0, 0, 0, 0.3, 0.1], [-0.3, 0.1, 0, 0.2, 0.0, 0, 0, 0, 0]]) * model
     old = -torch.linspace(0.5, 2.0, 9).repeat(2, 1) * model  # (2, 9): 0 at the environment's tokens
-    rollout = Rollout(prompt_ids=torch.ones(2, 2, dtype=torch.long), prompt_mask=torch.ones(2, 2, dtype=torch.long),
-                      completion_ids=torch.tensor(STREAM), completion_mask=model, sample_logp=old,
-                      truncated=torch.tensor([False, False]), texts=["12", "12"], G=2, env_mask=env,
-                      conversations=[list(c) for c in CONVERSATIONS])
-    batch = Batch([SimpleNamespace(id="p0", prompt="What is 7 + 5?", answer="12")], rollout,
-                  torch.tensor([1.0, 0.75]), {"env": [1.0, 0.75]})
+    rollout = Rollout(
+        prompt_ids=torch.ones(2, 2, dtype=torch.long),
+        prompt_mask=torch.ones(2, 2, dtype=torch.long),
+        completion_ids=torch.tensor(STREAM),
+        completion_mask=model,
+        sample_logp=old,
+        truncated=torch.tensor([False, False]),
+        texts=["12", "12"],
+        G=2,
+        env_mask=env,
+        conversations=[list(c) for c in CONVERSATIONS],
+    )
+    batch = Batch(
+        [SimpleNamespace(id="p0", prompt="What is 7 + 5?", answer="12")],
+        rollout,
+        torch.tensor([1.0, 0.75]),
+        {"env": [1.0, 0.75]},
+    )
     batch.reward, batch.adv = batch.raw_reward.clone(), torch.tensor([0.7071, -0.7071])
     batch.old_logp, batch.last_logp = old, old + log_ratio
     batch.entropy = torch.full((2, 9), 0.25) * model
@@ -225,8 +302,11 @@ def test_a_sequence_ratio_over_turns_averages_the_model_tokens_only():
     assert [r for r in rec["ratio"] if r is not None] == pytest.approx([s] * 6, abs=1e-4)
 
 
-FAKE_RUN = SimpleNamespace(cfg=SimpleNamespace(sample_tokens=64, algo=algo()), tokenizer=VTOK,
-                           advantage=SimpleNamespace(computes_every_group=False))
+FAKE_RUN = SimpleNamespace(
+    cfg=SimpleNamespace(sample_tokens=64, algo=algo()),
+    tokenizer=VTOK,
+    advantage=SimpleNamespace(computes_every_group=False),
+)
 
 
 def test_multi_turn_sample_records_carry_the_conversation_and_the_stop():
@@ -269,8 +349,9 @@ def test_samples_jsonl_holds_bounded_per_token_values(run_a, run_b):
 # -- the page --------------------------------------------------------------------------------------
 
 
-EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*(?!["']?(?:data:|#))|url\(\s*(?!["']?data:)|@import|<link\b""",
-                      re.IGNORECASE)
+EXTERNAL = re.compile(
+    r"""(?:src|href|action|poster)\s*=\s*(?!["']?(?:data:|#))|url\(\s*(?!["']?data:)|@import|<link\b""", re.IGNORECASE
+)
 
 
 def test_train_writes_a_self_contained_report(run_a, run_b):
@@ -330,10 +411,22 @@ def test_aha_metrics_and_alerts_get_their_panels(tmp_path, capsys):
     run = tmp_path / "aha"
     run.mkdir()
     (run / "config.yaml").write_text("steps: 3\nmodel: m\n")
-    rows = [{"step": s, "reward/mean": 0.1 * s, "completion/length_mean": 9.0, "aha/length_correct": 5.0 + s,
-             "aha/length_incorrect": 9.0, "aha/reflection_count": 2.0 * s, "aha/reflection_frac": s / 10,
-             "aha/length_reward_corr": 0.1 * s, "aha/length_reward_corr_rolling": None if s == 1 else 0.2,
-             "alert/entropy": float(s == 3), "alert/count": float(s == 3)} for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.1 * s,
+            "completion/length_mean": 9.0,
+            "aha/length_correct": 5.0 + s,
+            "aha/length_incorrect": 9.0,
+            "aha/reflection_count": 2.0 * s,
+            "aha/reflection_frac": s / 10,
+            "aha/length_reward_corr": 0.1 * s,
+            "aha/length_reward_corr_rolling": None if s == 1 else 0.2,
+            "alert/entropy": float(s == 3),
+            "alert/count": float(s == 3),
+        }
+        for s in (1, 2, 3)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["report", str(run)]) == 0
     html = (run / "report.html").read_text()
@@ -350,7 +443,7 @@ def test_aha_metrics_and_alerts_get_their_panels(tmp_path, capsys):
     assert main(["report", str(run)]) == 0
     html = (run / "report.html").read_text()
     assert "Length-reward correlation: logged, but null (not a finite number) at every step" in html
-    assert "alt=\"Length-reward correlation" not in html
+    assert 'alt="Length-reward correlation' not in html
 
 
 @pytest.fixture(scope="module")
@@ -362,10 +455,22 @@ def multi_turn_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("report") / "agent"
     run.mkdir()
     (run / "config.yaml").write_text("steps: 3\nmodel: m\ntask: arithmetic\nenv:\n  name: calculator_python\n")
-    rows = [{"step": s, "reward/mean": 0.5 + 0.1 * s, "completion/length_mean": 6.0, "env/turns_mean": 2.5 - 0.5 * s,
-             "env/tool_calls_mean": 0.5 * s, "env/env_token_frac": 0.3, "env/stopped_answer": 0.75,
-             "env/stopped_max_turns": 0.25, "env/stopped_budget": 0.0, "env/stopped_env_tokens": 0.0,
-             "env/calls/add": float(s)} for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.5 + 0.1 * s,
+            "completion/length_mean": 6.0,
+            "env/turns_mean": 2.5 - 0.5 * s,
+            "env/tool_calls_mean": 0.5 * s,
+            "env/env_token_frac": 0.3,
+            "env/stopped_answer": 0.75,
+            "env/stopped_max_turns": 0.25,
+            "env/stopped_budget": 0.0,
+            "env/stopped_env_tokens": 0.0,
+            "env/calls/add": float(s),
+        }
+        for s in (1, 2, 3)
+    ]
     rows[1]["env/errors_timeout"] = 2.0  # counts are logged at the steps where they happened
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = []
@@ -394,7 +499,7 @@ def test_a_multi_turn_page_greys_the_environment_tokens_and_shows_the_turns(mult
     row0 = next(v for v in views if "add(7,5)" in v)
     assert len(re.findall(r'<span class="tok env"', row0)) == 3
     assert len(re.findall(r'class="tok(?: clip)?" style', row0)) == 6
-    assert "<tr class=\"env\"><td>4</td>" in row0 and "9 tokens after the prompt: 6 the model's, 3" in row0
+    assert '<tr class="env"><td>4</td>' in row0 and "9 tokens after the prompt: 6 the model's, 3" in row0
     assert "Grey</span> tokens are the environment" in html
     samples = html.split('id="samples"')[1]
     assert samples.count('class="conversation"') == 6  # 2 per step, 3 steps
@@ -409,10 +514,15 @@ def test_a_multi_turn_page_greys_the_environment_tokens_and_shows_the_turns(mult
 def test_a_multi_turn_page_plots_the_environment_metrics_beside_reward_and_length(multi_turn_run):
     html = (multi_turn_run / "report.html").read_text()
     alts = re.findall(r'alt="([^"]*)"', html)
-    assert alts[:4] == ["Reward (verifiers, before shaping): total", "Completion length: mean",
-                        "Turns and tool calls per trajectory: model turns, tool calls",
-                        ("Environment tokens and stop reasons: environment tokens, stopped_answer, stopped_budget, "
-                         "stopped_env_tokens, stopped_max_turns")]
+    assert alts[:4] == [
+        "Reward (verifiers, before shaping): total",
+        "Completion length: mean",
+        "Turns and tool calls per trajectory: model turns, tool calls",
+        (
+            "Environment tokens and stop reasons: environment tokens, stopped_answer, stopped_budget, "
+            "stopped_env_tokens, stopped_max_turns"
+        ),
+    ]
     assert "Environment errors by kind: timeout" in alts and "Calls per tool: add" in alts
     pngs = {p.name for p in (multi_turn_run / "report_plots").glob("*.png")}
     assert {"env_turns.png", "env_shares.png", "env_errors.png", "env_calls.png"} <= pngs
@@ -460,14 +570,29 @@ class Chromium:
 
         to_r, to_w = map(high, os.pipe())
         from_r, from_w = map(high, os.pipe())
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--hide-scrollbars", f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"]
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         self.log = (profile.parent / "chromium.log").open("wb")  # closed in close()
         self.proc = subprocess.Popen(
             ["/bin/bash", "-c", f'exec "$@" 3<&{to_r} 4>&{from_w} {to_r}<&- {from_w}>&-', "bash", exe, *flags],
-            pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            pass_fds=(to_r, from_w),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         os.close(to_r)
         os.close(from_w)
         self.out, self.inbox, self.events, self.next_id = os.fdopen(to_w, "wb"), queue.Queue(), [], 0
@@ -508,8 +633,14 @@ class Chromium:
                 return reply["result"]
 
     def open(self, url: str, width: int = 1340) -> None:
-        self.send("Emulation.setDeviceMetricsOverride", session=True, width=width, height=900,
-                  deviceScaleFactor=1, mobile=False)
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            session=True,
+            width=width,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         self.events.clear()
         self.send("Page.navigate", session=True, url=url)
         while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
@@ -524,8 +655,14 @@ class Chromium:
         from PIL import Image
 
         height = min(int(self.js("document.documentElement.scrollHeight")), 16000)
-        self.send("Emulation.setDeviceMetricsOverride", session=True, width=self.js("window.innerWidth"),
-                  height=height, deviceScaleFactor=1, mobile=False)
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            session=True,
+            width=self.js("window.innerWidth"),
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         data = self.send("Page.captureScreenshot", session=True, format="png")["data"]
         return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
 
@@ -559,8 +696,9 @@ class Chromium:
 
 def drawn(image, rect: dict) -> float:
     """Fraction of the pixels inside rect that are not the white background."""
-    box = image.crop((int(rect["x"]) + 2, int(rect["y"]) + 2, int(rect["x"] + rect["w"]) - 2,
-                      int(rect["y"] + rect["h"]) - 2))
+    box = image.crop(
+        (int(rect["x"]) + 2, int(rect["y"]) + 2, int(rect["x"] + rect["w"]) - 2, int(rect["y"] + rect["h"]) - 2)
+    )
     import numpy as np
 
     px = np.asarray(box)  # (h, w, 3)
@@ -575,8 +713,10 @@ RECTS = """JSON.stringify([...document.querySelectorAll('img.plot')].map(i => { 
 def browser(tmp_path_factory):
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.skip("chromium is not installed and could not be installed here (make test installs Debian's "
-                    "chromium with apt-get when it is missing and apt-get is available as root)")
+        pytest.skip(
+            "chromium is not installed and could not be installed here (make test installs Debian's "
+            "chromium with apt-get when it is missing and apt-get is available as root)"
+        )
     b = Chromium(exe, tmp_path_factory.mktemp("chromium") / "profile")
     yield b
     b.close()
@@ -590,8 +730,10 @@ def test_the_browser_check_catches_errors_requests_and_blank_plots(browser, tmp_
     Image.new("RGB", (300, 150), "white").save(buf, format="PNG")
     blank = base64.b64encode(buf.getvalue()).decode()
     page = tmp_path / "bad.html"
-    page.write_text(f'<html><body><img class="plot" src="data:image/png;base64,{blank}">'
-                    '<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script></body></html>')
+    page.write_text(
+        f'<html><body><img class="plot" src="data:image/png;base64,{blank}">'
+        '<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script></body></html>'
+    )
     browser.open(page.as_uri())
     rects = json.loads(browser.js(RECTS))
     errors, requests = browser.problems(page.as_uri())

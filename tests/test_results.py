@@ -27,8 +27,9 @@ results = _results()
 
 
 def test_results_page_is_current():
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "results.py"), "--check"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "results.py"), "--check"], capture_output=True, text=True
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr
 
 
@@ -42,8 +43,19 @@ def test_every_entry_names_its_provenance():
 
 
 def _e(ratio: float, machine: str = "m", date: str = "2026-01-01", claim: str = "bench-step") -> dict:
-    return {"claim": claim, "setting": "s", "machine": machine, "grpolab": ratio * 10, "peer": 10.0,
-            "ratio": ratio, "interval": None, "n": None, "date": date, "commit": "abc", "command": "c"}
+    return {
+        "claim": claim,
+        "setting": "s",
+        "machine": machine,
+        "grpolab": ratio * 10,
+        "peer": 10.0,
+        "ratio": ratio,
+        "interval": None,
+        "n": None,
+        "date": date,
+        "commit": "abc",
+        "command": "c",
+    }
 
 
 def test_a_regression_over_five_percent_is_flagged():
@@ -59,8 +71,10 @@ def test_another_machine_or_a_better_entry_is_not_flagged():
     page = results.render([_e(0.30), _e(0.40, machine="other", date="2026-01-02"), _e(0.20, date="2026-01-03")])
     assert not [line for line in page.splitlines() if line.startswith("| s |") and "worse" in line]
     # throughput (higher is better): a drop of 10% is flagged
-    tok = [dict(_e(1.0, claim="engine-speed"), grpolab=100.0, peer=100.0),
-           dict(_e(0.9, claim="engine-speed", date="2026-01-02"), grpolab=90.0, peer=100.0)]
+    tok = [
+        dict(_e(1.0, claim="engine-speed"), grpolab=100.0, peer=100.0),
+        dict(_e(0.9, claim="engine-speed", date="2026-01-02"), grpolab=90.0, peer=100.0),
+    ]
     assert "**worse** (10%" in results.render(tok)
 
 
@@ -73,10 +87,10 @@ def test_a_prediction_is_judged_by_its_distance_from_one():
 def test_wilson_interval():
     # all 164 right: the lower bound is 1 / (1 + z^2/n)
     lo, hi = results.wilson(164, 164)
-    assert lo == pytest.approx(1 / (1 + 1.96 ** 2 / 164)) and hi == pytest.approx(1.0)
+    assert lo == pytest.approx(1 / (1 + 1.96**2 / 164)) and hi == pytest.approx(1.0)
     # 32 of 64: symmetric about 0.5, half-width z sqrt(1/4n + z^2/4n^2) / (1 + z^2/n)
     lo, hi = results.wilson(32, 64)
-    half = 1.96 * math.sqrt(0.25 / 64 + 1.96 ** 2 / (4 * 64 ** 2)) / (1 + 1.96 ** 2 / 64)
+    half = 1.96 * math.sqrt(0.25 / 64 + 1.96**2 / (4 * 64**2)) / (1 + 1.96**2 / 64)
     assert (lo, hi) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
 
 

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from grpolab.batch import Example
-from grpolab.rewards import RewardFn, check_rewards, score_completions
-from grpolab.rewards import custom
+from grpolab.rewards import RewardFn, check_rewards, custom, score_completions
 from grpolab.rewards.contract import is_async_callable, trainer_state
 from grpolab.util.fields import ConfigError
 
@@ -27,8 +26,15 @@ def reward(fn, name=None, **options) -> RewardFn:
 
 def trl_kwargs(prompts, completions, completion_ids, columns, state=None):
     """The keywords TRL's GRPOTrainer._calculate_rewards passes (trl/trainer/grpo_trainer.py, 1.16)."""
-    return dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns,
-                trainer_state=state, log_extra=lambda column, values: None, log_metric=lambda name, value: None)
+    return dict(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=completion_ids,
+        **columns,
+        trainer_state=state,
+        log_extra=lambda column, values: None,
+        log_metric=lambda name, value: None,
+    )
 
 
 # ----------------------------------------------------------------------------------- TRL's documented examples
@@ -59,8 +65,10 @@ def example_3(completions, ground_truth, **kwargs):
 
 def example_4_math(prompts, completions, task, **kwargs):
     """Example 4: a math reward that returns None for the other task's rows."""
-    return [(1.0 if completion.strip() == "4" else -1.0) if t == "math" else None
-            for completion, t in zip(completions, task)]
+    return [
+        (1.0 if completion.strip() == "4" else -1.0) if t == "math" else None
+        for completion, t in zip(completions, task)
+    ]
 
 
 async def example_5(prompts, completions, **kwargs):
@@ -80,8 +88,10 @@ def test_trl_documented_examples_score_as_trl_calls_them():
     cols = {"answer": ["", "", "", ""], "ground_truth": ["2", "2", "5", "5"], "task": ["math", "math", "code", "code"]}
     fns = [reward(f) for f in (example_1, example_1_1, example_3, example_4_math, example_5)]
     s = score_completions(fns, comps, examples, context={"completion_ids": ids}, thread="auto")
-    direct = {f.__name__: f(**trl_kwargs([e.prompt for e in examples], comps, ids, cols))
-              for f in (example_1, example_1_1, example_3, example_4_math)}
+    direct = {
+        f.__name__: f(**trl_kwargs([e.prompt for e in examples], comps, ids, cols))
+        for f in (example_1, example_1_1, example_3, example_4_math)
+    }
     direct["example_5"] = asyncio.run(example_5(**trl_kwargs([e.prompt for e in examples], comps, ids, cols)))
     assert direct["example_1"] == [2.0, 1.0, 4.0, 0.0] and direct["example_3"] == [1.0, 0.0, 0.0, 0.0]
     assert direct["example_1_1"] == [27.0, 1.0, 27.0, 0.0] and direct["example_5"] == [1.0, 1.0, 1.0, 0.0]
@@ -93,8 +103,10 @@ def test_trl_documented_examples_score_as_trl_calls_them():
 
     # Example 2 is conversational: the prompt is a message list, each completion one assistant message
     chat = Example(prompt=[{"role": "user", "content": "What is the result of (1 + 2) * 4?"}], answer="", id="c")
-    texts = ["<think>The sum of 1 and 2 is 3, times 4 is 12.</think><answer>(1 + 2) * 4 = 12</answer>",
-             "The sum of 3 and 1 is 4, times 2 is 8."]
+    texts = [
+        "<think>The sum of 1 and 2 is 3, times 4 is 12.</think><answer>(1 + 2) * 4 = 12</answer>",
+        "The sum of 3 and 1 is 4, times 2 is 8.",
+    ]
     s2 = score_completions([reward(example_2)], texts, [chat, chat], thread="auto")
     assert s2.per_fn["example_2"] == example_2([[{"role": "assistant", "content": t}] for t in texts]) == [1.0, 0.0]
 
@@ -117,8 +129,14 @@ def test_trl_doc_typo_completions_ids_is_refused_before_training_with_the_right_
     with pytest.raises(ConfigError, match=r"requires 'solution'.*Add the column"):
         check_rewards([reward(lambda completions, solution, **kw: [1.0])], OneRow(), environment=False)
     # what the columns, the contract and the spec's options provide passes
-    check_rewards([reward(lambda completions, ground_truth, trainer_state, log_metric, **kw: [1.0]),
-                   reward(lambda completions, scale, **kw: [scale], name="opt", scale=2.0)], OneRow(), environment=False)
+    check_rewards(
+        [
+            reward(lambda completions, ground_truth, trainer_state, log_metric, **kw: [1.0]),
+            reward(lambda completions, scale, **kw: [scale], name="opt", scale=2.0),
+        ],
+        OneRow(),
+        environment=False,
+    )
 
 
 # ------------------------------------------------------------------------------------------- the contract
@@ -137,9 +155,14 @@ def test_completion_ids_trainer_state_log_extra_and_log_metric():
 
     a, b = (Example(prompt=p, answer="", id=p) for p in ("a", "b"))
     state = trainer_state(global_step=3, max_steps=10, epoch=0.5)
-    s = score_completions([reward(spy)], ["xx", "xxxx", "x", "x"], [a, a, b, b],
-                          context={"completion_ids": [[1, 2], [3], [4, 5, 6], []]}, shared={"trainer_state": state},
-                          workers=2)
+    s = score_completions(
+        [reward(spy)],
+        ["xx", "xxxx", "x", "x"],
+        [a, a, b, b],
+        context={"completion_ids": [[1, 2], [3], [4, 5, 6], []]},
+        shared={"trainer_state": state},
+        workers=2,
+    )
     assert sorted(seen) == [([[1, 2], [3]], 3, 10), ([[4, 5, 6], []], 3, 10)]
     assert s.extra == {"n_ids": [2, 1, 3, 0]}
     assert s.metrics["my/len_mean"] == pytest.approx((3.0 + 1.0) / 2)  # the mean of the two calls' values
@@ -187,8 +210,10 @@ def test_async_functions_are_awaited_together_and_bounded_by_the_timeout():
 
 def _alarm_reward(completions, **kwargs):
     """A reward bounding its own time with signal.alarm, as math-verify does: only the main thread may."""
+
     def late(signum, frame):
         raise TimeoutError("too slow")
+
     old = signal.signal(signal.SIGALRM, late)
     signal.alarm(5)
     try:
@@ -219,8 +244,9 @@ def test_open_r1_accuracy_reward_with_math_verify_scores_in_the_calling_thread()
             out.append(float(math_verify.verify(gold, answer)) if gold else None)
         return out
 
-    e = Example(prompt=[{"role": "user", "content": "Half of 1?"}], answer="", meta={"solution": r"$\frac{1}{2}$"},
-                id="h")
+    e = Example(
+        prompt=[{"role": "user", "content": "Half of 1?"}], answer="", meta={"solution": r"$\frac{1}{2}$"}, id="h"
+    )
     texts = [r"The answer is $\boxed{0.5}$", r"The answer is $\boxed{3}$"]
     s = score_completions([reward(accuracy_reward)], texts, [e, e], thread="auto")
     assert s.per_fn["accuracy_reward"] == [1.0, 0.0] and s.metrics["reward/errors"] == 0

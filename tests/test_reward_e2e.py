@@ -16,8 +16,19 @@ from env_helpers import scripted_model
 from grpolab.app.cli import main
 from grpolab.training.checkpoint import verify_checkpoint
 
-COMMON = ["batch_size=4", "G=2", "micro_batch=4", "eval_size=0", "progress=false", "report=false",
-          "tensorboard=false", "lr=1e-3", "algo.beta=0.0", "max_new_tokens=4", "samples_per_step=4"]
+COMMON = [
+    "batch_size=4",
+    "G=2",
+    "micro_batch=4",
+    "eval_size=0",
+    "progress=false",
+    "report=false",
+    "tensorboard=false",
+    "lr=1e-3",
+    "algo.beta=0.0",
+    "max_new_tokens=4",
+    "samples_per_step=4",
+]
 
 REWARDS = '''
 import signal
@@ -54,20 +65,35 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 def test_contract_in_training_and_a_failing_function_stops_the_run(tiny_model_dir, tmp_path, files, capsys):
     rewards, data = files
     out = tmp_path / "run"
-    rc = main(["train", f"model={tiny_model_dir}", f"out={out}", *COMMON, "steps=6", "save_every=0",
-               "max_reward_error_steps=2", "task=dataset", f"task_args.path={data}",
-               f"rewards=[{{name: '{rewards}:progress'}}, {{name: '{rewards}:broken'}}]"])
+    rc = main(
+        [
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            *COMMON,
+            "steps=6",
+            "save_every=0",
+            "max_reward_error_steps=2",
+            "task=dataset",
+            f"task_args.path={data}",
+            f"rewards=[{{name: '{rewards}:progress'}}, {{name: '{rewards}:broken'}}]",
+        ]
+    )
     text = capsys.readouterr()
     said = " ".join((text.out + text.err).split())  # the console wraps long lines
     assert rc == 1, said
-    assert "step 1: reward 'broken' failed on every completion (1 step(s) in a row); first error: reward 'broken' " \
-           "raised KeyError: 'solution'" in said
+    assert (
+        "step 1: reward 'broken' failed on every completion (1 step(s) in a row); first error: reward 'broken' "
+        "raised KeyError: 'solution'" in said
+    )
     assert "step 2: reward 'broken' failed on every completion for 2 steps in a row (max_reward_error_steps=2)" in said
     assert f"grpolab train --resume {out}" in said
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert [m["reward/broken/error_frac"] for m in metrics] == [1.0, 1.0]
-    assert [m["reward/progress/error_frac"] for m in metrics] == [0.0, 0.0] and all(m["reward/errors"] == 4 for m in metrics)
+    assert [m["reward/progress/error_frac"] for m in metrics] == [0.0, 0.0] and all(
+        m["reward/errors"] == 4 for m in metrics
+    )
     assert [m["my/global_step"] for m in metrics] == [0.0, 1.0]  # TRL's: optimizer steps done when scored
     assert [m["my/max_steps"] for m in metrics] == [6.0, 6.0]
     samples = read_jsonl(out / "samples.jsonl")
@@ -79,15 +105,27 @@ def test_contract_in_training_and_a_failing_function_stops_the_run(tiny_model_di
 def test_a_keyword_nothing_provides_is_refused_before_step_1(tiny_model_dir, tmp_path, files, capsys):
     rewards, data = files
     out = tmp_path / "run"
-    rc = main(["train", f"model={tiny_model_dir}", f"out={out}", *COMMON, "steps=2", "task=dataset",
-               f"task_args.path={data}", f"rewards=[{{name: '{rewards}:wants_solution'}}]"])
+    rc = main(
+        [
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            *COMMON,
+            "steps=2",
+            "task=dataset",
+            f"task_args.path={data}",
+            f"rewards=[{{name: '{rewards}:wants_solution'}}]",
+        ]
+    )
     said = " ".join("".join(capsys.readouterr()).split())
     assert rc == 2, said
     assert "reward 'wants_solution' requires 'solution'" in said and "Available keywords: answer," in said
     assert not out.exists()
 
 
-QUERY_CALL = '<tool_call>{"name": "query_db", "arguments": {"sql_command": "SELECT * FROM t WHERE gene = 1"}}</tool_call>'
+QUERY_CALL = (
+    '<tool_call>{"name": "query_db", "arguments": {"sql_command": "SELECT * FROM t WHERE gene = 1"}}</tool_call>'
+)
 
 TOOLS = '''
 def query_db(sql_command: str) -> list[tuple]:
@@ -159,12 +197,29 @@ def test_a_tools_list_result_reaches_query_reward_as_a_list(tiny_model_dir, tmp_
     tools = tmp_path / "agent.py"
     tools.write_text(TOOLS)
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Does gene {k} interact?"}],
-                                        "answer": "yes"}) + "\n" for k in range(4)))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"Does gene {k} interact?"}], "answer": "yes"}) + "\n"
+            for k in range(4)
+        )
+    )
     out = tmp_path / "run"
-    rc = main(["train", f"model={model}", f"out={out}", *COMMON, "steps=1", "task=dataset", f"task_args.path={data}",
-               f"env.name={tools}:query_db", "env.max_turns=2", "env.max_turn_tokens=2", "env.max_model_tokens=4",
-               f"rewards=[{{name: '{tools}:query_reward'}}]"])
+    rc = main(
+        [
+            "train",
+            f"model={model}",
+            f"out={out}",
+            *COMMON,
+            "steps=1",
+            "task=dataset",
+            f"task_args.path={data}",
+            f"env.name={tools}:query_db",
+            "env.max_turns=2",
+            "env.max_turn_tokens=2",
+            "env.max_model_tokens=4",
+            f"rewards=[{{name: '{tools}:query_reward'}}]",
+        ]
+    )
     assert rc == 0, "".join(capsys.readouterr())
     (m,) = read_jsonl(out / "metrics.jsonl")
     assert m["reward/query_reward/mean"] == pytest.approx(2.8) and m["reward/errors"] == 0

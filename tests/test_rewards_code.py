@@ -6,19 +6,19 @@ import pytest
 
 from grpolab.batch import Example
 from grpolab.rewards import build_rewards
-from grpolab.rewards.code import (
-    UnconvertibleTest,
-    code_score,
-    convert_assert,
-    convert_tests,
-)
+from grpolab.rewards.code import UnconvertibleTest, code_score, convert_assert, convert_tests
 from grpolab.sandbox import SandboxConfig
 from grpolab.util.fields import ConfigError
 
 CFG = SandboxConfig(timeout_s=3.0)
-EX = Example(prompt="", answer="", meta={
-    "tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0", "assert add(0, 0) == 0"],
-    "entry_point": "add"})
+EX = Example(
+    prompt="",
+    answer="",
+    meta={
+        "tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0", "assert add(0, 0) == 0"],
+        "entry_point": "add",
+    },
+)
 
 
 def test_convert_shapes():
@@ -37,9 +37,20 @@ def test_convert_shapes():
 
 @pytest.mark.parametrize(
     "src",
-    ["assert f(g(1)) == 2", "assert f(1) == g(2)", "assert f(x) == 1", "assert set(f(1)) == {1}",
-     "f(1)", "assert f(1) == 1; import os", "assert f(1) > 0", "assert f(a=1) == 1", "assert h(1) == 1",
-     "assert f(1) is 5", "assert f(__import__('os')) == 1", "def x(:"],
+    [
+        "assert f(g(1)) == 2",
+        "assert f(1) == g(2)",
+        "assert f(x) == 1",
+        "assert set(f(1)) == {1}",
+        "f(1)",
+        "assert f(1) == 1; import os",
+        "assert f(1) > 0",
+        "assert f(a=1) == 1",
+        "assert h(1) == 1",
+        "assert f(1) is 5",
+        "assert f(__import__('os')) == 1",
+        "def x(:",
+    ],
 )
 def test_unconvertible(src):
     with pytest.raises(UnconvertibleTest):
@@ -77,8 +88,9 @@ def test_untagged_and_size_options():
 
 
 def test_setup_code_and_missing_meta():
-    ex = Example(prompt="", answer="", meta={"tests": ["assert f(4) == 2.0"], "entry_point": "f",
-                                             "setup": "import math"})
+    ex = Example(
+        prompt="", answer="", meta={"tests": ["assert f(4) == 2.0"], "entry_point": "f", "setup": "import math"}
+    )
     assert code_score("```python\ndef f(x):\n    return math.sqrt(x)\n```", ex, CFG) == 1.0
     with pytest.raises(ValueError):
         code_score("```python\n```", Example(prompt="", answer=""), CFG)
@@ -96,8 +108,14 @@ def test_build_code_reward():
 def test_setup_statements_are_not_tests():
     from grpolab.rewards.code import convert_test
 
-    for src in ("import os", "assert True", "assert True, 'prints if it fails'", "x = f(1)", "print(f(2))",
-                "import math\nassert math.pi > 3"):
+    for src in (
+        "import os",
+        "assert True",
+        "assert True, 'prints if it fails'",
+        "x = f(1)",
+        "print(f(2))",
+        "import math\nassert math.pi > 3",
+    ):
         with pytest.raises(UnconvertibleTest, match="not an assertion about f"):
             convert_test(src, "f", allow_assert_tests=True)
     t = convert_test("import math\nassert f(4) == 2.0", "f")
@@ -113,24 +131,46 @@ def test_setup_statements_are_not_tests():
 
 
 def test_stub_scores_zero_on_assert_style_problems():
-    ex = Example(prompt="", answer="", meta={
-        "tests": ["import random\nrng = random.Random(1)\nxs = [rng.randint(0, 9) for _ in range(4)]\n"
-                  "assert f(xs) == sorted(xs)", "assert f([2, 1]) == [1, 2]"],
-        "entry_point": "f", "allow_assert_tests": True})
+    ex = Example(
+        prompt="",
+        answer="",
+        meta={
+            "tests": [
+                "import random\nrng = random.Random(1)\nxs = [rng.randint(0, 9) for _ in range(4)]\n"
+                "assert f(xs) == sorted(xs)",
+                "assert f([2, 1]) == [1, 2]",
+            ],
+            "entry_point": "f",
+            "allow_assert_tests": True,
+        },
+    )
     assert code_score("```python\ndef f(xs):\n    pass\n```", ex, CFG) == 0.0
     assert code_score("```python\ndef f(xs):\n    return sorted(xs)\n```", ex, CFG) == 1.0
 
 
 def test_integer_expected_values_are_graded_exactly_through_the_sandbox():
     """Floats near an int expected value fail: no tolerance (a relative 1e-9 or absolute 1e-12 would pass them)."""
-    big = Example(prompt="", answer="", meta={"entry_point": "add", "tests": [
-        "assert add(100000000000000001, 3) == 100000000000000004",
-        "assert add(1152921504606846976, 1) == 1152921504606846977",
-        "assert add(1, 2) == 3"]})
-    assert code_score("```python\ndef add(a, b):\n    return float(a) + float(b)\n```", big, CFG) == pytest.approx(1 / 3)
+    big = Example(
+        prompt="",
+        answer="",
+        meta={
+            "entry_point": "add",
+            "tests": [
+                "assert add(100000000000000001, 3) == 100000000000000004",
+                "assert add(1152921504606846976, 1) == 1152921504606846977",
+                "assert add(1, 2) == 3",
+            ],
+        },
+    )
+    assert code_score("```python\ndef add(a, b):\n    return float(a) + float(b)\n```", big, CFG) == pytest.approx(
+        1 / 3
+    )
     assert code_score("```python\ndef add(a, b):\n    return a + b\n```", big, CFG) == 1.0
-    fact = Example(prompt="", answer="", meta={"entry_point": "fact", "tests": [
-        "assert fact(23) == 25852016738884976640000", "assert fact(5) == 120"]})
+    fact = Example(
+        prompt="",
+        answer="",
+        meta={"entry_point": "fact", "tests": ["assert fact(23) == 25852016738884976640000", "assert fact(5) == 120"]},
+    )
     gamma = "```python\nimport math\ndef fact(n):\n    return math.gamma(n + 1)\n```"
     assert code_score(gamma, fact, CFG) == pytest.approx(0.5)  # 5! is exactly 120.0: that one passes
     assert code_score("```python\nimport math\ndef fact(n):\n    return math.factorial(n)\n```", fact, CFG) == 1.0
@@ -138,6 +178,12 @@ def test_integer_expected_values_are_graded_exactly_through_the_sandbox():
     assert code_score("```python\ndef f(x):\n    return 1e-13 * x\n```", zero, CFG) == pytest.approx(0.5)
     assert code_score("```python\ndef f(x):\n    return 0.0 * x\n```", zero, CFG) == 1.0  # 0.0 == 0 exactly
     # a float expected value keeps its tolerance, and an explicit tolerance is the test's own
-    tol = Example(prompt="", answer="", meta={"entry_point": "f", "tests": [
-        "assert f(3) == 0.3", "assert abs(f(3) - 0) < 1e-9", "assert math.isclose(f(10), 1)"]})
+    tol = Example(
+        prompt="",
+        answer="",
+        meta={
+            "entry_point": "f",
+            "tests": ["assert f(3) == 0.3", "assert abs(f(3) - 0) < 1e-9", "assert math.isclose(f(10), 1)"],
+        },
+    )
     assert code_score("```python\ndef f(x):\n    return 0.1 * x\n```", tol, CFG) == pytest.approx(2 / 3)

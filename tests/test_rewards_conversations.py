@@ -14,13 +14,7 @@ import pytest
 import torch
 
 from grpolab.batch import Example, Rollout
-from grpolab.rewards import (
-    REWARDS,
-    RewardFn,
-    as_factory,
-    build_rewards,
-    score_completions,
-)
+from grpolab.rewards import REWARDS, RewardFn, as_factory, build_rewards, score_completions
 from grpolab.training import step
 
 MATH = Example(prompt="What is 2+2?", answer="4", meta={"task": "math"}, id="m")
@@ -109,12 +103,16 @@ def test_all_none_and_a_none_that_is_not_a_list(monkeypatch):
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 2}}</tool_call>'
 CONVERSATIONS = [
-    [{"role": "assistant", "content": CALL},
-     {"role": "tool", "name": "add", "content": "4"},
-     {"role": "assistant", "content": "The answer is 4."}],
-    [{"role": "assistant", "content": "The answer is 5."},
-     {"role": "user", "content": "That is not right. Try again."},
-     {"role": "assistant", "content": "The answer is 4."}],
+    [
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "name": "add", "content": "4"},
+        {"role": "assistant", "content": "The answer is 4."},
+    ],
+    [
+        {"role": "assistant", "content": "The answer is 5."},
+        {"role": "user", "content": "That is not right. Try again."},
+        {"role": "assistant", "content": "The answer is 4."},
+    ],
     [{"role": "assistant", "content": "The answer is 3."}],
 ]
 
@@ -122,17 +120,27 @@ CONVERSATIONS = [
 def hand_rollout(conversations, G: int) -> Rollout:
     """A Rollout built by hand: N rows of 2 prompt and 4 completion tokens; texts = the last model turns."""
     N = len(conversations)
-    return Rollout(prompt_ids=torch.ones(N, 2, dtype=torch.long), prompt_mask=torch.ones(N, 2, dtype=torch.long),
-                   completion_ids=torch.ones(N, 4, dtype=torch.long), completion_mask=torch.ones(N, 4),
-                   sample_logp=torch.zeros(N, 4), truncated=torch.zeros(N, dtype=torch.bool),
-                   texts=[c[-1]["content"] for c in conversations], G=G,
-                   env_mask=torch.zeros(N, 4), conversations=conversations)
+    return Rollout(
+        prompt_ids=torch.ones(N, 2, dtype=torch.long),
+        prompt_mask=torch.ones(N, 2, dtype=torch.long),
+        completion_ids=torch.ones(N, 4, dtype=torch.long),
+        completion_mask=torch.ones(N, 4),
+        sample_logp=torch.zeros(N, 4),
+        truncated=torch.zeros(N, dtype=torch.bool),
+        texts=[c[-1]["content"] for c in conversations],
+        G=G,
+        env_mask=torch.zeros(N, 4),
+        conversations=conversations,
+    )
 
 
 def run_like(fns: list[RewardFn]):
     """What step.score reads of a Run."""
-    return SimpleNamespace(reward_fns=fns, trainer_state=None,
-                           cfg=SimpleNamespace(reward_timeout_s=10.0, reward_workers=2, reward_thread="workers"))
+    return SimpleNamespace(
+        reward_fns=fns,
+        trainer_state=None,
+        cfg=SimpleNamespace(reward_timeout_s=10.0, reward_workers=2, reward_thread="workers"),
+    )
 
 
 def test_a_multi_turn_conversation_reaches_trl_form_functions(monkeypatch):
@@ -227,11 +235,10 @@ def words(completions, **kwargs):
     return ["1.0"] * len(completions)
 
 
-@pytest.mark.parametrize("fn,errors,message", [
-    (bad, 3, "returned NaN"),
-    (short, 3, "returned 2 scores for 3 completions"),
-    (words, 3, "returned a str"),
-])
+@pytest.mark.parametrize(
+    "fn,errors,message",
+    [(bad, 3, "returned NaN"), (short, 3, "returned 2 scores for 3 completions"), (words, 3, "returned a str")],
+)
 def test_nan_inf_wrong_length_and_non_numbers_stay_errors_with_conversations(monkeypatch, fn, errors, message):
     (rf,) = trl_rewards(monkeypatch, (fn, 1.0))
     s = step.score(run_like([rf]), hand_rollout(CONVERSATIONS, G=3), [MATH])
@@ -251,8 +258,9 @@ def test_trl_none_rule_is_still_the_one_we_follow():
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("trl is not installed")
     source = (Path(next(iter(spec.submodule_search_locations))) / "trainer" / "grpo_trainer.py").read_text()
-    assert "output_reward_func = [reward if reward is not None else torch.nan for reward in output_reward_func]" \
-        in source
+    assert (
+        "output_reward_func = [reward if reward is not None else torch.nan for reward in output_reward_func]" in source
+    )
     assert "(rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)" in source
     assert "mean_rewards = torch.nanmean(rewards_per_func[:, i]).item()" in source
     assert "completions[idx_with_tool].append(tool_message)" in source  # tool messages are in the completion

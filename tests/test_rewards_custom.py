@@ -11,19 +11,17 @@ import threading
 import pytest
 
 from grpolab.batch import Example
-from grpolab.rewards import (
-    REWARDS,
-    RewardFn,
-    as_factory,
-    build_rewards,
-    score_completions,
-)
+from grpolab.rewards import REWARDS, RewardFn, as_factory, build_rewards, score_completions
 from grpolab.util.fields import ConfigError
 
 EX_A = Example(prompt="What is 2+2?", answer="4", meta={"level": 1, "source": "a"}, id="a")
 EX_B = Example(prompt="What is 3+3?", answer="6", meta={"level": 2, "source": "b"}, id="b")
-CHAT = Example(prompt=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
-               answer="4", meta={"solution": "4"}, id="c")
+CHAT = Example(
+    prompt=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    answer="4",
+    meta={"solution": "4"},
+    id="c",
+)
 
 TRL_FILE = '''
 calls = []
@@ -88,13 +86,19 @@ def test_trl_function_by_file_gets_completions_prompts_and_columns(reward_file):
     assert s.metrics["reward/exact/mean"] == 0.5 and s.metrics["reward/errors"] == 0
     import sys
 
-    calls = next(m for n, m in sys.modules.items() if n.startswith("grpolab_user_rewards_")
-                 and hasattr(m, "exact")).calls
+    calls = next(
+        m for n, m in sys.modules.items() if n.startswith("grpolab_user_rewards_") and hasattr(m, "exact")
+    ).calls
     # one call per group of completions sharing a prompt, with TRL's keyword arguments
     assert sorted(c["prompts"][0] for c in calls[-2:]) == [EX_A.prompt, EX_B.prompt]
     call_a = next(c for c in calls[-2:] if c["prompts"][0] == EX_A.prompt)
-    assert call_a == {"completions": ["so 4", "5"], "prompts": [EX_A.prompt] * 2, "answer": ["4", "4"],
-                      "level": [1, 1], "extra": ["log_extra", "log_metric", "source"]}
+    assert call_a == {
+        "completions": ["so 4", "5"],
+        "prompts": [EX_A.prompt] * 2,
+        "answer": ["4", "4"],
+        "level": [1, 1],
+        "extra": ["log_extra", "log_metric", "source"],
+    }
 
 
 def test_chat_prompts_give_chat_completions(reward_file):
@@ -128,22 +132,27 @@ def test_import_path(tmp_path, monkeypatch):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "rewards.py").write_text(textwrap.dedent('''
+    (pkg / "rewards.py").write_text(
+        textwrap.dedent("""
         def my_fn(completions, **kwargs):
             return [float(len(c) > 2) for c in completions]
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     (rf,) = build_rewards([{"name": "mypkg.rewards:my_fn", "weight": 2.0}])
     s = score_completions([rf], ["abc", "a"], [EX_A, EX_A])
     assert rf.name == "my_fn" and s.per_fn["my_fn"] == [1.0, 0.0] and s.total == [2.0, 0.0]
 
 
-@pytest.mark.parametrize("name,message", [
-    ("nosuchpkg_xyz.rewards:fn", "cannot import module 'nosuchpkg_xyz.rewards'"),
-    ("grpolab.rewards.format:no_such", r"has no 'no_such'; its functions: .*make_format"),
-    ("/nonexistent/rewards.py:fn", "reward file not found: /nonexistent/rewards.py"),
-    ("json:", "expected 'package.module:function'"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("nosuchpkg_xyz.rewards:fn", "cannot import module 'nosuchpkg_xyz.rewards'"),
+        ("grpolab.rewards.format:no_such", r"has no 'no_such'; its functions: .*make_format"),
+        ("/nonexistent/rewards.py:fn", "reward file not found: /nonexistent/rewards.py"),
+        ("json:", "expected 'package.module:function'"),
+    ],
+)
 def test_bad_references_are_config_errors(name, message):
     with pytest.raises(ConfigError, match=r"rewards\[0\].*" + message):
         build_rewards([{"name": name}])
@@ -172,7 +181,7 @@ def test_non_finite_and_non_numbers_are_errors_and_none_is_left_out(reward_file,
     assert got[-1] == 0.5
     assert got[3] == 0.0 and s.none == {"bad_values": [3]}  # TRL form: None does not apply, not an error
     for x in got[:3] + got[4:-1]:
-        assert (math.isnan(x) if math.isnan(fail) else x == fail)
+        assert math.isnan(x) if math.isnan(fail) else x == fail
     assert s.metrics["reward/errors"] == 5 and s.metrics["reward/timeouts"] == 0
     assert s.metrics["reward/none"] == 1 and s.metrics["reward/bad_values/none"] == 1
     assert all(math.isfinite(t) for t in s.total) == (on_error == "zero")
@@ -186,8 +195,12 @@ def test_non_finite_and_non_numbers_are_errors_and_none_is_left_out(reward_file,
 
 
 def test_per_sample_nan_inf_and_none_are_errors():
-    fns = [RewardFn("nan_fn", 1.0, lambda c, ex: float("nan")), RewardFn("inf_fn", 1.0, lambda c, ex: math.inf),
-           RewardFn("none_fn", 1.0, lambda c, ex: None), RewardFn("fine", 1.0, lambda c, ex: 1.0)]
+    fns = [
+        RewardFn("nan_fn", 1.0, lambda c, ex: float("nan")),
+        RewardFn("inf_fn", 1.0, lambda c, ex: math.inf),
+        RewardFn("none_fn", 1.0, lambda c, ex: None),
+        RewardFn("fine", 1.0, lambda c, ex: 1.0),
+    ]
     s = score_completions(fns, ["a", "b"], [EX_A, EX_A])
     assert s.per_fn == {"nan_fn": [0.0, 0.0], "inf_fn": [0.0, 0.0], "none_fn": [0.0, 0.0], "fine": [1.0, 1.0]}
     assert s.total == [1.0, 1.0] and s.metrics["reward/errors"] == 6
@@ -197,8 +210,10 @@ def test_per_sample_nan_inf_and_none_are_errors():
     assert any("'none_fn' returned None" in m for m in s.messages)
 
 
-@pytest.mark.parametrize("fn,message", [("short", "returned 1 scores for 2 completions"),
-                                        ("not_a_list", "returned a float, not a list of 2 scores")])
+@pytest.mark.parametrize(
+    "fn,message",
+    [("short", "returned 1 scores for 2 completions"), ("not_a_list", "returned a float, not a list of 2 scores")],
+)
 def test_wrong_length_is_an_error_for_the_whole_call(reward_file, fn, message):
     s = score_completions([one(reward_file, fn)], ["a", "b", "c", "d"], [EX_A, EX_A, EX_B, EX_B])
     assert s.per_fn[fn] == [0.0] * 4 and s.metrics["reward/errors"] == 4
@@ -235,6 +250,7 @@ def test_registered_factory_may_return_the_trl_form():
     def factory(threshold: int = 1):
         def long_enough(completions, **kwargs):
             return [float(len(c) > threshold) for c in completions]
+
         return long_enough
 
     REWARDS["long_test"] = factory
@@ -264,9 +280,23 @@ def test_cli_trains_two_steps_with_a_reward_named_by_file(tiny_model_dir, tmp_pa
     path = tmp_path / "rewards.py"
     path.write_text(CLI_REWARD)
     out = tmp_path / "run"
-    rc = main(["train", f"model={tiny_model_dir}", f"out={out}", "steps=2", "batch_size=8", "G=4",
-               "max_new_tokens=8", "micro_batch=4", "eval_size=2", "progress=false", "tensorboard=false",
-               "save_every=0", f'rewards=[{{name: "{path}:varied"}}, {{name: "{path}:broken", weight: 0.5}}]'])
+    rc = main(
+        [
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            "steps=2",
+            "batch_size=8",
+            "G=4",
+            "max_new_tokens=8",
+            "micro_batch=4",
+            "eval_size=2",
+            "progress=false",
+            "tensorboard=false",
+            "save_every=0",
+            f'rewards=[{{name: "{path}:varied"}}, {{name: "{path}:broken", weight: 0.5}}]',
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     metrics = read_jsonl(out / "metrics.jsonl", strict=True)
     assert [m["step"] for m in metrics] == [1, 2]
@@ -295,8 +325,12 @@ def test_docs_sandboxed_code_reward_runs_as_written(tmp_path):
     path.write_text(block)
     (rf,) = build_rewards([{"name": f"{path}:tests_passed"}])
     assert not rf.batch and rf.fn.max_concurrency >= 1
-    ex = Example(prompt="Write add(a, b).", answer="", id="m1",
-                 meta={"entry_point": "add", "test_list": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]})
+    ex = Example(
+        prompt="Write add(a, b).",
+        answer="",
+        id="m1",
+        meta={"entry_point": "add", "test_list": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]},
+    )
     good = "```python\ndef add(a, b):\n    return a + b\n```"
     half = "```python\ndef add(a, b):\n    return 3\n```"
     s = score_completions([rf], [good, half, "no code"], [ex] * 3, timeout_s=30)
@@ -311,7 +345,7 @@ def test_docs_trl_examples_and_factory_run_as_written():
     ns2: dict = {}
     exec(blocks[1], ns2)  # per-sample form
     assert ns2["exact_answer"]("so 4", EX_A) == 1.0
-    (factory_block,) = [b for b in blocks if "REWARDS[\"brevity\"]" in b]
+    (factory_block,) = [b for b in blocks if 'REWARDS["brevity"]' in b]
     before = dict(REWARDS)
     try:
         exec(factory_block, {})

@@ -159,6 +159,7 @@ def test_workers_restart_after_shutdown():
 
 # ---------------------------------------------------------------- decimals and fractions are exact
 
+
 @pytest.mark.parametrize(
     "answer,gold,expected",
     [

@@ -55,12 +55,14 @@ def test_weighted_total_and_metrics():
 def test_batch_none_adds_nothing_and_per_sample_none_is_an_error():
     """RewardFn.batch (TRL form): None leaves the completion out; per-sample form: None is an error.
 
-        completion   batch (w 2)   per-sample (w 1)   total
-        0            0.5           1.0                2*0.5 + 1 = 2.0
-        1            None          None -> error, 0   0.0
+    completion   batch (w 2)   per-sample (w 1)   total
+    0            0.5           1.0                2*0.5 + 1 = 2.0
+    1            None          None -> error, 0   0.0
     """
-    fns = [RewardFn("b", 2.0, lambda cs, exs: [0.5, None], batch=True),
-           RewardFn("p", 1.0, lambda c, ex: 1.0 if c == "x" else None)]
+    fns = [
+        RewardFn("b", 2.0, lambda cs, exs: [0.5, None], batch=True),
+        RewardFn("p", 1.0, lambda c, ex: 1.0 if c == "x" else None),
+    ]
     s = score_completions(fns, ["x", "y"], [EX, EX])
     assert s.total == [2.0, 0.0] and s.per_fn == {"b": [0.5, 0.0], "p": [1.0, 0.0]}
     assert s.metrics["reward/b/mean"] == 0.5 and s.metrics["reward/p/mean"] == 0.5
@@ -110,8 +112,7 @@ def test_stuck_calls_do_not_block_the_batch():
         return 1.0
 
     t = time.monotonic()
-    s = score_completions([RewardFn("s", 1.0, stuck)], ["stuck"] * 2 + ["ok"] * 6, [EX] * 8,
-                          timeout_s=0.3, workers=2)
+    s = score_completions([RewardFn("s", 1.0, stuck)], ["stuck"] * 2 + ["ok"] * 6, [EX] * 8, timeout_s=0.3, workers=2)
     gate.set()
     assert time.monotonic() - t < 1.5
     assert s.per_fn["s"] == [0.0, 0.0] + [1.0] * 6

@@ -8,11 +8,7 @@ import pytest
 
 from grpolab.batch import Example
 from grpolab.rewards import build_rewards
-from grpolab.rewards.tool_call import (
-    StrictJSONError,
-    strict_json_loads,
-    tool_call_score,
-)
+from grpolab.rewards.tool_call import StrictJSONError, strict_json_loads, tool_call_score
 from grpolab.rewards.tools import (
     TOOL_SPECS,
     ToolError,
@@ -25,8 +21,15 @@ from grpolab.rewards.tools import (
 )
 from grpolab.util.fields import ConfigError
 
-EX = Example(prompt="", answer="", meta={"tools": [TOOL_SPECS["calculator"], TOOL_SPECS["date_add"]],
-                                          "expected_tool": "calculator", "expected_result": 409.5})
+EX = Example(
+    prompt="",
+    answer="",
+    meta={
+        "tools": [TOOL_SPECS["calculator"], TOOL_SPECS["date_add"]],
+        "expected_tool": "calculator",
+        "expected_result": 409.5,
+    },
+)
 
 
 def call(name, args) -> str:
@@ -60,8 +63,17 @@ def test_other_tools():
 
 def test_strict_json():
     assert strict_json_loads('{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
-    for bad in ('{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}', '{"a": 1, "a": 2}', '{"a": 1234567890123456789}',
-                "[" * 20 + "]" * 20, "{'a': 1}", '{"a": 1,}', "x" * 5000):
+    for bad in (
+        '{"a": NaN}',
+        '{"a": -Infinity}',
+        '{"a": 1e400}',
+        '{"a": 1, "a": 2}',
+        '{"a": 1234567890123456789}',
+        "[" * 20 + "]" * 20,
+        "{'a': 1}",
+        '{"a": 1,}',
+        "x" * 5000,
+    ):
         with pytest.raises(StrictJSONError):
             strict_json_loads(bad)
 
@@ -94,8 +106,15 @@ def test_partial_credit_stages():
 
 
 def test_expected_arguments_mode():
-    spec = {"name": "lookup", "parameters": {"type": "object", "properties": {"id": {"type": "integer"}},
-                                              "required": ["id"], "additionalProperties": False}}
+    spec = {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}},
+            "required": ["id"],
+            "additionalProperties": False,
+        },
+    }
     ex = Example(prompt="", answer="", meta={"tools": [spec], "expected_arguments": {"id": 7}})
     assert tool_call_score(call("lookup", {"id": 7}), ex) == 1.0
     assert tool_call_score(call("lookup", {"id": 8}), ex) == 0.0

@@ -39,6 +39,7 @@ def eos_hook(model, eos_id: int, p: float):
     With S = sum of exp(logits) over the other tokens, setting z_eos = log S + log(p / (1 - p)) gives
     softmax(z)_eos = p. The hook also applies inside logprobs.completion_logp (same lm_head module).
     """
+
     def hook(mod, inp, out):
         others = out.clone()
         others[..., eos_id] = float("-inf")
@@ -51,9 +52,15 @@ def eos_hook(model, eos_id: int, p: float):
 
 def hf_greedy(model, tok, ids, max_new_tokens):
     p, pm = left_pad(ids, tok.pad_token_id)
-    out = model.generate(input_ids=p, attention_mask=pm, do_sample=False, max_new_tokens=max_new_tokens,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    return out[:, p.shape[1]:]
+    out = model.generate(
+        input_ids=p,
+        attention_mask=pm,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    return out[:, p.shape[1] :]
 
 
 def check_masks(ro: Rollout, eos: set[int], max_new_tokens: int):
@@ -114,15 +121,16 @@ def test_left_padded_batch_equals_each_prompt_alone(lively_model, tiny_tokenizer
 
 def test_G_copies_per_prompt_grouped_contiguously(lively_model, tiny_tokenizer, prompt_ids):
     G = 3
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids, G=G, max_new_tokens=5,
-                  generator=torch.Generator().manual_seed(0))
+    ro = generate(
+        lively_model, tiny_tokenizer, prompt_ids, G=G, max_new_tokens=5, generator=torch.Generator().manual_seed(0)
+    )
     B = len(prompt_ids)
     assert ro.G == G and ro.completion_ids.shape[0] == B * G and len(ro.texts) == B * G
     P = ro.prompt_ids.shape[1]
     for b, ids in enumerate(prompt_ids[:3]):
         for j in range(G):
             row = b * G + j
-            assert ro.prompt_ids[row, P - len(ids):].tolist() == ids
+            assert ro.prompt_ids[row, P - len(ids) :].tolist() == ids
             assert ro.prompt_mask[row].sum() == len(ids)
     # samples within a group differ (the groups are not G copies of one sample)
     first = ro.completion_ids[:G]
@@ -146,12 +154,20 @@ def test_sample_logp_equals_recomputed_logp(lively_model, tiny_tokenizer, prompt
     one full fp32 pass by logprobs.completion_logp (this checks the KV cache, padding and positions)."""
     eos = tiny_tokenizer.eos_token_id
     eos_hook(lively_model, eos, 0.1)  # some rows finish early and leave the batch
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids[:3], G=4, max_new_tokens=8, temperature=temperature,
-                  generator=torch.Generator().manual_seed(1))
+    ro = generate(
+        lively_model,
+        tiny_tokenizer,
+        prompt_ids[:3],
+        G=4,
+        max_new_tokens=8,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert ro.truncated.any() and (~ro.truncated).any()
     with torch.no_grad():
-        lp, _ = completion_logp(lively_model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids,
-                                ro.completion_mask, temperature=temperature)
+        lp, _ = completion_logp(
+            lively_model, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask, temperature=temperature
+        )
     m = ro.completion_mask.bool()
     assert torch.allclose(ro.sample_logp[m], lp[m], atol=1e-4), (ro.sample_logp[m] - lp[m]).abs().max()
     check_masks(ro, {eos}, 8)
@@ -163,8 +179,9 @@ def test_sample_logp_equals_recomputed_logp(lively_model, tiny_tokenizer, prompt
 def test_completion_mask_ends_at_eos_and_truncation_flags(lively_model, tiny_tokenizer, prompt_ids):
     eos = tiny_tokenizer.eos_token_id
     eos_hook(lively_model, eos, 0.2)
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids, G=4, max_new_tokens=6,
-                  generator=torch.Generator().manual_seed(0))
+    ro = generate(
+        lively_model, tiny_tokenizer, prompt_ids, G=4, max_new_tokens=6, generator=torch.Generator().manual_seed(0)
+    )
     check_masks(ro, {eos}, 6)
     n_trunc = int(ro.truncated.sum())
     assert 0 < n_trunc < len(ro.truncated)  # both kinds present (P(no EOS in 6) = 0.8^6 = 0.26)
@@ -179,8 +196,9 @@ def test_completion_mask_ends_at_eos_and_truncation_flags(lively_model, tiny_tok
 def test_every_row_ends_at_once(lively_model, tiny_tokenizer, prompt_ids):
     eos = tiny_tokenizer.eos_token_id
     eos_hook(lively_model, eos, 1 - 1e-9)
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids, G=2, max_new_tokens=8,
-                  generator=torch.Generator().manual_seed(0))
+    ro = generate(
+        lively_model, tiny_tokenizer, prompt_ids, G=2, max_new_tokens=8, generator=torch.Generator().manual_seed(0)
+    )
     assert ro.completion_ids.shape == (2 * len(PROMPTS), 1)
     assert (ro.completion_ids == eos).all() and (ro.completion_mask == 1).all()
     assert not ro.truncated.any()
@@ -190,23 +208,32 @@ def test_every_row_ends_at_once(lively_model, tiny_tokenizer, prompt_ids):
 def test_extra_eos_ids_end_completions(lively_model, tiny_tokenizer, prompt_ids):
     """Any id in eos_ids ends a row: make token 198 ('\\n') the stop token."""
     eos_hook(lively_model, 198, 0.2)
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids[:3], G=3, max_new_tokens=6,
-                  generator=torch.Generator().manual_seed(0), eos_ids={tiny_tokenizer.eos_token_id, 198})
+    ro = generate(
+        lively_model,
+        tiny_tokenizer,
+        prompt_ids[:3],
+        G=3,
+        max_new_tokens=6,
+        generator=torch.Generator().manual_seed(0),
+        eos_ids={tiny_tokenizer.eos_token_id, 198},
+    )
     assert (~ro.truncated).any()
     check_masks(ro, {tiny_tokenizer.eos_token_id, 198}, 6)
 
 
 def test_max_new_tokens_one(lively_model, tiny_tokenizer, prompt_ids):
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids, G=2, max_new_tokens=1,
-                  generator=torch.Generator().manual_seed(0))
+    ro = generate(
+        lively_model, tiny_tokenizer, prompt_ids, G=2, max_new_tokens=1, generator=torch.Generator().manual_seed(0)
+    )
     assert ro.completion_ids.shape == (2 * len(PROMPTS), 1)
     check_masks(ro, {tiny_tokenizer.eos_token_id}, 1)
 
 
 def test_generate_restores_training_mode_and_builds_no_graph(lively_model, tiny_tokenizer, prompt_ids):
     lively_model.train()
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids[:2], G=2, max_new_tokens=3,
-                  generator=torch.Generator().manual_seed(0))
+    ro = generate(
+        lively_model, tiny_tokenizer, prompt_ids[:2], G=2, max_new_tokens=3, generator=torch.Generator().manual_seed(0)
+    )
     assert lively_model.training
     assert not ro.sample_logp.requires_grad
     assert ro.completion_ids.dtype == torch.long and ro.completion_mask.dtype == torch.float32
@@ -218,8 +245,16 @@ def test_generate_restores_training_mode_and_builds_no_graph(lively_model, tiny_
 
 def test_seeded_generator_is_deterministic(lively_model, tiny_tokenizer, prompt_ids):
     def run(seed):
-        return generate(lively_model, tiny_tokenizer, prompt_ids[:3], G=2, max_new_tokens=5, temperature=1.0,
-                        top_p=1.0, generator=torch.Generator().manual_seed(seed))
+        return generate(
+            lively_model,
+            tiny_tokenizer,
+            prompt_ids[:3],
+            G=2,
+            max_new_tokens=5,
+            temperature=1.0,
+            top_p=1.0,
+            generator=torch.Generator().manual_seed(seed),
+        )
 
     a, b, c = run(7), run(7), run(8)
     assert torch.equal(a.completion_ids, b.completion_ids)
@@ -380,8 +415,15 @@ def test_bf16_autocast_rollout(lively_model, tiny_tokenizer, prompt_ids):
     its weights stay fp32, and its log-probs stay close to an fp32 recomputation."""
     eos = tiny_tokenizer.eos_token_id
     eos_hook(lively_model, eos, 0.15)
-    ro = generate(lively_model, tiny_tokenizer, prompt_ids[:3], G=2, max_new_tokens=5,
-                  autocast_dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    ro = generate(
+        lively_model,
+        tiny_tokenizer,
+        prompt_ids[:3],
+        G=2,
+        max_new_tokens=5,
+        autocast_dtype=torch.bfloat16,
+        generator=torch.Generator().manual_seed(0),
+    )
     check_masks(ro, {eos}, 5)
     assert ro.sample_logp.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in lively_model.parameters())

@@ -99,9 +99,9 @@ def test_atomic_write_uses_an_unpredictable_exclusive_temporary_name(tmp_path, v
 
     monkeypatch.setattr(os, "replace", spy)
     atomic_write(target, "{}\n")
-    atomic_write(target, "{\"a\": 1}\n")
+    atomic_write(target, '{"a": 1}\n')
     assert v.read_text() == "precious\n"
-    assert target.read_text() == "{\"a\": 1}\n" and not target.is_symlink()
+    assert target.read_text() == '{"a": 1}\n' and not target.is_symlink()
     assert len(set(names)) == 2 and all(n.startswith(".tmp-summary.json.") for n in names)
     mask = os.umask(0)
     os.umask(mask)
@@ -109,10 +109,15 @@ def test_atomic_write_uses_an_unpredictable_exclusive_temporary_name(tmp_path, v
 
 
 def _cli(args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "grpolab.app.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "grpolab.app.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.parametrize("text", ["- 1\n", "steps: [1\n", b"steps: \xff\xfe\n", "just a string\n"])
@@ -127,8 +132,19 @@ def test_resume_of_a_tampered_config_is_a_usage_error(tmp_path, text):
 
 def test_out_that_cannot_be_created_or_holds_links_is_a_usage_error(tmp_path, tiny_model_dir, victim):
     v, _ = victim
-    res = _cli(["train", f"model={tiny_model_dir}", "steps=1", "G=2", "batch_size=2", "max_new_tokens=4",
-                "eval_size=0", "out=/proc/grpolab-no-such-dir"], tmp_path)
+    res = _cli(
+        [
+            "train",
+            f"model={tiny_model_dir}",
+            "steps=1",
+            "G=2",
+            "batch_size=2",
+            "max_new_tokens=4",
+            "eval_size=0",
+            "out=/proc/grpolab-no-such-dir",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 2, (res.stdout[-1000:], res.stderr[-2000:])
     assert "cannot create /proc/grpolab-no-such-dir" in res.stderr and "Traceback" not in res.stderr
     out = tmp_path / "prepared"

@@ -13,16 +13,7 @@ import time
 import pytest
 
 from grpolab import sandbox as sb
-from grpolab.sandbox import (
-    SandboxConfig,
-    TestCase,
-    channel,
-    grading,
-    isolation,
-    literal_test,
-    run_many,
-    run_tests,
-)
+from grpolab.sandbox import SandboxConfig, TestCase, channel, grading, isolation, literal_test, run_many, run_tests
 from grpolab.util.fields import ConfigError
 from grpolab.util.values import plain_equal
 
@@ -33,8 +24,24 @@ FAST = SandboxConfig(timeout_s=3.0)
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, 0, -7, 2**80, -(2**200), 1.5, float("inf"), "h\u00e9", b"\x00\xff", 1 + 2j,
-     [1, [2, (3,)]], (1, "a"), {1, 2}, frozenset({"x"}), {"a": [1], 2: (None,)}],
+    [
+        None,
+        True,
+        0,
+        -7,
+        2**80,
+        -(2**200),
+        1.5,
+        float("inf"),
+        "h\u00e9",
+        b"\x00\xff",
+        1 + 2j,
+        [1, [2, (3,)]],
+        (1, "a"),
+        {1, 2},
+        frozenset({"x"}),
+        {"a": [1], 2: (None,)},
+    ],
 )
 def test_plain_roundtrip(value):
     enc = json.loads(json.dumps(channel._plain(value)))
@@ -192,10 +199,14 @@ def test_plain_equal_never_raises_on_huge_or_overflowing_numbers():
 
 
 def test_numeric_edge_cases_fail_only_their_own_test():
-    tests = [literal_test("f(1)", "1"), literal_test("f(2)", "2.5"), literal_test("f(3)", "3"),
-             TestCase("call", fn="f", args=(4,), expected=1.5, tol=1e-6), TestCase("call", fn="f", args=(5,), expected=10**5000)]
-    code = ("def f(x):\n"
-            "    return {1: 1, 2: 10**5000, 3: 3, 4: 10**400, 5: 10**5000}[x]\n")
+    tests = [
+        literal_test("f(1)", "1"),
+        literal_test("f(2)", "2.5"),
+        literal_test("f(3)", "3"),
+        TestCase("call", fn="f", args=(4,), expected=1.5, tol=1e-6),
+        TestCase("call", fn="f", args=(5,), expected=10**5000),
+    ]
+    code = "def f(x):\n    return {1: 1, 2: 10**5000, 3: 3, 4: 10**400, 5: 10**5000}[x]\n"
     r = run_tests(code, tests, FAST)
     assert r.passed == [True, False, True, False, True], r.details
     assert "bits" in r.details[1]  # a short description, not a 5000-digit (or failing) repr
@@ -208,13 +219,17 @@ def test_numeric_edge_cases_fail_only_their_own_test():
 
 def test_dict_argument_order_and_sets_reach_the_candidate_as_given():
     d = {"b": 1, "a": 2, "c": 3}
-    tests = [TestCase("call", fn="keys", args=(d,), expected=["b", "a", "c"]),
-             TestCase("call", fn="grow", args=({2, 3},), expected=["set", 3]),
-             TestCase("call", fn="grow", args=(frozenset({2}),), expected=["frozenset", 1])]
-    code = ("def keys(d):\n    return list(d)\n"
-            "def grow(s):\n"
-            "    if type(s) is set:\n        s.add(1)\n"
-            "    return [type(s).__name__, len(s)]\n")
+    tests = [
+        TestCase("call", fn="keys", args=(d,), expected=["b", "a", "c"]),
+        TestCase("call", fn="grow", args=({2, 3},), expected=["set", 3]),
+        TestCase("call", fn="grow", args=(frozenset({2}),), expected=["frozenset", 1]),
+    ]
+    code = (
+        "def keys(d):\n    return list(d)\n"
+        "def grow(s):\n"
+        "    if type(s) is set:\n        s.add(1)\n"
+        "    return [type(s).__name__, len(s)]\n"
+    )
     assert run_tests(code, tests, FAST).passed == [True, True, True]
 
 
@@ -238,7 +253,9 @@ def test_decoding_builds_no_hash_table_and_is_budgeted():
     budget = channel.Budget(seconds=0.0)
     with pytest.raises(channel.Tampered):
         channel.decode({"$": "list", "v": list(range(5000))}, budget)
-    passed, details, tampered = grading.grade([literal_test("f()", "[1]")], {0: {"i": 0, "v": {"$": "list", "v": list(range(300_000))}}})
+    passed, details, tampered = grading.grade(
+        [literal_test("f()", "[1]")], {0: {"i": 0, "v": {"$": "list", "v": list(range(300_000))}}}
+    )
     assert tampered and passed == [False]
 
 
@@ -250,18 +267,27 @@ def test_the_candidate_sees_only_the_planned_root():
     if not iso.namespaces:
         pytest.skip(f"no mount namespace on this machine: {iso.describe()}")
     plan = isolation.root_plan(isolation.interpreter())
-    code = ("import os\n"
-            "def walk(skip):\n"
-            "    out = []\n"
-            "    for d, dirs, files in os.walk('/'):\n"
-            "        dirs[:] = [x for x in dirs if os.path.join(d, x) not in skip]\n"
-            "        out += [os.path.join(d, x) for x in dirs + files]\n"
-            "    return sorted(out)\n")
-    r, values = sb._run(code, [TestCase("call", fn="walk", args=(plan["trees"] + plan["masks"],))], FAST, iso,
-                        want_values=True)
+    code = (
+        "import os\n"
+        "def walk(skip):\n"
+        "    out = []\n"
+        "    for d, dirs, files in os.walk('/'):\n"
+        "        dirs[:] = [x for x in dirs if os.path.join(d, x) not in skip]\n"
+        "        out += [os.path.join(d, x) for x in dirs + files]\n"
+        "    return sorted(out)\n"
+    )
+    r, values = sb._run(
+        code, [TestCase("call", fn="walk", args=(plan["trees"] + plan["masks"],))], FAST, iso, want_values=True
+    )
     seen = set(values[0])
-    allowed = set(plan["dirs"]) | set(plan["files"]) | {k for k, _ in plan["links"]} | set(plan["trees"]) \
-        | set(plan["masks"]) | {"/tmp", "/tmp/work"}
+    allowed = (
+        set(plan["dirs"])
+        | set(plan["files"])
+        | {k for k, _ in plan["links"]}
+        | set(plan["trees"])
+        | set(plan["masks"])
+        | {"/tmp", "/tmp/work"}
+    )
     assert seen and seen <= allowed, sorted(seen - allowed)[:20]
     assert not any(p.startswith(("/work", "/proc/", "/home", "/etc", "/sys/")) for p in seen)
     assert any(p.endswith("site-packages") for p in plan["masks"]) or not plan["masks"]
@@ -277,11 +303,18 @@ def test_uid_leases_are_machine_wide_whatever_the_tmpdir(tmp_path):
     # its sweeps killed our candidates).
     mine = sb.slots.Slots(1)
     ours = {sb.slots.SLOTS.uid(0), mine.uid(0)}
-    script = ("import sys; sys.path.insert(0, %r)\n"
-              "from grpolab.sandbox import slots\n"
-              "s = slots.Slots(1)\nprint(s.uid(0), flush=True)\nsys.stdin.read()\n") % (str(sb.__file__).rsplit("/grpolab/", 1)[0],)
-    other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from grpolab.sandbox import slots\n"
+        "s = slots.Slots(1)\nprint(s.uid(0), flush=True)\nsys.stdin.read()\n"
+    ) % (str(sb.__file__).rsplit("/grpolab/", 1)[0],)
+    other = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     try:
         theirs = int(other.stdout.readline())
     finally:
@@ -337,8 +370,9 @@ def test_cgroup_detection(tmp_path):
 
 
 def test_missing_layers_are_said_loudly(monkeypatch, capsys):
-    weak = sb.Isolation(True, False, True, 61000, cgroup=sb.limits.CgroupSupport("", reason="v2 not delegated"),
-                        seccomp=False)
+    weak = sb.Isolation(
+        True, False, True, 61000, cgroup=sb.limits.CgroupSupport("", reason="v2 not delegated"), seccomp=False
+    )
     monkeypatch.setattr(sb, "_probe_result", weak)
     monkeypatch.setattr(sb, "_warned", False)
     assert sb.check_isolation("require") is weak  # full isolation: accepted, but said
@@ -363,8 +397,11 @@ def test_non_root_trainer_gets_a_user_namespace_without_capabilities():
     src = tempfile.mkdtemp(prefix="grpolab-nonroot-", dir="/tmp" if os.path.isdir("/tmp") else None)
     try:
         os.chmod(src, 0o755)
-        shutil.copytree(os.path.dirname(os.path.dirname(os.path.abspath(sb.__file__))), os.path.join(src, "grpolab"),
-                        ignore=shutil.ignore_patterns("__pycache__", "data"))
+        shutil.copytree(
+            os.path.dirname(os.path.dirname(os.path.abspath(sb.__file__))),
+            os.path.join(src, "grpolab"),
+            ignore=shutil.ignore_patterns("__pycache__", "data"),
+        )
         for root, dirs, files in os.walk(src):
             for name in dirs:
                 os.chmod(os.path.join(root, name), 0o755)
@@ -387,10 +424,17 @@ def _non_root_trainer(src: str, setpriv: str, py: str) -> None:
         "               [sb.TestCase('call', fn='f')], sb.SandboxConfig(), iso, want_values=True)\n"
         "noexec = sb._run('import os\\ndef f():\\n    return bool(os.statvfs(\"/tmp\").f_flag & os.ST_NOEXEC)\\n',\n"
         "                 [sb.TestCase('call', fn='f')], sb.SandboxConfig(), iso, want_values=True)[1][0]\n"
-        "print(json.dumps([iso.namespaces, iso.user_ns, good, caps, v[0], noexec]))\n")
-    out = subprocess.run([setpriv, "--reuid=65533", "--regid=65533", "--clear-groups", py, "-c", script],
-                         check=False, capture_output=True, text=True, timeout=120, cwd="/tmp",
-                         env={"PATH": "/usr/bin:/bin"})
+        "print(json.dumps([iso.namespaces, iso.user_ns, good, caps, v[0], noexec]))\n"
+    )
+    out = subprocess.run(
+        [setpriv, "--reuid=65533", "--regid=65533", "--clear-groups", py, "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/tmp",
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     namespaces, user_ns, good, caps, seen, noexec = json.loads(out.stdout.strip().splitlines()[-1])
     if not (namespaces and user_ns):
@@ -405,11 +449,13 @@ def test_python_subprocesses_run_sandboxed_alike():
     iso = sb.probe_isolation()
     if not iso.namespaces:
         pytest.skip(f"no mount namespace on this machine: {iso.describe()}")
-    code = ("import os, subprocess, sys\n"
-            "def f():\n"
-            "    out = subprocess.run([sys.executable, '-c', 'import os; print(os.getuid(), os.path.exists(\"/work\"))'],\n"
-            "                         capture_output=True, text=True)\n"
-            "    return [out.returncode, out.stdout.split(), os.getuid()]\n")
+    code = (
+        "import os, subprocess, sys\n"
+        "def f():\n"
+        "    out = subprocess.run([sys.executable, '-c', 'import os; print(os.getuid(), os.path.exists(\"/work\"))'],\n"
+        "                         capture_output=True, text=True)\n"
+        "    return [out.returncode, out.stdout.split(), os.getuid()]\n"
+    )
     _, values = sb._run(code, [TestCase("call", fn="f")], FAST, iso, want_values=True)
     rc, (child_uid, child_sees_work), uid = values[0]
     assert rc == 0 and int(child_uid) == uid and child_sees_work == "False"
@@ -422,4 +468,6 @@ def test_slot_cgroups_of_dead_trainers_are_removed(tmp_path):
         (tmp_path / f"grpolab-{pid}-slot0").mkdir()
     (tmp_path / "other").mkdir()
     sb.limits._remove_stale(str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"grpolab-{os.getpid()}-slot0", "grpolab-1-slot0", "other"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"grpolab-{os.getpid()}-slot0", "grpolab-1-slot0", "other"]
+    )

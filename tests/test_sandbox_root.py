@@ -32,8 +32,13 @@ def lib_under_tmp():
     world-readable directory under /tmp, as vLLM's LD_PRELOAD of the venv's libraries is in a
     checkout under /tmp."""
     plan = isolation.root_plan(isolation.interpreter())
-    libs = [f for f in plan["files"] if "/lib" in f and ".so" in f and not any(
-        k in os.path.basename(f) for k in ("libc.", "ld-linux", "libm.", "libpython"))]
+    libs = [
+        f
+        for f in plan["files"]
+        if "/lib" in f
+        and ".so" in f
+        and not any(k in os.path.basename(f) for k in ("libc.", "ld-linux", "libm.", "libpython"))
+    ]
     src = next((f for f in libs if "libbz2" in f), libs[0] if libs else None)
     if src is None:
         pytest.skip("no small shared library in the root plan to copy")
@@ -93,14 +98,24 @@ def test_the_root_builds_with_planned_files_under_tmp(monkeypatch):
         plan["mountpoint"] = isolation.root_mountpoint(plan)
         assert plan["mountpoint"] != "/tmp"
         monkeypatch.setattr(sb, "root_plan", lambda exe: plan)
-        code = ("import os\n"
-                f"def read():\n    return open({data!r}).read()\n"
-                "def writable():\n"
-                f"    try:\n        open({data!r}, 'w').write('x')\n        return True\n"
-                "    except OSError:\n        return False\n"
-                "def scratch():\n    open('/tmp/work/s', 'w').write('ok')\n    return open('/tmp/work/s').read()\n")
-        r = sb._run(code, [literal_test("read()", "'planned'"), literal_test("writable()", "False"),
-                           literal_test("scratch()", "'ok'")], FAST, iso)
+        code = (
+            "import os\n"
+            f"def read():\n    return open({data!r}).read()\n"
+            "def writable():\n"
+            f"    try:\n        open({data!r}, 'w').write('x')\n        return True\n"
+            "    except OSError:\n        return False\n"
+            "def scratch():\n    open('/tmp/work/s', 'w').write('ok')\n    return open('/tmp/work/s').read()\n"
+        )
+        r = sb._run(
+            code,
+            [
+                literal_test("read()", "'planned'"),
+                literal_test("writable()", "False"),
+                literal_test("scratch()", "'ok'"),
+            ],
+            FAST,
+            iso,
+        )
         assert r.passed == [True, True, True], (r.details, r.stderr[-2000:])
         with open(data) as f:
             assert f.read() == "planned"

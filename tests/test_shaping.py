@@ -7,13 +7,7 @@ import pytest
 import torch
 
 from grpolab.algo.presets import resolve_algo
-from grpolab.algo.shaping import (
-    informative_groups,
-    kl_token_penalty,
-    overlong_penalty,
-    shape_rewards,
-    terminal_rewards,
-)
+from grpolab.algo.shaping import informative_groups, kl_token_penalty, overlong_penalty, shape_rewards, terminal_rewards
 
 
 def close(a, b, tol=1e-6):
@@ -88,5 +82,12 @@ def test_shape_rewards_without_shaping_is_the_raw_reward():
     shaped = shape_rewards(raw, mask.sum(-1), mask, algo, max_len=4, beta=0.04, ref_logp=torch.zeros(2, 2))
     assert torch.equal(shaped.reward, raw) and shaped.metrics == {}
     with pytest.raises(ValueError, match="policy's log-probs"):
-        shape_rewards(raw, mask.sum(-1), mask, resolve_algo("rloo", {"beta": 0.1}), max_len=4, beta=0.1,
-                      ref_logp=torch.zeros(2, 2))
+        shape_rewards(
+            raw,
+            mask.sum(-1),
+            mask,
+            resolve_algo("rloo", {"beta": 0.1}),
+            max_len=4,
+            beta=0.1,
+            ref_logp=torch.zeros(2, 2),
+        )

@@ -67,7 +67,7 @@ def test_pass_at_k_is_unbiased_by_monte_carlo():
     # the naive plug-in 1 - (1 - c/n)^k is biased low at k > 1: the test would see it
     c = rng.binomial(n, 0.05, draws)
     naive = 1 - (1 - c / n) ** 16
-    assert 1 - 0.95 ** 16 - naive.mean() > 0.05
+    assert 1 - 0.95**16 - naive.mean() > 0.05
 
 
 def test_default_ks():
@@ -79,7 +79,7 @@ def test_default_ks():
 def test_wilson_hand_computed():
     # x=3, m=10, z=1.96: centre (0.3 + 0.19208)/1.38416 = 0.35548; half 1.96/1.38416 * sqrt(0.021 + 0.0096040)
     lo, hi = wilson_interval(3, 10, z=1.96)
-    centre, half = (0.3 + 1.96 ** 2 / 20) / (1 + 1.96 ** 2 / 10), 1.96 / (1 + 1.96 ** 2 / 10) * (0.021 + 1.96 ** 2 / 400) ** 0.5
+    centre, half = (0.3 + 1.96**2 / 20) / (1 + 1.96**2 / 10), 1.96 / (1 + 1.96**2 / 10) * (0.021 + 1.96**2 / 400) ** 0.5
     assert (lo, hi) == pytest.approx((centre - half, centre + half), abs=1e-12)
     assert (lo, hi) == pytest.approx((0.1078, 0.6032), abs=1e-4)
     lo, hi = wilson_interval(0, 20)
@@ -140,7 +140,7 @@ def test_paired_comparison_sees_a_real_change():
     """40 of 50 prompts gained, none lost: beyond noise, and the sentence says so."""
     before, after = np.zeros(50), np.r_[np.ones(40), np.zeros(10)]
     cmp = paired_comparison(before, after)
-    assert cmp["beyond_noise"] and cmp["mcnemar_p"] == pytest.approx(2 * 0.5 ** 40)
+    assert cmp["beyond_noise"] and cmp["mcnemar_p"] == pytest.approx(2 * 0.5**40)
     assert 0.65 < cmp["ci"][0] < 0.8 < cmp["ci"][1] < 0.92
     text = describe_change("pass@1", cmp)
     assert text.startswith("pass@1 0.0% -> 80.0%: +80.0 points (95% CI +") and "beyond noise" in text

@@ -34,10 +34,16 @@ def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_toke
     seen = []
     monkeypatch.setattr(native_mod, "generate", lambda *a, **k: seen.append(k["generator"]) or SimpleNamespace())
     engine = NativeEngine(None, tiny_tokenizer, device=torch.device("cuda"), dtype=None, decoder="auto", eos_ids={0})
-    cfg = SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
-                          generation_kwargs={})
-    run = SimpleNamespace(policy=None, tokenizer=tiny_tokenizer, task=SimpleNamespace(system_prompt=None), engine=engine,
-                          sampling=lambda greedy=False: step_mod.Run.sampling(SimpleNamespace(cfg=cfg), greedy))
+    cfg = SimpleNamespace(
+        max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, generation_kwargs={}
+    )
+    run = SimpleNamespace(
+        policy=None,
+        tokenizer=tiny_tokenizer,
+        task=SimpleNamespace(system_prompt=None),
+        engine=engine,
+        sampling=lambda greedy=False: step_mod.Run.sampling(SimpleNamespace(cfg=cfg), greedy),
+    )
     gen = torch.Generator()
     examples = [SimpleNamespace(prompt="1+1?")]
     step_mod.rollout_examples(run, examples, G=2, generator=gen)
@@ -48,11 +54,22 @@ def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_toke
 def toy_batch() -> Batch:
     """Two groups of G = 2: completions of lengths 2, 1 | 3, 3."""
     mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
-    rollout = Rollout(prompt_ids=torch.ones(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.long),
-                      completion_ids=torch.arange(12).view(4, 3), completion_mask=mask, sample_logp=-mask,
-                      truncated=torch.tensor([False, False, True, True]), texts=["a", "b", "c", "d"], G=2)
-    return Batch([SimpleNamespace(id=f"p{i}", prompt=f"q{i}", answer=str(i)) for i in range(2)], rollout, torch.tensor([1.0, 0.0, 0.5, 0.5]),
-                 {"math": [1.0, 0.0, 0.5, 0.5]})
+    rollout = Rollout(
+        prompt_ids=torch.ones(4, 2, dtype=torch.long),
+        prompt_mask=torch.ones(4, 2, dtype=torch.long),
+        completion_ids=torch.arange(12).view(4, 3),
+        completion_mask=mask,
+        sample_logp=-mask,
+        truncated=torch.tensor([False, False, True, True]),
+        texts=["a", "b", "c", "d"],
+        G=2,
+    )
+    return Batch(
+        [SimpleNamespace(id=f"p{i}", prompt=f"q{i}", answer=str(i)) for i in range(2)],
+        rollout,
+        torch.tensor([1.0, 0.0, 0.5, 0.5]),
+        {"math": [1.0, 0.0, 0.5, 0.5]},
+    )
 
 
 def test_batch_keeps_whole_groups():
@@ -91,10 +108,26 @@ def test_the_run_hands_its_passes_a_spec_and_names_its_ranks_and_main_reward():
     from grpolab.training.run import Run, main_reward
 
     cfg = build_config(None, ["temperature=0.7", "micro_batch=4"])
-    fns = [SimpleNamespace(name="format", weight=0.5), SimpleNamespace(name="math", weight=1.0),
-           SimpleNamespace(name="other", weight=1.0)]
-    run = Run(cfg=cfg, out=None, device=torch.device("cpu"), amp_dtype=torch.bfloat16, tokenizer=None, policy=None,
-              optimizer=None, scheduler=None, task=None, reward_fns=fns, eos_ids=set(), advantage=None, kl=None)
+    fns = [
+        SimpleNamespace(name="format", weight=0.5),
+        SimpleNamespace(name="math", weight=1.0),
+        SimpleNamespace(name="other", weight=1.0),
+    ]
+    run = Run(
+        cfg=cfg,
+        out=None,
+        device=torch.device("cpu"),
+        amp_dtype=torch.bfloat16,
+        tokenizer=None,
+        policy=None,
+        optimizer=None,
+        scheduler=None,
+        task=None,
+        reward_fns=fns,
+        eos_ids=set(),
+        advantage=None,
+        kl=None,
+    )
     assert run.pass_spec() == PassSpec(torch.device("cpu"), torch.bfloat16, 0.7, 4)
     assert run.ranks is SINGLE and run.main_reward == main_reward(fns) == "math"  # the first of the largest
     run.dist = Dist(rank=1, world=2)
@@ -108,8 +141,11 @@ def test_samples_record_the_raw_and_the_shaped_reward():
     batch = toy_batch()
     batch.reward = batch.raw_reward - torch.tensor([0.0, 0.0, 1.0, 1.0])  # e.g. an overlong penalty
     recs = sample_records(batch, step=5, k=3)
-    assert [(r["id"], r["reward"], r["reward_shaped"]) for r in recs] == [("p0", 1.0, 1.0), ("p0", 0.0, 0.0),
-                                                                         ("p1", 0.5, -0.5)]
+    assert [(r["id"], r["reward"], r["reward_shaped"]) for r in recs] == [
+        ("p0", 1.0, 1.0),
+        ("p0", 0.0, 0.0),
+        ("p1", 0.5, -0.5),
+    ]
     assert recs[2]["truncated"] is True and recs[2]["length"] == 3 and recs[2]["rewards"] == {"math": 0.5}
     assert all(r["step"] == 5 for r in recs)
 
@@ -129,10 +165,28 @@ def test_the_kl_is_measured_once(placement, tiny_model_dir, tmp_path):
         real = step_mod.shape_rewards
         mp.setattr(step_mod, "shape_rewards", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
         out = tmp_path / placement
-        assert main(["train", f"model={tiny_model_dir}", f"out={out}", "algo=grpo", "algo.beta=0.1",
-                     f"algo.kl_placement={placement}", "steps=2", "batch_size=8", "G=4", "max_new_tokens=6",
-                     "eval_size=0", "progress=false", "tensorboard=false", "lr=1e-3",
-                     "rewards=[{name: test_varied}]"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    f"model={tiny_model_dir}",
+                    f"out={out}",
+                    "algo=grpo",
+                    "algo.beta=0.1",
+                    f"algo.kl_placement={placement}",
+                    "steps=2",
+                    "batch_size=8",
+                    "G=4",
+                    "max_new_tokens=6",
+                    "eval_size=0",
+                    "progress=false",
+                    "tensorboard=false",
+                    "lr=1e-3",
+                    "rewards=[{name: test_varied}]",
+                ]
+            )
+            == 0
+        )
     lines = read_jsonl(out / "metrics.jsonl")
     shaped_kl = [c.metrics.get("kl") for c in calls]
     if placement == "in_reward":

@@ -29,8 +29,18 @@ from grpolab.app.cli import main
 from grpolab.training.checkpoint import latest_good_checkpoint, verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8", "eval_size=0", "progress=false",
-        "tensorboard=false", "samples_per_step=1", "lr=1e-3", "algo.beta=0.04"]
+FAST = [
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=6",
+    "micro_batch=8",
+    "eval_size=0",
+    "progress=false",
+    "tensorboard=false",
+    "samples_per_step=1",
+    "lr=1e-3",
+    "algo.beta=0.04",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +53,15 @@ def varied_reward():
 def cli(model: Path, out: Path, *args: str) -> subprocess.Popen:
     """`python -m grpolab train` in a subprocess (its own session, so signals reach only it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.Popen([sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", *FAST, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpolab", "train", f"model={model}", f"out={out}", *FAST, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
 
 
 def wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -117,8 +133,15 @@ def test_random_sigkills_still_resume_bitwise_exactly(tiny_model_dir, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
-        proc = subprocess.Popen([sys.executable, "-m", "grpolab", "train", "--resume", str(out)], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpolab", "train", "--resume", str(out)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert kills == 3
@@ -234,9 +257,25 @@ def test_a_real_file_size_limit_stops_the_run_cleanly(tiny_model_dir, tmp_path):
 
     out = tmp_path / "small"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    res = subprocess.run([sys.executable, "-m", "grpolab", "train", f"model={tiny_model_dir}", f"out={out}", *FAST,
-                          "steps=2", "save_every=1"], capture_output=True, text=True, env=env, cwd=ROOT,
-                         preexec_fn=limit, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab",
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            *FAST,
+            "steps=2",
+            "save_every=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=limit,
+        timeout=300,
+    )
     assert res.returncode == 1, res.stderr
     assert "could not write the checkpoint of step 1" in res.stderr and "no earlier checkpoint exists" in res.stderr
     assert "Traceback" not in res.stderr
@@ -276,8 +315,9 @@ def test_resume_falls_back_from_a_damaged_checkpoint(damage, two_checkpoints, tm
     # resume continues from step 1: step 2 is trained again, exactly as before
     assert main(["train", "--resume", str(out), "steps=2"]) == 0
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
-    assert not changed(weights(two_checkpoints / "checkpoints" / "step-000002"),
-                       weights(out / "checkpoints" / "step-000002"))
+    assert not changed(
+        weights(two_checkpoints / "checkpoints" / "step-000002"), weights(out / "checkpoints" / "step-000002")
+    )
 
 
 # -- a run that recorded nothing, degenerate batches ---------------------------------------------------
@@ -309,8 +349,9 @@ def test_a_run_killed_after_its_config_but_before_a_checkpoint_resumes_from_zero
 
 def test_every_completion_truncated_is_a_defined_step(tiny_model_dir, tmp_path):
     out = tmp_path / "trunc"
-    assert train_in_process(tiny_model_dir, out, "steps=2", "max_new_tokens=1", "algo=dapo",
-                            "algo.overlong_buffer=1") == 0
+    assert (
+        train_in_process(tiny_model_dir, out, "steps=2", "max_new_tokens=1", "algo=dapo", "algo.overlong_buffer=1") == 0
+    )
     for m in read_jsonl(out / "metrics.jsonl"):
         assert m["completion/truncated_frac"] == 1.0 and m["completion/length_mean"] == 1.0
         assert m["update/nonfinite_skipped"] == 0 and json.dumps(m)  # every value is a number or null

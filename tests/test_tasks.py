@@ -187,8 +187,15 @@ def test_countdown_answers_valid():
 
 
 def test_countdown_options_and_fraction_steps():
-    args = {"n_numbers": 4, "number_range": [1, 20], "target_range": [10, 50], "operators": "*/-",
-            "integer_steps": False, "eval_size": 10, "template": "short"}
+    args = {
+        "n_numbers": 4,
+        "number_range": [1, 20],
+        "target_range": [10, 50],
+        "operators": "*/-",
+        "integer_steps": False,
+        "eval_size": 10,
+        "template": "short",
+    }
     task = build_task("countdown", seed=1, task_args=args)
     assert len(task.eval_set()) == 10
     for ex in task.sample(100, random.Random(0)):
@@ -206,8 +213,11 @@ def test_countdown_deterministic_and_disjoint():
     held = {e.id for e in a.eval_set()}
     assert len(held) == 40
     # A small space so that collisions with the held-out set would certainly happen if not excluded.
-    small = build_task("countdown", 0, {"n_numbers": 2, "number_range": [1, 6], "operators": "+",
-                                         "target_range": [2, 12], "eval_size": 8})
+    small = build_task(
+        "countdown",
+        0,
+        {"n_numbers": 2, "number_range": [1, 6], "operators": "+", "target_range": [2, 12], "eval_size": 8},
+    )
     held = {e.id for e in small.eval_set()}
     train = {e.id for e in small.sample(500, random.Random(0))}
     assert len(held) == 8 and train and not held & train
@@ -260,14 +270,22 @@ def _write_jsonl(path, rows):
 
 
 def _gsm_rows(n):
-    return [{"question": f"Tom has {i} apples and buys 1,000 more. How many?",
-             "answer": f"{i} + 1000 = <<{i}+1000={i + 1000}>>{i + 1000}\n#### {i + 1000:,}"} for i in range(n)]
+    return [
+        {
+            "question": f"Tom has {i} apples and buys 1,000 more. How many?",
+            "answer": f"{i} + 1000 = <<{i}+1000={i + 1000}>>{i + 1000}\n#### {i + 1000:,}",
+        }
+        for i in range(n)
+    ]
 
 
 def test_qa_jsonl_gsm8k(tmp_path):
     path = _write_jsonl(tmp_path / "train.jsonl", _gsm_rows(100))
-    task = build_task("qa", seed=0, task_args={"path": str(path), "eval_size": 10,
-                                               "template": "{question}\nGive the final answer as a number."})
+    task = build_task(
+        "qa",
+        seed=0,
+        task_args={"path": str(path), "eval_size": 10, "template": "{question}\nGive the final answer as a number."},
+    )
     assert task.default_rewards == [{"name": "math", "weight": 1.0, "extract": "auto"}]
     held = task.eval_set()
     assert len(held) == 10 and len(task) == 90
@@ -290,10 +308,12 @@ def test_qa_jsonl_gsm8k(tmp_path):
 
 
 def test_qa_default_and_custom_keys(tmp_path):
-    rows = [{"problem": "1+1?", "solution": r"It is $\boxed{2}$.", "id": "p1"},
-            {"prompt": "2+2?", "answer": 4},
-            {"question": "3+3?", "answer": "6"},
-            {"question": "4+4?", "answer": "8"}]
+    rows = [
+        {"problem": "1+1?", "solution": r"It is $\boxed{2}$.", "id": "p1"},
+        {"prompt": "2+2?", "answer": 4},
+        {"question": "3+3?", "answer": "6"},
+        {"question": "4+4?", "answer": "8"},
+    ]
     path = _write_jsonl(tmp_path / "mixed.jsonl", rows)
     task = build_task("qa", 0, {"path": str(path), "eval_size": 1})
     got = {e.meta["question"]: (e.answer, e.id) for e in task.eval_set() + task._train}
@@ -335,8 +355,9 @@ def test_qa_parquet(tmp_path):
     assert task.eval_set()[0].meta["source"].startswith(f"{path}: row ")
     # Same records from JSONL give the same split.
     jl = _write_jsonl(tmp_path / "train.jsonl", rows)
-    assert [e.answer for e in build_task("qa", 0, {"path": str(jl), "eval_size": 4}).eval_set()] == \
-        [e.answer for e in task.eval_set()]
+    assert [e.answer for e in build_task("qa", 0, {"path": str(jl), "eval_size": 4}).eval_set()] == [
+        e.answer for e in task.eval_set()
+    ]
 
 
 def test_qa_parquet_without_pyarrow(tmp_path, monkeypatch):

@@ -34,21 +34,37 @@ def test_every_builtin_reference_solution_passes_and_a_stub_fails():
     jobs = [(p["solution"], convert_tests(p["tests"], p["entry_point"])) for p in probs]
     res = run_many(jobs, SandboxConfig(timeout_s=5.0))
     assert [p["id"] for p, r in zip(probs, res) if r.fraction != 1.0] == []
-    stubs = run_many([(f"def {p['entry_point']}(*a):\n    return None\n", j[1]) for p, j in zip(probs[:5], jobs)],
-                     SandboxConfig(timeout_s=5.0))
+    stubs = run_many(
+        [(f"def {p['entry_point']}(*a):\n    return None\n", j[1]) for p, j in zip(probs[:5], jobs)],
+        SandboxConfig(timeout_s=5.0),
+    )
     assert all(r.fraction < 1.0 for r in stubs)
 
 
 def test_mbpp_and_humaneval_loader(tmp_path):
     path = tmp_path / "mix.jsonl"
     rows = [
-        {"task_id": 1, "text": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b",
-         "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"], "test_setup_code": ""},
-        {"task_id": 2, "text": "Unconvertible.", "code": "def f(x):\n    return x",
-         "test_list": ["assert f(1) > 0"], "test_setup_code": ""},
-        {"task_id": "HumanEval/0", "prompt": "from typing import List\n\ndef inc(xs: List[int]) -> List[int]:\n    \"\"\"Add 1.\"\"\"\n",
-         "canonical_solution": "    return [x + 1 for x in xs]\n", "entry_point": "inc",
-         "test": "METADATA = {}\n\ndef check(candidate):\n    assert candidate([1, 2]) == [2, 3]\n    assert candidate([]) == []\n"},
+        {
+            "task_id": 1,
+            "text": "Write a function to add two numbers.",
+            "code": "def add(a, b):\n    return a + b",
+            "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+            "test_setup_code": "",
+        },
+        {
+            "task_id": 2,
+            "text": "Unconvertible.",
+            "code": "def f(x):\n    return x",
+            "test_list": ["assert f(1) > 0"],
+            "test_setup_code": "",
+        },
+        {
+            "task_id": "HumanEval/0",
+            "prompt": 'from typing import List\n\ndef inc(xs: List[int]) -> List[int]:\n    """Add 1."""\n',
+            "canonical_solution": "    return [x + 1 for x in xs]\n",
+            "entry_point": "inc",
+            "test": "METADATA = {}\n\ndef check(candidate):\n    assert candidate([1, 2]) == [2, 3]\n    assert candidate([]) == []\n",
+        },
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     probs = load_problems(str(path))
@@ -82,7 +98,7 @@ def test_loader_errors(tmp_path):
 
 # ----------------------------------------------------------------------------- assert-style tests (finding 8)
 
-CHECK = '''
+CHECK = """
 METADATA = {"author": "x"}
 
 
@@ -100,8 +116,8 @@ def check(candidate):
         got = candidate(list(range(n)))
         assert got == n * (n - 1) // 2
     assert candidate([]) == 0
-'''
-PROMPT = "def total(xs):\n    \"\"\"Sum of xs.\"\"\"\n"
+"""
+PROMPT = 'def total(xs):\n    """Sum of xs."""\n'
 
 
 def test_humaneval_check_is_setup_plus_assertions_about_the_candidate():
@@ -122,8 +138,13 @@ def test_humaneval_check_is_setup_plus_assertions_about_the_candidate():
 def test_humaneval_canonical_scores_one_and_a_stub_zero(tmp_path, allow):
     from grpolab.rewards.code import code_score
 
-    row = {"task_id": "HumanEval/x", "prompt": PROMPT, "canonical_solution": "    return sum(xs)\n",
-           "entry_point": "total", "test": CHECK}
+    row = {
+        "task_id": "HumanEval/x",
+        "prompt": PROMPT,
+        "canonical_solution": "    return sum(xs)\n",
+        "entry_point": "total",
+        "test": CHECK,
+    }
     path = tmp_path / "he.jsonl"
     path.write_text(json.dumps(row) + "\n")
     (ex,) = CodeTask(seed=0, path=str(path), eval_size=1, allow_assert_tests=allow).eval_set()
@@ -137,12 +158,19 @@ def test_humaneval_canonical_scores_one_and_a_stub_zero(tmp_path, allow):
 def test_check_setup_helpers_and_mbpp_modules_reach_the_checker(tmp_path):
     from grpolab.rewards.code import code_score
 
-    he = {"task_id": "HumanEval/y", "entry_point": "decode",
-          "prompt": "def encode(s):\n    return s[::-1]\n\ndef decode(s):\n    \"\"\"Undo encode.\"\"\"\n",
-          "canonical_solution": "    return s[::-1]\n",
-          "test": "def check(candidate):\n    for w in ['ab', 'xyz']:\n        assert candidate(encode(w)) == w\n"}
-    mbpp = {"task_id": 7, "text": "Square root.", "code": "import math\ndef root(x):\n    return math.sqrt(x)",
-            "test_list": ["assert math.isclose(root(2), math.sqrt(2))", "assert root(4) == 2.0"]}
+    he = {
+        "task_id": "HumanEval/y",
+        "entry_point": "decode",
+        "prompt": 'def encode(s):\n    return s[::-1]\n\ndef decode(s):\n    """Undo encode."""\n',
+        "canonical_solution": "    return s[::-1]\n",
+        "test": "def check(candidate):\n    for w in ['ab', 'xyz']:\n        assert candidate(encode(w)) == w\n",
+    }
+    mbpp = {
+        "task_id": 7,
+        "text": "Square root.",
+        "code": "import math\ndef root(x):\n    return math.sqrt(x)",
+        "test_list": ["assert math.isclose(root(2), math.sqrt(2))", "assert root(4) == 2.0"],
+    }
     path = tmp_path / "mix.jsonl"
     path.write_text(json.dumps(he) + "\n" + json.dumps(mbpp) + "\n")
     probs = load_problems(str(path), allow_assert_tests=True)

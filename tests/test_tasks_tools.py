@@ -31,17 +31,28 @@ def test_local_tasks(tmp_path):
     p = tmp_path / "tools.jsonl"
     rows = [
         {"prompt": "What is 6 times 7?", "tools": ["calculator"], "expected_tool": "calculator", "expected_result": 42},
-        {"prompt": "Look up order 7.", "tools": [{"name": "lookup", "description": "Find an order.",
-                                                   "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}}}],
-         "expected_arguments": {"id": 7}},
+        {
+            "prompt": "Look up order 7.",
+            "tools": [
+                {
+                    "name": "lookup",
+                    "description": "Find an order.",
+                    "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}},
+                }
+            ],
+            "expected_arguments": {"id": 7},
+        },
     ]
     p.write_text("\n".join(json.dumps(r) for r in rows))
     t = build_task("tools", 0, {"path": str(p), "eval_size": 0})
     exs = t.sample(10, random.Random(0))
     fns = build_rewards([{"name": "tool_call"}])
-    comps = ['<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
-             if e.meta.get("expected_tool") == "calculator" else
-             '<tool_call>{"name": "lookup", "arguments": {"id": 7}}</tool_call>' for e in exs]
+    comps = [
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+        if e.meta.get("expected_tool") == "calculator"
+        else '<tool_call>{"name": "lookup", "arguments": {"id": 7}}</tool_call>'
+        for e in exs
+    ]
     assert score_completions(fns, comps, exs).total == [1.0] * 10
 
 
@@ -49,8 +60,10 @@ def test_local_tasks(tmp_path):
     "row,match",
     [
         ({"prompt": "x", "tools": ["shell"], "expected_arguments": {}}, "unknown built-in tool"),
-        ({"prompt": "x", "tools": [{"name": "t", "parameters": {"type": "nonsense"}}], "expected_arguments": {}},
-         "invalid JSON schema"),
+        (
+            {"prompt": "x", "tools": [{"name": "t", "parameters": {"type": "nonsense"}}], "expected_arguments": {}},
+            "invalid JSON schema",
+        ),
         ({"prompt": "x", "tools": ["calculator"]}, "expected_result or expected_arguments"),
         ({"prompt": "x", "tools": [{"name": "t"}], "expected_tool": "t", "expected_result": 1}, "built-in"),
         ({"tools": ["calculator"]}, "prompt"),

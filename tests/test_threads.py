@@ -29,8 +29,11 @@ def fresh(monkeypatch):
 def test_auto_is_a_short_spin_when_the_user_set_nothing():
     plan = threads.plan_wait("auto", {})
     assert plan.policy == "short"
-    assert plan.env == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(threads.SHORT_SPIN),
-                        "KMP_BLOCKTIME": str(threads.SHORT_BLOCKTIME_MS)}
+    assert plan.env == {
+        "OMP_WAIT_POLICY": None,
+        "GOMP_SPINCOUNT": str(threads.SHORT_SPIN),
+        "KMP_BLOCKTIME": str(threads.SHORT_BLOCKTIME_MS),
+    }
     assert threads.SHORT_SPIN < 300_000  # shorter than libgomp's own default spin
 
 
@@ -41,12 +44,15 @@ def test_auto_keeps_the_users_own_variable(var, value):
     assert f"as set in the environment: {var}={value} (thread_wait=auto)" in plan.describe()
 
 
-@pytest.mark.parametrize("setting, expected", [
-    ("passive", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"}),
-    ("active", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None, "KMP_BLOCKTIME": None}),
-    ("short", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(threads.SHORT_SPIN), "KMP_BLOCKTIME": "1"}),
-    ("openmp", {}),
-])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("passive", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"}),
+        ("active", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None, "KMP_BLOCKTIME": None}),
+        ("short", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(threads.SHORT_SPIN), "KMP_BLOCKTIME": "1"}),
+        ("openmp", {}),
+    ],
+)
 def test_an_explicit_setting_overrides_the_users_variables(setting, expected):
     plan = threads.plan_wait(setting, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "7"})
     assert plan.policy == setting and plan.env == expected
@@ -62,8 +68,13 @@ def test_prepare_writes_replaces_and_restores(fresh, monkeypatch):
     env = {"GOMP_SPINCOUNT": "99", "PATH": "/bin"}
     plan = threads.prepare("passive", env)
     assert plan.applied
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0", "PATH": "/bin",
-                   threads.MARKER: "passive:passive"}
+    assert env == {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": "0",
+        "KMP_BLOCKTIME": "0",
+        "PATH": "/bin",
+        threads.MARKER: "passive:passive",
+    }
     assert threads.environ_without_plan(env) == {"GOMP_SPINCOUNT": "99", "PATH": "/bin"}  # the user's value back
     plan = threads.prepare("auto", env)  # the command's config read later: the first plan is undone first
     assert plan.policy == "user" and plan.user == {"GOMP_SPINCOUNT": "99"}
@@ -92,9 +103,11 @@ def test_first_line_names_threads_cores_and_the_policy():
     plan = threads.plan_wait("auto", {})
     assert threads.describe_threads(2, plan, 2) == (
         f"threads: 2 compute threads on 2 cores; threads wait: spin {threads.SHORT_SPIN} rounds, then sleep "
-        f"(thread_wait=auto)")
+        f"(thread_wait=auto)"
+    )
     assert threads.describe_threads(1, threads.plan_wait("openmp", {}), 1).startswith(
-        "threads: 1 compute thread on 1 core; threads wait: the OpenMP runtime's default")
+        "threads: 1 compute thread on 1 core; threads wait: the OpenMP runtime's default"
+    )
 
 
 def test_config_field_default_override_and_refusal():
@@ -116,21 +129,51 @@ def _env() -> dict:
 
 def test_openmp_reads_what_prepare_wrote_before_torch():
     """libgomp prints the values it started with (OMP_DISPLAY_ENV=VERBOSE): the spin count of the plan."""
-    code = ("from grpolab.util.threads import prepare; import sys; p = prepare(sys.argv[1]); "
-            "assert p.applied, p; import torch; torch.ones(4).sum()")
-    for setting, line in (("auto", f"GOMP_SPINCOUNT = '{threads.SHORT_SPIN}'"), ("passive", "OMP_WAIT_POLICY = 'PASSIVE'")):
-        res = subprocess.run([sys.executable, "-c", code, setting], env={**_env(), "OMP_DISPLAY_ENV": "VERBOSE"},
-                             capture_output=True, text=True, timeout=300)
+    code = (
+        "from grpolab.util.threads import prepare; import sys; p = prepare(sys.argv[1]); "
+        "assert p.applied, p; import torch; torch.ones(4).sum()"
+    )
+    for setting, line in (
+        ("auto", f"GOMP_SPINCOUNT = '{threads.SHORT_SPIN}'"),
+        ("passive", "OMP_WAIT_POLICY = 'PASSIVE'"),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-c", code, setting],
+            env={**_env(), "OMP_DISPLAY_ENV": "VERBOSE"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         assert line in res.stderr, res.stderr[-2000:]
 
 
 def test_the_train_command_says_its_wait_policy_first(tmp_path, tiny_model_dir):
     """The real CLI, one step on a tiny model: the first line names the override, and OpenMP read it."""
-    res = subprocess.run([sys.executable, "-m", "grpolab.app.cli", "train", f"model={tiny_model_dir}", "steps=1", "G=2",
-                          "batch_size=2", "max_new_tokens=4", "eval_size=0", f"out={tmp_path / 'run'}", "progress=false",
-                          "report=false", "tensorboard=false", "thread_wait=passive", "precision=fp32"],
-                         env={**_env(), "OMP_DISPLAY_ENV": "TRUE"}, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab.app.cli",
+            "train",
+            f"model={tiny_model_dir}",
+            "steps=1",
+            "G=2",
+            "batch_size=2",
+            "max_new_tokens=4",
+            "eval_size=0",
+            f"out={tmp_path / 'run'}",
+            "progress=false",
+            "report=false",
+            "tensorboard=false",
+            "thread_wait=passive",
+            "precision=fp32",
+        ],
+        env={**_env(), "OMP_DISPLAY_ENV": "TRUE"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     out = " ".join(res.stdout.split())  # the console wraps long lines
     assert out.startswith("threads: ") and out.index("(thread_wait=passive)") < out.index("rollout engine:")
@@ -152,8 +195,19 @@ def test_busy_processes_run_for_the_block_and_are_gone_after():
 def test_helpers_beside_the_trainer_get_one_thread():
     from grpolab.sandbox import launcher
 
-    cfg = launcher.launcher_config(exec_python=None, plan=None, uid=None, workdir="/tmp", limits={}, res_fd=3, wall_s=1,
-                                   cgroups=[], seccomp=None, tmpfs_mb=1, tmpfs_inodes=1)
+    cfg = launcher.launcher_config(
+        exec_python=None,
+        plan=None,
+        uid=None,
+        workdir="/tmp",
+        limits={},
+        res_fd=3,
+        wall_s=1,
+        cgroups=[],
+        seccomp=None,
+        tmpfs_mb=1,
+        tmpfs_inodes=1,
+    )
     assert cfg["thread_env"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     assert 'os.environ.update(cfg["thread_env"])' in launcher.LAUNCHER_SRC  # the candidate's environment gets it
 

@@ -41,7 +41,7 @@ def offline_prefix() -> list[str]:
 
 
 # Loaded first in each child: refuses and records any Python connection to an address off this machine.
-GUARD = textwrap.dedent('''
+GUARD = textwrap.dedent("""
     import socket, sys
     ATTEMPTS = []
     _connect = socket.socket.connect
@@ -56,7 +56,7 @@ GUARD = textwrap.dedent('''
         return _connect(self, address)
 
     socket.socket.connect = guarded
-''')
+""")
 
 
 def child_env(tmp: Path) -> dict:
@@ -70,16 +70,20 @@ def child_env(tmp: Path) -> dict:
 
 # --- the setting -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, tensorboard, expected", [
-    ("wandb", None, ["wandb"]),
-    (["wandb", "mlflow"], None, ["wandb", "mlflow"]),
-    (["WandB", "wandb"], None, ["wandb"]),            # case and repeats
-    ("none", None, []),
-    ([], None, []),
-    (["wandb"], True, ["tensorboard", "wandb"]),      # the old switch adds tensorboard ...
-    (["tensorboard", "trackio"], False, ["trackio"]),  # ... or takes it away
-    (["tensorboard"], None, ["tensorboard"]),
-])
+
+@pytest.mark.parametrize(
+    "value, tensorboard, expected",
+    [
+        ("wandb", None, ["wandb"]),
+        (["wandb", "mlflow"], None, ["wandb", "mlflow"]),
+        (["WandB", "wandb"], None, ["wandb"]),  # case and repeats
+        ("none", None, []),
+        ([], None, []),
+        (["wandb"], True, ["tensorboard", "wandb"]),  # the old switch adds tensorboard ...
+        (["tensorboard", "trackio"], False, ["trackio"]),  # ... or takes it away
+        (["tensorboard"], None, ["tensorboard"]),
+    ],
+)
 def test_report_to_names_and_the_old_tensorboard_switch(value, tensorboard, expected):
     assert resolve_report_to(value, tensorboard) == expected
 
@@ -88,11 +92,14 @@ def test_report_to_all_is_tensorboard_and_every_installed_tracker():
     assert resolve_report_to("all") == ALL  # the test extra installs every tracker
 
 
-@pytest.mark.parametrize("value, needle", [
-    ("wandbb", "unknown tracker 'wandbb'. Did you mean wandb?"),
-    (["none", "wandb"], "`none` means no tracker"),
-    (3, "expected a tracker name or a list"),
-])
+@pytest.mark.parametrize(
+    "value, needle",
+    [
+        ("wandbb", "unknown tracker 'wandbb'. Did you mean wandb?"),
+        (["none", "wandb"], "`none` means no tracker"),
+        (3, "expected a tracker name or a list"),
+    ],
+)
 def test_report_to_refuses_what_it_cannot_mean(value, needle):
     with pytest.raises(ConfigError, match="report_to") as e:
         resolve_report_to(value)
@@ -117,13 +124,19 @@ def test_config_reads_one_name_or_a_list_and_records_the_result(tmp_path):
 
 # --- the conversions ---------------------------------------------------------------------------------------
 
+
 def test_values_the_trackers_are_given():
-    assert scalars({"step": 3, "a": 1, "b": 0.5, "flag": True, "name": "x", "nan": float("nan"), "none": None,
-                    "inf": float("inf")}) == {"a": 1, "b": 0.5}
+    assert scalars(
+        {"step": 3, "a": 1, "b": 0.5, "flag": True, "name": "x", "nan": float("nan"), "none": None, "inf": float("inf")}
+    ) == {"a": 1, "b": 0.5}
     cols, data = table_data([{"p": "x", "r": {"math": 1.0}}, {"p": "y", "extra": float("nan")}])
     assert cols == ["p", "r", "extra"] and data == [["x", '{"math": 1.0}', None], ["y", None, None]]
     assert flat_config({"algo": {"beta": 0.04, "name": "grpo"}, "lr": 1e-5, "task_args": {}}) == {
-        "algo.beta": 0.04, "algo.name": "grpo", "lr": 1e-5, "task_args": {}}
+        "algo.beta": 0.04,
+        "algo.name": "grpo",
+        "lr": 1e-5,
+        "task_args": {},
+    }
     assert mlflow_name("eval/pass@1_ci_low") == "eval/pass_at_1_ci_low"
     assert mlflow_name("reward/my fn (v2)!") == "reward/my fn _v2__"
     assert markdown_table([{"a": "x|y", "b": "line1\nline2"}]) == "| a | b |\n|---|---|\n| x\\|y | line1<br>line2 |"
@@ -131,7 +144,7 @@ def test_values_the_trackers_are_given():
 
 # --- every tracker's files, through the logger -------------------------------------------------------------
 
-LOGGER_SCRIPT = '''
+LOGGER_SCRIPT = """
 import json, sys
 from pathlib import Path
 from grpolab.training.metrics import MetricsLogger
@@ -153,7 +166,7 @@ else:  # resumed after step 2
 log.close()
 import sitecustomize
 print("RESULT " + json.dumps({"network_attempts": sitecustomize.ATTEMPTS}))
-''' % {"all": ALL}
+""" % {"all": ALL}
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +180,15 @@ def logged(tmp_path_factory):
     env = child_env(tmp)
     ids = []
     for phase in ("first", "resume"):
-        res = subprocess.run([*offline_prefix(), sys.executable, str(tmp / "logger.py"), str(out), phase],
-                             capture_output=True, text=True, env=env, timeout=600)
+        res = subprocess.run(
+            [*offline_prefix(), sys.executable, str(tmp / "logger.py"), str(out), phase],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
-        (result,) = [line[len("RESULT "):] for line in res.stdout.splitlines() if line.startswith("RESULT ")]
+        (result,) = [line[len("RESULT ") :] for line in res.stdout.splitlines() if line.startswith("RESULT ")]
         assert json.loads(result) == {"network_attempts": []}
         ids.append(json.loads((out / "trackers.json").read_text()))
     return out, ids
@@ -186,8 +204,11 @@ def test_tensorboard_holds_every_metric_eval_rows_config_and_tables(logged):
     tb = readers.tensorboard_scalars(out)
     assert tb["reward/mean"] == [(1, 0.25), (2, 0.5), (3, 0.75)]
     assert tb["eval/accuracy"] == [(0, 0.25)] and tb["eval/pass@1_ci_low"] == [(2, pytest.approx(0.3))]
-    assert "note" not in tb and tb["kl/beta"] == [(1, pytest.approx(0.04)), (2, pytest.approx(0.04)),
-                                                  (3, pytest.approx(0.04))]
+    assert "note" not in tb and tb["kl/beta"] == [
+        (1, pytest.approx(0.04)),
+        (2, pytest.approx(0.04)),
+        (3, pytest.approx(0.04)),
+    ]
     texts = readers.tensorboard_texts(out)
     assert texts["config/text_summary"] == [0]
     assert texts["samples/text_summary"] == [1, 2] and texts["eval/samples/text_summary"] == [2]
@@ -235,8 +256,12 @@ def test_mlflow_store_has_the_metrics_params_and_tables(logged):
     assert metrics["eval/accuracy"] == [(0, 0.25)]
     assert metrics["eval/pass_at_1"] == [(2, 0.5)] and metrics["eval/pass_at_1_ci_low"] == [(2, 0.3)]
     assert params["algo.beta"] == "0.04" and params["steps"] == "3"
-    assert sorted(files) == ["config.json", "tables/eval/samples/step-000002.json",
-                             "tables/samples/step-000001.json", "tables/samples/step-000002.json"]
+    assert sorted(files) == [
+        "config.json",
+        "tables/eval/samples/step-000002.json",
+        "tables/samples/step-000001.json",
+        "tables/samples/step-000002.json",
+    ]
     assert (out / "mlartifacts").is_dir() and not (Path.cwd() / "mlruns").exists()
 
 
@@ -250,19 +275,24 @@ def test_trackio_store_has_the_metrics_config_and_tables(logged):
     assert [steps[s]["reward/mean"] for s in (1, 2, 3)] == [0.25, 0.5, 0.75]
     assert steps[0]["eval/accuracy"] == 0.25 and steps[2]["eval/pass@1_ci_high"] == 0.7
     assert steps[1]["samples"]["_type"] == "trackio.table" and steps[2]["eval/samples"]["_value"] == [
-        {"prompt": "2+2", "completion": "4", "correct": True}]
+        {"prompt": "2+2", "completion": "4", "correct": True}
+    ]
     assert config["algo"] == {"name": "grpo", "beta": 0.04}
 
 
 # --- failures ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tracker, hidden, extra", [("wandb", "wandb", "wandb"), ("trackio", "trackio", "trackio"),
-                                                    ("mlflow", "sqlalchemy", "mlflow")])
-def test_a_missing_extra_is_refused_before_anything_is_written(tracker, hidden, extra, tmp_path, monkeypatch,
-                                                               capsys):
+
+@pytest.mark.parametrize(
+    "tracker, hidden, extra",
+    [("wandb", "wandb", "wandb"), ("trackio", "trackio", "trackio"), ("mlflow", "sqlalchemy", "mlflow")],
+)
+def test_a_missing_extra_is_refused_before_anything_is_written(tracker, hidden, extra, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, hidden, None)  # `import hidden` fails as if it were not installed
     out = tmp_path / "run"
-    code = main(["train", "model=/nonexistent-not-loaded", f"out={out}", "steps=1", f"report_to=[tensorboard, {tracker}]"])
+    code = main(
+        ["train", "model=/nonexistent-not-loaded", f"out={out}", "steps=1", f"report_to=[tensorboard, {tracker}]"]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"report_to: {tracker} needs `{hidden}`" in err and f"pip install 'grpolab[{extra}]'" in err
@@ -270,7 +300,8 @@ def test_a_missing_extra_is_refused_before_anything_is_written(tracker, hidden, 
 
 
 def test_a_tracker_that_fails_costs_a_warning_not_the_run(tmp_path, monkeypatch):
-    (tmp_path / "flaky_tracker.py").write_text(textwrap.dedent('''
+    (tmp_path / "flaky_tracker.py").write_text(
+        textwrap.dedent("""
         from grpolab.training.trackers.base import Tracker
 
         class Flaky(Tracker):
@@ -280,7 +311,8 @@ def test_a_tracker_that_fails_costs_a_warning_not_the_run(tmp_path, monkeypatch)
                     raise OSError(28, "No space left on device")
 
         TRACKER = Flaky
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(TRACKERS, "flaky", TrackerSpec("flaky_tracker", ("json",), None, "nowhere"))
     said = []
@@ -295,18 +327,43 @@ def test_a_tracker_that_fails_costs_a_warning_not_the_run(tmp_path, monkeypatch)
 
 # --- a real run --------------------------------------------------------------------------------------------
 
+
 def test_a_tiny_run_reports_to_every_tracker_offline(tiny_model_dir, tmp_path):
     """`grpolab train report_to=[tensorboard, wandb, mlflow, trackio]` in a child with no network: each
     tracker holds each step's reward/mean as metrics.jsonl has it, the held-out evaluation before and after
     (eval/accuracy at steps 0 and 2), the samples table of each step, and the config."""
     out = tmp_path / "run"
-    script = ("import sys, sitecustomize; from grpolab.app.cli import main; code = main(sys.argv[1:]); "
-              "print('ATTEMPTS', sitecustomize.ATTEMPTS); sys.exit(code)")
-    res = subprocess.run([*offline_prefix(), sys.executable, "-c", script, "train", f"model={tiny_model_dir}",
-                          f"out={out}", "steps=2", "batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=8",
-                          "eval_size=4", "progress=false", "samples_per_step=2", "save_every=0", "report=false",
-                          "report_to=[tensorboard, wandb, mlflow, trackio]", "run_name=tiny"],
-                         capture_output=True, text=True, env=child_env(tmp_path), timeout=900)
+    script = (
+        "import sys, sitecustomize; from grpolab.app.cli import main; code = main(sys.argv[1:]); "
+        "print('ATTEMPTS', sitecustomize.ATTEMPTS); sys.exit(code)"
+    )
+    res = subprocess.run(
+        [
+            *offline_prefix(),
+            sys.executable,
+            "-c",
+            script,
+            "train",
+            f"model={tiny_model_dir}",
+            f"out={out}",
+            "steps=2",
+            "batch_size=8",
+            "G=4",
+            "max_new_tokens=6",
+            "micro_batch=8",
+            "eval_size=4",
+            "progress=false",
+            "samples_per_step=2",
+            "save_every=0",
+            "report=false",
+            "report_to=[tensorboard, wandb, mlflow, trackio]",
+            "run_name=tiny",
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(tmp_path),
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     assert "ATTEMPTS []" in res.stdout
     said = " ".join(res.stdout.split())  # the console wraps long lines

@@ -22,6 +22,7 @@ from grpolab.util.fields import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def test_grpoconfig_has_trls_fields_order_and_defaults():
     trl = pytest.importorskip("trl", reason="TRL (the test extra) is not installed")
     theirs = [f for f in dataclasses.fields(trl.GRPOConfig) if f.init]
@@ -34,11 +35,22 @@ def test_grpoconfig_has_trls_fields_order_and_defaults():
 
 def test_trl_defaults_reach_the_grpolab_config():
     cfg = build_config(trl_recipe(GRPOConfig(output_dir="runs/x"))[0])
-    assert (cfg.lr, cfg.algo.beta, cfg.algo.aggregation, cfg.adam_betas, cfg.max_new_tokens, cfg.seed, cfg.G) == \
-        (1e-6, 0.0, "token_mean", [0.9, 0.999], 512, 42, 8)
+    assert (cfg.lr, cfg.algo.beta, cfg.algo.aggregation, cfg.adam_betas, cfg.max_new_tokens, cfg.seed, cfg.G) == (
+        1e-6,
+        0.0,
+        "token_mean",
+        [0.9, 0.999],
+        512,
+        42,
+        8,
+    )
     assert (cfg.batch_size, cfg.micro_batch, cfg.steps, cfg.num_train_epochs, cfg.warmup_steps) == (8, 8, -1, 3.0, 0)
-    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.eps_low, cfg.algo.eps_high) == \
-        ("group_zscore_unbiased", "clipped", 0.2, 0.2)
+    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.eps_low, cfg.algo.eps_high) == (
+        "group_zscore_unbiased",
+        "clipped",
+        0.2,
+        0.2,
+    )
     assert cfg.out == "runs/x" and cfg.grad_checkpointing and cfg.report_to == [] and cfg.rollout.engine == "native"
     assert (cfg.lr_scheduler, cfg.warmup_ratio, cfg.algo.steps_per_generation) == ("linear", 0.0, 1)
     assert (cfg.eval_num_generations, cfg.eval_temperature, cfg.project, cfg.run_name) == (8, 1.0, "huggingface", "")
@@ -48,8 +60,17 @@ def test_trl_defaults_reach_the_grpolab_config():
 
 def test_a_real_trl_config_maps_like_grpolabs():
     trl = pytest.importorskip("trl", reason="TRL (the test extra) is not installed")
-    kw = dict(output_dir="runs/y", bf16=False, use_cpu=True, loss_type="grpo", per_device_train_batch_size=4,
-              gradient_accumulation_steps=2, num_generations=4, learning_rate=3e-6, save_steps=7)
+    kw = dict(
+        output_dir="runs/y",
+        bf16=False,
+        use_cpu=True,
+        loss_type="grpo",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        learning_rate=3e-6,
+        save_steps=7,
+    )
     theirs, ours = trl_recipe(trl.GRPOConfig(**kw)), trl_recipe(GRPOConfig(**kw))
     assert theirs == ours
     assert (ours[0]["batch_size"], ours[0]["micro_batch"], ours[0]["save_every"]) == (8, 4, 7)
@@ -67,8 +88,9 @@ def test_every_field_has_one_entry_and_a_reason_where_it_is_not_mapped():
 
 def test_every_mapped_path_is_a_grpolab_setting():
     values = {name: e.default for name, e in TABLE.items()}
-    values.update(eval_strategy="steps", save_strategy="best", warmup_steps=0.1, steps_per_generation=2,
-                  report_to=["tensorboard"])
+    values.update(
+        eval_strategy="steps", save_strategy="best", warmup_steps=0.1, steps_per_generation=2, report_to=["tensorboard"]
+    )
     paths = set()
     for e in TABLE.values():
         if e.kind == "map":
@@ -76,21 +98,38 @@ def test_every_mapped_path_is_a_grpolab_setting():
                 paths |= set(e.convert(values[e.name], values))
             except ConfigError:
                 pass
-    assert {"lr_scheduler", "warmup_ratio", "eval_steps", "save_best", "algo.steps_per_generation",
-            "eval_num_generations", "algo.vespo_k_neg", "algo.sync_ref_model_steps"} <= paths
+    assert {
+        "lr_scheduler",
+        "warmup_ratio",
+        "eval_steps",
+        "save_best",
+        "algo.steps_per_generation",
+        "eval_num_generations",
+        "algo.vespo_k_neg",
+        "algo.sync_ref_model_steps",
+    } <= paths
     assert {p for p in paths if not config_has(p)} == set()
 
 
 def test_docs_are_generated_from_the_table():
-    assert (ROOT / "docs" / "migrating-from-trl.md").read_text() == render(), \
+    assert (ROOT / "docs" / "migrating-from-trl.md").read_text() == render(), (
         "regenerate: python -m grpolab.app.trl_compat.docs > docs/migrating-from-trl.md"
+    )
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("push_to_hub", True, "Hub"), ("hub_model_id", "me/model", "Hub"), ("fp16", True, "bf16"),
-    ("deepspeed", "ds.json", "fsdp"), ("optim", "adafactor", "AdamW"), ("loss_type", "nope", "dapo"),
-    ("vllm_mode", "server", "colocate"), ("max_completion_length", None, "limit"),
-])
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("push_to_hub", True, "Hub"),
+        ("hub_model_id", "me/model", "Hub"),
+        ("fp16", True, "bf16"),
+        ("deepspeed", "ds.json", "fsdp"),
+        ("optim", "adafactor", "AdamW"),
+        ("loss_type", "nope", "dapo"),
+        ("vllm_mode", "server", "colocate"),
+        ("max_completion_length", None, "limit"),
+    ],
+)
 def test_refused_fields_are_named_with_the_reason(field, value, words):
     with pytest.raises(ConfigError, match=field) as e:
         trl_recipe(GRPOConfig(**{field: value}))
@@ -100,33 +139,78 @@ def test_refused_fields_are_named_with_the_reason(field, value, words):
 def test_optimizer_steps_become_generations():
     """TRL counts optimizer steps; a grpolab step is one generation making num_iterations x
     steps_per_generation / gradient_accumulation_steps of them (here 2 x 4 / 2 = 4)."""
-    args = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=4,
-                      num_iterations=2, num_generations=4, max_steps=40, warmup_steps=8, save_steps=12,
-                      eval_strategy="steps", eval_steps=20, lr_scheduler_type="cosine")
+    args = GRPOConfig(
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+        num_iterations=2,
+        num_generations=4,
+        max_steps=40,
+        warmup_steps=8,
+        save_steps=12,
+        eval_strategy="steps",
+        eval_steps=20,
+        lr_scheduler_type="cosine",
+    )
     cfg = build_config(trl_recipe(args)[0])
     assert (cfg.batch_size, cfg.micro_batch, cfg.algo.steps_per_generation, cfg.algo.mu) == (16, 4, 2, 2)
     assert (cfg.steps, cfg.warmup_steps, cfg.save_every, cfg.eval_steps) == (10, 2, 3, 5)
     assert cfg.lr_scheduler == "cosine"
     assert trl_recipe(GRPOConfig(per_device_train_batch_size=4, generation_batch_size=8))[0]["batch_size"] == 8
     with pytest.raises(ConfigError, match="max_steps=41.*multiple of 4"):
-        trl_recipe(GRPOConfig(**{**dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                                        steps_per_generation=4, num_iterations=2), "max_steps": 41}))
+        trl_recipe(
+            GRPOConfig(
+                **{
+                    **dict(
+                        per_device_train_batch_size=4,
+                        gradient_accumulation_steps=2,
+                        steps_per_generation=4,
+                        num_iterations=2,
+                    ),
+                    "max_steps": 41,
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="steps_per_generation=3.*gradient_accumulation_steps=2"):
         trl_recipe(GRPOConfig(gradient_accumulation_steps=2, steps_per_generation=3))
 
 
 def test_sampling_evaluation_and_tracker_fields_convert():
-    recipe = trl_recipe(GRPOConfig(num_generations_eval=2, temperature=0.7, min_p=0.05, top_k=20,
-                                   generation_kwargs='{"top_p": 0.9}', chat_template_kwargs={"enable_thinking": False},
-                                   report_to=["wandb", "tensorboard"], run_name="r1", load_best_model_at_end=True,
-                                   loss_type="sapo", sapo_temperature_neg=2.0, entropy_coef=0.01))[0]
-    assert (recipe["eval_num_generations"], recipe["eval_temperature"], recipe["min_p"], recipe["top_k"]) == \
-        (2, 0.7, 0.05, 20)
-    assert recipe["generation_kwargs"] == {"top_p": 0.9} and recipe["chat_template_kwargs"] == {"enable_thinking": False}
-    assert (recipe["report_to"], recipe["run_name"], recipe["save_best"]) == (["wandb", "tensorboard"], "r1",
-                                                                              "eval/reward")
-    assert (recipe["algo"]["objective"], recipe["algo"]["sapo_temperature_neg"], recipe["algo"]["entropy_coef"]) == \
-        ("sapo", 2.0, 0.01)
+    recipe = trl_recipe(
+        GRPOConfig(
+            num_generations_eval=2,
+            temperature=0.7,
+            min_p=0.05,
+            top_k=20,
+            generation_kwargs='{"top_p": 0.9}',
+            chat_template_kwargs={"enable_thinking": False},
+            report_to=["wandb", "tensorboard"],
+            run_name="r1",
+            load_best_model_at_end=True,
+            loss_type="sapo",
+            sapo_temperature_neg=2.0,
+            entropy_coef=0.01,
+        )
+    )[0]
+    assert (recipe["eval_num_generations"], recipe["eval_temperature"], recipe["min_p"], recipe["top_k"]) == (
+        2,
+        0.7,
+        0.05,
+        20,
+    )
+    assert recipe["generation_kwargs"] == {"top_p": 0.9} and recipe["chat_template_kwargs"] == {
+        "enable_thinking": False
+    }
+    assert (recipe["report_to"], recipe["run_name"], recipe["save_best"]) == (
+        ["wandb", "tensorboard"],
+        "r1",
+        "eval/reward",
+    )
+    assert (recipe["algo"]["objective"], recipe["algo"]["sapo_temperature_neg"], recipe["algo"]["entropy_coef"]) == (
+        "sapo",
+        2.0,
+        0.01,
+    )
     with pytest.raises(ConfigError, match="lr_scheduler_type='polynomial'.*constant_with_warmup"):
         trl_recipe(GRPOConfig(lr_scheduler_type="polynomial"))
     with pytest.raises(ConfigError, match="generation_kwargs.*JSON"):
@@ -137,17 +221,32 @@ def test_reward_model_ids_are_refused():
     from grpolab import GRPOTrainer
 
     with pytest.raises(ConfigError, match=r"reward_funcs\[0\].*hub id"):
-        GRPOTrainer(model="smollm2-135m", reward_funcs="OpenAssistant/reward-model-deberta",
-                    args=GRPOConfig(output_dir="x"), train_dataset=[{"prompt": "hi"}])
+        GRPOTrainer(
+            model="smollm2-135m",
+            reward_funcs="OpenAssistant/reward-model-deberta",
+            args=GRPOConfig(output_dir="x"),
+            train_dataset=[{"prompt": "hi"}],
+        )
 
 
 def test_trl_names_among_settings_convert_without_false_friends():
-    out, _ = trl_overrides({"scale_rewards": "batch", "max_steps": 10, "learning_rate": 1e-6, "seed": 3,
-                            "per_device_train_batch_size": 4, "algo": "dapo"})
+    out, _ = trl_overrides(
+        {
+            "scale_rewards": "batch",
+            "max_steps": 10,
+            "learning_rate": 1e-6,
+            "seed": 3,
+            "per_device_train_batch_size": 4,
+            "algo": "dapo",
+        }
+    )
     assert out["steps"] == 10 and out["lr"] == 1e-6 and out["seed"] == 3
     assert (out["batch_size"], out["micro_batch"]) == (4, 4)
     assert out["algo"] == {"name": "dapo", "advantage": "group_mean", "adv_scale": "batch_std_unbiased"}
-    assert trl_overrides({"report_to": "wandb", "run_name": "x"})[0] == {"report_to": "wandb", "run_name": "x"}  # grpolab's too
+    assert trl_overrides({"report_to": "wandb", "run_name": "x"})[0] == {
+        "report_to": "wandb",
+        "run_name": "x",
+    }  # grpolab's too
 
 
 def test_grpolab_train_takes_a_grpoconfig_as_args(tmp_path):
@@ -187,7 +286,7 @@ def test_epoch_order_visits_every_row_once_per_epoch_seeded():
     from grpolab.tasks._args import epoch_order
 
     order = epoch_order(7, 0, 21, seed=5)
-    assert [sorted(order[i:i + 7]) for i in (0, 7, 14)] == [list(range(7))] * 3
+    assert [sorted(order[i : i + 7]) for i in (0, 7, 14)] == [list(range(7))] * 3
     assert order[:7] != order[7:14]  # a new order each epoch (seeded: fixed for this seed)
     assert epoch_order(7, 3, 10, seed=5) == order[3:13]  # any window: what a resumed run takes
     assert epoch_order(7, 0, 7, seed=6) != order[:7]
@@ -259,9 +358,20 @@ def test_cli_runs_with_max_steps(tiny_model_dir, tmp_path, capsys):
     import yaml
 
     out = tmp_path / "run"
-    code, text = _cli("train", f"model={tiny_model_dir}", "max_steps=1", "learning_rate=3e-6", "batch_size=4", "G=2",
-                      "max_new_tokens=4", "eval_size=0", f"out={out}", "report=false", "progress=false",
-                      capsys=capsys)
+    code, text = _cli(
+        "train",
+        f"model={tiny_model_dir}",
+        "max_steps=1",
+        "learning_rate=3e-6",
+        "batch_size=4",
+        "G=2",
+        "max_new_tokens=4",
+        "eval_size=0",
+        f"out={out}",
+        "report=false",
+        "progress=false",
+        capsys=capsys,
+    )
     assert code == 0, text
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     assert (cfg["steps"], cfg["lr"]) == (1, 3e-6)

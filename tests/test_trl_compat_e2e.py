@@ -37,10 +37,22 @@ def test_trl_script_with_the_import_changed(tiny_model_dir, tmp_path):
             self.steps.append(state.global_step)
 
     out = tmp_path / "run"
-    args = GRPOConfig(output_dir=str(out), num_train_epochs=1, max_completion_length=8, num_generations=4,
-                      per_device_train_batch_size=8, bf16=False)
-    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=counts, args=args, train_dataset=Prompts(),
-                          eval_dataset=[{"prompt": "Count to 9:", "n": 9}], callbacks=[StepLog()])
+    args = GRPOConfig(
+        output_dir=str(out),
+        num_train_epochs=1,
+        max_completion_length=8,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        bf16=False,
+    )
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=counts,
+        args=args,
+        train_dataset=Prompts(),
+        eval_dataset=[{"prompt": "Count to 9:", "n": 9}],
+        callbacks=[StepLog()],
+    )
     result = trainer.train()
     assert result.global_step == 2  # ceil(1 epoch x 4 rows / 2 prompts per step)
     assert StepLog.steps == [1, 2]
@@ -49,10 +61,18 @@ def test_trl_script_with_the_import_changed(tiny_model_dir, tmp_path):
     assert sorted(trained) == sorted(f"Count to {k}:" for k in range(2, 6) for _ in range(4))
     assert result.metrics["eval_before"]["n"] == 1 and result.metrics["eval_after"]["n"] == 1
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    assert (cfg["lr"], cfg["seed"], cfg["adam_betas"], cfg["warmup_steps"], cfg["algo"]["beta"]) == \
-        (1e-6, 42, [0.9, 0.999], 0, 0.0)
-    assert (cfg["algo"]["aggregation"], cfg["algo"]["advantage"], cfg["steps"]) == \
-        ("token_mean", "group_zscore_unbiased", 2)
+    assert (cfg["lr"], cfg["seed"], cfg["adam_betas"], cfg["warmup_steps"], cfg["algo"]["beta"]) == (
+        1e-6,
+        42,
+        [0.9, 0.999],
+        0,
+        0.0,
+    )
+    assert (cfg["algo"]["aggregation"], cfg["algo"]["advantage"], cfg["steps"]) == (
+        "token_mean",
+        "group_zscore_unbiased",
+        2,
+    )
     assert (cfg["lr_scheduler"], cfg["eval_num_generations"]) == ("linear", 4)  # eval: num_generations samples
     lrs = [json.loads(line)["lr"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lrs == pytest.approx([0.5e-6, 0.0], abs=1e-15)  # linear over 2 updates: the next update's lr

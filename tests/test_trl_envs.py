@@ -26,10 +26,21 @@ import grpolab
 from grpolab.app.cli import main
 
 ENVS = Path(__file__).resolve().parent / "envs"
-TRL, TOOLS, OPENENV, SKYRL, CHECKS = (ENVS / f"{n}.py" for n in ("trl_counter", "trl_tools", "openenv_style",
-                                                                  "skyrl_style", "checks"))
-COMMON = {"steps": 2, "batch_size": 4, "G": 2, "micro_batch": 4, "eval_size": 1, "progress": False, "report": False,
-          "tensorboard": False, "lr": 1e-3, "algo.beta": 0.0}
+TRL, TOOLS, OPENENV, SKYRL, CHECKS = (
+    ENVS / f"{n}.py" for n in ("trl_counter", "trl_tools", "openenv_style", "skyrl_style", "checks")
+)
+COMMON = {
+    "steps": 2,
+    "batch_size": 4,
+    "G": 2,
+    "micro_batch": 4,
+    "eval_size": 1,
+    "progress": False,
+    "report": False,
+    "tensorboard": False,
+    "lr": 1e-3,
+    "algo.beta": 0.0,
+}
 ENV = {"max_turns": 2, "max_turn_tokens": 2, "max_model_tokens": 4}
 
 
@@ -77,37 +88,62 @@ def check_tools_only(m, steps):
 
 
 CASES = {
-    "trl_tools_only": dict(env={"tools": (TOOLS, "TOOLS"), "tool_thread": "main"},
-                           rows=lambda form: [{**r, "answer": "done"} for r in counter_rows(form)],
-                           rewards=[(TOOLS, "structure_reward"), (TOOLS, "argument_reward"),
-                                    (TOOLS, "correctness_reward")], check=check_tools_only),
-    "trl_tools": dict(env={"name": (TRL, "CounterEnv"), "tool_thread": "main"}, rows=counter_rows,
-                      rewards=[(TRL, "reward_func"), (TRL, "level_seen")], check=check_tools),
-    "trl_empty_prompt": dict(env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
-                             rows=lambda form: counter_rows(form, ""), rewards=[(TRL, "level_seen")],
-                             check=check_written_prompt),
-    "trl_routed": dict(env={"factories": {"counter": (TRL, "CounterEnv"), "parity": (TRL, "ParityEnv")},
-                            "tool_thread": "main"},
-                       rows=lambda form: [{"prompt": prompt(form, "Go."), "environment": ("counter", "parity")[k % 2],
-                                           "level": k} for k in range(10)],
-                       rewards=[(TRL, "routed_right"), (TRL, "level_seen")],
-                       check=lambda m, s: m["reward/routed_right/mean"] == m["reward/level_seen/mean"] == 1.0 or
-                       pytest.fail(str(m))),
-    "openenv_text": dict(env={"name": (OPENENV, "WordGuessEnvironment")}, rows=lambda form: counter_rows(form, "Play."),
-                         rewards=[(OPENENV, "steps_taken"), (CHECKS, "varied")],
-                         check=lambda m, s: (1.0 <= m["reward/steps_taken/mean"] <= 2.0 and
-                                             0.0 <= m["reward/env/mean"] <= 2.0) or pytest.fail(str(m))),
-    "openenv_tool": dict(env={"name": (OPENENV, "GridEnvironment")}, rows=lambda form: counter_rows(form, "Walk."),
-                         rewards=[(OPENENV, "steps_taken"), (CHECKS, "varied")],
-                         check=lambda m, s: (m["env/calls/MoveAction"] > 0 and m["reward/steps_taken/mean"] > 0)
-                         or pytest.fail(str(m))),
-    "skyrl": dict(env={"name": (SKYRL, "OneWordEnv"), "options": {"max_turns": 2}},
-                  rows=lambda form: [{"prompt": prompt(form, "Say a word."), "env_class": "one_word",
-                                      "reward_spec": {"method": "rule", "ground_truth": "done"},
-                                      "extra_info": {"index": k}} for k in range(10)],  # no answer column
-                  rewards=[(SKYRL, "turns_used"), (CHECKS, "system_first")],
-                  check=lambda m, s: (1.0 <= m["reward/turns_used/mean"] <= 2.0 and
-                                      m["reward/system_first/mean"] == 1.0) or pytest.fail(str(m))),
+    "trl_tools_only": dict(
+        env={"tools": (TOOLS, "TOOLS"), "tool_thread": "main"},
+        rows=lambda form: [{**r, "answer": "done"} for r in counter_rows(form)],
+        rewards=[(TOOLS, "structure_reward"), (TOOLS, "argument_reward"), (TOOLS, "correctness_reward")],
+        check=check_tools_only,
+    ),
+    "trl_tools": dict(
+        env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
+        rows=counter_rows,
+        rewards=[(TRL, "reward_func"), (TRL, "level_seen")],
+        check=check_tools,
+    ),
+    "trl_empty_prompt": dict(
+        env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
+        rows=lambda form: counter_rows(form, ""),
+        rewards=[(TRL, "level_seen")],
+        check=check_written_prompt,
+    ),
+    "trl_routed": dict(
+        env={"factories": {"counter": (TRL, "CounterEnv"), "parity": (TRL, "ParityEnv")}, "tool_thread": "main"},
+        rows=lambda form: [
+            {"prompt": prompt(form, "Go."), "environment": ("counter", "parity")[k % 2], "level": k} for k in range(10)
+        ],
+        rewards=[(TRL, "routed_right"), (TRL, "level_seen")],
+        check=lambda m, s: m["reward/routed_right/mean"] == m["reward/level_seen/mean"] == 1.0 or pytest.fail(str(m)),
+    ),
+    "openenv_text": dict(
+        env={"name": (OPENENV, "WordGuessEnvironment")},
+        rows=lambda form: counter_rows(form, "Play."),
+        rewards=[(OPENENV, "steps_taken"), (CHECKS, "varied")],
+        check=lambda m, s: (
+            (1.0 <= m["reward/steps_taken/mean"] <= 2.0 and 0.0 <= m["reward/env/mean"] <= 2.0) or pytest.fail(str(m))
+        ),
+    ),
+    "openenv_tool": dict(
+        env={"name": (OPENENV, "GridEnvironment")},
+        rows=lambda form: counter_rows(form, "Walk."),
+        rewards=[(OPENENV, "steps_taken"), (CHECKS, "varied")],
+        check=lambda m, s: (m["env/calls/MoveAction"] > 0 and m["reward/steps_taken/mean"] > 0) or pytest.fail(str(m)),
+    ),
+    "skyrl": dict(
+        env={"name": (SKYRL, "OneWordEnv"), "options": {"max_turns": 2}},
+        rows=lambda form: [
+            {
+                "prompt": prompt(form, "Say a word."),
+                "env_class": "one_word",
+                "reward_spec": {"method": "rule", "ground_truth": "done"},
+                "extra_info": {"index": k},
+            }
+            for k in range(10)
+        ],  # no answer column
+        rewards=[(SKYRL, "turns_used"), (CHECKS, "system_first")],
+        check=lambda m, s: (
+            (1.0 <= m["reward/turns_used/mean"] <= 2.0 and m["reward/system_first/mean"] == 1.0) or pytest.fail(str(m))
+        ),
+    ),
 }
 
 
@@ -181,19 +217,32 @@ def test_environment_written_for_another_trainer_trains_unchanged(name, form, en
     if name == "trl_tools":  # the conversations reward functions read carry TRL's parsed tool_calls
         convs = [s["conversation"] for s in read_jsonl(out / "samples.jsonl")]
         calls = [m["tool_calls"] for c in convs for m in c if m["role"] == "assistant" and "tool_calls" in m]
-        assert [{"type": "function", "function": {"name": "increment", "arguments": {"step": 1}}},
-                {"type": "function", "function": {"name": "peek", "arguments": {}}}] in calls
+        assert [
+            {"type": "function", "function": {"name": "increment", "arguments": {"step": 1}}},
+            {"type": "function", "function": {"name": "peek", "arguments": {}}},
+        ] in calls
         tool_msgs = [m for c in convs for m in c if m["role"] == "tool"]
-        assert {"role": "tool", "name": "peek", "content": "1.0"} in tool_msgs  # the async tool saw the sync one's effect
+        assert {
+            "role": "tool",
+            "name": "peek",
+            "content": "1.0",
+        } in tool_msgs  # the async tool saw the sync one's effect
 
 
 NO_DATA = {
     # TRL's routing rows carry no prompt column; TRL's train_dataset=None (task=env) has no rows at all
-    "no_prompt_column": dict(env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
-                             rows=lambda form: [{"level": k} for k in range(10)], rewards=[(TRL, "level_seen")],
-                             check=check_written_prompt),
-    "no_dataset": dict(env={"name": (TRL, "CounterEnv"), "tool_thread": "main"}, rows=None,
-                       rewards=[(TRL, "level_seen"), (TRL, "reward_func")], check=check_written_prompt),
+    "no_prompt_column": dict(
+        env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
+        rows=lambda form: [{"level": k} for k in range(10)],
+        rewards=[(TRL, "level_seen")],
+        check=check_written_prompt,
+    ),
+    "no_dataset": dict(
+        env={"name": (TRL, "CounterEnv"), "tool_thread": "main"},
+        rows=None,
+        rewards=[(TRL, "level_seen"), (TRL, "reward_func")],
+        check=check_written_prompt,
+    ),
 }
 
 
@@ -211,26 +260,52 @@ def test_a_tool_using_signal_alarm_fails_on_worker_threads_and_says_so(model, tm
     assert main(["train", f"model={model}", f"out={out}", *cli_args(case, counter_rows("messages"), tmp_path)]) == 0
     for m in read_jsonl(out / "metrics.jsonl"):
         assert m["env/errors_exception"] == m["env/calls/increment"] > 0
-    tool_msgs = [m for s in read_jsonl(out / "samples.jsonl") for m in s["conversation"] if m.get("name") == "increment"]
+    tool_msgs = [
+        m for s in read_jsonl(out / "samples.jsonl") for m in s["conversation"] if m.get("name") == "increment"
+    ]
     assert "signal only works in main thread" in tool_msgs[0]["content"]
 
 
-@pytest.mark.parametrize("setting,rows,message", [
-    (["env.name=calculator_python", "task=env"], None,
-     "rewards: no reward source: the task has no default reward and the environment gives none"),
-    (["env.name=calculator_python", f"rewards=[{{name: '{CHECKS}:varied'}}]"], [{"prompt": ""}] * 5,
-     "empty prompt, and the environment's reset() returned no text for it"),
-    ([f"env.factories.counter={TRL}:CounterEnv", f"rewards=[{{name: '{CHECKS}:varied'}}]"],
-     [{"prompt": "Go."}] * 5, "has `environment=None`, which is not among env.factories (counter)"),
-    ([f"env.name={CHECKS}:OwnGeneratorEnv", "task=env", f"rewards=[{{name: '{CHECKS}:varied'}}]"], None,
-     "wrote different prompts for its 2 trajectories"),
-])
+@pytest.mark.parametrize(
+    "setting,rows,message",
+    [
+        (
+            ["env.name=calculator_python", "task=env"],
+            None,
+            "rewards: no reward source: the task has no default reward and the environment gives none",
+        ),
+        (
+            ["env.name=calculator_python", f"rewards=[{{name: '{CHECKS}:varied'}}]"],
+            [{"prompt": ""}] * 5,
+            "empty prompt, and the environment's reset() returned no text for it",
+        ),
+        (
+            [f"env.factories.counter={TRL}:CounterEnv", f"rewards=[{{name: '{CHECKS}:varied'}}]"],
+            [{"prompt": "Go."}] * 5,
+            "has `environment=None`, which is not among env.factories (counter)",
+        ),
+        (
+            [f"env.name={CHECKS}:OwnGeneratorEnv", "task=env", f"rewards=[{{name: '{CHECKS}:varied'}}]"],
+            None,
+            "wrote different prompts for its 2 trajectories",
+        ),
+    ],
+)
 def test_what_an_environment_run_cannot_do_is_a_usage_error(setting, rows, message, model, tmp_path, capsys):
     """Exit 2 with the reason, nothing trained: no reward at all (TRL: "No reward source provided"), an
     empty prompt that reset does not fill, a routed row without its `environment` column, an environment
     whose random tasks differ within a group (a generator of its own, which grpolab cannot seed)."""
-    args = [f"model={model}", f"out={tmp_path / 'run'}", "steps=1", "batch_size=4", "G=2", "eval_size=0",
-            "progress=false", "report=false", *setting]
+    args = [
+        f"model={model}",
+        f"out={tmp_path / 'run'}",
+        "steps=1",
+        "batch_size=4",
+        "G=2",
+        "eval_size=0",
+        "progress=false",
+        "report=false",
+        *setting,
+    ]
     if rows is not None:
         (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         args += ["task=dataset", f"task_args.path={tmp_path / 'rows.jsonl'}", "task_args.eval_size=1"]

@@ -46,27 +46,58 @@ def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entro
     trl_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is in the test extra")
     from trl import GRPOConfig
 
-    config = GRPOConfig(output_dir="/tmp/unused", loss_type=loss_type, report_to=[], use_cpu=True, bf16=False,
-                        importance_sampling_level="sequence" if loss_type == "luspo" else "token", **args)
+    config = GRPOConfig(
+        output_dir="/tmp/unused",
+        loss_type=loss_type,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        importance_sampling_level="sequence" if loss_type == "luspo" else "token",
+        **args,
+    )
     logp = logp.clone().requires_grad_(True)
     ent = (entropies if entropies is not None else torch.zeros_like(logp)).clone().requires_grad_(True)
-    accel = SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda x: x,
-                            gather_for_metrics=lambda x: x, reduce=lambda x, reduction="sum": x,
-                            unwrap_model=lambda m: m)
+    accel = SimpleNamespace(
+        num_processes=1,
+        sync_gradients=True,
+        gather=lambda x: x,
+        gather_for_metrics=lambda x: x,
+        reduce=lambda x, reduction="sum": x,
+        unwrap_model=lambda m: m,
+    )
     me = SimpleNamespace(
-        args=config, loss_type=loss_type, beta=config.beta, epsilon_low=config.epsilon,
+        args=config,
+        loss_type=loss_type,
+        beta=config.beta,
+        epsilon_low=config.epsilon,
         epsilon_high=config.epsilon_high if config.epsilon_high is not None else config.epsilon,
-        importance_sampling_level=config.importance_sampling_level, top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None, use_vllm=False, vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, accelerator=accel,
-        _metrics={"train": defaultdict(list)}, max_completion_length=mask.shape[1], aux_loss_enabled=False,
-        entropy_coef=entropy_coef, use_adaptive_entropy=False, _entropy_bonus_enabled=entropy_coef != 0.0,
+        importance_sampling_level=config.importance_sampling_level,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        accelerator=accel,
+        _metrics={"train": defaultdict(list)},
+        max_completion_length=mask.shape[1],
+        aux_loss_enabled=False,
+        entropy_coef=entropy_coef,
+        use_adaptive_entropy=False,
+        _entropy_bonus_enabled=entropy_coef != 0.0,
         get_gamma_weights=trl_trainer.GRPOTrainer.get_gamma_weights,
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, ent, None))
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, ent, None),
+    )
     n = mask.shape[0]
-    inputs = {"prompt_ids": torch.zeros((n, 1), dtype=torch.long), "prompt_mask": torch.ones((n, 1), dtype=torch.long),
-              "completion_ids": torch.zeros(mask.shape, dtype=torch.long), "completion_mask": mask,
-              "advantages": adv, "old_per_token_logps": old_logp, "num_items_in_batch": mask.sum()}
+    inputs = {
+        "prompt_ids": torch.zeros((n, 1), dtype=torch.long),
+        "prompt_mask": torch.ones((n, 1), dtype=torch.long),
+        "completion_ids": torch.zeros(mask.shape, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old_logp,
+        "num_items_in_batch": mask.sum(),
+    }
     config.steps_per_generation = 1  # one process, one accumulation step: the generation batch is this one
     loss = trl_trainer.GRPOTrainer._compute_loss(me, None, inputs)
     g_logp, g_ent = torch.autograd.grad(loss, [logp, ent], allow_unused=True)
@@ -85,8 +116,12 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
 def test_sapo_worked_arithmetic():
     algo = resolve_algo("sapo")
-    assert (algo.objective, algo.aggregation, algo.sapo_temperature_pos, algo.sapo_temperature_neg) == \
-        ("sapo", "seq_mean", 1.0, 1.05)
+    assert (algo.objective, algo.aggregation, algo.sapo_temperature_pos, algo.sapo_temperature_neg) == (
+        "sapo",
+        "seq_mean",
+        1.0,
+        1.05,
+    )
     logp, old = torch.log(torch.tensor([[1.5], [0.5]])), torch.zeros(2, 1)
     loss, (grad,), info = grpolab_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), algo)
     # token 0: ratio 1.5, A = +1, tau = 1    -> f = 4 sigmoid(0.5) / 1           = 2.489837 -> loss -2.489837
@@ -98,8 +133,9 @@ def test_sapo_worked_arithmetic():
     # d loss / d logp = -A * 4 s (1 - s) * ratio / 2 (the gate's slope times d ratio / d logp = ratio)
     # token 0: -1 * 4 * 0.622459 * 0.377541 * 1.5 / 2 = -0.705009;  token 1: +4 s (1 - s) * 0.5 / 2, s = sigmoid(-0.525)
     s0, s1 = sig(0.5), sig(-0.525)
-    assert torch.allclose(grad.squeeze(1), torch.tensor([-4 * s0 * (1 - s0) * 1.5 / 2, 4 * s1 * (1 - s1) * 0.5 / 2]),
-                          atol=1e-6)
+    assert torch.allclose(
+        grad.squeeze(1), torch.tensor([-4 * s0 * (1 - s0) * 1.5 / 2, 4 * s1 * (1 - s1) * 0.5 / 2]), atol=1e-6
+    )
     assert info["clip/frac"] == 0.0  # a soft gate clips nothing
 
 
@@ -131,8 +167,11 @@ def test_vespo_weight_worked_arithmetic():
     # seq 2: exp(-0.25 + 0.15) = exp(-0.1) (the padded third token does not count), A >= 0:
     #   phi = exp(3 - 0.2 - 3 e^-0.1) = exp(2.8 - 2.714512) = 1.089248
     phi = vespo_weight(LOGP - OLD, ADV, MASK, algo)
-    want = [math.exp(3 + 2 * 0.2 - 3 * math.exp(0.2)), math.exp(2 + 3 * 0.15 - 2 * math.exp(0.15)),
-            math.exp(3 - 2 * 0.1 - 3 * math.exp(-0.1))]
+    want = [
+        math.exp(3 + 2 * 0.2 - 3 * math.exp(0.2)),
+        math.exp(2 + 3 * 0.15 - 2 * math.exp(0.15)),
+        math.exp(3 - 2 * 0.1 - 3 * math.exp(-0.1)),
+    ]
     assert want == pytest.approx([0.767814, 1.134658, 1.089248], abs=1e-6)
     assert torch.allclose(phi, torch.tensor(want), atol=1e-5)
     assert vespo_weight(torch.zeros(3, 3), ADV, MASK, algo).tolist() == pytest.approx([1.0, 1.0, 1.0])  # phi(1) = 1
@@ -179,8 +218,8 @@ def test_luspo_is_gspo_times_the_length():
     gspo = dataclasses.replace(luspo, aggregation="seq_mean")
     lengths = MASK.sum(1)
     for i in range(3):  # one sequence at a time: luspo = |y_i| * gspo
-        l_u, _, _ = grpolab_loss(LOGP[i:i + 1], OLD[i:i + 1], ADV[i:i + 1], MASK[i:i + 1], luspo)
-        l_g, _, _ = grpolab_loss(LOGP[i:i + 1], OLD[i:i + 1], ADV[i:i + 1], MASK[i:i + 1], gspo)
+        l_u, _, _ = grpolab_loss(LOGP[i : i + 1], OLD[i : i + 1], ADV[i : i + 1], MASK[i : i + 1], luspo)
+        l_g, _, _ = grpolab_loss(LOGP[i : i + 1], OLD[i : i + 1], ADV[i : i + 1], MASK[i : i + 1], gspo)
         assert l_u == pytest.approx(float(lengths[i]) * l_g, abs=1e-6)
 
 
@@ -256,9 +295,16 @@ def test_entropy_gradient_through_the_chunked_head():
 
 def rollout_of(mask: torch.Tensor, truncated: list[bool], G: int) -> Rollout:
     n, c = mask.shape
-    return Rollout(prompt_ids=torch.zeros((n, 1), dtype=torch.long), prompt_mask=torch.ones((n, 1), dtype=torch.long),
-                   completion_ids=torch.zeros((n, c), dtype=torch.long), completion_mask=mask,
-                   sample_logp=torch.zeros((n, c)), truncated=torch.tensor(truncated), texts=[""] * n, G=G)
+    return Rollout(
+        prompt_ids=torch.zeros((n, 1), dtype=torch.long),
+        prompt_mask=torch.ones((n, 1), dtype=torch.long),
+        completion_ids=torch.zeros((n, c), dtype=torch.long),
+        completion_mask=mask,
+        sample_logp=torch.zeros((n, c)),
+        truncated=torch.tensor(truncated),
+        texts=[""] * n,
+        G=G,
+    )
 
 
 def test_mask_truncated_completions_zeroes_their_loss():

@@ -13,13 +13,37 @@ from grpolab.app.cli import main
 
 pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: test_varied in the registry
 
-OPTIONS = ["algo=sapo", "algo.beta=0.04", "algo.steps_per_generation=2", "algo.entropy_coef=0.01",
-           "algo.sync_ref_model=true", "algo.sync_ref_model_steps=1",
-           "algo.sync_ref_model_alpha=0.5", "top_k=20", "min_p=0.01", "repetition_penalty=1.1",
-           "lr_scheduler=linear", "warmup_ratio=0.25", "chat_template_kwargs.enable_thinking=false", "lr=1e-3"]
-SMALL = ["steps=2", "batch_size=8", "G=4", "max_new_tokens=6", "micro_batch=4", "eval_size=0", "progress=false",
-         "samples_per_step=2", "tensorboard=false", "report=false", "save_every=1", "keep_checkpoints=2",
-         "rewards=[{name: test_varied}]"]
+OPTIONS = [
+    "algo=sapo",
+    "algo.beta=0.04",
+    "algo.steps_per_generation=2",
+    "algo.entropy_coef=0.01",
+    "algo.sync_ref_model=true",
+    "algo.sync_ref_model_steps=1",
+    "algo.sync_ref_model_alpha=0.5",
+    "top_k=20",
+    "min_p=0.01",
+    "repetition_penalty=1.1",
+    "lr_scheduler=linear",
+    "warmup_ratio=0.25",
+    "chat_template_kwargs.enable_thinking=false",
+    "lr=1e-3",
+]
+SMALL = [
+    "steps=2",
+    "batch_size=8",
+    "G=4",
+    "max_new_tokens=6",
+    "micro_batch=4",
+    "eval_size=0",
+    "progress=false",
+    "samples_per_step=2",
+    "tensorboard=false",
+    "report=false",
+    "save_every=1",
+    "keep_checkpoints=2",
+    "rewards=[{name: test_varied}]",
+]
 
 
 def test_trl_options_train_end_to_end(tiny_model_dir, tmp_path):
@@ -46,16 +70,30 @@ def test_trl_options_train_end_to_end(tiny_model_dir, tmp_path):
     assert changed(ref1, ref2), "the reference did not move between steps"
     policy = weights(ck / "step-000002")
     common = sorted(set(policy) & set(ref2))
-    assert common and changed({k: policy[k] for k in common}, {k: ref2[k].to(policy[k].dtype) for k in common}), \
+    assert common and changed({k: policy[k] for k in common}, {k: ref2[k].to(policy[k].dtype) for k in common}), (
         "the reference is a mix, not a copy of the policy"
+    )
 
 
 def test_masked_truncated_completions_move_nothing(tiny_model_dir, tmp_path):
     """The tiny model never writes EOS, so every completion hits max_new_tokens: with
     algo.mask_truncated_completions the loss reads no token and the weights stay exactly as they were."""
     out = tmp_path / "masked"
-    assert main(["train", f"model={tiny_model_dir}", f"out={out}", *SMALL, "steps=1", "algo=dapo", "lr=1e-2",
-                 "algo.mask_truncated_completions=true"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"model={tiny_model_dir}",
+                f"out={out}",
+                *SMALL,
+                "steps=1",
+                "algo=dapo",
+                "lr=1e-2",
+                "algo.mask_truncated_completions=true",
+            ]
+        )
+        == 0
+    )
     (m,) = read_jsonl(out / "metrics.jsonl")
     assert m["update/masked_truncated"] == 8.0 and m["completion/truncated_frac"] == 1.0
     assert not changed(weights(tiny_model_dir), weights(out / "checkpoints" / "step-000001"))
@@ -66,6 +104,7 @@ def test_masked_truncated_completions_move_nothing(tiny_model_dir, tmp_path):
 
 def test_sync_ref_model_with_lora_is_refused(tiny_model_dir, tmp_path):
     pytest.importorskip("peft", reason="the lora extra (in the test extra) is not installed")
-    rc = main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'lora'}", *SMALL, "algo.sync_ref_model=true",
-               "lora.r=4"])
+    rc = main(
+        ["train", f"model={tiny_model_dir}", f"out={tmp_path / 'lora'}", *SMALL, "algo.sync_ref_model=true", "lora.r=4"]
+    )
     assert rc == 2

@@ -14,10 +14,17 @@ import torch
 
 from grpolab.algo.presets import AlgoConfig
 from grpolab.engine.base import Sampling
+from grpolab.engine.native.sampling import (
+    Filters,
+    apply_repetition_penalty,
+    is_plain,
+    sample_token,
+    sampling_logp,
+    seen_tokens,
+)
 from grpolab.engine.vllm_engine import vllm_sampling_kwargs
 from grpolab.model.optim import SCHEDULES, build_scheduler
 from grpolab.model.reference import FrozenCopy, mix_into
-from grpolab.engine.native.sampling import Filters, apply_repetition_penalty, is_plain, sample_token, sampling_logp, seen_tokens
 from grpolab.training.config import build_config
 from grpolab.training.options import check_engine_kwargs, extra_generation_kwargs, lr_updates, sampling_values
 from grpolab.training.step import sync_reference
@@ -49,8 +56,10 @@ def test_seen_tokens_skips_padding():
     assert seen[0].nonzero().flatten().tolist() == [2] and seen[1].nonzero().flatten().tolist() == [1, 3, 4]
 
 
-@pytest.mark.parametrize("T,top_k,top_p,min_p,pen", [(1.0, 5, 1.0, 0.0, 1.0), (0.7, 0, 1.0, 0.1, 1.0),
-                                                      (1.3, 10, 0.8, 0.05, 1.2), (1.0, 0, 0.9, 0.0, 0.8)])
+@pytest.mark.parametrize(
+    "T,top_k,top_p,min_p,pen",
+    [(1.0, 5, 1.0, 0.0, 1.0), (0.7, 0, 1.0, 0.1, 1.0), (1.3, 10, 0.8, 0.05, 1.2), (1.0, 0, 0.9, 0.0, 0.8)],
+)
 def test_sampling_distribution_is_transformers(T, top_k, top_p, min_p, pen):
     """sampling_logp = log_softmax of transformers' chain: repetition penalty, temperature, top-k, top-p, min-p
     (GenerationMixin._get_logits_processor's order), on the same logits and sequences."""
@@ -65,10 +74,12 @@ def test_sampling_distribution_is_transformers(T, top_k, top_p, min_p, pen):
 
     z = logits_batch(1)
     ids = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(2))
-    chain = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(pen), TemperatureLogitsWarper(T)]
-                                + ([TopKLogitsWarper(top_k)] if top_k > 0 else [])
-                                + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
-                                + ([MinPLogitsWarper(min_p)] if min_p > 0 else []))
+    chain = LogitsProcessorList(
+        [RepetitionPenaltyLogitsProcessor(pen), TemperatureLogitsWarper(T)]
+        + ([TopKLogitsWarper(top_k)] if top_k > 0 else [])
+        + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        + ([MinPLogitsWarper(min_p)] if min_p > 0 else [])
+    )
     want = torch.log_softmax(chain(ids, z.clone()), -1)
     got = sampling_logp(z, T, top_p, Filters(top_k, min_p, pen), seen_tokens(ids, torch.ones_like(ids), 50))
     assert torch.equal(torch.isinf(got), torch.isinf(want))  # the same tokens removed
@@ -111,15 +122,34 @@ def test_native_generate_repetition_penalty_is_transformers_generate(lively_mode
 
     tiny_model = lively_model
     prompt = tiny_tokenizer("one two three four")["input_ids"]
-    r = generate(tiny_model, tiny_tokenizer, [prompt], G=1, max_new_tokens=10, greedy=True, eos_ids=set(), lean=False,
-                 filters=Filters(top_k=3, repetition_penalty=2.0))
+    r = generate(
+        tiny_model,
+        tiny_tokenizer,
+        [prompt],
+        G=1,
+        max_new_tokens=10,
+        greedy=True,
+        eos_ids=set(),
+        lean=False,
+        filters=Filters(top_k=3, repetition_penalty=2.0),
+    )
     ids = torch.tensor([prompt])
-    hf = tiny_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, repetition_penalty=2.0,
-                             max_new_tokens=10, min_new_tokens=10, top_k=None, top_p=None, temperature=None,
-                             pad_token_id=0)
-    assert r.completion_ids[0].tolist() == hf[0, len(prompt):].tolist()
-    plain = generate(tiny_model, tiny_tokenizer, [prompt], G=1, max_new_tokens=10, greedy=True, eos_ids=set(),
-                     lean=False)
+    hf = tiny_model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        repetition_penalty=2.0,
+        max_new_tokens=10,
+        min_new_tokens=10,
+        top_k=None,
+        top_p=None,
+        temperature=None,
+        pad_token_id=0,
+    )
+    assert r.completion_ids[0].tolist() == hf[0, len(prompt) :].tolist()
+    plain = generate(
+        tiny_model, tiny_tokenizer, [prompt], G=1, max_new_tokens=10, greedy=True, eos_ids=set(), lean=False
+    )
     assert plain.completion_ids[0].tolist() != r.completion_ids[0].tolist()  # the penalty changed the greedy path
 
 
@@ -129,8 +159,17 @@ def test_native_top_k_1_sampling_equals_greedy(lively_model, tiny_tokenizer):
     tiny_model = lively_model
     prompts = [tiny_tokenizer("a b c")["input_ids"], tiny_tokenizer("hello there friend")["input_ids"]]
     greedy = generate(tiny_model, tiny_tokenizer, prompts, G=2, max_new_tokens=6, greedy=True, eos_ids=set())
-    sampled = generate(tiny_model, tiny_tokenizer, prompts, G=2, max_new_tokens=6, greedy=False, eos_ids=set(),
-                       generator=torch.Generator().manual_seed(0), filters=Filters(top_k=1))
+    sampled = generate(
+        tiny_model,
+        tiny_tokenizer,
+        prompts,
+        G=2,
+        max_new_tokens=6,
+        greedy=False,
+        eos_ids=set(),
+        generator=torch.Generator().manual_seed(0),
+        filters=Filters(top_k=1),
+    )
     assert torch.equal(greedy.completion_ids, sampled.completion_ids)
     assert torch.allclose(sampled.sample_logp, torch.zeros_like(sampled.sample_logp))
 
@@ -149,14 +188,20 @@ def test_generation_kwargs_override_and_route():
     check_engine_kwargs(build_config(None, ["generation_kwargs={top_p: 0.9}"]), "native")
 
 
-@pytest.mark.parametrize("override,key", [("top_k=-2", "top_k"), ("min_p=1.0", "min_p"),
-                                          ("repetition_penalty=0", "repetition_penalty"),
-                                          ("generation_kwargs={temperature: 0}", "generation_kwargs.temperature"),
-                                          ("lr_scheduler=cosine_with_restarts", "lr_scheduler"),
-                                          ("warmup_ratio=1.5", "warmup_ratio"),
-                                          ("algo.steps_per_generation=3", "algo.steps_per_generation"),
-                                          ("algo.sync_ref_model_alpha=0", "algo.sync_ref_model_alpha"),
-                                          ("algo.sapo_temperature_neg=0", "algo.sapo_temperature_neg")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("top_k=-2", "top_k"),
+        ("min_p=1.0", "min_p"),
+        ("repetition_penalty=0", "repetition_penalty"),
+        ("generation_kwargs={temperature: 0}", "generation_kwargs.temperature"),
+        ("lr_scheduler=cosine_with_restarts", "lr_scheduler"),
+        ("warmup_ratio=1.5", "warmup_ratio"),
+        ("algo.steps_per_generation=3", "algo.steps_per_generation"),
+        ("algo.sync_ref_model_alpha=0", "algo.sync_ref_model_alpha"),
+        ("algo.sapo_temperature_neg=0", "algo.sapo_temperature_neg"),
+    ],
+)
 def test_bad_values_name_their_key(override, key):
     """(default batch_size 32 and G 8: 4 prompt groups, which 3 updates cannot share equally)"""
     with pytest.raises(ConfigError, match="^" + key.replace(".", r"\.")):
@@ -189,8 +234,10 @@ def test_chat_template_kwargs_reach_the_template(tiny_tokenizer):
     from grpolab.model.template import chat_prompts, render, set_template_kwargs
 
     tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = ("{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}"
-                         "{% for m in messages %}{{ m['content'] }}|{% endfor %}")
+    tok.chat_template = (
+        "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    )
     plain = tok.decode(chat_prompts(tok, ["hi"], None)[0])
     set_template_kwargs(tok, {"enable_thinking": False})
     assert tok.decode(chat_prompts(tok, ["hi"], None)[0]) == "[no-think]" + plain == "[no-think]hi|"
@@ -208,8 +255,10 @@ def test_schedules_are_transformers(name):
     updates: the learning rate of every update equals transformers.get_scheduler's."""
     from transformers import get_scheduler
 
-    cfg = build_config(None, ["steps=20", "algo.mu=2", "algo.steps_per_generation=2", "warmup_ratio=0.1",
-                              f"lr_scheduler={name}", "lr=1e-3"])
+    cfg = build_config(
+        None,
+        ["steps=20", "algo.mu=2", "algo.steps_per_generation=2", "warmup_ratio=0.1", f"lr_scheduler={name}", "lr=1e-3"],
+    )
     assert lr_updates(cfg) == {"warmup": 8, "total": 80}
 
     def lrs(make):
@@ -257,9 +306,12 @@ def test_sync_reference_every_n_updates():
     ref = FrozenCopy(policy)
     with torch.no_grad():
         policy.weight.fill_(3.0)
-    algo = dataclasses.replace(AlgoConfig(beta=0.1), sync_ref_model=True, sync_ref_model_alpha=0.5,
-                               sync_ref_model_steps=2)
-    run = SimpleNamespace(cfg=SimpleNamespace(algo=algo), ref=ref, policy=policy, scheduler=SimpleNamespace(last_epoch=1))
+    algo = dataclasses.replace(
+        AlgoConfig(beta=0.1), sync_ref_model=True, sync_ref_model_alpha=0.5, sync_ref_model_steps=2
+    )
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(algo=algo), ref=ref, policy=policy, scheduler=SimpleNamespace(last_epoch=1)
+    )
     assert sync_reference(run) == 0 and ref.frozen.weight.item() == 1.0  # update 1: not a multiple of 2
     run.scheduler.last_epoch = 2
     assert sync_reference(run) == 1 and ref.frozen.weight.item() == 2.0  # 0.5 * 3 + 0.5 * 1

@@ -28,7 +28,6 @@ Expected values:
   reweighted gradient and is not claimed unbiased here.
 """
 
-
 import pytest
 import torch
 

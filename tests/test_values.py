@@ -28,7 +28,9 @@ def test_sets_and_dicts_with_unhashed_values():
     assert plain_equal({"a": 1, "b": [2]}, PlainDict((("b", [2.0]), ("a", 1))))
     assert not plain_equal({"a": 1, "b": 2}, PlainDict((("a", 1), ("a", 2))))  # duplicated key
     assert not plain_equal({"a": 1}, {"a": 1, "b": 2}) and not plain_equal({"a": 1}, {"a": 2})
-    assert plain_equal({frozenset({1}): {2: None}}, PlainDict(((PlainSet((1,), frozen=True), PlainDict(((2, None),))),)))
+    assert plain_equal(
+        {frozenset({1}): {2: None}}, PlainDict(((PlainSet((1,), frozen=True), PlainDict(((2, None),))),))
+    )
 
 
 def test_canonical_is_self_delimiting():

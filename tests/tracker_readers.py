@@ -48,11 +48,11 @@ def _wandb_records(path: Path):
         if left < 7:
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 and length == 0:  # zero padding
             pos += left
             continue
-        payload = data[pos + 7:pos + 7 + length]
+        payload = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         pending = payload if kind in (1, 2) else pending + payload
         if kind in (1, 4):
@@ -91,8 +91,9 @@ def mlflow_run(out: Path) -> tuple[dict[str, list[tuple[int, float]]], dict, lis
     saved = json.loads((out / "trackers.json").read_text())["mlflow"]
     client = MlflowClient(tracking_uri=saved["tracking_uri"])
     run = client.get_run(saved["run_id"])
-    metrics = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
-               for k in run.data.metrics}
+    metrics = {
+        k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics
+    }
 
     def files(path=None) -> list[str]:
         got = []

@@ -41,9 +41,19 @@ def trl_config(out: Path, **fields):
     """The shared config: TRL's GRPOConfig (TRL's defaults) made small and fp32 on the CPU."""
     import trl
 
-    base = dict(output_dir=str(out), per_device_train_batch_size=len(PROMPTS) * G, num_generations=G,
-                max_completion_length=COMPLETION_LEN, bf16=False, use_cpu=True, report_to="none",
-                logging_strategy="no", save_strategy="no", max_steps=1, disable_tqdm=True)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=len(PROMPTS) * G,
+        num_generations=G,
+        max_completion_length=COMPLETION_LEN,
+        bf16=False,
+        use_cpu=True,
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        max_steps=1,
+        disable_tqdm=True,
+    )
     base.update(fields)
     return trl.GRPOConfig(**base)
 
@@ -58,11 +68,14 @@ def trl_step(model_dir: Path, args) -> tuple[float, float, tuple[float, float]]:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS})
+    )
     forced = forced_completions(trainer.processing_class)
-    trainer._generate_single_turn = lambda prompt_ids, *a, **k: ([list(forced[tuple(p)][i % G])
-                                                                  for i, p in enumerate(prompt_ids)], None)
+    trainer._generate_single_turn = lambda prompt_ids, *a, **k: (
+        [list(forced[tuple(p)][i % G]) for i, p in enumerate(prompt_ids)],
+        None,
+    )
     rows = [{"prompt": p} for p in PROMPTS for _ in range(G)]  # TRL's sampler repeats each prompt G times
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
@@ -91,10 +104,22 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
     data = out.parent / f"{out.name}-prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     recipe = trl_recipe(args)[0]
-    recipe.update(model=str(model_dir), out=str(out), task="dataset", eval_size=0, progress=False, report=False,
-                  rewards=[{"name": "parity_reward"}],
-                  task_args={"path": str(data), "prompt_column": "prompt", "answer_column": None,
-                             "string_prompts": "raw", "eval_size": 0})
+    recipe.update(
+        model=str(model_dir),
+        out=str(out),
+        task="dataset",
+        eval_size=0,
+        progress=False,
+        report=False,
+        rewards=[{"name": "parity_reward"}],
+        task_args={
+            "path": str(data),
+            "prompt_column": "prompt",
+            "answer_column": None,
+            "string_prompts": "raw",
+            "eval_size": 0,
+        },
+    )
     cfg = build_config(recipe)
     run = trainer.setup(cfg, log=lambda *_: None)
     tok = run.tokenizer

@@ -64,7 +64,9 @@ class Rollout:
     G: int
     env_mask: torch.Tensor | None = None  # (N, C) float, 1 = a token the environment inserted (multi-turn)
     conversations: list[list[dict]] | None = None  # multi-turn: the messages after the prompt, per row
-    stops: list[str] | None = None  # multi-turn: why each trajectory ended (Stop; grpolab.engine.native.turns.Trajectory.stop)
+    stops: list[str] | None = (
+        None  # multi-turn: why each trajectory ended (Stop; grpolab.engine.native.turns.Trajectory.stop)
+    )
     version: int = 0  # the policy version that sampled it: optimizer steps taken when its weights were synced
 
     @property
@@ -81,15 +83,23 @@ class Rollout:
             return self.completion_mask
         return self.completion_mask + self.env_mask
 
-    def select(self, idx: torch.Tensor) -> "Rollout":
+    def select(self, idx: torch.Tensor) -> Rollout:
         """Rows `idx` (used by dynamic sampling to keep whole groups)."""
         il = idx.tolist()
-        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
-                       self.completion_mask[idx], self.sample_logp[idx], self.truncated[idx],
-                       [self.texts[i] for i in il], self.G,
-                       None if self.env_mask is None else self.env_mask[idx],
-                       None if self.conversations is None else [self.conversations[i] for i in il],
-                       None if self.stops is None else [self.stops[i] for i in il], self.version)
+        return Rollout(
+            self.prompt_ids[idx],
+            self.prompt_mask[idx],
+            self.completion_ids[idx],
+            self.completion_mask[idx],
+            self.sample_logp[idx],
+            self.truncated[idx],
+            [self.texts[i] for i in il],
+            self.G,
+            None if self.env_mask is None else self.env_mask[idx],
+            None if self.conversations is None else [self.conversations[i] for i in il],
+            None if self.stops is None else [self.stops[i] for i in il],
+            self.version,
+        )
 
 
 def _pad_id_of(parts: list[Rollout]) -> int:
@@ -127,10 +137,14 @@ def concat_rollouts(parts: list[Rollout], pad_id: int | None = None) -> Rollout:
         torch.cat([r.truncated for r in parts]),
         [t for r in parts for t in r.texts],
         parts[0].G,
-        None if all(r.env_mask is None for r in parts) else torch.cat(
-            [rpad(r.env_mask if r.env_mask is not None else torch.zeros_like(r.completion_mask), C, 0) for r in parts]),
-        None if all(r.conversations is None for r in parts) else
-        [c for r in parts for c in (r.conversations or [[] for _ in r.texts])],
+        None
+        if all(r.env_mask is None for r in parts)
+        else torch.cat(
+            [rpad(r.env_mask if r.env_mask is not None else torch.zeros_like(r.completion_mask), C, 0) for r in parts]
+        ),
+        None
+        if all(r.conversations is None for r in parts)
+        else [c for r in parts for c in (r.conversations or [[] for _ in r.texts])],
         None if all(r.stops is None for r in parts) else [s for r in parts for s in (r.stops or ["" for _ in r.texts])],
         min(r.version for r in parts),
     )
@@ -160,8 +174,10 @@ class GroupSlice:
 
     def full_sequences(self) -> tuple[Tensor, Tensor]:
         """Prompt + completion ids and mask per sequence, (b, P' + C') each (a critic reads whole sequences)."""
-        return (torch.cat([self.prompt_ids.repeat_interleave(self.G, 0), self.completion_ids], 1),
-                torch.cat([self.prompt_mask.repeat_interleave(self.G, 0), self.present.long()], 1))
+        return (
+            torch.cat([self.prompt_ids.repeat_interleave(self.G, 0), self.completion_ids], 1),
+            torch.cat([self.prompt_mask.repeat_interleave(self.G, 0), self.present.long()], 1),
+        )
 
 
 @dataclass
@@ -194,15 +210,17 @@ class Batch:
         """Valid completion tokens of the batch: the token normaliser of the whole optimizer batch."""
         return int(self.rollout.completion_mask.sum())
 
-    def keep_groups(self, keep: Tensor) -> "Batch":
+    def keep_groups(self, keep: Tensor) -> Batch:
         """The groups where keep (B',) is True, as a new Batch (None rollout when none is)."""
         G = self.rollout.G
         rows = keep.repeat_interleave(G).nonzero().squeeze(-1)  # (N',)
         if len(rows) == 0:
             return Batch([], None, self.raw_reward[:0], {k: [] for k in self.reward_by_fn})
         picked = rows.tolist()
-        return Batch([e for e, k in zip(self.examples, keep.tolist()) if k], self.rollout.select(rows),
-                     self.raw_reward[rows], {k: [v[i] for i in picked] for k, v in self.reward_by_fn.items()},
-                     extra={k: [v[i] for i in picked] for k, v in self.extra.items()})
-
-
+        return Batch(
+            [e for e, k in zip(self.examples, keep.tolist()) if k],
+            self.rollout.select(rows),
+            self.raw_reward[rows],
+            {k: [v[i] for i in picked] for k, v in self.reward_by_fn.items()},
+            extra={k: [v[i] for i in picked] for k, v in self.extra.items()},
+        )

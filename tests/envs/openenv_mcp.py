@@ -2,7 +2,7 @@
 OpenEnv's echo_env, plus an environment that walks through its own questions on each reset(). Nothing here
 knows grpolab."""
 
-from typing import Any, Optional
+from typing import Any
 from uuid import uuid4
 
 from fastmcp import FastMCP
@@ -41,15 +41,15 @@ class EchoEnvironment(MCPEnvironment):
         self._state = State(episode_id=str(uuid4()), step_count=0)
         self.resets = 0
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> EchoObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> EchoObservation:
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         self.resets += 1
         return EchoObservation(echoed_message="Echo environment ready!", done=False, reward=0.0)
 
-    def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         return EchoObservation(echoed_message="Unknown action type", done=False, reward=0.0)
 
-    def step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         self._state.step_count += 1
         return super().step(action, timeout_s=timeout_s, **kwargs)
 

@@ -43,8 +43,12 @@ class OneWordEnv(BaseTextEnv):
         self.turns += 1
         reward = 1.0 if self.ground_truth.lower() in action.lower() else 0.0
         done = self.turns >= self.max_turns or reward == 1.0
-        return {"observations": [] if done else [{"role": "user", "content": self.hint}],
-                "reward": reward, "done": done, "metadata": {"turns": self.turns}}
+        return {
+            "observations": [] if done else [{"role": "user", "content": self.hint}],
+            "reward": reward,
+            "done": done,
+            "metadata": {"turns": self.turns},
+        }
 
 
 def turns_used(environments, **kwargs):

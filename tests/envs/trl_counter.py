@@ -104,8 +104,10 @@ def reward_func(environments, **kwargs):
 
 def level_seen(environments, prompts, level=None, **kwargs):
     """1 where the instance saw the row's `level` column in reset and the prompt holds what reset wrote."""
-    return [float(env.level == lv and f"Reach {env.goal}" in text_of(p))
-            for env, lv, p in zip(environments, level or [None] * len(environments), prompts)]
+    return [
+        float(env.level == lv and f"Reach {env.goal}" in text_of(p))
+        for env, lv, p in zip(environments, level or [None] * len(environments), prompts)
+    ]
 
 
 def routed_right(environments, environment, **kwargs):

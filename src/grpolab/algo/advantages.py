@@ -194,10 +194,4 @@ def per_token(adv: Tensor, shape: tuple[int, int]) -> Tensor:
     return adv if adv.dim() == 2 else adv[:, None].expand(*shape)  # (N, C)
 
 
-__all__ = [
-    "ADVANTAGES",
-    "ADV_SCALES",
-    "compute_advantages",
-    "group_std",
-    "per_token",
-]
+__all__ = ["ADVANTAGES", "ADV_SCALES", "compute_advantages", "group_std", "per_token"]

@@ -78,7 +78,7 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
 
 
 @torch.no_grad()
-def ppo_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, algo: "AlgoConfig") -> tuple[Tensor, Tensor]:
+def ppo_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, Tensor]:
     """PPO advantages for the whole batch (not per micro-batch: whitening is a batch statistic):
 
         adv, returns = gae(token rewards, values, mask, algo.gamma, algo.lam)
@@ -98,13 +98,7 @@ def ppo_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, algo: "A
 
 
 def value_loss(
-    values: Tensor,
-    old_values: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    clip: float | None,
-    *,
-    n_tok: int | None = None,
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None, *, n_tok: int | None = None
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO value loss, optionally clipped (PPO2 / baselines; Schulman et al. 2017 code):
 
@@ -140,5 +134,3 @@ def value_loss(
         "value/error": masked_mean((values.detach() - returns).abs(), mask),
     }
     return loss, metrics
-
-

@@ -17,7 +17,7 @@ the clamp only acts where |lr| > 20, i.e. probability ratios beyond e^20 ~ 5e8.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -92,7 +92,7 @@ class AdaptiveKL:
         self.horizon = int(horizon)
 
     @classmethod
-    def from_algo(cls, algo) -> "AdaptiveKL":
+    def from_algo(cls, algo) -> AdaptiveKL:
         """From an AlgoConfig: adaptive iff algo.adaptive_kl."""
         return cls(algo.beta, algo.kl_target if algo.adaptive_kl else None, algo.kl_horizon)
 
@@ -114,9 +114,4 @@ class AdaptiveKL:
         self.value, self.target, self.horizon = float(state["value"]), state["target"], int(state["horizon"])
 
 
-__all__ = [
-    "AdaptiveKL",
-    "KL_ESTIMATORS",
-    "LR_CLAMP",
-    "kl_per_token",
-]
+__all__ = ["AdaptiveKL", "KL_ESTIMATORS", "LR_CLAMP", "kl_per_token"]

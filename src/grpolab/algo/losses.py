@@ -23,7 +23,8 @@ clamped to +-LR_CLAMP (20) before exp; beyond that a clipped objective gives no 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -173,8 +174,9 @@ LOG_W_MIN = math.log(1e-8)
 
 
 @torch.no_grad()
-def vespo_weight(log_ratio: Tensor, adv_seq: Tensor, mask: Tensor, algo: AlgoConfig,
-                 token_weight: Tensor | None = None) -> Tensor:
+def vespo_weight(
+    log_ratio: Tensor, adv_seq: Tensor, mask: Tensor, algo: AlgoConfig, token_weight: Tensor | None = None
+) -> Tensor:
     """VESPO's Gamma weight of each sequence, phi(w_i) (b,), detached (TRL 1.16: GRPOTrainer.get_gamma_weights):
 
         log w_i = clamp( sum_t m_it clamp(log rho_it, -20, 20) [+ sum_t m_it log c_it], log 1e-8, 20 )
@@ -196,8 +198,9 @@ def vespo_weight(log_ratio: Tensor, adv_seq: Tensor, mask: Tensor, algo: AlgoCon
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def obj_vespo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig,
-              token_weight: Tensor | None = None) -> tuple[Tensor, dict]:
+def obj_vespo(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig, token_weight: Tensor | None = None
+) -> tuple[Tensor, dict]:
     """VESPO, Variational Sequence-level Soft Policy Optimization (arXiv 2602.10693), as TRL 1.16 computes
     it (trl/trainer/grpo_trainer.py, _compute_loss and get_gamma_weights, loss_type "vespo"): no clip; each
     sequence's policy gradient is scaled by the detached Gamma weight phi(w_i) of its importance ratio
@@ -216,8 +219,12 @@ def obj_vespo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: A
     logp_v = _where_valid(logp, mask)  # (b, T)
     loss = -phi[:, None] * adv * torch.exp(logp_v - logp_v.detach())  # (b, T) value -phi A
     none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
-    return loss, {"ratio": phi[:, None].expand_as(logp).detach(), "clip_low": none, "clip_high": none,
-                  "clip_dual": none}
+    return loss, {
+        "ratio": phi[:, None].expand_as(logp).detach(),
+        "clip_low": none,
+        "clip_high": none,
+        "clip_dual": none,
+    }
 
 
 OBJECTIVES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
@@ -279,8 +286,13 @@ WEIGHT_IN_OBJECTIVE: set[str] = {"vespo"}
 policy_loss multiplying their per-token loss by it."""
 
 
-def register_objective(name: str, loss: Callable[..., tuple[Tensor, dict]],
-                       clip: Callable[[Tensor, Tensor, AlgoConfig], Tensor], *, sequence_ratio: bool = False) -> None:
+def register_objective(
+    name: str,
+    loss: Callable[..., tuple[Tensor, dict]],
+    clip: Callable[[Tensor, Tensor, AlgoConfig], Tensor],
+    *,
+    sequence_ratio: bool = False,
+) -> None:
     """Add (or replace) objective `name`: its loss, its clip decision, and whether its ratio is per
     sequence. Everything that reads an objective (policy_loss, the config's choices, the report's
     credit view) then knows it."""
@@ -421,8 +433,9 @@ def policy_loss(
     if ref_logp is not None:
         kl_tok = kl_per_token(logp, ref_logp.detach().float(), mask, algo.kl_estimator)  # (b, T)
         if beta > 0 and algo.kl_in_loss:
-            weighted = kl_tok * torch.exp(_importance_log_ratio(logp, old_logp, mask)) \
-                if algo.kl_ratio_weight else kl_tok  # (b, T) rho_it * k_t: TRL's use_bias_correction_kl
+            weighted = (
+                kl_tok * torch.exp(_importance_log_ratio(logp, old_logp, mask)) if algo.kl_ratio_weight else kl_tok
+            )  # (b, T) rho_it * k_t: TRL's use_bias_correction_kl
             total_tok = loss_tok + beta * weighted  # (b, T)
 
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
@@ -460,5 +473,17 @@ def entropy_bonus(entropy: Tensor, mask: Tensor, n_tok: int, coef: float) -> Ten
     return coef * _where_valid(entropy, mask).sum() / max(int(n_tok), 1)
 
 
-__all__ = ["AGGREGATIONS", "CLIP_DECISIONS", "OBJECTIVES", "SEQUENCE_RATIO", "WEIGHT_IN_OBJECTIVE", "clip_decision",
-           "entropy_bonus", "masked_mean", "policy_loss", "register_objective", "shown_ratio", "vespo_weight"]
+__all__ = [
+    "AGGREGATIONS",
+    "CLIP_DECISIONS",
+    "OBJECTIVES",
+    "SEQUENCE_RATIO",
+    "WEIGHT_IN_OBJECTIVE",
+    "clip_decision",
+    "entropy_bonus",
+    "masked_mean",
+    "policy_loss",
+    "register_objective",
+    "shown_ratio",
+    "vespo_weight",
+]

@@ -23,8 +23,8 @@ it departs from its paper.
 from __future__ import annotations
 
 import typing
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Collection, Mapping
 
 from grpolab.util.fields import ConfigError, coerce_field
 
@@ -230,8 +230,7 @@ ALGOS: dict[str, dict] = {
     },
     # SAPO (Gao et al. 2025), as TRL 1.16's loss_type "sapo": a soft temperature gate instead of the clip,
     # mean over tokens then sequences.
-    "sapo": {"objective": "sapo", "aggregation": "seq_mean", "sapo_temperature_pos": 1.0,
-             "sapo_temperature_neg": 1.05},
+    "sapo": {"objective": "sapo", "aggregation": "seq_mean", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05},
     # LUSPO (arXiv 2602.05261), as TRL 1.16's loss_type "luspo": GSPO's clipped sequence ratio with each
     # sequence's loss scaled by its length, i.e. summed over its tokens, then the mean over sequences.
     "luspo": {"objective": "gspo", "aggregation": "seq_sum", "eps_low": 3e-4, "eps_high": 4e-4},
@@ -240,6 +239,7 @@ ALGOS: dict[str, dict] = {
     "vespo": {"objective": "vespo", "aggregation": "token_mean"},
 }
 """Presets: name -> overrides of the AlgoConfig defaults. recipes/<name>.yaml mirror them."""
+
 
 def _field_types() -> dict[str, object]:
     return typing.get_type_hints(AlgoConfig)
@@ -312,13 +312,16 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
     if cfg.adaptive_kl and cfg.beta <= 0:
         raise ConfigError("algo.adaptive_kl: needs an initial beta > 0 to adapt")
     if cfg.sync_ref_model and cfg.beta <= 0:
-        raise ConfigError("algo.sync_ref_model: beta is 0, so there is no reference to update; set algo.beta > 0 "
-                          "or algo.sync_ref_model: false")
+        raise ConfigError(
+            "algo.sync_ref_model: beta is 0, so there is no reference to update; set algo.beta > 0 "
+            "or algo.sync_ref_model: false"
+        )
     return cfg
 
 
-def resolve_algo(name: str, overrides: dict | None = None, *,
-                 choices: Mapping[str, Collection[str]] | None = None) -> AlgoConfig:
+def resolve_algo(
+    name: str, overrides: dict | None = None, *, choices: Mapping[str, Collection[str]] | None = None
+) -> AlgoConfig:
     """AlgoConfig for preset `name` with `overrides` (a mapping of field -> value) applied on top.
 
     Unknown preset, unknown field, wrong type or impossible value -> ConfigError naming the key
@@ -344,5 +347,4 @@ def resolve_algo(name: str, overrides: dict | None = None, *,
     return validate_algo(cfg)
 
 
-__all__ = ["ALGOS", "AlgoConfig", "KL_PLACEMENTS", "check_choices", "resolve_algo",
-           "validate_algo"]
+__all__ = ["ALGOS", "AlgoConfig", "KL_PLACEMENTS", "check_choices", "resolve_algo", "validate_algo"]

@@ -38,7 +38,9 @@ from grpolab.algo.kl import LR_CLAMP
 def log_ratio(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> Tensor:
     """log r_t = log pi_old(y_t) - log mu(y_t) on valid tokens, 0 elsewhere, clamped to +-LR_CLAMP. (b, T)"""
     valid = mask > 0
-    lr = torch.where(valid, trainer_logp.float() - sampler_logp.float(), torch.zeros_like(trainer_logp, dtype=torch.float32))
+    lr = torch.where(
+        valid, trainer_logp.float() - sampler_logp.float(), torch.zeros_like(trainer_logp, dtype=torch.float32)
+    )
     return lr.clamp(-LR_CLAMP, LR_CLAMP)
 
 
@@ -91,8 +93,9 @@ CORRECTIONS: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]]
 """rollout.correction -> fn(log r (b,T), mask (b,T), C) -> (weights (b,T), clipped (b,T))."""
 
 
-def correction_weights(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str,
-                       clip: float) -> tuple[Tensor, Tensor]:
+def correction_weights(
+    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, clip: float
+) -> tuple[Tensor, Tensor]:
     """(w (b, T) detached, 0 on padding; clipped (b, T) bool) of the `mode` correction (module docstring)."""
     lr = log_ratio(trainer_logp.detach(), sampler_logp, mask)
     w, clipped = CORRECTIONS[mode](lr, mask, clip)
@@ -101,8 +104,9 @@ def correction_weights(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor,
 
 
 @torch.no_grad()
-def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, weights: Tensor,
-                     clipped: Tensor) -> dict[str, float]:
+def mismatch_metrics(
+    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, weights: Tensor, clipped: Tensor
+) -> dict[str, float]:
     """sampler/* metrics over the valid tokens (module docstring); {} when there is none."""
     valid = mask > 0
     n = int(valid.sum())
@@ -110,10 +114,13 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, w
         return {}
     lr = log_ratio(trainer_logp, sampler_logp, mask)[valid]  # (n,)
     w = weights[valid]
-    return {"sampler/mismatch_kl": float((lr.exp() - 1.0 - lr).mean()),
-            "sampler/logp_diff_max": float(lr.abs().max()),
-            "sampler/is_mean": float(w.mean()), "sampler/is_max": float(w.max()),
-            "sampler/is_clipped_frac": float(clipped[valid].float().mean())}
+    return {
+        "sampler/mismatch_kl": float((lr.exp() - 1.0 - lr).mean()),
+        "sampler/logp_diff_max": float(lr.abs().max()),
+        "sampler/is_mean": float(w.mean()),
+        "sampler/is_max": float(w.max()),
+        "sampler/is_clipped_frac": float(clipped[valid].float().mean()),
+    }
 
 
 __all__ = ["CORRECTIONS", "correction_weights", "log_ratio", "mismatch_metrics"]

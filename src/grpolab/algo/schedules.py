@@ -4,7 +4,7 @@ functions; grpolab.model.optim.build_scheduler wraps them in torch's LambdaLR)."
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from grpolab.util.fields import ConfigError
 

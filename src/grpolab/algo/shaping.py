@@ -64,8 +64,9 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
     return out * penalty  # (N,)
 
 
-def kl_token_penalty(policy_logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float,
-                     estimator: str) -> tuple[Tensor, Tensor]:
+def kl_token_penalty(
+    policy_logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float, estimator: str
+) -> tuple[Tensor, Tensor]:
     """KL in the reward (Ziegler et al. 2019, eq. 2; Ouyang et al. 2022; the RLOO paper):
 
         pen_t = beta * k_t      on every completion token, k_t = KL_ESTIMATORS[estimator]
@@ -106,8 +107,17 @@ class Shaped:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def shape_rewards(raw: Tensor, lengths: Tensor, mask: Tensor, algo, *, max_len: int, beta: float,
-                  policy_logp: Tensor | None = None, ref_logp: Tensor | None = None) -> Shaped:
+def shape_rewards(
+    raw: Tensor,
+    lengths: Tensor,
+    mask: Tensor,
+    algo,
+    *,
+    max_len: int,
+    beta: float,
+    policy_logp: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+) -> Shaped:
     """All reward shaping of one batch: overlong penalty (algo.overlong_buffer > 0) and KL in the
     reward (algo.kl_in_reward and a reference, i.e. ref_logp given).
 
@@ -131,5 +141,4 @@ def shape_rewards(raw: Tensor, lengths: Tensor, mask: Tensor, algo, *, max_len: 
     return Shaped(r, token_reward, metrics)
 
 
-__all__ = ["Shaped", "informative_groups", "kl_token_penalty", "overlong_penalty", "shape_rewards",
-           "terminal_rewards"]
+__all__ = ["Shaped", "informative_groups", "kl_token_penalty", "overlong_penalty", "shape_rewards", "terminal_rewards"]

@@ -128,12 +128,13 @@ def mcnemar_exact_p(b01: int, b10: int) -> float:
     d = b01 + b10
     if d == 0:
         return 1.0
-    tail = sum(math.comb(d, i) for i in range(min(b01, b10) + 1)) / 2.0 ** d
+    tail = sum(math.comb(d, i) for i in range(min(b01, b10) + 1)) / 2.0**d
     return min(1.0, 2.0 * tail)
 
 
-def paired_comparison(before, after, *, resamples: int = 2000, seed: int = 0, level: float = 0.95,
-                      binary: bool | None = None) -> dict:
+def paired_comparison(
+    before, after, *, resamples: int = 2000, seed: int = 0, level: float = 0.95, binary: bool | None = None
+) -> dict:
     """Change of a per-prompt metric measured on the same prompts before and after:
 
         d_j = after_j - before_j,  change = mean_j d_j = mean(after) - mean(before),
@@ -150,12 +151,20 @@ def paired_comparison(before, after, *, resamples: int = 2000, seed: int = 0, le
     a = np.asarray(before, dtype=np.float64)
     b = np.asarray(after, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
-        raise ValueError(f"paired_comparison needs two equal-length 1-D arrays of per-prompt values, "
-                         f"got shapes {a.shape} and {b.shape}")
+        raise ValueError(
+            f"paired_comparison needs two equal-length 1-D arrays of per-prompt values, "
+            f"got shapes {a.shape} and {b.shape}"
+        )
     d = b - a
     lo, hi = bootstrap_interval(d, resamples=resamples, seed=seed, level=level)
-    out = {"before": float(a.mean()), "after": float(b.mean()), "change": float(d.mean()),
-           "ci": [lo, hi], "prompts": len(a), "beyond_noise": bool(lo > 0 or hi < 0)}
+    out = {
+        "before": float(a.mean()),
+        "after": float(b.mean()),
+        "change": float(d.mean()),
+        "ci": [lo, hi],
+        "prompts": len(a),
+        "beyond_noise": bool(lo > 0 or hi < 0),
+    }
     if binary is None:
         binary = bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
     if binary:
@@ -172,8 +181,10 @@ def describe_change(name: str, cmp: dict, *, percent: bool = True) -> str:
     g = (lambda x: f"{100 * x:+.1f}") if percent else (lambda x: f"{x:+.3g}")
     unit = " points" if percent else ""
     lo, hi = cmp["ci"]
-    text = (f"{name} {f(cmp['before'])} -> {f(cmp['after'])}: {g(cmp['change'])}{unit} "
-            f"(95% CI {g(lo)} to {g(hi)}, paired over {cmp['prompts']} prompts")
+    text = (
+        f"{name} {f(cmp['before'])} -> {f(cmp['after'])}: {g(cmp['change'])}{unit} "
+        f"(95% CI {g(lo)} to {g(hi)}, paired over {cmp['prompts']} prompts"
+    )
     if "mcnemar_p" in cmp:
         text += f"; {cmp['gained']} gained, {cmp['lost']} lost, McNemar p = {cmp['mcnemar_p']:.3g}"
     text += "): "
@@ -181,12 +192,24 @@ def describe_change(name: str, cmp: dict, *, percent: bool = True) -> str:
     if cmp["beyond_noise"]:
         text += f"beyond noise, the interval excludes 0 ({'a rise' if cmp['change'] > 0 else 'a fall'})"
     elif excludes:  # McNemar disagrees: too few discordant prompts
-        text += (f"within noise: the interval excludes 0, but McNemar's exact test on the "
-                 f"{cmp['gained'] + cmp['lost']} prompts that changed gives p >= 0.05")
+        text += (
+            f"within noise: the interval excludes 0, but McNemar's exact test on the "
+            f"{cmp['gained'] + cmp['lost']} prompts that changed gives p >= 0.05"
+        )
     else:
         text += "within noise, the interval includes 0: these prompts cannot tell the two apart"
     return text
 
 
-__all__ = ["Z95", "bootstrap_indices", "bootstrap_interval", "default_ks", "describe_change", "mcnemar_exact_p",
-           "paired_comparison", "pass_at_k", "pass_at_k_per_prompt", "wilson_interval"]
+__all__ = [
+    "Z95",
+    "bootstrap_indices",
+    "bootstrap_interval",
+    "default_ks",
+    "describe_change",
+    "mcnemar_exact_p",
+    "paired_comparison",
+    "pass_at_k",
+    "pass_at_k_per_prompt",
+    "wilson_interval",
+]

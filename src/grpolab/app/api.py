@@ -50,8 +50,9 @@ import contextlib
 import copy
 import importlib
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from grpolab.util.fields import ConfigError
 
@@ -131,6 +132,7 @@ def _environments(environment_factory, tools):
     from grpolab.env.loading import registered
 
     with contextlib.ExitStack() as stack:
+
         def spec(obj, base: str) -> str:
             if isinstance(obj, str):
                 return obj
@@ -147,8 +149,10 @@ def _environments(environment_factory, tools):
             env["factories"] = {str(k): spec(v, getattr(v, "__name__", str(k))) for k, v in environment_factory.items()}
         elif environment_factory is not None:
             if not callable(environment_factory) and not isinstance(environment_factory, str):
-                raise ConfigError(f"environment_factory: expected a class or a zero-argument function, got "
-                                  f"{type(environment_factory).__name__}")
+                raise ConfigError(
+                    f"environment_factory: expected a class or a zero-argument function, got "
+                    f"{type(environment_factory).__name__}"
+                )
             env["name"] = spec(environment_factory, getattr(environment_factory, "__name__", "environment"))
         if tool_specs and env:
             env["tools"] = tool_specs
@@ -204,9 +208,19 @@ def _write_rows(rows, out: Path, name: str = "dataset.jsonl") -> Path:
     return path
 
 
-def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
-          overrides: list[str] | None = None, resume: str | Path | None = None, trl_env: dict | None = None,
-          env_task: bool = False, eval_dataset=None, **settings):
+def build(
+    config: ConfigLike = None,
+    *,
+    rewards=None,
+    task: str | None = None,
+    dataset=None,
+    overrides: list[str] | None = None,
+    resume: str | Path | None = None,
+    trl_env: dict | None = None,
+    env_task: bool = False,
+    eval_dataset=None,
+    **settings,
+):
     """The validated Config that `train` would run, and the rows to write for an in-memory dataset.
 
     trl_env: env.* settings from TRL's environment_factory= / tools= (see _environments); env_task (an
@@ -227,8 +241,10 @@ def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
         given = recipe.get("env") if isinstance(recipe.get("env"), dict) else {}
         clash = sorted(k for k in env if given.get(k) and k in ("name", "factories", "tools"))
         if clash or (given.get("name") and "factories" in env) or (given.get("factories") and "name" in env):
-            raise ConfigError(f"environment_factory: the config already sets env.{(clash or ['name'])[0]}; give the "
-                              "environment one way")
+            raise ConfigError(
+                f"environment_factory: the config already sets env.{(clash or ['name'])[0]}; give the "
+                "environment one way"
+            )
         recipe["env"] = {**given, **env}
         if env_task and task is None and dataset is None and "task" not in recipe:
             recipe["task"] = "env"  # TRL's train_dataset=None: the environment writes the prompts
@@ -254,7 +270,9 @@ def build(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
         if isinstance(eval_dataset, (str, Path)):
             recipe.setdefault("task_args", {})["eval_path"] = str(eval_dataset)
         else:
-            recipe.setdefault("task_args", {})["eval_path"] = "eval_dataset.jsonl"  # replaced by OUT/eval_dataset.jsonl below
+            recipe.setdefault("task_args", {})["eval_path"] = (
+                "eval_dataset.jsonl"  # replaced by OUT/eval_dataset.jsonl below
+            )
             recipe.setdefault("eval_size", len(eval_dataset))
     if rewards is not None:
         recipe["rewards"] = rewards
@@ -279,10 +297,24 @@ def _quiet_hub_bars():
             hf_logging.enable_progress_bar()
 
 
-def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
-          overrides: list[str] | None = None, resume: str | Path | None = None, console=None,
-          environment_factory=None, tools=None, reward_funcs=None, train_dataset=None, eval_dataset=None,
-          args=None, callbacks=None, **settings) -> dict:
+def train(
+    config: ConfigLike = None,
+    *,
+    rewards=None,
+    task: str | None = None,
+    dataset=None,
+    overrides: list[str] | None = None,
+    resume: str | Path | None = None,
+    console=None,
+    environment_factory=None,
+    tools=None,
+    reward_funcs=None,
+    train_dataset=None,
+    eval_dataset=None,
+    args=None,
+    callbacks=None,
+    **settings,
+) -> dict:
     """Train and return the summary (the dict written to OUT/summary.json).
 
     config: a Config, a dict, a recipe path or name, or None; settings: top-level keys (steps=5,
@@ -320,9 +352,18 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
     for note in notes:
         console.print(f"TRL compatibility: {note}")
     with _registered(rewards) as specs, _environments(environment_factory, tools) as env:
-        cfg, rows = build(config, rewards=specs, task=task, dataset=dataset, overrides=overrides, resume=resume,
-                          trl_env=env, env_task=environment_factory is not None, eval_dataset=eval_dataset,
-                          **settings)
+        cfg, rows = build(
+            config,
+            rewards=specs,
+            task=task,
+            dataset=dataset,
+            overrides=overrides,
+            resume=resume,
+            trl_env=env,
+            env_task=environment_factory is not None,
+            eval_dataset=eval_dataset,
+            **settings,
+        )
         hooks = as_callbacks(callbacks)  # before writing anything: a bad callback or a tracker's missing extra
         check_installed(cfg.report_to)
         out = Path(cfg.out)
@@ -336,12 +377,21 @@ def train(config: ConfigLike = None, *, rewards=None, task: str | None = None, d
         from grpolab.app.report import write_run_report
 
         with _quiet_hub_bars():
-            return trainer.train(cfg, resume=resume is not None, console=console or Console(),
-                                 report=write_run_report, callbacks=hooks)
+            return trainer.train(
+                cfg, resume=resume is not None, console=console or Console(), report=write_run_report, callbacks=hooks
+            )
 
 
-def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None, dataset=None,
-             overrides: list[str] | None = None, console=None, **settings) -> dict:
+def evaluate(
+    target: ConfigLike = None,
+    *,
+    rewards=None,
+    task: str | None = None,
+    dataset=None,
+    overrides: list[str] | None = None,
+    console=None,
+    **settings,
+) -> dict:
     """Held-out accuracy, like `grpolab eval`: of a run's newest checkpoint (target = a run
     directory, with its config) or of a model (target = a Config, dict, recipe or None; model=...).
     Greedy, or eval_num_generations=n samples per prompt for pass@k (docs/evaluation.md).
@@ -352,8 +402,8 @@ def evaluate(target: ConfigLike = None, *, rewards=None, task: str | None = None
     from rich.console import Console
 
     from grpolab.training import trainer
-    from grpolab.training.evaluation import evaluate as evaluate_run
     from grpolab.training.config import config_from_run
+    from grpolab.training.evaluation import evaluate as evaluate_run
 
     recipe: ConfigLike = target
     if isinstance(target, (str, Path)) and Path(target, "config.yaml").exists():

@@ -51,8 +51,9 @@ def check_gold(fns, examples, timeout_s: float, workers: int, thread: str = "wor
         if not pending:
             break
         texts = [fmt.format(a=examples[i].answer) for i in pending]
-        scores = score_completions(fns, texts, [examples[i] for i in pending], timeout_s=timeout_s, workers=workers,
-                                   thread=thread)
+        scores = score_completions(
+            fns, texts, [examples[i] for i in pending], timeout_s=timeout_s, workers=workers, thread=thread
+        )
         still = []
         for i, s in zip(pending, scores.per_fn[main]):
             best[i] = max(best.get(i, 0.0), float(s))
@@ -61,8 +62,15 @@ def check_gold(fns, examples, timeout_s: float, workers: int, thread: str = "wor
             else:
                 still.append(i)
         pending = still
-    failures = [{"id": examples[i].id, "prompt": examples[i].prompt[:200], "answer": examples[i].answer[:200],
-                 "best_score": best.get(i, 0.0)} for i in pending]
+    failures = [
+        {
+            "id": examples[i].id,
+            "prompt": examples[i].prompt[:200],
+            "answer": examples[i].answer[:200],
+            "best_score": best.get(i, 0.0),
+        }
+        for i in pending
+    ]
     return failures, sorted(set(used))
 
 
@@ -80,13 +88,17 @@ def point_biserial(lengths: list[float], ok: list[float]) -> float:
 def suggest_G(ps: list[float], G: int) -> tuple[int, str]:
     """The smallest G in 4..64 whose expected zero-variance share is at most 0.5, with the reason."""
     if all(p == 0 for p in ps):
-        return G, ("no sampled completion was right: a larger G cannot be judged from this sample; make the task "
-                   "easier, use a stronger model, or audit more prompts")
+        return G, (
+            "no sampled completion was right: a larger G cannot be judged from this sample; make the task "
+            "easier, use a stronger model, or audit more prompts"
+        )
     if all(p == 1 for p in ps):
         return G, "every sampled completion was right: the task is too easy for this model; make it harder"
     for g in (4, 8, 16, 32, 64):
         if expected_zero_var(ps, g) <= 0.5:
-            why = f"expected zero-variance share {expected_zero_var(ps, g):.2f} at G={g} (at most half the groups wasted)"
+            why = (
+                f"expected zero-variance share {expected_zero_var(ps, g):.2f} at G={g} (at most half the groups wasted)"
+            )
             return g, why
     return 64, f"even at G=64 the expected zero-variance share is {expected_zero_var(ps, 64):.2f}"
 
@@ -112,9 +124,14 @@ def env_summary(infos: list[tuple[dict, int]]) -> dict:
 
     calls = sum(i.get("env/tool_calls_mean", 0.0) * k for i, k in infos)
     parse_errors = sum(i.get("env/errors_parse", 0.0) for i, _ in infos)
-    out = {"turns_mean": mean("env/turns_mean"), "tool_calls_mean": calls / n,
-           "calls_parsed": calls / (calls + parse_errors) if calls + parse_errors else None}
-    out.update({k.removeprefix("env/"): mean(k) for k in {k for i, _ in infos for k in i if k.startswith("env/stopped_")}})
+    out = {
+        "turns_mean": mean("env/turns_mean"),
+        "tool_calls_mean": calls / n,
+        "calls_parsed": calls / (calls + parse_errors) if calls + parse_errors else None,
+    }
+    out.update(
+        {k.removeprefix("env/"): mean(k) for k in {k for i, _ in infos for k in i if k.startswith("env/stopped_")}}
+    )
     return out
 
 
@@ -122,10 +139,14 @@ def env_rows(env: dict | None) -> list[list]:
     """The audit table's rows for an environment run (none for single-turn)."""
     if env is None:
         return []
-    stops = ", ".join(f"{k.removeprefix('stopped_')} {v:.0%}" for k, v in sorted(env.items()) if k.startswith("stopped_"))
+    stops = ", ".join(
+        f"{k.removeprefix('stopped_')} {v:.0%}" for k, v in sorted(env.items()) if k.startswith("stopped_")
+    )
     parsed = "no call written" if env["calls_parsed"] is None else f"{env['calls_parsed']:.0%} of written calls parse"
-    return [["turns per trajectory", env["turns_mean"], f"stopped: {stops}"],
-            ["tool calls per trajectory", env["tool_calls_mean"], parsed]]
+    return [
+        ["turns per trajectory", env["turns_mean"], f"stopped: {stops}"],
+        ["tool calls per trajectory", env["tool_calls_mean"], parsed],
+    ]
 
 
 def audit(cfg, n_prompts: int = 16, log=print) -> dict:
@@ -140,8 +161,11 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     main = run.main_reward
     examples = run.task.sample(n_prompts, random.Random(f"grpolab/app/audit/{cfg.seed}"))
     verifiers = [f for f in run.reward_fns if f.name != ENV_REWARD]  # the environment's reward needs a rollout
-    failures, renderings = (check_gold(verifiers, examples, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_thread) if verifiers
-                            else ([], []))
+    failures, renderings = (
+        check_gold(verifiers, examples, cfg.reward_timeout_s, cfg.reward_workers, cfg.reward_thread)
+        if verifiers
+        else ([], [])
+    )
     in_env = run.environments is not None
     # success of one sample: the main reward at 1; in an environment whose reward is the main one, any
     # reward at all (e.g. retry_arithmetic pays less than 1 for a right answer after feedback)
@@ -153,15 +177,15 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     gen = torch.Generator(device=run.device).manual_seed(cfg.seed)
     oks, totals, lengths, trunc = [], [], [], []
     for s in range(0, len(examples), max(1, cfg.batch_size // G)):
-        chunk = examples[s:s + max(1, cfg.batch_size // G)]
+        chunk = examples[s : s + max(1, cfg.batch_size // G)]
         rollout, sc, info = rollout_and_score(run, chunk, G=G, generator=gen)
         env_infos.append((info, len(rollout.texts)))
         oks += [1.0 if success(x) else 0.0 for x in sc.per_fn[main]]
         totals += list(sc.total)
         lengths += rollout.lengths.tolist()
         trunc += rollout.truncated.float().tolist()
-    groups_ok = [oks[i:i + G] for i in range(0, len(oks), G)]
-    groups_tot = [totals[i:i + G] for i in range(0, len(totals), G)]
+    groups_ok = [oks[i : i + G] for i in range(0, len(oks), G)]
+    groups_tot = [totals[i : i + G] for i in range(0, len(totals), G)]
     ps = [sum(g) / len(g) for g in groups_ok]
     # each prompt's success rate for the expectations at other G: (k + 1/2) / (G + 1), so that 0 right
     # out of G samples reads as "rare", not "impossible" (a raw 0 would make every G look hopeless)
@@ -174,35 +198,60 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     limit_key = "env.max_model_tokens" if in_env else "max_new_tokens"
     t_sug, t_why = suggest_max_new_tokens(lengths, truncated, cfg.max_completion_tokens)
     res = {
-        "task": cfg.task, "model": cfg.model, "G": G, "max_new_tokens": cfg.max_new_tokens, "prompts": len(examples),
-        "main_reward": main, "gold_failures": failures, "gold_renderings": renderings,
-        "pass@1": sum(oks) / len(oks), f"pass@{G}": sum(max(g) for g in groups_ok) / len(groups_ok),
-        "zero_var_frac": zero_var, "expected_zero_var": {g: expected_zero_var(ps_s, g) for g in (4, 8, 16, 32)},
-        "truncated_frac": truncated, "length_mean": sum(lengths) / len(lengths), "length_reward_corr": corr,
-        "suggested_G": g_sug, "suggested_G_reason": g_why, "suggested_max_new_tokens": t_sug,
+        "task": cfg.task,
+        "model": cfg.model,
+        "G": G,
+        "max_new_tokens": cfg.max_new_tokens,
+        "prompts": len(examples),
+        "main_reward": main,
+        "gold_failures": failures,
+        "gold_renderings": renderings,
+        "pass@1": sum(oks) / len(oks),
+        f"pass@{G}": sum(max(g) for g in groups_ok) / len(groups_ok),
+        "zero_var_frac": zero_var,
+        "expected_zero_var": {g: expected_zero_var(ps_s, g) for g in (4, 8, 16, 32)},
+        "truncated_frac": truncated,
+        "length_mean": sum(lengths) / len(lengths),
+        "length_reward_corr": corr,
+        "suggested_G": g_sug,
+        "suggested_G_reason": g_why,
+        "suggested_max_new_tokens": t_sug,
         "suggested_max_new_tokens_reason": t_why,
     }
     if in_env:
         res["env"] = env_summary(env_infos)
     problems = []
     if failures:
-        problems.append(f"{len(failures)} of {len(examples)} gold answers score < 1 through `{main}`: the verifier "
-                        f"and the task disagree (first: id {failures[0]['id']}, answer {failures[0]['answer']!r}, "
-                        f"score {failures[0]['best_score']:g})")
+        problems.append(
+            f"{len(failures)} of {len(examples)} gold answers score < 1 through `{main}`: the verifier "
+            f"and the task disagree (first: id {failures[0]['id']}, answer {failures[0]['answer']!r}, "
+            f"score {failures[0]['best_score']:g})"
+        )
     if zero_var >= 1.0:
         problems.append(f"every sampled group of G={G} has equal rewards: GRPO would get no signal at all")
     res["problems"] = problems
     res["ok"] = not problems
     res["time_s"] = time.perf_counter() - t0
     rows = [
-        ["gold answers score 1", f"{len(examples) - len(failures)}/{len(examples)}",
-         "via " + ", ".join(renderings) if renderings else "none passed"],
+        [
+            "gold answers score 1",
+            f"{len(examples) - len(failures)}/{len(examples)}",
+            "via " + ", ".join(renderings) if renderings else "none passed",
+        ],
         ["pass@1", res["pass@1"], f"{len(oks)} sampled completions, T={cfg.temperature:g}"],
         [f"pass@{G}", res[f"pass@{G}"], "share of prompts with a right completion"],
-        ["zero-variance groups", zero_var, "observed; expected at G=4/8/16/32 (rates smoothed): " +
-         "/".join(f"{v:.2f}" for v in res["expected_zero_var"].values())],
-        ["truncated", truncated, (f"cut by env.max_turn_tokens={cfg.env.max_turn_tokens} or " if in_env else "at ")
-         + f"{limit_key}={cfg.max_completion_tokens}; mean length {res['length_mean']:.1f}"],
+        [
+            "zero-variance groups",
+            zero_var,
+            "observed; expected at G=4/8/16/32 (rates smoothed): "
+            + "/".join(f"{v:.2f}" for v in res["expected_zero_var"].values()),
+        ],
+        [
+            "truncated",
+            truncated,
+            (f"cut by env.max_turn_tokens={cfg.env.max_turn_tokens} or " if in_env else "at ")
+            + f"{limit_key}={cfg.max_completion_tokens}; mean length {res['length_mean']:.1f}",
+        ],
         ["length~correct corr", corr, "point-biserial; > 0: longer answers are more often right"],
         *env_rows(res.get("env")),
         ["suggested G", g_sug, g_why],
@@ -222,8 +271,9 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
 def main(argv: list[str]) -> int:
     from grpolab.training.config import build_config, load_recipe
 
-    ap = argparse.ArgumentParser(prog="grpolab audit", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab audit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--prompts", type=int, default=16, help="training prompts sampled (default 16)")
     ap.add_argument("args", nargs="*", help="[RECIPE] KEY=VALUE ... as for grpolab train")
     ns = ap.parse_intermixed_args(argv)

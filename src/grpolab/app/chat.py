@@ -47,8 +47,9 @@ def resolve_target(target: str) -> tuple[Path, dict | None, str]:
     return model_dir(target, log=lambda msg: print(msg, file=sys.stderr)), None, target
 
 
-def _fit(tokenizer, history: list[dict], system: str | None, limit: int,
-         tools: list[dict] | None = None) -> tuple[list[int], int]:
+def _fit(
+    tokenizer, history: list[dict], system: str | None, limit: int, tools: list[dict] | None = None
+) -> tuple[list[int], int]:
     """Prompt ids of the conversation (with the environment's tool schemas, for templates that show
     them), dropping the oldest exchanges until it fits in `limit` tokens. Returns (ids, messages dropped)."""
     from grpolab.model.template import chat_prompts, render
@@ -57,8 +58,9 @@ def _fit(tokenizer, history: list[dict], system: str | None, limit: int,
     while True:
         if tools:
             msgs = ([{"role": "system", "content": system}] if system else []) + history[dropped:]
-            ids = tokenizer(render(tokenizer, msgs, add_generation_prompt=True, tools=tools),
-                            add_special_tokens=False)["input_ids"]
+            ids = tokenizer(render(tokenizer, msgs, add_generation_prompt=True, tools=tools), add_special_tokens=False)[
+                "input_ids"
+            ]
         else:
             (ids,) = chat_prompts(tokenizer, [history[dropped:]], system)
         if len(ids) <= limit or len(history) - dropped <= 1:
@@ -79,8 +81,10 @@ def _environment(spec: str | None):
     try:
         env.reset({})
     except Exception as e:  # noqa: BLE001 (an environment that needs a task's fields, e.g. guess_number)
-        raise ConfigError(f"--env {spec}: its reset() needs an example's fields ({type(e).__name__}: {e}); chat "
-                          f"takes environments whose tools work without a task, e.g. calculator_python") from None
+        raise ConfigError(
+            f"--env {spec}: its reset() needs an example's fields ({type(e).__name__}: {e}); chat "
+            f"takes environments whose tools work without a task, e.g. calculator_python"
+        ) from None
     return env
 
 
@@ -100,18 +104,29 @@ def _env_reply(env, text: str) -> list[dict]:
 
 
 def chat_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="grpolab chat", description="Talk to a model or a run's newest checkpoint "
-                                 f"in the terminal, in the model's chat template ({HELP}).")
-    ap.add_argument("target", metavar="RUN_OR_MODEL", help="a run directory (its newest checkpoint) or a model= "
-                    "value: smollm2-135m, a local Hugging Face directory or a .gguf file")
+    ap = argparse.ArgumentParser(
+        prog="grpolab chat",
+        description="Talk to a model or a run's newest checkpoint "
+        f"in the terminal, in the model's chat template ({HELP}).",
+    )
+    ap.add_argument(
+        "target",
+        metavar="RUN_OR_MODEL",
+        help="a run directory (its newest checkpoint) or a model= "
+        "value: smollm2-135m, a local Hugging Face directory or a .gguf file",
+    )
     ap.add_argument("--system", default=None, help="system message (default: the chat template's own)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="longest reply in tokens (default 256)")
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy (default 0.7)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    ap.add_argument("--env", default=None, help="an environment whose tools the model may call, as env.name takes "
-                    "it (calculator_python, a TRL environment class file.py:Name, ...; docs/agents.md)")
+    ap.add_argument(
+        "--env",
+        default=None,
+        help="an environment whose tools the model may call, as env.name takes "
+        "it (calculator_python, a TRL environment class file.py:Name, ...; docs/agents.md)",
+    )
     ap.add_argument("--max-turns", type=int, default=4, help="with --env: most model turns per message (default 4)")
     ns = ap.parse_args(argv)
     if ns.max_new_tokens < 1 or ns.max_turns < 1:
@@ -165,19 +180,29 @@ def chat_main(argv: list[str]) -> int:
             ids, dropped = _fit(tokenizer, history, ns.system, limit, tools)
             if dropped:
                 history = history[dropped:]
-                print(f"(the conversation outgrew the model's context of {context} tokens: "
-                      f"dropped the oldest {dropped} messages)", flush=True)
+                print(
+                    f"(the conversation outgrew the model's context of {context} tokens: "
+                    f"dropped the oldest {dropped} messages)",
+                    flush=True,
+                )
             print("model> ", end="", flush=True)
             input_ids = torch.tensor([ids], device=model.device)
             streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
             try:
                 with torch.no_grad():
-                    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), streamer=streamer,
-                                         max_new_tokens=ns.max_new_tokens, do_sample=ns.temperature > 0,
-                                         temperature=ns.temperature if ns.temperature > 0 else None,
-                                         top_p=ns.top_p if ns.temperature > 0 else None, top_k=None,
-                                         eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-                reply_ids = out[0, len(ids):].tolist()
+                    out = model.generate(
+                        input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        streamer=streamer,
+                        max_new_tokens=ns.max_new_tokens,
+                        do_sample=ns.temperature > 0,
+                        temperature=ns.temperature if ns.temperature > 0 else None,
+                        top_p=ns.top_p if ns.temperature > 0 else None,
+                        top_k=None,
+                        eos_token_id=eos,
+                        pad_token_id=tokenizer.pad_token_id,
+                    )
+                reply_ids = out[0, len(ids) :].tolist()
             except KeyboardInterrupt:  # stop this reply; keep the conversation
                 reply_ids = list(streamer.token_cache)
                 print(" (stopped)", end="")
@@ -193,9 +218,12 @@ def chat_main(argv: list[str]) -> int:
 def sample_main(argv: list[str]) -> int:
     from grpolab.training.config import build_config, load_recipe
 
-    ap = argparse.ArgumentParser(prog="grpolab sample", description="Print k samples of one prompt with their "
-                                 "rewards: from a run's newest checkpoint with its config (task, rewards, "
-                                 "sampling settings), or from a recipe / model.")
+    ap = argparse.ArgumentParser(
+        prog="grpolab sample",
+        description="Print k samples of one prompt with their "
+        "rewards: from a run's newest checkpoint with its config (task, rewards, "
+        "sampling settings), or from a recipe / model.",
+    )
     ap.add_argument("target", nargs="?", help="a run directory, or a recipe (default: the defaults; model=...)")
     ap.add_argument("args", nargs="*", help="KEY=VALUE overrides, as for train (model=, rewards=, temperature=, ...)")
     ap.add_argument("--prompt", help="the user message (default: the task's first held-out prompt)")
@@ -238,10 +266,17 @@ def sample_main(argv: list[str]) -> int:
     generator = torch.Generator(device=run.device).manual_seed(cfg.seed)
     rollout = rollout_examples(run, [example], G=ns.k, greedy=ns.greedy, generator=generator)
     scores = score(run, rollout, [example])
-    records = [{"sample": i, "completion": text, "reward": scores.total[i],
-                "rewards": {name: v[i] for name, v in scores.per_fn.items()},
-                "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i])}
-               for i, text in enumerate(rollout.texts)]
+    records = [
+        {
+            "sample": i,
+            "completion": text,
+            "reward": scores.total[i],
+            "rewards": {name: v[i] for name, v in scores.per_fn.items()},
+            "length": int(rollout.completion_mask[i].sum()),
+            "truncated": bool(rollout.truncated[i]),
+        }
+        for i, text in enumerate(rollout.texts)
+    ]
     if ns.json:
         for rec in records:
             print(json.dumps(rec, ensure_ascii=False))
@@ -251,8 +286,10 @@ def sample_main(argv: list[str]) -> int:
         for rec in records:
             parts = ", ".join(f"{k} {v:.3f}" for k, v in rec["rewards"].items())
             flag = ", truncated" if rec["truncated"] else ""
-            print(f"\n--- sample {rec['sample'] + 1}/{ns.k}: reward {rec['reward']:.3f} ({parts}; "
-                  f"{rec['length']} tokens{flag})\n{rec['completion']}")
+            print(
+                f"\n--- sample {rec['sample'] + 1}/{ns.k}: reward {rec['reward']:.3f} ({parts}; "
+                f"{rec['length']} tokens{flag})\n{rec['completion']}"
+            )
     for msg in scores.messages:
         print(f"grpolab sample: {msg}", file=sys.stderr)
     return 0

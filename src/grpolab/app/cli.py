@@ -33,17 +33,12 @@ Examples:
 
 
 def _train(argv: list[str]) -> int:
-    from grpolab.training.config import (
-        build_config,
-        config_from_run,
-        help_text,
-        load_recipe,
-        thread_wait_of,
-    )
+    from grpolab.training.config import build_config, config_from_run, help_text, load_recipe, thread_wait_of
     from grpolab.util.threads import prepare
 
-    ap = argparse.ArgumentParser(prog="grpolab train", usage=USAGE_TRAIN, add_help=False,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab train", usage=USAGE_TRAIN, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("-h", "--help", action="store_true")
     ap.add_argument("--resume", metavar="OUT")
     ap.add_argument("--trl", action="store_true")
@@ -108,7 +103,9 @@ def _trl_names(args: list[str]) -> tuple[list[str], list[str]]:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else k, v)
         else:
-            flat.append(f"{prefix}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
+            flat.append(
+                f"{prefix}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+            )
 
     walk("", converted)
     return flat + out, notes
@@ -125,8 +122,9 @@ def _lab(argv: list[str]) -> int:
     """Measure one of the lesson's claims: grpolab lab CLAIM [options]; no claim lists them."""
     import grpolab.app.lab as lab
 
-    listing = "usage: grpolab lab CLAIM [options]   (grpolab lab CLAIM --help for a claim's options)\n\n" + \
-        "\n".join(f"  {name:10}{claim}" for name, (claim, _) in lab.LABS.items())
+    listing = "usage: grpolab lab CLAIM [options]   (grpolab lab CLAIM --help for a claim's options)\n\n" + "\n".join(
+        f"  {name:10}{claim}" for name, (claim, _) in lab.LABS.items()
+    )
     if not argv or argv[0] in ("-h", "--help"):
         print(listing)
         return 0
@@ -141,17 +139,27 @@ def _lab(argv: list[str]) -> int:
 
 def _report(argv: list[str]) -> int:
     """One self-contained HTML page (plots, samples, token-level credit) of one run or several overlaid."""
-    ap = argparse.ArgumentParser(prog="grpolab report", description="Write one self-contained HTML report "
-                                 "(and a PNG per plot beside it) of a run, or of several runs overlaid.")
+    ap = argparse.ArgumentParser(
+        prog="grpolab report",
+        description="Write one self-contained HTML report "
+        "(and a PNG per plot beside it) of a run, or of several runs overlaid.",
+    )
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (several: their curves overlay)")
-    ap.add_argument("-o", "--output", metavar="FILE", help="the HTML file (default: RUN_DIR/report.html for "
-                    "one run, ./report.html for several)")
+    ap.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="the HTML file (default: RUN_DIR/report.html for one run, ./report.html for several)",
+    )
     ns = ap.parse_args(argv)
     from grpolab.app.report import load_runs, write_report
     from grpolab.app.report.plots import MissingPlotting
 
-    out = Path(ns.output) if ns.output else (Path(ns.runs[0]) / "report.html" if len(ns.runs) == 1
-                                             else Path("report.html"))
+    out = (
+        Path(ns.output)
+        if ns.output
+        else (Path(ns.runs[0]) / "report.html" if len(ns.runs) == 1 else Path("report.html"))
+    )
     runs = load_runs(ns.runs)  # a directory that is not a run: ConfigError, exit 2
     try:
         path = write_report(ns.runs, out, runs=runs)
@@ -160,8 +168,11 @@ def _report(argv: list[str]) -> int:
         return 1
     for run in runs:
         for name, places in run.skipped.items():
-            print(f"grpolab report: {run.path}/{name}: skipped {len(places)} line(s) that are not complete "
-                  f"JSON objects: {', '.join(places[:3])}", file=sys.stderr)
+            print(
+                f"grpolab report: {run.path}/{name}: skipped {len(places)} line(s) that are not complete "
+                f"JSON objects: {', '.join(places[:3])}",
+                file=sys.stderr,
+            )
     print(f"wrote {path} (PNGs in {path.with_name(path.stem + '_plots')})")
     return 0
 
@@ -208,24 +219,36 @@ def _plan(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"train": _train, "eval": _eval, "lab": _lab, "report": _report, "chat": _chat, "sample": _sample, "audit": _audit,
-            "export": _export, "bench": _bench, "plan": _plan}
+COMMANDS = {
+    "train": _train,
+    "eval": _eval,
+    "lab": _lab,
+    "report": _report,
+    "chat": _chat,
+    "sample": _sample,
+    "audit": _audit,
+    "export": _export,
+    "bench": _bench,
+    "plan": _plan,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpolab {" + ",".join(COMMANDS) + "} ...\n\n"
-              "  train   train a policy (grpolab train --help lists every option)\n"
-              "  eval    score a model or a run on held-out prompts (pass@k, 95% intervals; two: paired)\n"
-              "  lab     measure one of the lesson's claims (grpolab lab lists them)\n"
-              "  report  one self-contained HTML page of a run, or several overlaid\n"
-              "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"
-              "  sample  print k samples of a prompt with their rewards\n"
-              "  audit   pre-flight check of a task, model and config before a long run\n"
-              "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)\n"
-              "  bench   step time and memory, grpolab vs TRL on the same setting (docs/performance.md)\n"
-              "  plan    peak memory per phase, time and settings that fit on a device, before a run")
+        print(
+            "usage: grpolab {" + ",".join(COMMANDS) + "} ...\n\n"
+            "  train   train a policy (grpolab train --help lists every option)\n"
+            "  eval    score a model or a run on held-out prompts (pass@k, 95% intervals; two: paired)\n"
+            "  lab     measure one of the lesson's claims (grpolab lab lists them)\n"
+            "  report  one self-contained HTML page of a run, or several overlaid\n"
+            "  chat    talk to a run's newest checkpoint (or any model) in the terminal\n"
+            "  sample  print k samples of a prompt with their rewards\n"
+            "  audit   pre-flight check of a task, model and config before a long run\n"
+            "  export  write a run's checkpoint as a plain Hugging Face model (--merged OUT: LoRA merged)\n"
+            "  bench   step time and memory, grpolab vs TRL on the same setting (docs/performance.md)\n"
+            "  plan    peak memory per phase, time and settings that fit on a device, before a run"
+        )
         return 0 if argv else 2
     cmd = COMMANDS.get(argv[0])
     if cmd is None:
@@ -247,8 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpolab: {e}; the last complete checkpoint is intact: continue with --resume OUT", file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:  # before training started (loading the model, ...)
-        print("grpolab: interrupted; continue with --resume OUT (checkpoints are written every save_every steps)",
-              file=sys.stderr)
+        print(
+            "grpolab: interrupted; continue with --resume OUT (checkpoints are written every save_every steps)",
+            file=sys.stderr,
+        )
         return 130
 
 

@@ -75,11 +75,17 @@ def parse_ks(text: str | None) -> list[int] | None:
 def eval_main(argv: list[str]) -> int:
     from grpolab.training.config import build_config
 
-    ap = argparse.ArgumentParser(prog="grpolab eval", usage=USAGE, add_help=False,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab eval", usage=USAGE, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("-h", "--help", action="store_true")
-    ap.add_argument("--num-generations", type=int, default=None, metavar="N",
-                    help="samples per prompt (eval_num_generations; 0: greedy)")
+    ap.add_argument(
+        "--num-generations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="samples per prompt (eval_num_generations; 0: greedy)",
+    )
     ap.add_argument("--k", default=None, help="the k of pass@k, comma-separated (default 1, 2, 4, ..., N)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (eval_temperature)")
     ap.add_argument("args", nargs="*")
@@ -90,8 +96,10 @@ def eval_main(argv: list[str]) -> int:
     targets = [a for a in ns.args if "=" not in a]
     overrides = [a for a in ns.args if "=" in a]
     if len(targets) > 2:
-        raise ConfigError(f"grpolab eval takes one or two targets (a run, checkpoint, recipe or model), "
-                          f"got {len(targets)}: {' '.join(targets)}")
+        raise ConfigError(
+            f"grpolab eval takes one or two targets (a run, checkpoint, recipe or model), "
+            f"got {len(targets)}: {' '.join(targets)}"
+        )
     if ns.num_generations is not None:
         overrides.append(f"eval_num_generations={ns.num_generations}")
     if ns.temperature is not None:
@@ -109,8 +117,10 @@ def eval_main(argv: list[str]) -> int:
             raise ConfigError(f"{target}: a recipe names no model to compare; give a run, checkpoint or model")
         for key in ("task", "task_args"):
             if recipe.get(key, base.get(key)) != base.get(key):
-                _err(f"grpolab eval: note: {target} was set up with {key}={recipe[key]!r}; both are evaluated "
-                     f"on the same prompts, with {key}={base.get(key)!r}")
+                _err(
+                    f"grpolab eval: note: {target} was set up with {key}={recipe[key]!r}; both are evaluated "
+                    f"on the same prompts, with {key}={base.get(key)!r}"
+                )
     cfgs = [build_config({**base, **({"model": r["model"]} if "model" in r else {})}, overrides) for r, _ in resolved]
     n = max(1, cfgs[0].eval_num_generations)
     if ks and max(ks) > n:
@@ -126,8 +136,11 @@ def eval_main(argv: list[str]) -> int:
 
     res_a, res_b = _evaluate(cfgs[0], ks), _evaluate(cfgs[1], ks)
     change = compare(res_a, res_b, cfgs[0].seed)
-    print(json.dumps({"a": {"target": targets[0], **res_a}, "b": {"target": targets[1], **res_b},
-                      "change": change}, indent=2))
+    print(
+        json.dumps(
+            {"a": {"target": targets[0], **res_a}, "b": {"target": targets[1], **res_b}, "change": change}, indent=2
+        )
+    )
     _err(format_result(label_a, res_a) + "\n" + format_result(label_b, res_b))
     for cmp in (change or {}).values():
         _err(cmp["sentence"])
@@ -148,17 +161,24 @@ def _evaluate(cfg, ks: list[int] | None) -> dict:
 
 def format_result(label: str, res: dict) -> str:
     """A few lines for the terminal: accuracy and each pass@k with their 95% intervals, the extraction shares."""
-    how = "greedy" if not res.get("temperature") else f"{res['samples_per_prompt']} samples per prompt at " \
-        f"temperature {res['temperature']:g}"
+    how = (
+        "greedy"
+        if not res.get("temperature")
+        else f"{res['samples_per_prompt']} samples per prompt at temperature {res['temperature']:g}"
+    )
     lo, hi = res["accuracy_ci"]
-    lines = [f"{label}: {res['n']} held-out prompts, {how}, main reward {res['main_reward']}",
-             f"  accuracy  {100 * res['accuracy']:5.1f}%  [{100 * lo:.1f}, {100 * hi:.1f}]  ({res['accuracy_ci_method']})"]
+    lines = [
+        f"{label}: {res['n']} held-out prompts, {how}, main reward {res['main_reward']}",
+        f"  accuracy  {100 * res['accuracy']:5.1f}%  [{100 * lo:.1f}, {100 * hi:.1f}]  ({res['accuracy_ci_method']})",
+    ]
     for k, v in res["pass@k"].items():
         lo, hi = v["ci"]
         lines.append(f"  pass@{k:<4}{100 * v['estimate']:5.1f}%  [{100 * lo:.1f}, {100 * hi:.1f}]")
     for name, s in res.get("extraction", {}).items():
-        lines.append(f"  {name}: no parsable answer {100 * s['no_answer']:.1f}%, wrong {100 * s['wrong']:.1f}%, "
-                     f"right {100 * s['right']:.1f}%")
+        lines.append(
+            f"  {name}: no parsable answer {100 * s['no_answer']:.1f}%, wrong {100 * s['wrong']:.1f}%, "
+            f"right {100 * s['right']:.1f}%"
+        )
     return "\n".join(lines)
 
 

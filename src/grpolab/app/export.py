@@ -72,17 +72,25 @@ def export_merged(target: Path, out: Path, log=print) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"wrote {out} from {ck} ({'LoRA adapter merged into the base weights' if merged else 'full model'}); "
-        f"it loads with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    log(
+        f"wrote {out} from {ck} ({'LoRA adapter merged into the base weights' if merged else 'full model'}); "
+        f"it loads with AutoModelForCausalLM.from_pretrained({str(out)!r})"
+    )
     return out
 
 
 def export_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="grpolab export", description="Write a run's newest checkpoint as a plain "
-                                 "Hugging Face model directory (a LoRA adapter merged into the base weights).")
-    ap.add_argument("run", metavar="RUN", help="a run directory (its newest intact checkpoint) or a checkpoint directory")
-    ap.add_argument("--merged", metavar="OUT", required=True,
-                    help="the new model directory (must not exist, or be empty)")
+    ap = argparse.ArgumentParser(
+        prog="grpolab export",
+        description="Write a run's newest checkpoint as a plain "
+        "Hugging Face model directory (a LoRA adapter merged into the base weights).",
+    )
+    ap.add_argument(
+        "run", metavar="RUN", help="a run directory (its newest intact checkpoint) or a checkpoint directory"
+    )
+    ap.add_argument(
+        "--merged", metavar="OUT", required=True, help="the new model directory (must not exist, or be empty)"
+    )
     ns = ap.parse_args(argv)
     from transformers.utils import logging as hf_logging
 

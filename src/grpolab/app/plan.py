@@ -50,8 +50,7 @@ def parse_memory(text: str) -> Device:
         return CARDS[key]
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(g|gb|gib)?", key)
     if not m:
-        raise ConfigError(f"--memory: {text!r} is neither a size (24GB, 32GB, 80GB) nor a card "
-                          f"({', '.join(CARDS)})")
+        raise ConfigError(f"--memory: {text!r} is neither a size (24GB, 32GB, 80GB) nor a card ({', '.join(CARDS)})")
     size = float(m.group(1))
     if size <= 0:
         raise ConfigError(f"--memory: {text!r} must be more than 0 GB")
@@ -59,8 +58,7 @@ def parse_memory(text: str) -> Device:
     if card:
         return CARDS[card]
     base = CARDS["rtx5090"]
-    return Device(f"{size:g} GB GPU (RTX 5090 rates)", int(size * GB), base.bf16_flops, base.fp32_flops,
-                  base.bandwidth)
+    return Device(f"{size:g} GB GPU (RTX 5090 rates)", int(size * GB), base.bf16_flops, base.fp32_flops, base.bandwidth)
 
 
 def this_machine() -> Device:
@@ -82,7 +80,7 @@ def this_machine() -> Device:
         t = time.perf_counter()
         for _ in range(3):
             a @ a
-        rates[dt] = 3 * 2 * 1024 ** 3 / (time.perf_counter() - t)
+        rates[dt] = 3 * 2 * 1024**3 / (time.perf_counter() - t)
     x = torch.empty(1 << 26)
     y = torch.empty_like(x)
     y.copy_(x)
@@ -101,39 +99,64 @@ def describe(p: Plan) -> list[str]:
     s, w, r, d = p.shape, p.workload, p.regime, p.device
     how = f"LoRA r={r.lora_r}" if r.lora_r else "full fine-tuning"
     prec = f"update {'bf16' if r.update_bytes == 2 else 'fp32'}, rollout {'bf16' if r.rollout_bytes == 2 else 'fp32'}"
-    extras = (" (lean decoder)" if r.lean else "") + f", reference: {r.reference}" + \
-        (", critic" if r.critic else "") + (", grad_checkpointing" if r.checkpointing else "")
+    extras = (
+        (" (lean decoder)" if r.lean else "")
+        + f", reference: {r.reference}"
+        + (", critic" if r.critic else "")
+        + (", grad_checkpointing" if r.checkpointing else "")
+    )
     trained = p.phases[0].parts["AdamW state"] / 8 / 1e6
     usable = f" ({_gb(d.usable)} usable)" if d.usable != d.memory else ""
-    lines = [f"{s.name}: {s.params / 1e9:.2f}B parameters ({how}, trained {trained:,.1f}M), {prec}{extras}",
-             f"step: {w.prompts} prompts x G={w.G} = {w.rows} sequences, prompt {w.prompt_tokens} + completion "
-             + f"{w.completion_tokens} tokens, micro-batches of {min(w.seqs_per_pass, w.rows)} sequences "
-             + f"({w.micro_batches} per update), mu={w.mu}",
-             f"device: {d.name}, {_gb(d.memory)}{usable}", ""]
+    lines = [
+        f"{s.name}: {s.params / 1e9:.2f}B parameters ({how}, trained {trained:,.1f}M), {prec}{extras}",
+        f"step: {w.prompts} prompts x G={w.G} = {w.rows} sequences, prompt {w.prompt_tokens} + completion "
+        + f"{w.completion_tokens} tokens, micro-batches of {min(w.seqs_per_pass, w.rows)} sequences "
+        + f"({w.micro_batches} per update), mu={w.mu}",
+        f"device: {d.name}, {_gb(d.memory)}{usable}",
+        "",
+    ]
     base = p.phases[0].parts
-    lines.append(f"  {'resident':24} {_gb(p.phases[0].total):>9}   " +
-                 ", ".join(f"{k} {_gb(v)}" for k, v in base.items() if v))
+    lines.append(
+        f"  {'resident':24} {_gb(p.phases[0].total):>9}   " + ", ".join(f"{k} {_gb(v)}" for k, v in base.items() if v)
+    )
     for ph in p.phases[1:]:
         own = {k: v for k, v in ph.parts.items() if k not in base and v}
-        lines.append(f"  {ph.name:24} {_gb(ph.total):>9}   + " + (", ".join(f"{k} {_gb(v)}" for k, v in own.items())
-                                                                 or "nothing") + (f" ({ph.note})" if ph.note else ""))
+        lines.append(
+            f"  {ph.name:24} {_gb(ph.total):>9}   + "
+            + (", ".join(f"{k} {_gb(v)}" for k, v in own.items()) or "nothing")
+            + (f" ({ph.note})" if ph.note else "")
+        )
     pk = p.peak
     verdict = "fits" if p.fits else "does NOT fit"
-    lines += ["", f"peak: {_gb(pk.total)} in {pk.name}: {verdict} in {_gb(d.usable)}",
-              f"time: about {p.step_seconds:.1f} s per step (" +
-              ", ".join(f"{k} {v:.1f} s" for k, v in p.seconds.items()) + ") at "
-              f"{(d.bf16_flops if r.update_bytes == 2 else d.fp32_flops) / 1e12:.1f} TFLOP/s, {d.bandwidth / 1e9:.0f} GB/s "
-              f"({MATMUL_EFFICIENCY:.0%} of the rate, {BANDWIDTH_EFFICIENCY:.0%} of the bandwidth: "
-              "grpolab.training.plan)"]
+    lines += [
+        "",
+        f"peak: {_gb(pk.total)} in {pk.name}: {verdict} in {_gb(d.usable)}",
+        f"time: about {p.step_seconds:.1f} s per step ("
+        + ", ".join(f"{k} {v:.1f} s" for k, v in p.seconds.items())
+        + ") at "
+        f"{(d.bf16_flops if r.update_bytes == 2 else d.fp32_flops) / 1e12:.1f} TFLOP/s, {d.bandwidth / 1e9:.0f} GB/s "
+        f"({MATMUL_EFFICIENCY:.0%} of the rate, {BANDWIDTH_EFFICIENCY:.0%} of the bandwidth: "
+        "grpolab.training.plan)",
+    ]
     lines += [f"note: {n}" for n in p.notes]
     return lines
 
 
 def to_json(p: Plan) -> dict:
-    return {"model": p.shape.name, "params": p.shape.params, "device": p.device.name, "memory": p.device.memory,
-            "usable": p.device.usable, "fits": p.fits, "peak_bytes": p.peak.total, "peak_phase": p.peak.name,
-            "phases": {ph.name: {"total": ph.total, "parts": ph.parts} for ph in p.phases},
-            "seconds": p.seconds, "step_seconds": p.step_seconds, "notes": p.notes}
+    return {
+        "model": p.shape.name,
+        "params": p.shape.params,
+        "device": p.device.name,
+        "memory": p.device.memory,
+        "usable": p.device.usable,
+        "fits": p.fits,
+        "peak_bytes": p.peak.total,
+        "peak_phase": p.peak.name,
+        "phases": {ph.name: {"total": ph.total, "parts": ph.parts} for ph in p.phases},
+        "seconds": p.seconds,
+        "step_seconds": p.step_seconds,
+        "notes": p.notes,
+    }
 
 
 def _prompt_tokens(cfg, given: int | None) -> tuple[int, str]:
@@ -153,14 +176,22 @@ def main(argv: list[str]) -> int:
     from grpolab.model.shapes import SHAPES
     from grpolab.training.config import build_config, load_recipe
 
-    ap = argparse.ArgumentParser(prog="grpolab plan", usage=USAGE + ", ".join(SHAPES), description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab plan",
+        usage=USAGE + ", ".join(SHAPES),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("args", nargs="*", help="a recipe (first) and KEY=VALUE overrides")
     ap.add_argument("--memory", help="a size (24GB, 32GB, 80GB) or a card: " + ", ".join(CARDS))
     ap.add_argument("--prompt-tokens", type=int, help="prompt length to plan for (default: the task's longest)")
-    ap.add_argument("--engine-share", type=float, default=0.0,
-                    help="fraction of the device an inference engine reserves for generation (vLLM's "
-                         "gpu_memory_utilization when colocated); 0: grpolab's own rollout")
+    ap.add_argument(
+        "--engine-share",
+        type=float,
+        default=0.0,
+        help="fraction of the device an inference engine reserves for generation (vLLM's "
+        "gpu_memory_utilization when colocated); 0: grpolab's own rollout",
+    )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ns = ap.parse_intermixed_args(argv)  # options and KEY=VALUE in any order
     if ns.prompt_tokens is not None and ns.prompt_tokens < 1:
@@ -179,9 +210,25 @@ def main(argv: list[str]) -> int:
     p = plan(cfg, device, **kw)
     alternatives = [] if p.fits else fitting(cfg, args, device, recipe, **kw)
     if ns.json:
-        print(json.dumps({**to_json(p), "prompt_tokens": tokens, "prompt_tokens_from": source,
-                          "fitting": [{"changes": c, "peak_bytes": q.peak.total, "peak_phase": q.peak.name,
-                                       "step_seconds": q.step_seconds} for c, q in alternatives]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **to_json(p),
+                    "prompt_tokens": tokens,
+                    "prompt_tokens_from": source,
+                    "fitting": [
+                        {
+                            "changes": c,
+                            "peak_bytes": q.peak.total,
+                            "peak_phase": q.peak.name,
+                            "step_seconds": q.step_seconds,
+                        }
+                        for c, q in alternatives
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     print("\n".join(describe(p)))
     print(f"prompt tokens: {tokens} ({source})")
@@ -191,8 +238,10 @@ def main(argv: list[str]) -> int:
             for changes, q in alternatives:
                 print(f"  {' '.join(changes):62} {_gb(q.peak.total):>9}  {q.step_seconds:7.1f} s  ({q.peak.name})")
         else:
-            print("\nnothing tried fits (grad_checkpointing, micro_batch, precision=bf16, lora.r=16, shorter "
-                  "completions): a smaller model, or more devices with fsdp=true (docs/distributed.md)")
+            print(
+                "\nnothing tried fits (grad_checkpointing, micro_batch, precision=bf16, lora.r=16, shorter "
+                "completions): a smaller model, or more devices with fsdp=true (docs/distributed.md)"
+            )
     return 0
 
 

@@ -49,19 +49,28 @@ class EngineContext:
 def _native(ctx: EngineContext) -> RolloutEngine:
     from grpolab.engine.native.engine import NativeEngine
 
-    return NativeEngine(ctx.policy, ctx.tokenizer, device=ctx.device, dtype=ctx.dtype, decoder=ctx.decoder,
-                        eos_ids=ctx.eos_ids)
+    return NativeEngine(
+        ctx.policy, ctx.tokenizer, device=ctx.device, dtype=ctx.dtype, decoder=ctx.decoder, eos_ids=ctx.eos_ids
+    )
 
 
 def _vllm(ctx: EngineContext) -> RolloutEngine:
     from grpolab.engine.vllm_engine import VllmEngine
 
-    return VllmEngine(ctx.settings, model_path=ctx.model_path, tokenizer=ctx.tokenizer, device=ctx.device,
-                      dtype=ctx.dtype, eos_ids=ctx.eos_ids, max_model_len=ctx.max_model_len, seed=ctx.seed,
-                      kv_tokens=ctx.kv_tokens)
+    return VllmEngine(
+        ctx.settings,
+        model_path=ctx.model_path,
+        tokenizer=ctx.tokenizer,
+        device=ctx.device,
+        dtype=ctx.dtype,
+        eos_ids=ctx.eos_ids,
+        max_model_len=ctx.max_model_len,
+        seed=ctx.seed,
+        kv_tokens=ctx.kv_tokens,
+    )
 
 
-ENGINES: dict[str, Callable[[EngineContext], "RolloutEngine"]] = {"native": _native, "vllm": _vllm}
+ENGINES: dict[str, Callable[[EngineContext], RolloutEngine]] = {"native": _native, "vllm": _vllm}
 
 # vLLM's CPU attention kernels take these head sizes only (vllm.v1.attention.backends.cpu_attn).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -88,13 +97,14 @@ def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> 
         return "the vllm engine does not run under torchrun yet (each rank would start its own vLLM)"
     hs = head_size(model_path)
     if device.type == "cpu" and hs not in CPU_HEAD_SIZES:
-        return (f"vLLM's CPU attention does not take this model's head size ({hs}; it takes "
-                f"{', '.join(map(str, CPU_HEAD_SIZES))})")
+        return (
+            f"vLLM's CPU attention does not take this model's head size ({hs}; it takes "
+            f"{', '.join(map(str, CPU_HEAD_SIZES))})"
+        )
     return missing_reason()
 
 
-def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device,
-           distributed: bool) -> tuple[str, str]:
+def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, distributed: bool) -> tuple[str, str]:
     """(engine name, why): on a CPU auto is native, on a GPU vLLM where it can serve the model."""
     if settings.engine == "native":
         return "native", "rollout.engine=native"
@@ -106,8 +116,10 @@ def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device,
     if unusable:
         return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
     if device.type == "cpu":
-        return CPU_AUTO, ("rollout.engine=auto: native on a CPU (vLLM is no faster there: docs/performance.md, "
-                          "\"Rollout engines\"); rollout.engine=vllm to use it")
+        return CPU_AUTO, (
+            "rollout.engine=auto: native on a CPU (vLLM is no faster there: docs/performance.md, "
+            '"Rollout engines"); rollout.engine=vllm to use it'
+        )
     return "vllm", "rollout.engine=auto: vLLM is installed and supports the model, on a GPU"
 
 
@@ -139,5 +151,15 @@ def build_engine(name: str, ctx: EngineContext) -> RolloutEngine:
     return ENGINES[name](ctx)
 
 
-__all__ = ["ENGINES", "EngineContext", "EngineError", "RolloutConfig", "build_engine", "choose", "head_size",
-           "rollout_precision", "rollout_probe", "vllm_unusable"]
+__all__ = [
+    "ENGINES",
+    "EngineContext",
+    "EngineError",
+    "RolloutConfig",
+    "build_engine",
+    "choose",
+    "head_size",
+    "rollout_precision",
+    "rollout_probe",
+    "vllm_unusable",
+]

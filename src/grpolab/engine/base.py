@@ -67,11 +67,20 @@ class RolloutEngine(Protocol):
     version: int
     """Optimizer steps taken by the weights it samples from."""
 
-    def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
-                 generator: torch.Generator | None = None) -> Rollout: ...
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int, generator: torch.Generator | None = None
+    ) -> Rollout: ...
 
-    def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
-                       *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]: ...
+    def generate_turns(
+        self,
+        prompt_ids: list[list[int]],
+        respond: Respond,
+        sampling: Sampling,
+        limits: TurnLimits,
+        *,
+        G: int,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Rollout, list[Trajectory]]: ...
 
     def release(self) -> None:
         """Free what the engine holds only for sampling (vLLM's KV cache on a CPU) until the next sync or

@@ -22,7 +22,7 @@ def call_tokens(sequences: int, completion_budget: int) -> int:
 def kv_bytes_per_token(model_config: dict, dtype_bytes: int) -> int:
     """Bytes of KV cache one token takes: layers x 2 (K and V) x KV heads x head size x bytes per element.
 
-        bytes = L * 2 * H_kv * d_head * s
+    bytes = L * 2 * H_kv * d_head * s
     """
     heads = model_config["num_attention_heads"]
     d_head = model_config.get("head_dim") or model_config["hidden_size"] // heads

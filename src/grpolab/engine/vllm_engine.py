@@ -46,8 +46,10 @@ def missing_reason() -> str | None:
     try:
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001 (any import failure: a missing package or a broken build)
-        return (f"vLLM does not import ({type(e).__name__}: {e}); install the engine's extra: {INSTALL_CPU} on a "
-                f"CPU, {INSTALL_GPU} on a CUDA GPU (README, \"Rollout engines\"), or use rollout.engine=native")
+        return (
+            f"vLLM does not import ({type(e).__name__}: {e}); install the engine's extra: {INSTALL_CPU} on a "
+            f'CPU, {INSTALL_GPU} on a CUDA GPU (README, "Rollout engines"), or use rollout.engine=native'
+        )
     return None
 
 
@@ -69,8 +71,7 @@ def auto_dtype() -> tuple[torch.dtype | None, str]:
     return None, "vLLM samples in fp32 on a CPU without bf16 instructions"
 
 
-def memory_options(settings: RolloutConfig, model_path: Path, device: torch.device, dtype: str,
-                   kv_tokens: int) -> dict:
+def memory_options(settings: RolloutConfig, model_path: Path, device: torch.device, dtype: str, kv_tokens: int) -> dict:
     """LLM(...)'s memory arguments: on a GPU its share of the card; on a CPU the KV cache's bytes,
     rollout.vllm_kv_cache_gb or, where that is 0, sized to the run (grpolab.engine.kv_cache)."""
     if device.type == "cuda":
@@ -91,9 +92,19 @@ class VllmEngine:
     name = "vllm"
     samples_from_trainer = False
 
-    def __init__(self, settings: RolloutConfig, *, model_path: Path, tokenizer, device: torch.device,
-                 dtype: torch.dtype | None, eos_ids: set[int], max_model_len: int | None, seed: int,
-                 kv_tokens: int = 0):
+    def __init__(
+        self,
+        settings: RolloutConfig,
+        *,
+        model_path: Path,
+        tokenizer,
+        device: torch.device,
+        dtype: torch.dtype | None,
+        eos_ids: set[int],
+        max_model_len: int | None,
+        seed: int,
+        kv_tokens: int = 0,
+    ):
         reason = missing_reason()
         if reason:
             raise EngineError(reason)
@@ -107,29 +118,44 @@ class VllmEngine:
         self.pad_id = pad_id_of(tokenizer)
         threads = torch.get_num_threads()
         extra = memory_options(settings, model_path, device, self.dtype, kv_tokens)
-        self.memory = (f"KV cache {extra['kv_cache_memory_bytes'] / 2**30:.2f} GiB" if "kv_cache_memory_bytes" in extra
-                       else f"{extra['gpu_memory_utilization']:g} of the GPU")
+        self.memory = (
+            f"KV cache {extra['kv_cache_memory_bytes'] / 2**30:.2f} GiB"
+            if "kv_cache_memory_bytes" in extra
+            else f"{extra['gpu_memory_utilization']:g} of the GPU"
+        )
         t0 = time.perf_counter()
         try:
-            self.llm = LLM(model=str(model_path), dtype=self.dtype, enforce_eager=settings.vllm_eager, seed=seed,
-                           max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-                           enable_prefix_caching=True, skip_tokenizer_init=True, **extra)
+            self.llm = LLM(
+                model=str(model_path),
+                dtype=self.dtype,
+                enforce_eager=settings.vllm_eager,
+                seed=seed,
+                max_model_len=max_model_len,
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+                skip_tokenizer_init=True,
+                **extra,
+            )
         except Exception as e:  # noqa: BLE001 (vLLM's start-up raises many kinds)
-            raise EngineError(f"vLLM failed to start on {model_path} ({type(e).__name__}: {e}); "
-                              f"use rollout.engine=native") from e
+            raise EngineError(
+                f"vLLM failed to start on {model_path} ({type(e).__name__}: {e}); use rollout.engine=native"
+            ) from e
         self.startup_s = time.perf_counter() - t0
         if torch.get_num_threads() != threads:  # the trainer keeps its threads whatever vLLM did
             torch.set_num_threads(threads)
 
     def describe(self) -> str:
-        return (f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, "
-                f"started in {self.startup_s:.0f} s)")
+        return (
+            f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, "
+            f"started in {self.startup_s:.0f} s)"
+        )
 
     def _params(self, sampling: Sampling, max_tokens: int, n: int, seed: int):
         from vllm import SamplingParams
 
-        return SamplingParams(**vllm_sampling_kwargs(sampling, max_tokens=max_tokens, n=n, seed=seed,
-                                                     eos_ids=self.eos_ids))
+        return SamplingParams(
+            **vllm_sampling_kwargs(sampling, max_tokens=max_tokens, n=n, seed=seed, eos_ids=self.eos_ids)
+        )
 
     def _run(self, prompts: list[list[int]], params: list) -> list:
         from vllm.inputs import TokensPrompt
@@ -139,29 +165,47 @@ class VllmEngine:
         self._restore()  # a rollout before the sync (an update that failed): the cache back first
         return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
 
-    def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
-                 generator: torch.Generator | None = None) -> Rollout:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int, generator: torch.Generator | None = None
+    ) -> Rollout:
         seeds = _seeds(generator, len(prompt_ids))
-        outs = self._run(prompt_ids, [self._params(sampling, sampling.max_new_tokens, G, s * G % SEED_RANGE)
-                                      for s in seeds])
+        outs = self._run(
+            prompt_ids, [self._params(sampling, sampling.max_new_tokens, G, s * G % SEED_RANGE) for s in seeds]
+        )
         samples = [_sample(c) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]  # (N,) grouped
         N, C = len(samples), max(1, max(len(ids) for ids, _, _ in samples))
         comp = torch.full((N, C), self.pad_id, dtype=torch.long)
         cmask, lps = torch.zeros((N, C)), torch.zeros((N, C))
         for i, (ids, lp, _) in enumerate(samples):
-            comp[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            cmask[i, :len(ids)] = 1.0
-            lps[i, :len(ids)] = torch.tensor(lp)
+            comp[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            cmask[i, : len(ids)] = 1.0
+            lps[i, : len(ids)] = torch.tensor(lp)
         ended = [eos for _, _, eos in samples]
         ids, mask = left_pad(prompt_ids, self.pad_id)
         texts = self.tokenizer.batch_decode([s[0] for s in samples], skip_special_tokens=True)
-        return Rollout(prompt_ids=ids.repeat_interleave(G, 0), prompt_mask=mask.repeat_interleave(G, 0),
-                       completion_ids=comp, completion_mask=cmask, sample_logp=lps,
-                       truncated=torch.tensor([not e for e in ended]), texts=texts, G=G,
-                       stops=[Stop.EOS if e else Stop.LENGTH for e in ended], version=self.version)
+        return Rollout(
+            prompt_ids=ids.repeat_interleave(G, 0),
+            prompt_mask=mask.repeat_interleave(G, 0),
+            completion_ids=comp,
+            completion_mask=cmask,
+            sample_logp=lps,
+            truncated=torch.tensor([not e for e in ended]),
+            texts=texts,
+            G=G,
+            stops=[Stop.EOS if e else Stop.LENGTH for e in ended],
+            version=self.version,
+        )
 
-    def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
-                       *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]:
+    def generate_turns(
+        self,
+        prompt_ids: list[list[int]],
+        respond: Respond,
+        sampling: Sampling,
+        limits: TurnLimits,
+        *,
+        G: int,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Rollout, list[Trajectory]]:
         N = len(prompt_ids) * G
         trajs = [Trajectory() for _ in range(N)]
         streams = [list(prompt_ids[r // G]) for r in range(N)]  # each trajectory's ids so far
@@ -171,8 +215,9 @@ class VllmEngine:
             budget = {r: min(limits.max_turn_tokens, limits.max_model_tokens - model_used[r]) for r in live}
             asked = [r for r in live if budget[r] > 0]
             seeds = _seeds(generator, len(asked))
-            outs = self._run([streams[r] for r in asked],
-                             [self._params(sampling, budget[r], 1, s) for r, s in zip(asked, seeds)])
+            outs = self._run(
+                [streams[r] for r in asked], [self._params(sampling, budget[r], 1, s) for r, s in zip(asked, seeds)]
+            )
             written = {r: _sample(o.outputs[0]) for r, o in zip(asked, outs)}
             turn_ids, eos_list = [], []
             for r in live:
@@ -185,9 +230,16 @@ class VllmEngine:
             replies = respond(live, turn_ids, eos_list)
             going = []
             for r, ids, reply, eos in zip(live, turn_ids, replies, eos_list):
-                stop = turn_stop(reply, eos, turn=turn, max_turns=limits.max_turns, env_used=env_used[r],
-                                 max_env_tokens=limits.max_env_tokens, model_used=model_used[r],
-                                 max_model_tokens=limits.max_model_tokens)
+                stop = turn_stop(
+                    reply,
+                    eos,
+                    turn=turn,
+                    max_turns=limits.max_turns,
+                    env_used=env_used[r],
+                    max_env_tokens=limits.max_env_tokens,
+                    model_used=model_used[r],
+                    max_model_tokens=limits.max_model_tokens,
+                )
                 if stop is not None:
                     trajs[r].stop = stop
                     continue
@@ -231,8 +283,10 @@ class VllmEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
             self.llm.reset_prefix_cache()
         except Exception as e:  # noqa: BLE001
-            raise EngineError(f"vLLM did not take the policy's weights after step {version} "
-                              f"({type(e).__name__}: {e}); the last checkpoint is intact") from e
+            raise EngineError(
+                f"vLLM did not take the policy's weights after step {version} "
+                f"({type(e).__name__}: {e}); the last checkpoint is intact"
+            ) from e
         self.version = version
         return time.perf_counter() - t0
 
@@ -250,12 +304,21 @@ def vllm_sampling_kwargs(sampling: Sampling, *, max_tokens: int, n: int, seed: i
     (generation_kwargs) on top. Greedy is temperature 0 with no filter but the penalty. vLLM applies
     min_p before top-k/top-p, transformers after them; they agree unless min_p and top_p are both set."""
     greedy = sampling.greedy
-    kw = dict(n=n, temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
-              top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k, min_p=0.0 if greedy else sampling.min_p,
-              repetition_penalty=sampling.repetition_penalty, max_tokens=max_tokens,
-              logprobs=None if greedy else 0, seed=seed, stop_token_ids=sorted(eos_ids),
-              detokenize=False, skip_special_tokens=False,
-              ignore_eos=not eos_ids)  # no stop ids: vLLM would still stop at the config's EOS
+    kw = dict(
+        n=n,
+        temperature=0.0 if greedy else sampling.temperature,
+        top_p=1.0 if greedy else sampling.top_p,
+        top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
+        min_p=0.0 if greedy else sampling.min_p,
+        repetition_penalty=sampling.repetition_penalty,
+        max_tokens=max_tokens,
+        logprobs=None if greedy else 0,
+        seed=seed,
+        stop_token_ids=sorted(eos_ids),
+        detokenize=False,
+        skip_special_tokens=False,
+        ignore_eos=not eos_ids,
+    )  # no stop ids: vLLM would still stop at the config's EOS
     kw.update(sampling.extra)
     return kw
 
@@ -280,5 +343,7 @@ def _sample(c) -> tuple[list[int], list[float], bool]:
     """(token ids, their sampling log-probs, ended with EOS) of one vLLM completion. vLLM keeps the stop
     token in token_ids; finish_reason "stop" means a stop token ended it, "length" the limit."""
     ids = list(c.token_ids)
-    lps = [float(d[t].logprob) if d is not None and t in d else 0.0 for t, d in zip(ids, c.logprobs or [None] * len(ids))]
+    lps = [
+        float(d[t].logprob) if d is not None and t in d else 0.0 for t, d in zip(ids, c.logprobs or [None] * len(ids))
+    ]
     return ids, lps, c.finish_reason == "stop"

@@ -17,13 +17,7 @@ Environment, passes it the model's turns as text, and appends the chat messages 
               environment layer does not import the config layer.
 """
 
-from grpolab.env.adapters import (
-    FactoryEnvironment,
-    FunctionTools,
-    GymAdapter,
-    InstancePool,
-    tool_method_names,
-)
+from grpolab.env.adapters import FactoryEnvironment, FunctionTools, GymAdapter, InstancePool, tool_method_names
 from grpolab.env.base import (
     ERROR_KINDS,
     EnvConfigError,
@@ -33,26 +27,10 @@ from grpolab.env.base import (
     close_environment,
     is_environment,
 )
-from grpolab.env.calls import (
-    MAX_BLOCK_CHARS,
-    MAX_CALLS,
-    ParseError,
-    ToolCall,
-    parse_tool_calls,
-)
-from grpolab.env.loading import (
-    EnvironmentFactory,
-    EnvironmentNotFound,
-    environment_factory,
-    load_environment,
-)
+from grpolab.env.calls import MAX_BLOCK_CHARS, MAX_CALLS, ParseError, ToolCall, parse_tool_calls
+from grpolab.env.loading import EnvironmentFactory, EnvironmentNotFound, environment_factory, load_environment
 from grpolab.env.runner import ToolRunner, run_turns, stuck_calls
-from grpolab.env.schema import (
-    SchemaError,
-    check_arguments,
-    function_schema,
-    prepare_arguments,
-)
+from grpolab.env.schema import SchemaError, check_arguments, function_schema, prepare_arguments
 
 __all__ = [
     "ERROR_KINDS",

@@ -73,8 +73,11 @@ _schema_cache: dict[Any, dict] = {}
 def tool_method_names(cls_or_obj: Any) -> list[str]:
     """Names of the tool methods of an environment class (or of an instance's class), TRL's rule."""
     cls = cls_or_obj if inspect.isclass(cls_or_obj) else type(cls_or_obj)
-    return [name for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
-            if name not in RESERVED and not name.startswith("_")]
+    return [
+        name
+        for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if name not in RESERVED and not name.startswith("_")
+    ]
 
 
 def _class_has(cls: type, name: str) -> bool:
@@ -128,11 +131,24 @@ class FunctionTools:
     has_reward = False
     """Plain functions give no reward of their own (no `env` reward column)."""
 
-    def __init__(self, tools: Sequence[Callable], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False, process: bool = False) -> None:
+    def __init__(
+        self,
+        tools: Sequence[Callable],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        here: bool = False,
+        process: bool = False,
+    ) -> None:
         functions, self.tools = _named_tools(list(tools), "FunctionTools")
-        self.runner = ToolRunner(functions, {s["function"]["name"]: s for s in self.tools},
-                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here, process=process)
+        self.runner = ToolRunner(
+            functions,
+            {s["function"]["name"]: s for s in self.tools},
+            timeout_s=timeout_s,
+            max_result_chars=max_result_chars,
+            here=here,
+            process=process,
+        )
 
     def reset(self, fields: dict) -> str | None:
         """Nothing to reset: plain functions keep no state."""
@@ -189,8 +205,10 @@ def _accepted(fn: Callable, fields: dict) -> dict:
 def _resolve(value: Any) -> Any:
     """The value of an awaitable (async reset / get_reward), else the value itself."""
     if inspect.isawaitable(value):
+
         async def wait():
             return await value
+
         return asyncio.run(wait())
     return value
 
@@ -203,9 +221,17 @@ class FactoryEnvironment:
     pool: an InstancePool shared by the trajectories (one is made if not given).
     """
 
-    def __init__(self, factory: Callable[[], Any], *, tools: Sequence[Callable] = (), pool: InstancePool | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                 here: bool = False, process: bool = False) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        tools: Sequence[Callable] = (),
+        pool: InstancePool | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        here: bool = False,
+        process: bool = False,
+    ) -> None:
         self._pool = pool if pool is not None else InstancePool(factory)
         self.instance = self._pool.acquire()
         cls = type(self.instance)
@@ -213,11 +239,18 @@ class FactoryEnvironment:
             self._pool.release(self.instance)
             raise EnvironmentShapeError(
                 f"{cls.__name__}: an environment class needs a `reset(self, **kwargs)` method (it may just "
-                "`return None`); its public methods are its tools, and `get_reward(self)` is optional.")
+                "`return None`); its public methods are its tools, and `get_reward(self)` is optional."
+            )
         methods = [getattr(self.instance, n) for n in tool_method_names(cls)]
         functions, self.tools = _named_tools(list(tools) + methods, cls.__name__)
-        self.runner = ToolRunner(functions, {s["function"]["name"]: s for s in self.tools},
-                                 timeout_s=timeout_s, max_result_chars=max_result_chars, here=here, process=process)
+        self.runner = ToolRunner(
+            functions,
+            {s["function"]["name"]: s for s in self.tools},
+            timeout_s=timeout_s,
+            max_result_chars=max_result_chars,
+            here=here,
+            process=process,
+        )
         self._has_reward = _class_has(cls, "get_reward")
         self._closed = False
 
@@ -237,7 +270,8 @@ class FactoryEnvironment:
         if out is not None and not isinstance(out, str):
             raise EnvironmentShapeError(
                 f"{type(self.instance).__name__}.reset returned {type(out).__name__}; return a string "
-                "(appended to the user message) or None.")
+                "(appended to the user message) or None."
+            )
         return out
 
     def step(self, turn_text: str) -> Reply:
@@ -282,7 +316,8 @@ def _unpack_step(result: Any) -> tuple[Any, float, bool]:
     else:
         raise EnvironmentShapeError(
             f"step returned {type(result).__name__}; expected (observation, reward, done) or "
-            "(observation, reward, terminated, truncated, info)")
+            "(observation, reward, terminated, truncated, info)"
+        )
     return obs, 0.0 if reward is None else float(reward), bool(done)
 
 
@@ -299,8 +334,14 @@ class GymAdapter:
     unknown after it), with an error message and an `exception` / `timeout` event.
     """
 
-    def __init__(self, env: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False) -> None:
+    def __init__(
+        self,
+        env: Any,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        here: bool = False,
+    ) -> None:
         if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
             raise EnvironmentShapeError(f"GymAdapter: {type(env).__name__} needs reset() and step(action) methods.")
         self.env = env
@@ -329,16 +370,22 @@ class GymAdapter:
         out = call_with_timeout(lambda: self.env.step(turn_text), {}, self.timeout_s, convert=False, here=self.here)
         if out is None:
             self.finished = True
-            return Reply([{"role": "user", "content": f"Error: the environment timed out after {self.timeout_s:g} s."}],
-                         done=True, events=Counter(timeout=1))
+            return Reply(
+                [{"role": "user", "content": f"Error: the environment timed out after {self.timeout_s:g} s."}],
+                done=True,
+                events=Counter(timeout=1),
+            )
         try:
             if isinstance(out, Raised):
                 raise out.error
             obs, reward, done = _unpack_step(out)
         except Exception as e:  # noqa: BLE001 - the environment's failure ends this trajectory only
             self.finished = True
-            return Reply([{"role": "user", "content": f"Error: the environment failed: {short_error(e)}"}],
-                         done=True, events=Counter(exception=1))
+            return Reply(
+                [{"role": "user", "content": f"Error: the environment failed: {short_error(e)}"}],
+                done=True,
+                events=Counter(exception=1),
+            )
         self.total += reward
         self.finished = done
         events: Counter = Counter()
@@ -359,4 +406,3 @@ class GymAdapter:
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
-

@@ -99,14 +99,19 @@ class ToolBudget:
     def metrics(self) -> dict[str, float]:
         """env/tool_s_mean, env/tool_s_max (seconds of tool calls per trajectory), env/tool_wait_s."""
         used = [c.used_s for c in self.clocks] or [0.0]
-        return {"env/tool_s_mean": sum(used) / len(used), "env/tool_s_max": max(used),
-                "env/tool_wait_s": self.step.used_s}
+        return {
+            "env/tool_s_mean": sum(used) / len(used),
+            "env/tool_s_max": max(used),
+            "env/tool_wait_s": self.step.used_s,
+        }
 
 
 # ----------------------------------------------------------------------------- what a running call sees
 
 _CLOCK: contextvars.ContextVar[TrajectoryClock | None] = contextvars.ContextVar("grpolab_tool_clock", default=None)
-_CALL: contextvars.ContextVar[tuple[float | None, Counter] | None] = contextvars.ContextVar("grpolab_tool_call", default=None)
+_CALL: contextvars.ContextVar[tuple[float | None, Counter] | None] = contextvars.ContextVar(
+    "grpolab_tool_call", default=None
+)
 
 
 def current_clock() -> TrajectoryClock | None:

@@ -67,7 +67,9 @@ def _exact(value: Any, env: str, field: str) -> Fraction:
 def _field(fields: dict, name: str, env: str) -> Any:
     """fields[name], or a configuration error listing the fields the example has."""
     if name not in fields:
-        raise EnvConfigError(f"{env}: the example has no field {name!r} (it has: {', '.join(sorted(fields)) or 'none'})")
+        raise EnvConfigError(
+            f"{env}: the example has no field {name!r} (it has: {', '.join(sorted(fields)) or 'none'})"
+        )
     return fields[name]
 
 
@@ -126,7 +128,7 @@ class GuessNumber:
         return None
 
     def step(self, turn_text: str) -> Reply:
-        """"Higher." / "Lower." / "Correct!" (which ends the trajectory), or how to answer."""
+        """ "Higher." / "Lower." / "Correct!" (which ends the trajectory), or how to answer."""
         if self.found_at is not None:
             return Reply(done=True)
         self.turns += 1
@@ -154,8 +156,9 @@ class GuessNumber:
 _DONE_FN = "_grpolab_env_program_done"
 
 
-def run_python(code: str, *, timeout_s: float = 5.0, max_output_chars: int = 2000,
-               isolation: str = "best_effort") -> str:
+def run_python(
+    code: str, *, timeout_s: float = 5.0, max_output_chars: int = 2000, isolation: str = "best_effort"
+) -> str:
     """Run a program in grpolab's sandbox; what it printed, then its error if it failed.
 
     The sandbox runs code against tests; here one trivial test (a function the setup defines)
@@ -172,8 +175,13 @@ def run_python(code: str, *, timeout_s: float = 5.0, max_output_chars: int = 200
     if len(code) > MAX_CODE_CHARS:
         return f"Error: the program is longer than {MAX_CODE_CHARS} characters."
     cfg = SandboxConfig(timeout_s=timeout_s, isolation=isolation, max_output_bytes=max(4 * max_output_chars, 4096))
-    result = run_tests(code, [TestCase("call", fn=_DONE_FN)], cfg, setup=f"def {_DONE_FN}():\n    return None\n",
-                       deadline=call_deadline())
+    result = run_tests(
+        code,
+        [TestCase("call", fn=_DONE_FN)],
+        cfg,
+        setup=f"def {_DONE_FN}():\n    return None\n",
+        deadline=call_deadline(),
+    )
     if result.no_slot:
         note_event("budget")
         return "Error: no sandbox slot became free in time; the program was not run."
@@ -209,8 +217,10 @@ class CalculatorPython:
         from grpolab.sandbox.limits import ISOLATION_MODES
 
         if isolation not in ISOLATION_MODES:
-            raise EnvConfigError(f"calculator_python: env.options.isolation must be one of {', '.join(ISOLATION_MODES)}, "
-                                 f"got {isolation!r}")
+            raise EnvConfigError(
+                f"calculator_python: env.options.isolation must be one of {', '.join(ISOLATION_MODES)}, "
+                f"got {isolation!r}"
+            )
         if isolation == "require":
             try:
                 check_isolation(isolation)
@@ -246,8 +256,9 @@ class CalculatorPython:
         Returns:
             The program's output, and its error if it failed.
         """
-        return run_python(code, timeout_s=self._timeout_s, max_output_chars=self._max_output_chars,
-                          isolation=self._isolation)
+        return run_python(
+            code, timeout_s=self._timeout_s, max_output_chars=self._max_output_chars, isolation=self._isolation
+        )
 
     python.timeout_s = 120.0  # type: ignore[attr-defined]  # waits for a sandbox slot, then runs (its own limit)
 

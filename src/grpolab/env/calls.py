@@ -73,13 +73,13 @@ def _cut(text: str) -> str:
 def _decode(body: str) -> dict | str:
     """The JSON object of one block (grpolab.util.strict_json), or a reason why it is refused."""
     if not body:
-        return "the block is empty; expected a JSON object with \"name\" and \"arguments\""
+        return 'the block is empty; expected a JSON object with "name" and "arguments"'
     try:
         payload = strict_json_loads(body, max_chars=MAX_BLOCK_CHARS, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
     except StrictJSONError as e:
         return f"the JSON is {e}" if str(e).startswith(("nested", "longer")) else str(e)
     if not isinstance(payload, dict):
-        return f"expected a JSON object with \"name\" and \"arguments\", got {type(payload).__name__}"
+        return f'expected a JSON object with "name" and "arguments", got {type(payload).__name__}'
     return payload
 
 
@@ -91,13 +91,13 @@ def _to_call(body: str, raw: str) -> ToolCall | ParseError:
     payload, repaired = safe_data(payload)
     name = payload.get("name")
     if name is None:
-        return ParseError(_cut(raw), "missing \"name\": expected {\"name\": <tool name>, \"arguments\": {...}}")
+        return ParseError(_cut(raw), 'missing "name": expected {"name": <tool name>, "arguments": {...}}')
     if not isinstance(name, str) or not name.strip():
-        return ParseError(_cut(raw), f"\"name\" must be a non-empty string, got {json.dumps(name)[:50]}")
+        return ParseError(_cut(raw), f'"name" must be a non-empty string, got {json.dumps(name)[:50]}')
     arguments = payload.get("arguments", {})
     if not isinstance(arguments, dict):
         kind = "a string" if isinstance(arguments, str) else type(arguments).__name__
-        return ParseError(_cut(raw), f"\"arguments\" must be a JSON object, got {kind}")
+        return ParseError(_cut(raw), f'"arguments" must be a JSON object, got {kind}')
     return ToolCall(name=name.strip(), arguments=arguments, raw=raw, repaired=repaired)
 
 

@@ -46,13 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpolab.env.adapters import (
-    FactoryEnvironment,
-    FunctionTools,
-    GymAdapter,
-    InstancePool,
-    tool_method_names,
-)
+from grpolab.env.adapters import FactoryEnvironment, FunctionTools, GymAdapter, InstancePool, tool_method_names
 from grpolab.env.base import EnvConfigError, EnvironmentShapeError, is_environment
 from grpolab.env.openenv import OpenEnvAdapter, is_openenv_class
 from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S
@@ -63,8 +57,7 @@ KINDS = ("environment", "tools", "factory", "gym", "openenv", "skyrl")
 GYM_METHODS = {"step", "reset", "render", "close", "seed", "get_wrapper_attr", "set_wrapper_attr", "has_wrapper_attr"}
 """Public methods a gym-style class has that are not tools."""
 
-_FORMS = ('name it as "package.module:Name", "path/to/file.py:Name", or a built-in name '
-          "({builtins})")
+_FORMS = 'name it as "package.module:Name", "path/to/file.py:Name", or a built-in name ({builtins})'
 
 
 class EnvironmentNotFound(EnvConfigError):
@@ -100,7 +93,8 @@ def _module_from_file(path_text: str) -> Any:
     if not path.is_file():
         raise EnvironmentNotFound(
             f"environment file {path_text!r} does not exist (looked at {path.resolve()}); give a path to a .py "
-            "file, relative to the current directory or absolute, followed by :Name")
+            "file, relative to the current directory or absolute, followed by :Name"
+        )
     try:
         return import_file(path, "grpolab_env")
     except NotImportable as e:
@@ -117,8 +111,9 @@ def _module_from_path(dotted: str) -> Any:
                 f"environment module {dotted!r} not found (no module {e.name!r}); check the spelling, install the "
                 "package, or run from the directory that contains it (or give a file path: path/to/file.py:Name)"
             ) from e
-        raise EnvConfigError(f"importing environment module {dotted!r} failed: it needs {e.name!r}, which is not "
-                             "installed") from e
+        raise EnvConfigError(
+            f"importing environment module {dotted!r} failed: it needs {e.name!r}, which is not installed"
+        ) from e
     except Exception as e:
         raise EnvConfigError(f"importing environment module {dotted!r} failed: {type(e).__name__}: {e}") from e
 
@@ -152,12 +147,14 @@ def resolve(spec: str) -> tuple[Any, str]:
 
         if spec in ENVIRONMENTS:
             return ENVIRONMENTS[spec], spec
-        raise EnvironmentNotFound(f"unknown environment {spec!r}: "
-                                  + _FORMS.format(builtins=", ".join(sorted(ENVIRONMENTS))))
+        raise EnvironmentNotFound(
+            f"unknown environment {spec!r}: " + _FORMS.format(builtins=", ".join(sorted(ENVIRONMENTS)))
+        )
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
-        raise EnvironmentNotFound(f"environment spec {spec!r} is incomplete: " + _FORMS.format(
-            builtins=", ".join(_builtin_names())))
+        raise EnvironmentNotFound(
+            f"environment spec {spec!r} is incomplete: " + _FORMS.format(builtins=", ".join(_builtin_names()))
+        )
     is_file = target.endswith(".py") or "/" in target or "\\" in target
     module = _module_from_file(target) if is_file else _module_from_path(target)
     obj: Any = module
@@ -204,8 +201,11 @@ def _required_params(fn: Callable) -> int:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return 0
-    return sum(1 for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                                         p.KEYWORD_ONLY))
+    return sum(
+        1
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
 
 
 def _shape_error(name: str, obj: Any) -> EnvironmentShapeError:
@@ -217,28 +217,38 @@ def _shape_error(name: str, obj: Any) -> EnvironmentShapeError:
         "(step takes a pydantic action); a SkyRL-gym-style class ((env_config, extras), init(prompt), step -> dict); "
         "a list of tool functions (TRL's tools=); an object with reset/step/reward and tools "
         "(grpolab.env.Environment); or a zero-argument function returning one of these. Pass kind=... to choose "
-        "when the guess is wrong.")
+        "when the guess is wrong."
+    )
 
 
 def _checked(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
     def checked():
         env = make()
         if not is_environment(env):
-            raise EnvironmentShapeError(f"{type(env).__name__} has reset/step/reward but no `tools` attribute; "
-                                        "set self.tools = [] (or its tool schemas) in __init__")
+            raise EnvironmentShapeError(
+                f"{type(env).__name__} has reset/step/reward but no `tools` attribute; "
+                "set self.tools = [] (or its tool schemas) in __init__"
+            )
         return env
+
     return checked
 
 
 def _gym(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
-    return lambda: GymAdapter(make(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"],
-                              here=opts["here"])
+    return lambda: GymAdapter(
+        make(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"], here=opts["here"]
+    )
 
 
 def _openenv(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
     pool = InstancePool(make)  # made once, reset for each trajectory (TRL's pool)
-    return lambda: OpenEnvAdapter(pool.acquire(), timeout_s=opts["timeout_s"], max_obs_chars=opts["max_result_chars"],
-                                  here=opts["here"], pool=pool)
+    return lambda: OpenEnvAdapter(
+        pool.acquire(),
+        timeout_s=opts["timeout_s"],
+        max_obs_chars=opts["max_result_chars"],
+        here=opts["here"],
+        pool=pool,
+    )
 
 
 def _factory(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], Any]:
@@ -247,15 +257,27 @@ def _factory(make: Callable[[], Any], opts: dict, tools: list) -> Callable[[], A
 
 
 ADAPTERS: dict[str, Callable[[Callable[[], Any], dict, list], Callable[[], Any]]] = {
-    "environment": _checked, "gym": _gym, "openenv": _openenv, "factory": _factory}
+    "environment": _checked,
+    "gym": _gym,
+    "openenv": _openenv,
+    "factory": _factory,
+}
 """kind -> (make the user's object, run options, standalone tools) -> a per-trajectory factory ("tools" and
 "skyrl" are built in environment_factory: neither has an object to make before reset)."""
 
 
-def environment_factory(obj: Any, *, name: str | None = None, kind: str | None = None,
-                        timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                        options: dict | None = None, tools: Sequence[Callable] = (),
-                        here: bool = False, process: bool = False) -> EnvironmentFactory:
+def environment_factory(
+    obj: Any,
+    *,
+    name: str | None = None,
+    kind: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    options: dict | None = None,
+    tools: Sequence[Callable] = (),
+    here: bool = False,
+    process: bool = False,
+) -> EnvironmentFactory:
     """An EnvironmentFactory for an already imported object (see the module docstring).
 
     options: keyword arguments for the class's constructor (a recipe's environment options); for a
@@ -277,9 +299,14 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
         if found == "skyrl":  # made per trajectory at reset, from (env_config, the example's fields)
             config = env_config(options or {})
             SkyRLAdapter(obj, config)  # checks the shape now
-            return _with_tools(EnvironmentFactory(
-                lambda: SkyRLAdapter(obj, config, timeout_s=timeout_s, max_obs_chars=max_result_chars, here=here),
-                name, "skyrl"), tools)
+            return _with_tools(
+                EnvironmentFactory(
+                    lambda: SkyRLAdapter(obj, config, timeout_s=timeout_s, max_obs_chars=max_result_chars, here=here),
+                    name,
+                    "skyrl",
+                ),
+                tools,
+            )
     elif callable(obj) and not any(callable(getattr(obj, m, None)) for m in ("reset", "step")):
         if _required_params(obj) > 0:  # a single tool function
             return environment_factory([obj], name=name, kind="tools", **run_opts)
@@ -293,13 +320,17 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
             try:
                 copy.deepcopy(obj)
             except Exception as e:
-                raise EnvConfigError(f"environment {name!r} is an instance that cannot be copied per trajectory "
-                                     f"({type(e).__name__}: {e}); pass its class or a zero-argument function") from e
+                raise EnvConfigError(
+                    f"environment {name!r} is an instance that cannot be copied per trajectory "
+                    f"({type(e).__name__}: {e}); pass its class or a zero-argument function"
+                ) from e
         make = functools.partial(copy.deepcopy, obj)
     if found is None or found not in ADAPTERS:
         raise _shape_error(name, obj)
-    factory = _with_tools(EnvironmentFactory(ADAPTERS[found](make, run_opts, list(tools)), name, found),
-                          tools if found != "factory" else ())
+    factory = _with_tools(
+        EnvironmentFactory(ADAPTERS[found](make, run_opts, list(tools)), name, found),
+        tools if found != "factory" else (),
+    )
     probe_env = factory()  # builds schemas and checks the shape now, not at the first rollout
     close = getattr(probe_env, "close", None)
     if found in ("factory", "openenv") and callable(close):
@@ -310,9 +341,11 @@ def environment_factory(obj: Any, *, name: str | None = None, kind: str | None =
 def _with_tools(factory: EnvironmentFactory, tools: Sequence[Callable]) -> EnvironmentFactory:
     """Refuse standalone tools for an adapter that cannot offer them (only factory classes and tool lists do)."""
     if tools:
-        raise EnvironmentShapeError(f"environment {factory.name!r} is {factory.kind}-style: standalone tools "
-                                    "(env.tools, TRL's tools= beside environment_factory) go with an environment class "
-                                    "whose public methods are tools, or alone")
+        raise EnvironmentShapeError(
+            f"environment {factory.name!r} is {factory.kind}-style: standalone tools "
+            "(env.tools, TRL's tools= beside environment_factory) go with an environment class "
+            "whose public methods are tools, or alone"
+        )
     return factory
 
 
@@ -327,9 +360,17 @@ def load_tools(specs: Sequence[Any]) -> list[Callable]:
     return out
 
 
-def load_environment(spec: Any, *, kind: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS, options: dict | None = None,
-                     tools: Sequence[Any] = (), here: bool = False, process: bool = False) -> EnvironmentFactory:
+def load_environment(
+    spec: Any,
+    *,
+    kind: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    options: dict | None = None,
+    tools: Sequence[Any] = (),
+    here: bool = False,
+    process: bool = False,
+) -> EnvironmentFactory:
     """Resolve a spec ("module:Name", "file.py:Name", a built-in name, a registered name, or an object)
     to a factory. tools: standalone tool functions (or their specs) beside a factory class's methods.
 
@@ -340,6 +381,14 @@ def load_environment(spec: Any, *, kind: str | None = None, timeout_s: float = D
         obj, name = resolve(spec.strip())
     else:
         obj, name = spec, None
-    return environment_factory(obj, name=name, kind=kind or None, timeout_s=timeout_s,
-                               max_result_chars=max_result_chars, options=options, tools=load_tools(tools), here=here,
-                               process=process)
+    return environment_factory(
+        obj,
+        name=name,
+        kind=kind or None,
+        timeout_s=timeout_s,
+        max_result_chars=max_result_chars,
+        options=options,
+        tools=load_tools(tools),
+        here=here,
+        process=process,
+    )

@@ -46,12 +46,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 import typing
+import weakref
 from collections import Counter
 from typing import Any
-
-import threading
-import weakref
 
 from grpolab.env.adapters import InstancePool, _accepted, _resolve
 from grpolab.env.base import EnvironmentShapeError, Reply, example_seed
@@ -72,8 +71,11 @@ OBSERVATION_BASE_FIELDS = ("done", "reward", "metadata")
 
 def is_model_class(obj: Any) -> bool:
     """A pydantic model class (duck-typed: model_validate and model_json_schema)."""
-    return inspect.isclass(obj) and callable(getattr(obj, "model_validate", None)) and \
-        callable(getattr(obj, "model_json_schema", None))
+    return (
+        inspect.isclass(obj)
+        and callable(getattr(obj, "model_validate", None))
+        and callable(getattr(obj, "model_json_schema", None))
+    )
 
 
 def action_class(env_cls: type) -> type | None:
@@ -121,13 +123,18 @@ def action_tool(action_cls: type) -> dict:
     """The OpenAI function schema of a structured action: its JSON schema, `metadata` aside."""
     schema = dict(action_cls.model_json_schema())
     props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
-    params: dict = {"type": "object", "properties": props,
-                    "required": [r for r in schema.get("required", []) if r != "metadata"]}
+    params: dict = {
+        "type": "object",
+        "properties": props,
+        "required": [r for r in schema.get("required", []) if r != "metadata"],
+    }
     if "$defs" in schema:
         params["$defs"] = schema["$defs"]
     doc = inspect.getdoc(action_cls) or f"Take the action {action_cls.__name__}."
-    return {"type": "function", "function": {"name": action_cls.__name__, "description": doc.split("\n\n")[0],
-                                             "parameters": params}}
+    return {
+        "type": "function",
+        "function": {"name": action_cls.__name__, "description": doc.split("\n\n")[0], "parameters": params},
+    }
 
 
 def observation_text(obs: Any) -> str:
@@ -150,8 +157,9 @@ def mcp_actions(env_cls: type) -> tuple[type, type] | None:
     names = {base.__name__ for base in env_cls.__mro__}
     step = getattr(env_cls, "step", None)
     try:
-        hint = typing.get_type_hints(step).get(next(
-            p.name for p in inspect.signature(step).parameters.values() if p.name != "self"))
+        hint = typing.get_type_hints(step).get(
+            next(p.name for p in inspect.signature(step).parameters.values() if p.name != "self")
+        )
     except Exception:  # noqa: BLE001 - no readable annotation
         hint = None
     named = {getattr(a, "__name__", "") for a in (typing.get_args(hint) or (hint,))}
@@ -186,12 +194,23 @@ def mcp_tools(env: Any, list_action: type, timeout_s: float, here: bool) -> list
     tools = list(getattr(out, "tools", None) or [])
     if not tools:
         error = (getattr(out, "metadata", None) or {}).get("error")
-        raise EnvironmentShapeError(f"{name} is an MCP environment but listed no tools"
-                                    + (f" ({error})" if error else "") + "; register tools on its FastMCP server "
-                                    "(@mcp.tool) before super().__init__(mcp)")
-    schemas = [{"type": "function", "function": {
-        "name": t.name, "description": t.description or f"The MCP tool {t.name}.",
-        "parameters": dict(t.input_schema or {"type": "object", "properties": {}})}} for t in tools]
+        raise EnvironmentShapeError(
+            f"{name} is an MCP environment but listed no tools"
+            + (f" ({error})" if error else "")
+            + "; register tools on its FastMCP server "
+            "(@mcp.tool) before super().__init__(mcp)"
+        )
+    schemas = [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description or f"The MCP tool {t.name}.",
+                "parameters": dict(t.input_schema or {"type": "object", "properties": {}}),
+            },
+        }
+        for t in tools
+    ]
     try:
         with _listed_lock:
             _listed[env] = schemas
@@ -222,9 +241,16 @@ def mcp_result(obs: Any) -> Any:
 class OpenEnvAdapter:
     """A pooled OpenEnv-style environment instance for one trajectory (see the module docstring)."""
 
-    def __init__(self, env: Any, *, action_cls: type | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False,
-                 pool: InstancePool | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        *,
+        action_cls: type | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        here: bool = False,
+        pool: InstancePool | None = None,
+    ) -> None:
         if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
             raise EnvironmentShapeError(f"OpenEnvAdapter: {type(env).__name__} needs reset() and step(action).")
         self.env, self._pool, self.broken, self._closed = env, pool, False, False
@@ -239,16 +265,21 @@ class OpenEnvAdapter:
                 self.close()
                 raise
             self.action_cls, self.field = self.mcp[1], None
-            self.runner = ToolRunner({t["function"]["name"]: self._mcp_call(t["function"]["name"]) for t in self.tools},
-                                     {t["function"]["name"]: t for t in self.tools}, timeout_s=timeout_s,
-                                     max_result_chars=max_obs_chars, here=here)
+            self.runner = ToolRunner(
+                {t["function"]["name"]: self._mcp_call(t["function"]["name"]) for t in self.tools},
+                {t["function"]["name"]: t for t in self.tools},
+                timeout_s=timeout_s,
+                max_result_chars=max_obs_chars,
+                here=here,
+            )
             return
         self.action_cls = action_cls or action_class(type(env))
         if self.action_cls is None:
             self.close()
             raise EnvironmentShapeError(
                 f"{type(env).__name__}: cannot tell its action class; annotate step's parameter with it "
-                "(def step(self, action: MyAction)), a pydantic model")
+                "(def step(self, action: MyAction)), a pydantic model"
+            )
         self.field = text_field(self.action_cls)
         self.tools = [] if self.field else [action_tool(self.action_cls)]
 
@@ -289,7 +320,7 @@ class OpenEnvAdapter:
         if out is None or isinstance(out, Raised):
             self.finished = self.broken = True  # its state is unknown: not handed to another trajectory
             events["timeout" if out is None else "exception"] += 1
-            why = (f"timed out after {self.timeout_s:g} s" if out is None else f"failed: {short_error(out.error)}")
+            why = f"timed out after {self.timeout_s:g} s" if out is None else f"failed: {short_error(out.error)}"
             return {**head, "content": f"Error: the environment {why}"}
         reward = getattr(out, "reward", None)
         self.total += 0.0 if reward is None else float(reward)
@@ -327,20 +358,32 @@ class OpenEnvAdapter:
         for item in items:
             if isinstance(item, ParseError):
                 events["parse"] += 1
-                reply.messages.append({"role": "tool", "content": f"Error: could not parse the tool call: {item.reason}."})
+                reply.messages.append(
+                    {"role": "tool", "content": f"Error: could not parse the tool call: {item.reason}."}
+                )
                 continue
             if item.name != name:
                 events["unknown_tool"] += 1
-                reply.messages.append({"role": "tool", "name": item.name[:100],
-                                       "content": f"Error: unknown tool {item.name[:100]!r}. Available tools: {name}."})
+                reply.messages.append(
+                    {
+                        "role": "tool",
+                        "name": item.name[:100],
+                        "content": f"Error: unknown tool {item.name[:100]!r}. Available tools: {name}.",
+                    }
+                )
                 continue
             reply.calls[name] += 1
             try:
                 action = self.action_cls.model_validate(item.arguments)
             except Exception as e:  # noqa: BLE001 - pydantic's ValidationError: the model's arguments are wrong
                 events["bad_arguments"] += 1
-                reply.messages.append({"role": "tool", "name": name,
-                                       "content": f"Error: bad arguments for tool {name!r}: {short_error(e)}."})
+                reply.messages.append(
+                    {
+                        "role": "tool",
+                        "name": name,
+                        "content": f"Error: bad arguments for tool {name!r}: {short_error(e)}.",
+                    }
+                )
                 continue
             reply.messages.append(self._step(action, "tool", name, events))
             if self.finished:

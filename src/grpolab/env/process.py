@@ -64,7 +64,7 @@ def _child(work: Callable[[], tuple[str, str, dict]], w: int) -> None:
         data = json.dumps(payload).encode("utf-8", "surrogatepass")
         view = memoryview(data)
         while view:
-            view = view[os.write(w, view):]
+            view = view[os.write(w, view) :]
     except BaseException:  # noqa: BLE001
         code = 1
     finally:

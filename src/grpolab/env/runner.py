@@ -108,8 +108,10 @@ def crowded() -> str | None:
     n = _stuck
     if n < _max_stuck:
         return None
-    return (f"{n} earlier calls that ran past their time limit are still running (at most {_max_stuck} may be; "
-            "their threads cannot be stopped)")
+    return (
+        f"{n} earlier calls that ran past their time limit are still running (at most {_max_stuck} may be; "
+        "their threads cannot be stopped)"
+    )
 
 
 class StuckCallsError(RuntimeError):
@@ -171,7 +173,7 @@ class ToolText(str):
 
     value: Any
 
-    def __new__(cls, text: str, value: Any) -> "ToolText":
+    def __new__(cls, text: str, value: Any) -> ToolText:
         out = super().__new__(cls, text)
         out.value = value
         return out
@@ -220,8 +222,9 @@ class Raised:
         return self.text if self.text is not None else short_error(self.error)
 
 
-def _invoke(fn: Callable, arguments: dict, convert: bool = True, deadline: float | None = None,
-            events: Counter | None = None) -> Any:
+def _invoke(
+    fn: Callable, arguments: dict, convert: bool = True, deadline: float | None = None, events: Counter | None = None
+) -> Any:
     """Run one tool in a worker thread and (with `convert`) turn its result into text there.
 
     Conversion happens here so that a hostile __str__ or a huge json.dumps is covered by the
@@ -244,8 +247,16 @@ async def _await(awaitable):
     return await awaitable
 
 
-def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, convert: bool = True,
-                      events: Counter | None = None, here: bool = False, process: bool = False) -> Any:
+def call_with_timeout(
+    fn: Callable,
+    arguments: dict,
+    timeout_s: float,
+    *,
+    convert: bool = True,
+    events: Counter | None = None,
+    here: bool = False,
+    process: bool = False,
+) -> Any:
     """Run `fn(**arguments)` on a daemon thread: its text (or, without `convert`, its value), a
     `Raised` carrying the exception it raised, or None if it did not return within timeout_s.
     `events` receives the events the tool counts itself (budget.note_event).
@@ -259,8 +270,10 @@ def call_with_timeout(fn: Callable, arguments: dict, timeout_s: float, *, conver
         if not convert:
             raise ValueError("call_with_timeout: a call in a child process returns text (convert=True)")
         own: Counter = Counter()
-        out = run_in_process(functools.partial(remote_call, functools.partial(
-            _invoke, fn, arguments, True, deadline, own), fn, own), timeout_s)
+        out = run_in_process(
+            functools.partial(remote_call, functools.partial(_invoke, fn, arguments, True, deadline, own), fn, own),
+            timeout_s,
+        )
         if out is None:
             return None
         kind, text, counted = out
@@ -291,12 +304,21 @@ class ToolRunner:
         takes precedence over `here`).
     """
 
-    def __init__(self, functions: Mapping[str, Callable], schemas: Mapping[str, dict] | None = None, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-                 here: bool = False, process: bool = False) -> None:
+    def __init__(
+        self,
+        functions: Mapping[str, Callable],
+        schemas: Mapping[str, dict] | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        here: bool = False,
+        process: bool = False,
+    ) -> None:
         if process and not process_available():
-            raise EnvConfigError("running tool calls in a child process needs os.fork (POSIX); "
-                             "set env.tool_process=false on this platform")
+            raise EnvConfigError(
+                "running tool calls in a child process needs os.fork (POSIX); "
+                "set env.tool_process=false on this platform"
+            )
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(max_result_chars, int) and max_result_chars > 0):
@@ -328,8 +350,11 @@ class ToolRunner:
         """One call's tool message; failures are counted in `events`, calls per tool in `calls`."""
         if isinstance(item, ParseError):
             events["parse"] += 1
-            return {"role": "tool", "content": f"Error: could not parse the tool call: {item.reason}. "
-                                               'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'}
+            return {
+                "role": "tool",
+                "content": f"Error: could not parse the tool call: {item.reason}. "
+                'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.',
+            }
         if getattr(item, "repaired", 0):
             events["invalid_unicode"] += 1
         name = item.name
@@ -337,8 +362,11 @@ class ToolRunner:
         if fn is None:
             events["unknown_tool"] += 1
             available = ", ".join(sorted(self.functions)[:30]) or "none"
-            return {"role": "tool", "name": name[:100],
-                    "content": f"Error: unknown tool {name[:100]!r}. Available tools: {available}."}
+            return {
+                "role": "tool",
+                "name": name[:100],
+                "content": f"Error: unknown tool {name[:100]!r}. Available tools: {available}.",
+            }
         calls[name] += 1
         arguments, err = (item.arguments, None)
         if name in self.schemas:
@@ -381,8 +409,9 @@ class ToolRunner:
         if out is None:
             if wait < timeout_s:
                 events["budget"] += 1
-                return (f"Error: tool {name!r} was stopped after {wait:.3g} s: {clock.spent()}. "
-                        "Give your final answer now.")
+                return (
+                    f"Error: tool {name!r} was stopped after {wait:.3g} s: {clock.spent()}. Give your final answer now."
+                )
             events["timeout"] += 1
             fate = "was stopped" if self.process else "was abandoned"
             return f"Error: tool {name!r} timed out after {timeout_s:g} s and {fate}; try a simpler call."
@@ -403,10 +432,16 @@ def _failed_step(error: BaseException | None, kind: str = "timeout") -> Reply:
     """The Reply of an environment whose step raised (error) or did not return in time (None; counted
     as `kind`: timeout, or budget when the step's tool-time budget ran out)."""
     if error is None:
-        return Reply(messages=[{"role": "user", "content": "Error: the environment did not answer in time."}],
-                     done=True, events=Counter({kind: 1}))
-    return Reply(messages=[{"role": "user", "content": f"Error: the environment failed: {short_error(error)}"}],
-                 done=True, events=Counter(exception=1))
+        return Reply(
+            messages=[{"role": "user", "content": "Error: the environment did not answer in time."}],
+            done=True,
+            events=Counter({kind: 1}),
+        )
+    return Reply(
+        messages=[{"role": "user", "content": f"Error: the environment failed: {short_error(error)}"}],
+        done=True,
+        events=Counter(exception=1),
+    )
 
 
 def safe_reply(reply: Reply) -> Reply:
@@ -436,8 +471,14 @@ def _safe_step(env: Any, text: str, clock: TrajectoryClock | None = None) -> Rep
     return safe_reply(reply)
 
 
-def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s: float | None = None,
-              clocks: Sequence[TrajectoryClock] | None = None, sequential: bool = False) -> list[Reply]:
+def run_turns(
+    envs: Sequence[Any],
+    turn_texts: Sequence[str],
+    *,
+    step_timeout_s: float | None = None,
+    clocks: Sequence[TrajectoryClock] | None = None,
+    sequential: bool = False,
+) -> list[Reply]:
     """Step every trajectory's environment with its model turn, concurrently; Replies in order.
 
     Each tool call inside a step has its own timeout (the environment's runner). step_timeout_s,
@@ -450,10 +491,14 @@ def run_turns(envs: Sequence[Any], turn_texts: Sequence[str], *, step_timeout_s:
     still cut each call's wait, but a step that hangs in the calling thread cannot be stopped.
     """
     if len(envs) != len(turn_texts) or (clocks is not None and len(clocks) != len(envs)):
-        raise ValueError(f"run_turns: {len(envs)} environments but {len(turn_texts)} turns"
-                         + (f" and {len(clocks)} clocks" if clocks is not None else ""))
+        raise ValueError(
+            f"run_turns: {len(envs)} environments but {len(turn_texts)} turns"
+            + (f" and {len(clocks)} clocks" if clocks is not None else "")
+        )
     if sequential:
-        return [_safe_step(env, text, clock) for env, text, clock in zip(envs, turn_texts, clocks or [None] * len(envs))]
+        return [
+            _safe_step(env, text, clock) for env, text, clock in zip(envs, turn_texts, clocks or [None] * len(envs))
+        ]
     if not clocks:
         return _step_all(envs, turn_texts, [None] * len(envs), step_timeout_s, "timeout")
     with clocks[0].step.waiting() as step:
@@ -468,6 +513,9 @@ def _step_all(envs: Sequence[Any], texts: Sequence[str], clocks: list, limit_s: 
         return [_safe_step(envs[0], texts[0], clocks[0])]
     steps = [_Pending(_safe_step, env, text, clock) for env, text, clock in zip(envs, texts, clocks)]
     deadline = None if limit_s is None else time.monotonic() + limit_s
-    return [s.value if s.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            else _failed_step(None, kind) for s in steps]
-
+    return [
+        s.value
+        if s.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        else _failed_step(None, kind)
+        for s in steps
+    ]

@@ -25,8 +25,13 @@ MAX_CHECK_DEPTH = 16
 """Nesting depth the validator follows; deeper values are refused."""
 
 _TYPE_NAMES = {
-    "string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
-    "array": "an array", "object": "an object", "null": "null",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
 }
 
 
@@ -37,9 +42,11 @@ class SchemaError(EnvConfigError):
     """
 
 
-_FIX = ("Give every parameter a type hint, and write a Google-style docstring: a one-line "
-        "description, then an `Args:` section with one `name: description` line per parameter "
-        "(see https://huggingface.co/docs/transformers/en/chat_extras#passing-tools).")
+_FIX = (
+    "Give every parameter a type hint, and write a Google-style docstring: a one-line "
+    "description, then an `Args:` section with one `name: description` line per parameter "
+    "(see https://huggingface.co/docs/transformers/en/chat_extras#passing-tools)."
+)
 
 
 def function_schema(fn: Callable) -> dict:
@@ -118,8 +125,11 @@ def _check_value(value: Any, spec: dict, where: str, depth: int) -> tuple[Any, s
         value, err = _check_type(value, types, where)
         if err:
             return value, err
-    if "enum" in spec and isinstance(spec["enum"], list) and not any(
-            value == e and _json_type(value) == _json_type(e) for e in spec["enum"]):
+    if (
+        "enum" in spec
+        and isinstance(spec["enum"], list)
+        and not any(value == e and _json_type(value) == _json_type(e) for e in spec["enum"])
+    ):
         options = ", ".join(repr(e) for e in spec["enum"][:20])
         return value, f"{where} must be one of {options}; got {value!r}"[:300]
     if isinstance(value, (list, tuple)):

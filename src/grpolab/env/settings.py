@@ -61,24 +61,38 @@ def validate_env(env: EnvConfig) -> None:
     checks = [
         (env.max_turns >= 1, "env.max_turns", "must be >= 1"),
         (env.max_turn_tokens >= 1, "env.max_turn_tokens", "must be >= 1"),
-        (env.max_model_tokens >= env.max_turn_tokens, "env.max_model_tokens",
-         f"must be >= env.max_turn_tokens ({env.max_turn_tokens}): the budget covers at least one whole turn"),
+        (
+            env.max_model_tokens >= env.max_turn_tokens,
+            "env.max_model_tokens",
+            f"must be >= env.max_turn_tokens ({env.max_turn_tokens}): the budget covers at least one whole turn",
+        ),
         (env.max_env_tokens >= 1, "env.max_env_tokens", "must be >= 1"),
         (env.tool_timeout_s > 0, "env.tool_timeout_s", "must be > 0 seconds"),
         (env.tool_budget_s > 0, "env.tool_budget_s", "must be > 0 seconds"),
         (env.step_tool_budget_s > 0, "env.step_tool_budget_s", "must be > 0 seconds"),
         (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
         (isinstance(env.tool_process, bool), "env.tool_process", "must be true or false"),
-        (isinstance(env.max_stuck_calls, int) and not isinstance(env.max_stuck_calls, bool)
-         and env.max_stuck_calls >= 1, "env.max_stuck_calls", "must be an integer >= 1"),
+        (
+            isinstance(env.max_stuck_calls, int)
+            and not isinstance(env.max_stuck_calls, bool)
+            and env.max_stuck_calls >= 1,
+            "env.max_stuck_calls",
+            "must be an integer >= 1",
+        ),
         (env.reset_timeout_s > 0, "env.reset_timeout_s", "must be > 0 seconds"),
         (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
         (isinstance(env.options, dict), "env.options", "must be a mapping of constructor arguments"),
         (env.tool_thread in TOOL_THREADS, "env.tool_thread", f"must be one of {', '.join(TOOL_THREADS)}"),
-        (not (env.name and env.factories), "env.factories",
-         "give env.name (one environment) or env.factories (several, routed by the `environment` column), not both"),
-        (all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in env.factories.items()), "env.factories",
-         "must map environment names to specs, e.g. env.factories.math=envs.py:MathEnv"),
+        (
+            not (env.name and env.factories),
+            "env.factories",
+            "give env.name (one environment) or env.factories (several, routed by the `environment` column), not both",
+        ),
+        (
+            all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in env.factories.items()),
+            "env.factories",
+            "must map environment names to specs, e.g. env.factories.math=envs.py:MathEnv",
+        ),
         (all(isinstance(t, str) and t for t in env.tools), "env.tools", "must list `module:fn` or `file.py:fn` specs"),
     ]
     for ok, key, msg in checks:

@@ -60,8 +60,10 @@ def env_config(options: dict) -> Any:
     try:
         from omegaconf import OmegaConf
     except ImportError:
+
         def view(x):
             return ConfigView({k: view(v) for k, v in x.items()}) if isinstance(x, dict) else x
+
         return view(dict(options))
     return OmegaConf.create(dict(options))
 
@@ -70,8 +72,11 @@ def is_skyrl_class(cls: type) -> bool:
     """A SkyRL-gym-style class: init and step and no reset (or a skyrl_gym base class)."""
     if any(base.__module__.split(".")[0] == "skyrl_gym" for base in cls.__mro__[1:]):
         return True
-    return callable(getattr(cls, "init", None)) and callable(getattr(cls, "step", None)) and \
-        not callable(getattr(cls, "reset", None))
+    return (
+        callable(getattr(cls, "init", None))
+        and callable(getattr(cls, "step", None))
+        and not callable(getattr(cls, "reset", None))
+    )
 
 
 def _construct(cls: type, config: Any, extras: dict) -> Any:
@@ -101,18 +106,32 @@ def _observations(value: Any) -> list[dict]:
         if not isinstance(m, dict):
             raise TypeError(f"an observation must be a message dict, got {type(m).__name__}")
         role = m.get("role") if m.get("role") in ("user", "tool") else "user"
-        out.append({"role": role, "content": to_text(m.get("content", "")),
-                    **({"name": m["name"]} if role == "tool" and isinstance(m.get("name"), str) else {})})
+        out.append(
+            {
+                "role": role,
+                "content": to_text(m.get("content", "")),
+                **({"name": m["name"]} if role == "tool" and isinstance(m.get("name"), str) else {}),
+            }
+        )
     return out
 
 
 class SkyRLAdapter:
     """One SkyRL-gym-style environment per trajectory, made at reset (see the module docstring)."""
 
-    def __init__(self, cls: type, config: Any = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS, here: bool = False) -> None:
+    def __init__(
+        self,
+        cls: type,
+        config: Any = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_obs_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        here: bool = False,
+    ) -> None:
         if not (callable(getattr(cls, "init", None)) and callable(getattr(cls, "step", None))):
-            raise EnvironmentShapeError(f"SkyRLAdapter: {getattr(cls, '__name__', cls)} needs init(prompt) and step(action).")
+            raise EnvironmentShapeError(
+                f"SkyRLAdapter: {getattr(cls, '__name__', cls)} needs init(prompt) and step(action)."
+            )
         self.cls, self.config = cls, config if config is not None else env_config({})
         self.tools: list[dict] = []  # a SkyRL environment parses the model's text itself: no tool schemas
         self.timeout_s, self.max_obs_chars, self.here = timeout_s, max_obs_chars, here
@@ -132,8 +151,9 @@ class SkyRLAdapter:
         out = self.env.init(_as_messages(fields.get("prompt", "")))
         prompt = out[0] if isinstance(out, tuple) else out
         if isinstance(prompt, str) or not isinstance(prompt, list):
-            raise EnvironmentShapeError(f"{self.cls.__name__}.init returned {type(prompt).__name__}; return "
-                                        "(prompt messages, metadata)")
+            raise EnvironmentShapeError(
+                f"{self.cls.__name__}.init returned {type(prompt).__name__}; return (prompt messages, metadata)"
+            )
         return _as_messages(safe_data(prompt)[0])  # lone surrogates from init: U+FFFD (grpolab.util.text)
 
     def step(self, turn_text: str) -> Reply:
@@ -152,8 +172,11 @@ class SkyRLAdapter:
         except Exception as e:  # noqa: BLE001 - the environment's failure ends this trajectory only
             self.finished = True
             kind = "timeout" if out is None else "exception"
-            return Reply([{"role": "user", "content": f"Error: the environment failed: {short_error(e)}"}], done=True,
-                         events=Counter({kind: 1}))
+            return Reply(
+                [{"role": "user", "content": f"Error: the environment failed: {short_error(e)}"}],
+                done=True,
+                events=Counter({kind: 1}),
+            )
         reward = out.get("reward")
         self.total += 0.0 if reward is None else float(reward)
         events: Counter = Counter()

@@ -22,8 +22,16 @@ NAME = "grpolab_gqa"
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 
 
-def grouped_query_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                            scaling: float | None = None, dropout: float = 0.0, **_) -> tuple[Tensor, None]:
+def grouped_query_attention(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **_,
+) -> tuple[Tensor, None]:
     """transformers' attention-function signature: returns ((b, L, nh, d), None).
 
     attention_mask: what sdpa would get: a bool (b or 1, 1, L, S) mask, True where a query may look,
@@ -31,7 +39,7 @@ def grouped_query_attention(module, query: Tensor, key: Tensor, value: Tensor, a
     b, nh, L, d = query.shape
     nkv, S = key.shape[1], key.shape[2]
     rep = nh // nkv
-    scale = scaling if scaling is not None else d ** -0.5
+    scale = scaling if scaling is not None else d**-0.5
     raw = (query.reshape(b, nkv, rep * L, d) @ key.transpose(-1, -2)).view(b, nkv, rep, L, S)
     if attention_mask is None:
         attention_mask = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(S - L)[None, None]
@@ -46,8 +54,9 @@ def grouped_query_attention(module, query: Tensor, key: Tensor, value: Tensor, a
             # instead of an fp32 and a bf16 copy: 12.7 MB less per layer for 16 sequences of 173 keys
             p = torch.softmax(raw.mul_(scale).masked_fill_(masked, torch.finfo(raw.dtype).min), dim=-1)
         else:
-            p = torch.softmax(raw.masked_fill_(masked, torch.finfo(raw.dtype).min).float().mul_(scale),
-                              dim=-1).to(value.dtype)
+            p = torch.softmax(raw.masked_fill_(masked, torch.finfo(raw.dtype).min).float().mul_(scale), dim=-1).to(
+                value.dtype
+            )
     else:  # an additive float mask
         p = torch.softmax(raw.float().mul_(scale) + attention_mask[:, :, None].float(), dim=-1).to(value.dtype)
     p = p.view(b, nkv, rep * L, S)

@@ -16,8 +16,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), P), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, P - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, P - len(s):] = 1
+        ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, P - len(s) :] = 1
     return ids, mask
 
 
@@ -26,7 +26,7 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_arg(forward_owner: type) -> str:
     """Name of the KV-cache argument: `cache` in newer transformers (5.24 has it), `past_key_values` in older ones."""
     return "cache" if "cache" in inspect.signature(forward_owner.forward).parameters else "past_key_values"
@@ -43,5 +43,3 @@ def cache_of(out):
     """The KV cache a forward returned (`cache` or `past_key_values`, by transformers version)."""
     c = getattr(out, "cache", None)
     return c if c is not None else out.past_key_values
-
-

@@ -53,8 +53,10 @@ def _backbone(policy: nn.Module) -> nn.Module:
     except AttributeError as e:
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         prefix = getattr(base, "base_model_prefix", None)
-        raise ValueError(f"cannot find the transformer backbone of {type(base).__name__} "
-                         f"(looked for .{prefix or 'base_model_prefix'})") from e
+        raise ValueError(
+            f"cannot find the transformer backbone of {type(base).__name__} "
+            f"(looked for .{prefix or 'base_model_prefix'})"
+        ) from e
 
 
 def _hidden_size(policy: nn.Module) -> int:
@@ -113,12 +115,19 @@ class Critic:
     computes_every_group = True
     """The value loss needs every sequence, whatever its policy advantage."""
 
-    def __init__(self, policy: nn.Module, algo: "AlgoConfig", *, lr: float, betas: tuple[float, float],
-                 weight_decay: float, device: torch.device):
+    def __init__(
+        self,
+        policy: nn.Module,
+        algo: AlgoConfig,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        device: torch.device,
+    ):
         self.algo = algo
         self.model = ValueModel(policy).to(device)
-        self.optimizer = adamw(self.model.parameters(), lr=algo.critic_lr or lr, betas=betas,
-                               weight_decay=weight_decay)
+        self.optimizer = adamw(self.model.parameters(), lr=algo.critic_lr or lr, betas=betas, weight_decay=weight_decay)
 
     def values(self, spec: PassSpec, part: GroupSlice) -> Tensor:
         """V(s_t) before each completion token of a GroupSlice, (b, C'), fp32."""
@@ -137,16 +146,22 @@ class Critic:
     def add_loss(self, loss: Tensor, spec: PassSpec, part: GroupSlice, batch: Batch) -> tuple[Tensor, dict]:
         """loss + vf_coef * value_loss on the slice (normalised by the batch's valid tokens)."""
         rows, width = part.rows, part.width
-        vl, info = value_loss(self.values(spec, part), batch.old_values[rows, :width].to(spec.device),
-                              batch.returns[rows, :width].to(spec.device), part.completion_mask,
-                              self.algo.value_clip, n_tok=batch.n_tokens)
+        vl, info = value_loss(
+            self.values(spec, part),
+            batch.old_values[rows, :width].to(spec.device),
+            batch.returns[rows, :width].to(spec.device),
+            part.completion_mask,
+            self.algo.value_clip,
+            n_tok=batch.n_tokens,
+        )
         return loss + self.algo.vf_coef * vl, info
 
     def step(self, max_grad_norm: float) -> None:
         """Clip the critic's gradients (when max_grad_norm > 0), step its optimiser, zero its grads.
         A non-finite gradient norm skips the critic's update (its weights stay as they were)."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                              max_grad_norm if max_grad_norm > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf")
+        )
         if torch.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -164,5 +179,3 @@ class Critic:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["critic"])
         load_state(self.optimizer, state["opt"])
-
-

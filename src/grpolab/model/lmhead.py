@@ -71,7 +71,7 @@ class _Buffers:
 
     def as_fp32(self, z: Tensor, temperature: float, in_place: bool = False) -> Tensor:
         """z / T in the fp32 buffer (z itself when it already is that buffer)."""
-        zf = self.zf[:z.shape[0]]
+        zf = self.zf[: z.shape[0]]
         if not in_place:
             zf.copy_(z)
         return zf.div_(temperature) if temperature != 1.0 else zf
@@ -102,23 +102,26 @@ class _ChunkedTokenLogp(torch.autograd.Function):
             logp = torch.empty(M, dtype=torch.float32, device=h.device)
             lse = torch.empty(M, dtype=torch.float32, device=h.device)
             ent = torch.empty(M, dtype=torch.float32, device=h.device) if with_entropy else None
-            kept = (torch.empty((M, w.shape[0]), dtype=dtype, device=h.device)
-                    if keeps_logits(M, w.shape[0], dtype, keep_bytes) else None)  # (M, V) or None
+            kept = (
+                torch.empty((M, w.shape[0]), dtype=dtype, device=h.device)
+                if keeps_logits(M, w.shape[0], dtype, keep_bytes)
+                else None
+            )  # (M, V) or None
             for s in range(0, M, chunk):
-                z = buf.logits(hc[s:s + chunk], wc, temperature, None if kept is None else kept[s:s + chunk])
-                target_z = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
+                z = buf.logits(hc[s : s + chunk], wc, temperature, None if kept is None else kept[s : s + chunk])
+                target_z = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1)
                 mx = z.amax(-1)
                 mx = mx.masked_fill(torch.isinf(mx), 0.0)  # an all -inf row stays -inf, as in torch.logsumexp
                 z.sub_(mx[:, None])  # z - max, in place
                 if ent is None:
                     lse_c = z.exp_().sum(-1).log_().add_(mx)  # (m,)
                 else:  # H_t = -sum_v p_v log p_v, log p = z - logsumexp(z)
-                    e = torch.exp(z, out=buf.ef[:z.shape[0]])
+                    e = torch.exp(z, out=buf.ef[: z.shape[0]])
                     sum_e = e.sum(-1)
                     lse_c = sum_e.log() + mx
-                    ent[s:s + chunk] = sum_e.log() - _row_dot(e, z) / sum_e
-                lse[s:s + chunk] = lse_c
-                logp[s:s + chunk] = target_z - lse_c
+                    ent[s : s + chunk] = sum_e.log() - _row_dot(e, z) / sum_e
+                lse[s : s + chunk] = lse_c
+                logp[s : s + chunk] = target_z - lse_c
         if ent is None:
             ent = torch.zeros(0, device=h.device)
             ctx.mark_non_differentiable(ent)
@@ -143,44 +146,54 @@ class _ChunkedTokenLogp(torch.autograd.Function):
             buf = _Buffers(min(chunk, h.shape[0]), w.shape[0], dtype, h.device, second=False)
             grad_h = torch.empty_like(h) if need_h and not at_once else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w and not at_once else None
-            gw = (torch.empty(w.shape, dtype=dtype, device=w.device)
-                  if need_w and dtype != torch.float32 and not at_once else None)
+            gw = (
+                torch.empty(w.shape, dtype=dtype, device=w.device)
+                if need_w and dtype != torch.float32 and not at_once
+                else None
+            )
             rows = torch.arange(min(chunk, h.shape[0]), device=h.device)
             for s in range(0, h.shape[0], chunk):
                 if kept is None:
-                    z = buf.logits(hc[s:s + chunk], wc, T)  # (m, V)
+                    z = buf.logits(hc[s : s + chunk], wc, T)  # (m, V)
                 else:
-                    z = buf.as_fp32(kept[s:s + chunk], T)
+                    z = buf.as_fp32(kept[s : s + chunk], T)
                 m = z.shape[0]
-                g = grad_logp[s:s + chunk].float() / T  # (m,)
+                g = grad_logp[s : s + chunk].float() / T  # (m,)
                 if grad_ent is None:
-                    dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])  # -g p / T
+                    dz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # -g p / T
                 else:  # -p (g + e (log p + H)) / T
-                    e = grad_ent[s:s + chunk].float()[:, None] / T  # (m, 1)
-                    logq = z.sub_(lse[s:s + chunk, None])  # (m, V) log p, in place
+                    e = grad_ent[s : s + chunk].float()[:, None] / T  # (m, 1)
+                    logq = z.sub_(lse[s : s + chunk, None])  # (m, V) log p, in place
                     p = logq.exp()
-                    dz = logq.add_(ent[s:s + chunk, None]).mul_(e).add_(g[:, None]).mul_(p).neg_()
-                dz[rows[:m], targets[s:s + chunk]] += g  # + g onehot(y) / T
+                    dz = logq.add_(ent[s : s + chunk, None]).mul_(e).add_(g[:, None]).mul_(p).neg_()
+                dz[rows[:m], targets[s : s + chunk]] += g  # + g onehot(y) / T
                 if at_once:
-                    kept[s:s + chunk].copy_(dz)
+                    kept[s : s + chunk].copy_(dz)
                     continue
                 if buf.z is not buf.zf:
                     dz = buf.z[:m].copy_(dz)  # in the matmul dtype
                 if need_h:
-                    grad_h[s:s + chunk] = (dz @ wc).to(h.dtype)
+                    grad_h[s : s + chunk] = (dz @ wc).to(h.dtype)
                 if need_w and gw is None:
-                    grad_w.addmm_(dz.T, hc[s:s + chunk])
+                    grad_w.addmm_(dz.T, hc[s : s + chunk])
                 elif need_w:
-                    grad_w += torch.mm(dz.T, hc[s:s + chunk], out=gw)
+                    grad_w += torch.mm(dz.T, hc[s : s + chunk], out=gw)
             if at_once:  # kept now holds dz (M, V) in the matmul dtype
                 grad_h = (kept @ wc).to(h.dtype) if need_h else None
                 grad_w = torch.mm(kept.T, hc).float() if need_w else None
         return grad_h, grad_w.to(w.dtype) if need_w else None, None, None, None, None, None, None
 
 
-def chunked_token_logp(h: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0,
-                       with_entropy: bool = False, chunk: int | None = None,
-                       keep_bytes: int = SAVED_LOGITS_BYTES) -> tuple[Tensor, Tensor | None]:
+def chunked_token_logp(
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk: int | None = None,
+    keep_bytes: int = SAVED_LOGITS_BYTES,
+) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | s_t) (b, C) of targets (b, C) from hidden states h (b, C, H) and the head's weight
     (V, H) (no bias), and the entropy H_t (b, C) when asked (differentiable), without holding more than one
     chunk of fp32 logits. The matmul runs in the surrounding autocast dtype, like a plain `lm_head(h)`.
@@ -190,8 +203,16 @@ def chunked_token_logp(h: Tensor, weight: Tensor, targets: Tensor, *, temperatur
     chunk = chunk or rows_per_chunk(weight.shape[0])
     if not (torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)):
         keep_bytes = 0  # no backward will read them
-    logp, ent = _ChunkedTokenLogp.apply(h.reshape(b * C, H), weight, targets.reshape(b * C), float(temperature),
-                                        int(chunk), _compute_dtype(h), bool(with_entropy), int(keep_bytes))
+    logp, ent = _ChunkedTokenLogp.apply(
+        h.reshape(b * C, H),
+        weight,
+        targets.reshape(b * C),
+        float(temperature),
+        int(chunk),
+        _compute_dtype(h),
+        bool(with_entropy),
+        int(keep_bytes),
+    )
     return logp.view(b, C), (ent.view(b, C) if with_entropy else None)
 
 

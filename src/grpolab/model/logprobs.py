@@ -50,8 +50,16 @@ def _head_logp(model, h: torch.Tensor, completion_ids: torch.Tensor, temperature
     return logp, ent
 
 
-def completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                    temperature: float = 1.0, with_entropy: bool = False):
+def completion_logp(
+    model,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
     """log pi_theta of each completion token (b, C) and, optionally, the entropy at each position (b, C).
 
     Logits are divided by the sampling temperature so that pi_theta is the distribution the rollout
@@ -61,12 +69,21 @@ def completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_m
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (b, P+C)
     mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)  # (b, P+C)
     h = backbone(model)(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
-    h = h[:, P - 1:-1]  # (b, C, H): the states that predict completion tokens
+    h = h[:, P - 1 : -1]  # (b, C, H): the states that predict completion tokens
     return _head_logp(model, h, completion_ids, temperature, with_entropy)
 
 
-def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G: int, *,
-                            temperature: float = 1.0, with_entropy: bool = False):
+def grouped_completion_logp(
+    model,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    G: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
     """`completion_logp` for groups that share a prompt, running each prompt through the model once.
 
     prompt_ids/prompt_mask: (B, P), one row per group; completion_ids/completion_mask: (B*G, C),
@@ -88,9 +105,14 @@ def grouped_completion_logp(model, prompt_ids, prompt_mask, completion_ids, comp
     mask = torch.cat([pm, completion_mask.long()], dim=1)  # (N, P+C)
     C = completion_ids.shape[1]
     if C > 1:
-        pos = positions(mask)[:, P:P + C - 1]  # (N, C-1)
-        h_rest = body(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :P + C - 1], position_ids=pos,
-                      use_cache=True, **with_cache(body, cache)).last_hidden_state  # (N, C-1, H)
+        pos = positions(mask)[:, P : P + C - 1]  # (N, C-1)
+        h_rest = body(
+            input_ids=completion_ids[:, :-1],
+            attention_mask=mask[:, : P + C - 1],
+            position_ids=pos,
+            use_cache=True,
+            **with_cache(body, cache),
+        ).last_hidden_state  # (N, C-1, H)
         h = torch.cat([h_first, h_rest], dim=1)  # (N, C, H)
     else:
         h = h_first

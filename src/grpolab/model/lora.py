@@ -68,8 +68,10 @@ def validate_lora(lora: LoraConfig) -> None:
         raise ConfigError(f"lora.dropout: must be in [0, 1), got {lora.dropout}")
     targets = lora.targets()
     if not targets or (isinstance(targets, list) and not all(targets)):
-        raise ConfigError("lora.target_modules: name at least one layer, e.g. lora.target_modules=all-linear or "
-                          "lora.target_modules=q_proj,v_proj")
+        raise ConfigError(
+            "lora.target_modules: name at least one layer, e.g. lora.target_modules=all-linear or "
+            "lora.target_modules=q_proj,v_proj"
+        )
     require_peft("lora.r")
 
 
@@ -109,21 +111,31 @@ def attach(policy, lora: LoraConfig):
     weights require gradients. With lora.r = 0 the model comes back as it is (a loaded adapter merged)."""
     if is_peft(policy):
         if lora.enabled:  # the new adapter's base would be base + old adapter, which no directory holds
-            raise ConfigError("lora.r: model= is a LoRA checkpoint; a new adapter needs a plain base model. Merge it "
-                              "first (grpolab export RUN --merged DIR), then train with model=DIR")
+            raise ConfigError(
+                "lora.r: model= is a LoRA checkpoint; a new adapter needs a plain base model. Merge it "
+                "first (grpolab export RUN --merged DIR), then train with model=DIR"
+            )
         policy = policy.merge_and_unload()
         policy.requires_grad_(True)  # loaded for inference: every weight was frozen
     if not lora.enabled:
         return policy
     peft = require_peft()
-    spec = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=lora.targets(), bias="none", task_type="CAUSAL_LM")
+    spec = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.targets(),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         with _quiet_peft():
             model = peft.get_peft_model(policy, spec)
     except ValueError as e:  # "Target modules {...} not found in the base model"
-        raise ConfigError(f"lora.target_modules: {e}. Use all-linear, or names of linear layers of this model "
-                          f"(for Llama-style models: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)") from e
+        raise ConfigError(
+            f"lora.target_modules: {e}. Use all-linear, or names of linear layers of this model "
+            f"(for Llama-style models: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)"
+        ) from e
     model.train()
     return model
 
@@ -148,8 +160,19 @@ def trainable_parameters(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-__all__ = ["INSTALL", "LoraConfig", "adapter_base_path", "attach", "is_adapter_dir", "is_peft", "load_adapter",
-           "merged_weights", "require_peft", "trainable_parameters", "validate_lora"]
+__all__ = [
+    "INSTALL",
+    "LoraConfig",
+    "adapter_base_path",
+    "attach",
+    "is_adapter_dir",
+    "is_peft",
+    "load_adapter",
+    "merged_weights",
+    "require_peft",
+    "trainable_parameters",
+    "validate_lora",
+]
 
 
 def merged_weights(model) -> dict:

@@ -147,10 +147,19 @@ def layer_saved(s: Shape, n: int, L: int, S: int, c: int, r: Regime) -> int:
     t = set(r.lora_targets) if lora else set(LORA_TARGETS)
     resid = (2 if lora else 4) * T * H * F32
     if c == F32:  # distinct tensors: norm 1's output, o_proj's input, norm 2's output
-        proj_in = T * F32 * (H * bool(t & {"q_proj", "k_proj", "v_proj"}) + s.q_dim * ("o_proj" in t)
-                             + H * bool(t & {"gate_proj", "up_proj"}))
+        proj_in = (
+            T
+            * F32
+            * (
+                H * bool(t & {"q_proj", "k_proj", "v_proj"})
+                + s.q_dim * ("o_proj" in t)
+                + H * bool(t & {"gate_proj", "up_proj"})
+            )
+        )
     else:  # one cast per projection (o_proj's input is already in c)
-        proj_in = T * c * (H * len(t & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}) + s.q_dim * ("o_proj" in t))
+        proj_in = (
+            T * c * (H * len(t & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}) + s.q_dim * ("o_proj" in t))
+        )
     mlp = (3 + ("down_proj" in t)) * T * I * c
     q = T * s.q_dim * c
     if r.device == "cuda":
@@ -215,8 +224,11 @@ def pass_activations(s: Shape, w: Workload, r: Regime, n: int) -> dict[str, int]
 def prompt_activations(s: Shape, w: Workload, r: Regime, n: int) -> int:
     """The prompt pass's share of pass_activations (what is left when the completion pass's backward ends)."""
     b, c = max(1, n // w.G), r.update_bytes
-    per = layer_kept(s, b, w.prompt_tokens, 0, c) if r.checkpointing else \
-        layer_saved(s, b, w.prompt_tokens, w.prompt_tokens, c, r)
+    per = (
+        layer_kept(s, b, w.prompt_tokens, 0, c)
+        if r.checkpointing
+        else layer_saved(s, b, w.prompt_tokens, w.prompt_tokens, c, r)
+    )
     return s.layers * per
 
 
@@ -256,8 +268,11 @@ def nograd_pass(s: Shape, w: Workload, r: Regime, *, full_sequences: bool = Fals
     S = P + C
     cache = 2 * s.layers * n * s.kv_dim * S * c
     hidden = 2 * n * (S if full_sequences else C) * s.hidden * F32
-    out = {"KV cache": cache, "hidden states": hidden,
-           "layer intermediates": layer_transient(s, n, C, S, c, r, grad=False)}
+    out = {
+        "KV cache": cache,
+        "hidden states": hidden,
+        "layer intermediates": layer_transient(s, n, C, S, c, r, grad=False),
+    }
     if full_sequences:  # the critic's weights are trained: autocast caches their casts for the pass
         out["weight casts"] = c * s.layers * s.layer_linear if c != F32 else 0
         return out
@@ -297,14 +312,22 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
     head_cast = s.vocab * s.hidden * c if c != F32 else 0
     head_in = M * s.hidden * c if c != F32 else 0
     Lc, S = max(w.completion_tokens - 1, 0), w.prompt_tokens + max(w.completion_tokens - 1, 0)
-    fwd = {"gradients (held)": held, **acts, "weight casts": casts,
-           "LM head buffers": head_buffers(s, M, c, entropy=r.entropy) + head_cast + head_in}
+    fwd = {
+        "gradients (held)": held,
+        **acts,
+        "weight casts": casts,
+        "LM head buffers": head_buffers(s, M, c, entropy=r.entropy) + head_cast + head_in,
+    }
     if r.device == "cuda" or r.checkpointing:  # the pass's own KV cache, alive until it returns: not the
         fwd["KV cache (pass)"] = 2 * s.layers * n * s.kv_dim * S * c  # saved tensors there (sdpa repeats them)
     head_grad = 0 if r.lora_r else F32 * s.vocab * s.hidden + (c * s.vocab * s.hidden if c != F32 else 0)
-    head_bwd = {**fwd, "LM head buffers": head_buffers(s, M, c, entropy=False) + head_cast + head_in,
-                "LM head gradients": head_grad + F32 * M * s.hidden, "KV cache (pass)": 0,
-                "weight casts": bwd_casts}
+    head_bwd = {
+        **fwd,
+        "LM head buffers": head_buffers(s, M, c, entropy=False) + head_cast + head_in,
+        "LM head gradients": head_grad + F32 * M * s.hidden,
+        "KV cache (pass)": 0,
+        "weight casts": bwd_casts,
+    }
     embed = 0 if r.lora_r else F32 * s.embedding * (2 if s.tied else 1)
     # a weight autocast casts once per pass (a trained one: cached) sums its two gradients in c bytes,
     # before the cast's backward turns them to fp32
@@ -314,9 +337,13 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
     bwd_layer = layer_transient(s, n, Lc, S, c, r, grad=True)
     if r.checkpointing:  # the layer being replayed holds its saved tensors (and its weights' casts) again
         bwd_layer += layer_saved(s, n, Lc, S, c, r) + (c * s.layer_linear if c != F32 else 0)
-    bwd = {"gradients (held)": held + untied_head, "gradients (pending)": pending + embed,
-           "activations": prompt_activations(s, w, r, n), "weight casts": bwd_casts,
-           "layer backward": bwd_layer}
+    bwd = {
+        "gradients (held)": held + untied_head,
+        "gradients (pending)": pending + embed,
+        "activations": prompt_activations(s, w, r, n),
+        "weight casts": bwd_casts,
+        "layer backward": bwd_layer,
+    }
     moments = {"update (forward end)": fwd, "update (head backward)": head_bwd, "update (backward)": bwd}
     if r.critic:  # the critic's full-sequence pass runs beside the policy's; its gradients accumulate at once
         crit = F32 * (s.backbone_params + s.hidden + 1)
@@ -325,16 +352,22 @@ def update_moments(s: Shape, w: Workload, r: Regime) -> dict[str, dict[str, int]
         for m in (fwd, head_bwd):
             m["critic activations"], m["critic gradients"] = crit_acts, crit if later else 0
         bwd["critic gradients"] = crit
-        moments["update (critic backward)"] = {**fwd, "critic activations": 0, "critic gradients": crit,
-                                               "critic embedding gradient": F32 * s.embedding}
+        moments["update (critic backward)"] = {
+            **fwd,
+            "critic activations": 0,
+            "critic gradients": crit,
+            "critic embedding gradient": F32 * s.embedding,
+        }
     return moments
 
 
 def phases(s: Shape, w: Workload, r: Regime) -> list[Phase]:
     """Every phase of one step, each with its resident parts and its own."""
     base = resident(s, r)
-    out = [Phase("resident", dict(base)), Phase("generation", {**base, **generation(s, w, r)},
-                                                "inference engine" if r.engine_share else "")]
+    out = [
+        Phase("resident", dict(base)),
+        Phase("generation", {**base, **generation(s, w, r)}, "inference engine" if r.engine_share else ""),
+    ]
     if r.reference != "none":
         out.append(Phase("reference", {**base, **nograd_pass(s, w, r)}))
     if r.critic:

@@ -16,13 +16,14 @@ from functools import partial
 import torch
 
 
-
-def adamw(params, *, lr: float, betas: tuple[float, float], weight_decay: float,
-          sharded: bool = False) -> torch.optim.AdamW:
+def adamw(
+    params, *, lr: float, betas: tuple[float, float], weight_decay: float, sharded: bool = False
+) -> torch.optim.AdamW:
     """torch.optim.AdamW over `params`, fused where it applies (see the module docstring)."""
     params = list(params)
-    fused = not sharded and bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
-                                                 for p in params)
+    fused = (
+        not sharded and bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    )
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
 
 
@@ -43,8 +44,9 @@ def load_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
 from grpolab.algo.schedules import SCHEDULES, check_scheduler  # noqa: E402,F401
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, name: str, *, warmup: int,
-                    total: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, name: str, *, warmup: int, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR with factor(i) = SCHEDULES[name](i, warmup, total); it steps once per optimizer update made."""
     check_scheduler(name)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(SCHEDULES[name], warmup=warmup, total=total))

@@ -44,6 +44,7 @@ class PassSpec:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
+
 FSDP_MARK = "_grpolab_fsdp"
 """Attribute that grpolab.parallel.fsdp.shard sets on a sharded model: {"layers": [...], "root": FSDPModule, "depth": int}."""
 
@@ -64,7 +65,7 @@ def micro_batches(rollout: Rollout, groups: Tensor, seqs_per_batch: int) -> list
     groups = groups[torch.argsort(longest, descending=True)]
     per = max(1, seqs_per_batch // G)
     offsets = torch.arange(G)
-    return [(groups[s:s + per, None] * G + offsets).reshape(-1) for s in range(0, len(groups), per)]
+    return [(groups[s : s + per, None] * G + offsets).reshape(-1) for s in range(0, len(groups), per)]
 
 
 def all_groups(rollout: Rollout) -> Tensor:
@@ -75,25 +76,39 @@ def all_groups(rollout: Rollout) -> Tensor:
 def slice_groups(rollout: Rollout, rows: Tensor, device: torch.device) -> GroupSlice:
     """The whole groups `rows` of the rollout: one prompt row per group, cut to the slice's longest
     completion and its shortest prompt padding, moved to `device`."""
-    prompt_rows = rows[::rollout.G]
+    prompt_rows = rows[:: rollout.G]
     prompt_mask = rollout.prompt_mask[prompt_rows]
     completion_mask = rollout.completion_mask[rows]
     present = rollout.attention_mask[rows]  # model and environment tokens: what the pass attends to
     first = int((prompt_mask.sum(0) > 0).nonzero().min())  # drop all-padding prompt columns
     width = int((present.sum(0) > 0).nonzero().max()) + 1
-    return GroupSlice(rows, rollout.prompt_ids[prompt_rows, first:].to(device), prompt_mask[:, first:].to(device),
-                      rollout.completion_ids[rows, :width].to(device), completion_mask[:, :width].to(device),
-                      rollout.G, None if rollout.env_mask is None else present[:, :width].to(device))
+    return GroupSlice(
+        rows,
+        rollout.prompt_ids[prompt_rows, first:].to(device),
+        prompt_mask[:, first:].to(device),
+        rollout.completion_ids[rows, :width].to(device),
+        completion_mask[:, :width].to(device),
+        rollout.G,
+        None if rollout.env_mask is None else present[:, :width].to(device),
+    )
 
 
-def slice_logp(spec: PassSpec, model: nn.Module, part: GroupSlice, *,
-               with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def slice_logp(
+    spec: PassSpec, model: nn.Module, part: GroupSlice, *, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """log pi (b, C') of the slice's completion tokens under `model` (fp32), and the entropy at each
     position when asked; logits divided by the sampling temperature, under the spec's autocast."""
     with spec.autocast():
-        logp, entropy = grouped_completion_logp(model, part.prompt_ids, part.prompt_mask, part.completion_ids,
-                                                part.present, part.G, temperature=spec.temperature,
-                                                with_entropy=with_entropy)
+        logp, entropy = grouped_completion_logp(
+            model,
+            part.prompt_ids,
+            part.prompt_mask,
+            part.completion_ids,
+            part.present,
+            part.G,
+            temperature=spec.temperature,
+            with_entropy=with_entropy,
+        )
     if part.attention_mask is not None:  # environment tokens: context only, exactly 0 and no gradient
         model_token = part.completion_mask.bool()
         logp = torch.where(model_token, logp, torch.zeros_like(logp))
@@ -115,7 +130,7 @@ def _every_group(spec: PassSpec, rollout: Rollout, per_slice: Callable[[GroupSli
     out = torch.zeros((N, C))
     for rows in micro_batches(rollout, all_groups(rollout), spec.micro_batch):
         part = slice_groups(rollout, rows, spec.device)
-        out[rows, :part.width] = per_slice(part).cpu()
+        out[rows, : part.width] = per_slice(part).cpu()
     return out
 
 
@@ -133,8 +148,9 @@ def values_without_grad(spec: PassSpec, value_model: nn.Module, rollout: Rollout
 
 
 @torch.no_grad()
-def sampled_token_logp(spec: PassSpec, policy: nn.Module, rollout: Rollout, *, plain: bool,
-                       sampler_is_policy: bool = True) -> Tensor:
+def sampled_token_logp(
+    spec: PassSpec, policy: nn.Module, rollout: Rollout, *, plain: bool, sampler_is_policy: bool = True
+) -> Tensor:
     """log pi_theta (N, C) of the sampled tokens, before any update.
 
     The rollout recorded the log-prob of each token under its sampling distribution; when that is
@@ -149,16 +165,23 @@ def sampled_token_logp(spec: PassSpec, policy: nn.Module, rollout: Rollout, *, p
     return logp_without_grad(spec, policy, rollout)
 
 
-def policy_logp(spec: PassSpec, policy: nn.Module, part: GroupSlice, *,
-                with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def policy_logp(
+    spec: PassSpec, policy: nn.Module, part: GroupSlice, *, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """slice_logp of the policy on `part`, its decoder layers checkpointed when spec.checkpoint; sharded, a
     one-column slice gets a masked second column so that the pass makes the same module calls (and so
     the same collectives) on every rank."""
     with checkpointed(policy, spec.checkpoint):
         if not is_sharded(policy) or part.width > 1:
             return slice_logp(spec, policy, part, with_entropy=with_entropy)
-        wide = GroupSlice(part.rows, part.prompt_ids, part.prompt_mask, part.completion_ids.repeat(1, 2),
-                          torch.nn.functional.pad(part.completion_mask, (0, 1)), part.G)
+        wide = GroupSlice(
+            part.rows,
+            part.prompt_ids,
+            part.prompt_mask,
+            part.completion_ids.repeat(1, 2),
+            torch.nn.functional.pad(part.completion_mask, (0, 1)),
+            part.G,
+        )
         logp, entropy = slice_logp(spec, policy, wide, with_entropy=with_entropy)
     return logp[:, :1], entropy[:, :1] if entropy is not None else None
 

@@ -52,7 +52,7 @@ class Precision:
         return {**asdict(self), "rollout": NAMES[self.rollout], "update": NAMES[self.update]}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Precision":
+    def from_json(cls, data: dict) -> Precision:
         return cls(DTYPES[data["rollout"]], DTYPES[data["update"]], data.get("reason", ""), data.get("seconds", {}))
 
 
@@ -103,8 +103,15 @@ def time_both(fn, reps: int = 2) -> dict[str, float]:
     return best
 
 
-def measure(model, *, training: bool = True, rollout_probe: RolloutProbe | None = None, rows: int = 8,
-            tokens: int = PROBE_STEPS, engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
+def measure(
+    model,
+    *,
+    training: bool = True,
+    rollout_probe: RolloutProbe | None = None,
+    rows: int = 8,
+    tokens: int = PROBE_STEPS,
+    engine_rollout: tuple[torch.dtype | None, str] | None = None,
+) -> Precision:
     """Time both precisions on `model` for the rollout (and the update when training) and choose. `rows`,
     `tokens`: the shape of the run's rollouts (sequences per generate call, at most MAX_PROBE_ROWS, and
     new tokens): the lean step's gain over fp32 differs with both. `rollout_probe`: the rollout engine's
@@ -136,9 +143,19 @@ def measure(model, *, training: bool = True, rollout_probe: RolloutProbe | None 
     return Precision(rollout, update, why, {k: {n: round(t, 4) for n, t in v.items()} for k, v in seconds.items()})
 
 
-def choose(setting: str, model, device: torch.device, *, training: bool = True, distributed: bool = False,
-           rollout_probe: RolloutProbe | None = None, recorded: Path | None = None, rows: int = 8,
-           tokens: int = PROBE_STEPS, engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
+def choose(
+    setting: str,
+    model,
+    device: torch.device,
+    *,
+    training: bool = True,
+    distributed: bool = False,
+    rollout_probe: RolloutProbe | None = None,
+    recorded: Path | None = None,
+    rows: int = 8,
+    tokens: int = PROBE_STEPS,
+    engine_rollout: tuple[torch.dtype | None, str] | None = None,
+) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto; `rows`,
     `tokens`: the shape of its rollouts and `rollout_probe` the engine's timing of one (measure);
@@ -158,7 +175,12 @@ def choose(setting: str, model, device: torch.device, *, training: bool = True, 
         return Precision(None, None, "auto: fp32 on CPUs under torchrun (not measured: every rank must agree)")
     n = sum(p.numel() for p in model.parameters())
     if n < SMALL_MODEL_PARAMS:
-        return Precision(None, None, f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
-                                     f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)")
-    return measure(model, training=training, rollout_probe=rollout_probe, rows=rows, tokens=tokens,
-                   engine_rollout=engine_rollout)
+        return Precision(
+            None,
+            None,
+            f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
+            f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)",
+        )
+    return measure(
+        model, training=training, rollout_probe=rollout_probe, rows=rows, tokens=tokens, engine_rollout=engine_rollout
+    )

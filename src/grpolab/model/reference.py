@@ -51,7 +51,6 @@ class FrozenCopy:
                 converted += sum(p.numel() for p in own)
         return converted
 
-
     def sync(self, policy, alpha: float) -> None:
         """TR-DPO's soft reference update (mix_into): pi_ref <- alpha pi_theta + (1 - alpha) pi_ref."""
         mix_into(self.frozen, policy, alpha)
@@ -99,9 +98,11 @@ def synced_reference(ref, sharded: bool = False) -> FrozenCopy:
     if not isinstance(ref, FrozenCopy) or sharded:
         from grpolab.util.fields import ConfigError
 
-        raise ConfigError("algo.sync_ref_model: the reference must be its own copy of the weights to be updated, "
-                          "but with lora.r > 0 it is the policy with its adapter off (and under fsdp a sharded "
-                          "copy); use algo.sync_ref_model=false, or full fine-tuning without fsdp")
+        raise ConfigError(
+            "algo.sync_ref_model: the reference must be its own copy of the weights to be updated, "
+            "but with lora.r > 0 it is the policy with its adapter off (and under fsdp a sharded "
+            "copy); use algo.sync_ref_model=false, or full fine-tuning without fsdp"
+        )
     return ref
 
 

@@ -56,8 +56,15 @@ class Shape:
     def linear_dims(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear layer of one decoder layer."""
         H, I = self.hidden, self.intermediate
-        return {"q_proj": (H, self.q_dim), "k_proj": (H, self.kv_dim), "v_proj": (H, self.kv_dim),
-                "o_proj": (self.q_dim, H), "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+        return {
+            "q_proj": (H, self.q_dim),
+            "k_proj": (H, self.kv_dim),
+            "v_proj": (H, self.kv_dim),
+            "o_proj": (self.q_dim, H),
+            "gate_proj": (H, I),
+            "up_proj": (H, I),
+            "down_proj": (I, H),
+        }
 
     @property
     def layer_linear(self) -> int:
@@ -106,17 +113,24 @@ class Shape:
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
-            return cls(name=name or cfg.get("_name_or_path") or cfg.get("model_type", "model"),
-                       layers=int(cfg["num_hidden_layers"]), hidden=hidden,
-                       intermediate=int(cfg["intermediate_size"]), heads=heads,
-                       kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                       head_dim=int(cfg.get("head_dim") or hidden // heads), vocab=int(cfg["vocab_size"]),
-                       tied=bool(cfg.get("tie_word_embeddings", True)),
-                       qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
-                       model_type=str(cfg.get("model_type", "llama")))
+            return cls(
+                name=name or cfg.get("_name_or_path") or cfg.get("model_type", "model"),
+                layers=int(cfg["num_hidden_layers"]),
+                hidden=hidden,
+                intermediate=int(cfg["intermediate_size"]),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                vocab=int(cfg["vocab_size"]),
+                tied=bool(cfg.get("tie_word_embeddings", True)),
+                qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
+                model_type=str(cfg.get("model_type", "llama")),
+            )
         except KeyError as e:
-            raise ValueError(f"the model config has no {e.args[0]!r}: grpolab plans Llama-family decoders "
-                             f"(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)") from e
+            raise ValueError(
+                f"the model config has no {e.args[0]!r}: grpolab plans Llama-family decoders "
+                f"(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)"
+            ) from e
 
     @classmethod
     def from_dir(cls, path: Path, name: str = "") -> Shape:
@@ -132,18 +146,21 @@ def _llama(name, layers, hidden, inter, heads, kv, vocab=128256, tied=True, head
     return Shape(name, layers, hidden, inter, heads, kv, head_dim or hidden // heads, vocab, tied, False, "llama")
 
 
-SHAPES: dict[str, Shape] = {s.name: s for s in (
-    _llama("smollm2-135m", 30, 576, 1536, 9, 3, vocab=49152),
-    _llama("smollm2-360m", 32, 960, 2560, 15, 5, vocab=49152),
-    _llama("smollm2-1.7b", 24, 2048, 8192, 32, 32, vocab=49152),
-    _qwen("qwen2.5-0.5b", 24, 896, 4864, 14, 2),
-    _qwen("qwen2.5-1.5b", 28, 1536, 8960, 12, 2),
-    _qwen("qwen2.5-3b", 36, 2048, 11008, 16, 2),
-    _qwen("qwen2.5-7b", 28, 3584, 18944, 28, 4, vocab=152064, tied=False),
-    _llama("llama-3.2-1b", 16, 2048, 8192, 32, 8, head_dim=64),
-    _llama("llama-3.2-3b", 28, 3072, 8192, 24, 8, head_dim=128),
-    _llama("llama-3.1-8b", 32, 4096, 14336, 32, 8, tied=False),
-)}
+SHAPES: dict[str, Shape] = {
+    s.name: s
+    for s in (
+        _llama("smollm2-135m", 30, 576, 1536, 9, 3, vocab=49152),
+        _llama("smollm2-360m", 32, 960, 2560, 15, 5, vocab=49152),
+        _llama("smollm2-1.7b", 24, 2048, 8192, 32, 32, vocab=49152),
+        _qwen("qwen2.5-0.5b", 24, 896, 4864, 14, 2),
+        _qwen("qwen2.5-1.5b", 28, 1536, 8960, 12, 2),
+        _qwen("qwen2.5-3b", 36, 2048, 11008, 16, 2),
+        _qwen("qwen2.5-7b", 28, 3584, 18944, 28, 4, vocab=152064, tied=False),
+        _llama("llama-3.2-1b", 16, 2048, 8192, 32, 8, head_dim=64),
+        _llama("llama-3.2-3b", 28, 3072, 8192, 24, 8, head_dim=128),
+        _llama("llama-3.1-8b", 32, 4096, 14336, 32, 8, tied=False),
+    )
+}
 """Published architectures (their config.json values), by the name `grpolab plan model=NAME` takes."""
 
 

@@ -35,7 +35,9 @@ def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_string
             out.append(list(tokenizer(p)["input_ids"]))
             continue
         if isinstance(p, str):
-            msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": p}]
+            msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+                {"role": "user", "content": p}
+            ]
             text = p
         else:
             msgs = [{"role": m["role"], "content": m["content"]} for m in p]
@@ -43,16 +45,15 @@ def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_string
                 msgs.insert(0, {"role": "system", "content": system_prompt})
             text = "\n\n".join(m["content"] for m in msgs)
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                                **template_kwargs(tokenizer))
+            ids = tokenizer.apply_chat_template(
+                msgs, add_generation_prompt=True, tokenize=True, **template_kwargs(tokenizer)
+            )
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
         else:  # a bare tokenizer: plain text prompt
             ids = tokenizer(text)["input_ids"]
         out.append(list(ids))
     return out
-
-
 
 
 # ----------------------------------------------------------------------------- multi-turn conversations
@@ -127,25 +128,31 @@ def _probe_problem(tokenizer, probe: list[dict], tools: list[dict] | None, syste
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     said = lambda a: f"assistant message {a + 1} ({msgs[a]['content'][:40]!r})"  # noqa: E731
     try:
-        opened = render(tokenizer, msgs[:turns[0]], add_generation_prompt=True, tools=tools)
+        opened = render(tokenizer, msgs[: turns[0]], add_generation_prompt=True, tools=tools)
         for a, nxt in zip(turns, turns[1:] + [None]):
-            closed = render(tokenizer, msgs[:a + 1], add_generation_prompt=False, tools=tools)
+            closed = render(tokenizer, msgs[: a + 1], add_generation_prompt=False, tools=tools)
             if not closed.startswith(opened):
-                return (f"the assistant's turn ({said(a)}) changes the text rendered before it: "
-                        f"the template is not append-only")
+                return (
+                    f"the assistant's turn ({said(a)}) changes the text rendered before it: "
+                    f"the template is not append-only"
+                )
             if nxt is None:
                 break
-            kept = closed[:turn_end(tokenizer, msgs[:a + 1], tools)]
+            kept = closed[: turn_end(tokenizer, msgs[: a + 1], tools)]
             opened = render(tokenizer, msgs[:nxt], add_generation_prompt=True, tools=tools)
             if not opened.startswith(kept):
-                return (f"adding the {msgs[a + 1]['role']} message after {said(a)} rewrites "
-                        f"the earlier turns: the template is not append-only")
-            rest, eos = opened[len(kept):], tokenizer.eos_token or ""
+                return (
+                    f"adding the {msgs[a + 1]['role']} message after {said(a)} rewrites "
+                    f"the earlier turns: the template is not append-only"
+                )
+            rest, eos = opened[len(kept) :], tokenizer.eos_token or ""
             if eos and not kept.endswith(eos) and rest.startswith(eos):  # the end of turn opens the next message
-                rest = rest[len(eos):]
-            if addition_text(tokenizer, msgs[:a + 1], msgs[a + 1:nxt], tools) != rest:
-                return (f"the text the template adds after {said(a)} depends on what that turn says: "
-                        f"the template is not append-only")
+                rest = rest[len(eos) :]
+            if addition_text(tokenizer, msgs[: a + 1], msgs[a + 1 : nxt], tools) != rest:
+                return (
+                    f"the text the template adds after {said(a)} depends on what that turn says: "
+                    f"the template is not append-only"
+                )
     except TemplateError as e:
         return f"the chat template cannot be used for multi-turn training: {e}"
     except Exception as e:  # noqa: BLE001 (a template that cannot render a tool message, say)
@@ -153,8 +160,9 @@ def _probe_problem(tokenizer, probe: list[dict], tools: list[dict] | None, syste
     return None
 
 
-def _after_turn(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None,
-                add_generation_prompt: bool) -> str:
+def _after_turn(
+    tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None, add_generation_prompt: bool
+) -> str:
     """The text the template renders after the model's turn (the last message of `history`) when `added`
     follows: located in a rendering where the turn's content is TURN_MARK, and checked against the
     rendering of the real turn, which must end with the same text (TemplateError if it does not). A
@@ -165,10 +173,12 @@ def _after_turn(tokenizer, history: list[dict], added: list[dict], tools: list[d
     marked = render(tokenizer, stand_in + added, add_generation_prompt=add_generation_prompt, tools=tools)
     if marked.count(TURN_MARK) != 1:
         raise TemplateError("the template does not render an assistant turn's text exactly once")
-    after = marked[marked.index(TURN_MARK) + len(TURN_MARK):]
+    after = marked[marked.index(TURN_MARK) + len(TURN_MARK) :]
     if not real.endswith(after):
-        raise TemplateError(f"what the template renders after the model's turn {history[-1]['content'][:60]!r} "
-                            "depends on that turn's text")
+        raise TemplateError(
+            f"what the template renders after the model's turn {history[-1]['content'][:60]!r} "
+            "depends on that turn's text"
+        )
     return after
 
 
@@ -194,11 +204,12 @@ def addition_text(tokenizer, history: list[dict], added: list[dict], tools: list
     and its end-of-turn text (_after_turn). TemplateError if that text depends on what the turn says."""
     after = _after_turn(tokenizer, history, added, tools, True)
     eos = tokenizer.eos_token or ""
-    return after[len(eos):] if eos and after.startswith(eos) else after
+    return after[len(eos) :] if eos and after.startswith(eos) else after
 
 
-def addition_ids(tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None,
-                 events=None) -> list[int]:
+def addition_ids(
+    tokenizer, history: list[dict], added: list[dict], tools: list[dict] | None = None, events=None
+) -> list[int]:
     """Token ids of `addition_text`: the template's special tokens (e.g. <|im_start|>) as their single ids,
     and the environment's text as plain text, always.
 
@@ -270,6 +281,7 @@ def _defanged(added: list[dict], specials: list[str]) -> list[dict]:
     """The fallback for a template that changes the text it renders: a zero-width space after the first
     character of every special token's text (`<\u200b|im_end|>`), which the tokenizer then reads as text;
     inside lists and dicts too."""
+
     def defang(v):
         if isinstance(v, list):
             return [defang(x) for x in v]
@@ -280,6 +292,7 @@ def _defanged(added: list[dict], specials: list[str]) -> list[dict]:
         for sp in specials:
             v = v.replace(sp, sp[0] + "\u200b" + sp[1:])
         return v
+
     return [{k: (v if k == "role" else defang(v)) for k, v in m.items()} for m in added]
 
 

@@ -32,8 +32,16 @@ import torch
 
 from grpolab.util.fields import ConfigError
 
-COUNT_KEYS = ("reward/errors", "reward/timeouts", "dapo/groups_sampled", "dapo/groups_dropped", "dapo/groups_kept",
-              "tokens/generated", "update/seqs_computed", "update/idle_passes")
+COUNT_KEYS = (
+    "reward/errors",
+    "reward/timeouts",
+    "dapo/groups_sampled",
+    "dapo/groups_dropped",
+    "dapo/groups_kept",
+    "tokens/generated",
+    "update/seqs_computed",
+    "update/idle_passes",
+)
 """Metrics that are totals over the batch: summed over ranks (every other metric is averaged)."""
 COUNT_PREFIXES = ("env/errors_", "env/calls/", "env/reward_")
 """Families of counts: an environment's errors by kind, calls per tool, missing or failed rewards."""
@@ -85,27 +93,39 @@ def from_environment(device_setting: str, fsdp: bool = False) -> Dist:
 def check_supported(cfg, d: Dist) -> None:
     """ConfigError (exit 2) for what data parallelism does not support here, before anything is loaded."""
     if getattr(cfg, "fsdp", False) and not d.active:
-        raise ConfigError("fsdp: FSDP2 shards the model over the processes of a torchrun launch and this run has one "
-                          "process; launch it with `torchrun --nproc_per_node N -m grpolab train ... fsdp=true`, or "
-                          "drop fsdp=true")
+        raise ConfigError(
+            "fsdp: FSDP2 shards the model over the processes of a torchrun launch and this run has one "
+            "process; launch it with `torchrun --nproc_per_node N -m grpolab train ... fsdp=true`, or "
+            "drop fsdp=true"
+        )
     if getattr(cfg, "fsdp", False) and getattr(getattr(cfg, "lora", None), "r", 0):
-        raise ConfigError("fsdp: FSDP2 sharding of a LoRA adapter run is not supported; set lora.r=0 or fsdp=false "
-                          "(an adapter run's trained weights are small: plain data parallelism suits it)")
+        raise ConfigError(
+            "fsdp: FSDP2 sharding of a LoRA adapter run is not supported; set lora.r=0 or fsdp=false "
+            "(an adapter run's trained weights are small: plain data parallelism suits it)"
+        )
     if not d.active:
         return
     algo = cfg.algo
     if algo.uses_critic:
-        raise ConfigError("algo.uses_critic: PPO's critic is not supported under torchrun (its advantage whitening "
-                          "is a batch statistic); run PPO in one process, or use a critic-free method (grpo, dapo, ...)")
+        raise ConfigError(
+            "algo.uses_critic: PPO's critic is not supported under torchrun (its advantage whitening "
+            "is a batch statistic); run PPO in one process, or use a critic-free method (grpo, dapo, ...)"
+        )
     if algo.dynamic_sampling:
-        raise ConfigError("algo.dynamic_sampling: DAPO's refill rounds are not supported under torchrun yet (a rank "
-                          "left with no informative group would wait for the others); set algo.dynamic_sampling=false")
+        raise ConfigError(
+            "algo.dynamic_sampling: DAPO's refill rounds are not supported under torchrun yet (a rank "
+            "left with no informative group would wait for the others); set algo.dynamic_sampling=false"
+        )
     if algo.advantage == "batch_mean" or algo.adv_scale == "batch_std":
-        raise ConfigError(f"algo.advantage/adv_scale: batch-level statistics ({algo.advantage}, {algo.adv_scale}) "
-                          f"are not supported under torchrun; use a group-level estimator (group_zscore, rloo, ...)")
+        raise ConfigError(
+            f"algo.advantage/adv_scale: batch-level statistics ({algo.advantage}, {algo.adv_scale}) "
+            f"are not supported under torchrun; use a group-level estimator (group_zscore, rloo, ...)"
+        )
     if (cfg.batch_size // cfg.G) % d.world:
-        raise ConfigError(f"batch_size: {cfg.batch_size // cfg.G} prompts per step cannot be split over {d.world} "
-                          f"processes; use a multiple of {d.world * cfg.G} completions")
+        raise ConfigError(
+            f"batch_size: {cfg.batch_size // cfg.G} prompts per step cannot be split over {d.world} "
+            f"processes; use a multiple of {d.world * cfg.G} completions"
+        )
 
 
 def rank_slice(n_global: int, d: Dist) -> slice:
@@ -153,7 +173,7 @@ def sum_gradients(d: Dist, params) -> None:
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
         offset += n
 
 
@@ -185,5 +205,15 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
-__all__ = ["Dist", "SINGLE", "barrier", "check_supported", "from_environment", "global_counts", "global_max",
-           "rank_slice", "reduce_metrics", "sum_gradients"]
+__all__ = [
+    "Dist",
+    "SINGLE",
+    "barrier",
+    "check_supported",
+    "from_environment",
+    "global_counts",
+    "global_max",
+    "rank_slice",
+    "reduce_metrics",
+    "sum_gradients",
+]

@@ -172,10 +172,7 @@ def full_views(run):
     are on rank 0 only."""
     if not is_sharded(run.policy):
         return run.policy, run.optimizer
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     model_state = get_model_state_dict(run.policy, options=_options(cpu_offload=True))
     optim = get_optimizer_state_dict(run.policy, run.optimizer, options=_options(cpu_offload=True))
@@ -217,11 +214,12 @@ class _LoadOptimizer:
         names = [name_of[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
         groups, i = [], 0
         for g in full["param_groups"]:
-            groups.append({**g, "params": names[i:i + len(g["params"])]})
+            groups.append({**g, "params": names[i : i + len(g["params"])]})
             i += len(g["params"])
         state = {names[k]: s for k, s in full["state"].items()}
-        set_optimizer_state_dict(self.model, self.optimizer, {"state": state, "param_groups": groups},
-                                 options=_options())
+        set_optimizer_state_dict(
+            self.model, self.optimizer, {"state": state, "param_groups": groups}, options=_options()
+        )
 
 
 def load_views(run):
@@ -229,5 +227,3 @@ def load_views(run):
     if not is_sharded(run.policy):
         return run.policy, run.optimizer
     return _LoadModel(run.policy), _LoadOptimizer(run.policy, run.optimizer) if run.optimizer is not None else None
-
-

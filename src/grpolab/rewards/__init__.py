@@ -34,14 +34,22 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from grpolab.rewards import custom
 from grpolab.rewards.scoring import RewardFn, Scores, score_completions
 from grpolab.util.fields import ConfigError
 
-__all__ = ["REWARDS", "RewardFn", "Scores", "as_factory", "build_rewards", "check_rewards", "get_factory",
-           "score_completions"]
+__all__ = [
+    "REWARDS",
+    "RewardFn",
+    "Scores",
+    "as_factory",
+    "build_rewards",
+    "check_rewards",
+    "get_factory",
+    "score_completions",
+]
 
 # name -> "module:factory"; factories are imported on first use (code/tool_call pull in more).
 REWARDS: dict[str, str] = {
@@ -67,8 +75,10 @@ def as_factory(fn: Callable) -> Callable:
 def get_factory(name: str) -> Callable:
     """The factory registered under `name` (ConfigError listing the known names)."""
     if name not in REWARDS:
-        raise ConfigError(f"rewards: unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))} "
-                          f"(or a function of your own: 'package.module:function' or 'path/to/file.py:function')")
+        raise ConfigError(
+            f"rewards: unknown reward {name!r}; known rewards: {', '.join(sorted(REWARDS))} "
+            f"(or a function of your own: 'package.module:function' or 'path/to/file.py:function')"
+        )
     target = REWARDS[name]
     if callable(target):
         return target

@@ -129,15 +129,15 @@ def main() -> None:
 
     def configs(units: bool):
         norm = NormalizationConfig(
-            basic_latex=True, units=units, malformed_operators=True, nits=True, boxed="all",
-            equations=False,
+            basic_latex=True, units=units, malformed_operators=True, nits=True, boxed="all", equations=False
         )
         return [LatexExtractionConfig(normalization_config=norm, boxed_match_priority=0)]
 
     @lru_cache(maxsize=4096)
     def parse_gold(gold: str, units: bool, timeout: int):
-        return parse(_wrap(gold), extraction_config=configs(units), parsing_timeout=timeout,
-                     extraction_mode="first_match")
+        return parse(
+            _wrap(gold), extraction_config=configs(units), parsing_timeout=timeout, extraction_mode="first_match"
+        )
 
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")
@@ -150,8 +150,9 @@ def main() -> None:
             t = max(1, int(req.get("timeout", 2)))
             units = bool(req.get("units", True))
             gold = parse_gold(req["gold"], units, t)
-            pred = parse(_wrap(req["pred"]), extraction_config=configs(units), parsing_timeout=t,
-                         extraction_mode="first_match")
+            pred = parse(
+                _wrap(req["pred"]), extraction_config=configs(units), parsing_timeout=t, extraction_mode="first_match"
+            )
             decided = exact_decision(exact_value(gold), exact_value(pred))
             if decided is not None:
                 ok = decided

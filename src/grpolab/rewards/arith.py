@@ -19,9 +19,9 @@ Every failure raises `Syntax.error(message)`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,12 @@ class _Parser:
             op = self.take()
             value = self.unary(depth + 1)
             return -value if op == "-" else value
-        if self.syn.negative_literals and self.peek() == "-" and self.pos + 1 < len(self.toks) \
-                and self.toks[self.pos + 1][:1].isdigit():
+        if (
+            self.syn.negative_literals
+            and self.peek() == "-"
+            and self.pos + 1 < len(self.toks)
+            and self.toks[self.pos + 1][:1].isdigit()
+        ):
             self.take()
             return -self.power(depth)
         return self.power(depth)

@@ -39,14 +39,7 @@ from functools import lru_cache
 
 from grpolab.batch import Example
 from grpolab.rewards.extract import last_python_block
-from grpolab.sandbox import (
-    ISOLATION_MODES,
-    MAX_PARALLEL,
-    SandboxConfig,
-    TestCase,
-    check_isolation,
-    run_tests,
-)
+from grpolab.sandbox import ISOLATION_MODES, MAX_PARALLEL, SandboxConfig, TestCase, check_isolation, run_tests
 from grpolab.util.fields import ConfigError
 
 
@@ -55,8 +48,13 @@ class UnconvertibleTest(ValueError):
 
 
 def _is_call_to(node: ast.AST, fn: str) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == fn
-            and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args))
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == fn
+        and not node.keywords
+        and not any(isinstance(a, ast.Starred) for a in node.args)
+    )
 
 
 def _literal(node: ast.AST):
@@ -95,16 +93,28 @@ def convert_assert(source: str, entry_point: str) -> TestCase:
                 if isinstance(op, ast.Is) and expected not in (True, False, None):
                     raise UnconvertibleTest("`is` with a non-singleton")
                 return _call_test(left, expected)
-        if isinstance(op, (ast.Lt, ast.LtE)) and isinstance(left, ast.Call) and isinstance(left.func, ast.Name) \
-                and left.func.id == "abs" and len(left.args) == 1 and isinstance(left.args[0], ast.BinOp) \
-                and isinstance(left.args[0].op, ast.Sub):
+        if (
+            isinstance(op, (ast.Lt, ast.LtE))
+            and isinstance(left, ast.Call)
+            and isinstance(left.func, ast.Name)
+            and left.func.id == "abs"
+            and len(left.args) == 1
+            and isinstance(left.args[0], ast.BinOp)
+            and isinstance(left.args[0].op, ast.Sub)
+        ):
             a, b = left.args[0].left, left.args[0].right
             if not _is_call_to(a, fn):
                 a, b = b, a
             if _is_call_to(a, fn):
                 return _call_test(a, _number(_literal(b)), tol=float(_number(_literal(right))))
-    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "isclose" \
-            and isinstance(test.func.value, ast.Name) and test.func.value.id == "math" and len(test.args) == 2:
+    if (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Attribute)
+        and test.func.attr == "isclose"
+        and isinstance(test.func.value, ast.Name)
+        and test.func.value.id == "math"
+        and len(test.args) == 2
+    ):
         a, b = test.args
         if not _is_call_to(a, fn):
             a, b = b, a
@@ -143,8 +153,11 @@ def is_test(stmt: ast.stmt, about: set[str]) -> bool:
     inner = set(about)
     for _ in range(3):  # short chains of assignments inside the statement
         for node in ast.walk(stmt):
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None \
-                    and _names(node.value) & inner:
+            if (
+                isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                and node.value is not None
+                and _names(node.value) & inner
+            ):
                 inner |= _targets(node)
     return any(isinstance(n, ast.Assert) and _names(n.test) & inner for n in ast.walk(stmt))
 
@@ -197,8 +210,9 @@ def _cached_tests(asserts: tuple[str, ...], entry_point: str, allow: bool) -> tu
     return tuple(convert_tests(list(asserts), entry_point, allow))
 
 
-def code_score(completion: str, example: Example, cfg: SandboxConfig, *, allow_untagged: bool = False,
-               max_code_chars: int = 20_000) -> float:
+def code_score(
+    completion: str, example: Example, cfg: SandboxConfig, *, allow_untagged: bool = False, max_code_chars: int = 20_000
+) -> float:
     """Fraction of example.meta['tests'] passed by the completion's last python block."""
     meta = example.meta
     asserts = meta.get("tests")
@@ -208,14 +222,22 @@ def code_score(completion: str, example: Example, cfg: SandboxConfig, *, allow_u
     code = last_python_block(completion, allow_untagged=allow_untagged)
     if code is None or not code.strip() or len(code) > max_code_chars:
         return 0.0
-    result = run_tests(code, list(tests), cfg, setup=str(meta.get("setup", "")),
-                       check_setup=str(meta.get("check_setup", "")))
+    result = run_tests(
+        code, list(tests), cfg, setup=str(meta.get("setup", "")), check_setup=str(meta.get("check_setup", ""))
+    )
     return result.fraction
 
 
-def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, nproc: int = 8,
-              isolation: str = "best_effort", allow_untagged: bool = False, max_code_chars: int = 20_000,
-              slot_memory_mb: int = 1024):
+def make_code(
+    timeout_s: float = 5.0,
+    cpu_s: int = 5,
+    memory_mb: int = 512,
+    nproc: int = 8,
+    isolation: str = "best_effort",
+    allow_untagged: bool = False,
+    max_code_chars: int = 20_000,
+    slot_memory_mb: int = 1024,
+):
     """Build the `code` reward (fraction of tests passed; see the module docstring).
 
     timeout_s: wall clock per candidate (all its tests).  cpu_s, memory_mb, nproc: rlimits.
@@ -226,15 +248,20 @@ def make_code(timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, npro
     """
     if isolation not in ISOLATION_MODES:
         raise ConfigError(f"code: isolation must be require or best_effort, got {isolation!r}")
-    cfg = SandboxConfig(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, nproc=nproc,
-                        slot_memory_mb=slot_memory_mb, isolation=isolation).validate()
+    cfg = SandboxConfig(
+        timeout_s=timeout_s,
+        cpu_s=cpu_s,
+        memory_mb=memory_mb,
+        nproc=nproc,
+        slot_memory_mb=slot_memory_mb,
+        isolation=isolation,
+    ).validate()
     if not isinstance(max_code_chars, int) or max_code_chars <= 0:
         raise ConfigError(f"code: max_code_chars must be a positive integer, got {max_code_chars!r}")
     check_isolation(isolation)  # probe now: refuse at config time, or warn once, before training
 
     def code_reward(completion: str, example: Example) -> float:
-        return code_score(completion, example, cfg, allow_untagged=bool(allow_untagged),
-                          max_code_chars=max_code_chars)
+        return code_score(completion, example, cfg, allow_untagged=bool(allow_untagged), max_code_chars=max_code_chars)
 
     code_reward.max_concurrency = MAX_PARALLEL  # type: ignore[attr-defined]
     return code_reward

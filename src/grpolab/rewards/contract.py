@@ -35,7 +35,8 @@ import json
 import math
 import threading
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 
@@ -48,7 +49,7 @@ def is_async_callable(fn: Callable) -> bool:
     functools.partial unwrapped, and a callable object whose __call__ is async."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 (its __call__ method)
 
 
 def placement(fn: Callable, thread: str) -> str:
@@ -133,8 +134,10 @@ class CallLog:
             """Log extra columns to the completions table (one value per completion of this call)."""
             values = json.loads(json.dumps(list(values), default=str))  # as the completions table holds them
             if len(values) != end - start:
-                raise ValueError(f"log_extra({column!r}, ...): {len(values)} values for the {end - start} "
-                                 "completions of this call; give one value per completion")
+                raise ValueError(
+                    f"log_extra({column!r}, ...): {len(values)} values for the {end - start} "
+                    "completions of this call; give one value per completion"
+                )
             with self._lock:
                 col = self.extra.setdefault(str(column), [None] * self.n)
                 col[start:end] = values
@@ -156,14 +159,20 @@ class CallLog:
         return out
 
 
-def trainer_state(global_step: int, max_steps: int, epoch: float = 0.0, num_train_epochs: int = 0,
-                  train_batch_size: int | None = None) -> Any:
+def trainer_state(
+    global_step: int, max_steps: int, epoch: float = 0.0, num_train_epochs: int = 0, train_batch_size: int | None = None
+) -> Any:
     """transformers' TrainerState with the fields TRL's reward functions read (global_step, max_steps,
     epoch); imported here, when a run makes one, not when grpolab.rewards is imported."""
     from transformers import TrainerState
 
-    return TrainerState(global_step=global_step, max_steps=max_steps, epoch=epoch,
-                        num_train_epochs=num_train_epochs, train_batch_size=train_batch_size)
+    return TrainerState(
+        global_step=global_step,
+        max_steps=max_steps,
+        epoch=epoch,
+        num_train_epochs=num_train_epochs,
+        train_batch_size=train_batch_size,
+    )
 
 
 __all__ = ["CallLog", "THREADS", "is_async_callable", "placement", "run_async", "run_here", "trainer_state"]

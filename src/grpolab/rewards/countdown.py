@@ -67,8 +67,14 @@ def _tokenize(expr: str) -> list[str]:
 
 # Integer literals (a minus allowed directly on one), + - * / and parentheses; no powers, no
 # magnitude limit.
-SYNTAX = Syntax(tokenize=_tokenize, error=ExprError, max_chars=MAX_EXPR_CHARS, max_depth=MAX_DEPTH,
-                depth_message="too deeply nested", negative_literals=True)
+SYNTAX = Syntax(
+    tokenize=_tokenize,
+    error=ExprError,
+    max_chars=MAX_EXPR_CHARS,
+    max_depth=MAX_DEPTH,
+    depth_message="too deeply nested",
+    negative_literals=True,
+)
 
 
 def evaluate(expr: str) -> tuple[Fraction, list[int]]:
@@ -91,8 +97,9 @@ def extract_expression(completion: str, mode: str = "auto") -> str | None:
     return line.strip().strip("$").rstrip(".").strip()
 
 
-def countdown_score(completion: str, numbers: list[int], target: int, *, extract: str = "auto",
-                    partial: float = 0.0) -> float:
+def countdown_score(
+    completion: str, numbers: list[int], target: int, *, extract: str = "auto", partial: float = 0.0
+) -> float:
     """1.0 for a correct expression; `partial` for a well-formed one using the numbers that misses."""
     expr = extract_expression(completion, extract)
     if not expr:
@@ -148,8 +155,9 @@ def make_countdown(extract: str = "auto", partial: float = 0.0):
         meta = example.meta
         if "numbers" not in meta or "target" not in meta:
             raise ValueError("countdown reward needs example.meta['numbers'] and ['target']")
-        return countdown_score(completion, list(meta["numbers"]), int(meta["target"]),
-                               extract=extract, partial=float(partial))
+        return countdown_score(
+            completion, list(meta["numbers"]), int(meta["target"]), extract=extract, partial=float(partial)
+        )
 
     countdown_reward.answer_found = lambda completion, example: countdown_answer_found(completion, extract)  # type: ignore[attr-defined]
     return countdown_reward

@@ -44,16 +44,15 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from grpolab.batch import Example
 from grpolab.rewards.contract import is_async_callable
 from grpolab.util.fields import ConfigError
 from grpolab.util.user_code import NotImportable, import_file
 
-TRL_KEYWORDS = ("completions", "prompts", "environments", "completion_ids", "trainer_state", "log_extra",
-                "log_metric")
+TRL_KEYWORDS = ("completions", "prompts", "environments", "completion_ids", "trainer_state", "log_extra", "log_metric")
 """Keywords TRL's GRPOTrainer passes every reward function (besides the dataset's columns;
 grpolab.rewards.contract)."""
 RESERVED = TRL_KEYWORDS
@@ -117,8 +116,11 @@ def is_batch(fn: Callable, where: str) -> bool:
         return True
     if "completion" in params:
         return False
-    positional = [p for p in params.values()
-                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        p
+        for p in params.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
     if any(name in params for name in TRL_KEYWORDS):  # e.g. fn(environments, **kwargs)
         return True
     if len(positional) >= 2 or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params.values()):
@@ -139,8 +141,10 @@ def check_options(fn: Callable, options: dict, where: str, batch: bool) -> None:
         if key in RESERVED and batch:
             raise ConfigError(f"{where}.{key}: reserved (grpolab passes {key} itself)")
         if not takes_any and key not in params:
-            raise ConfigError(f"{where}.{key}: {getattr(fn, '__name__', 'the function')}() has no parameter "
-                              f"{key!r} (its parameters: {', '.join(params)})")
+            raise ConfigError(
+                f"{where}.{key}: {getattr(fn, '__name__', 'the function')}() has no parameter "
+                f"{key!r} (its parameters: {', '.join(params)})"
+            )
 
 
 def columns(examples: list[Example]) -> dict[str, list]:
@@ -160,23 +164,35 @@ def trl_call(fn: Callable, options: dict) -> Callable[[list[str], list[Example]]
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    def call(completions: list[str] | list[list[dict]], examples: list[Example], environments: list | None = None,
-             prompts: list | None = None, **contract):
+    def call(
+        completions: list[str] | list[list[dict]],
+        examples: list[Example],
+        environments: list | None = None,
+        prompts: list | None = None,
+        **contract,
+    ):
         conversation = bool(completions) and isinstance(completions[0], list)  # multi-turn: messages already
         chat = bool(examples) and not isinstance(examples[0].prompt, str)
         kwargs = columns(examples)
         kwargs.update(options)
         # TRL's conversational form holds both: message-list completions come with message-list prompts
-        kwargs["prompts"] = [[{"role": "user", "content": e.prompt}] if conversation and isinstance(e.prompt, str)
-                             else e.prompt for e in examples] if prompts is None else list(prompts)
+        kwargs["prompts"] = (
+            [
+                [{"role": "user", "content": e.prompt}] if conversation and isinstance(e.prompt, str) else e.prompt
+                for e in examples
+            ]
+            if prompts is None
+            else list(prompts)
+        )
         kwargs.update(contract)  # completion_ids, trainer_state, log_extra, log_metric (grpolab.rewards.contract)
         if environments is not None:  # the user's objects, as TRL passes its environment instances
             kwargs["environments"] = [getattr(e, "user_env", e) for e in environments]
         if conversation:
             kwargs["completions"] = list(completions)
         else:
-            kwargs["completions"] = ([[{"role": "assistant", "content": c}] for c in completions] if chat
-                                     else list(completions))
+            kwargs["completions"] = (
+                [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions)
+            )
         if not takes_any:
             kwargs = {k: v for k, v in kwargs.items() if k in params}
         return fn(**kwargs)
@@ -218,8 +234,7 @@ def required_keywords(fn: Callable) -> list[str]:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return []
-    return [p.name for p in params if p.default is p.empty
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def check_available(name: str, fn: Callable, available: set[str], where: str = "rewards") -> None:
@@ -236,14 +251,28 @@ def check_available(name: str, fn: Callable, available: set[str], where: str = "
         return
     shown = ", ".join(sorted(available))
     close = [m for k in missing for m in difflib.get_close_matches(k, sorted(available), n=1, cutoff=0.8)]
-    hint = (f" Did you mean {', '.join(repr(c) for c in close)}?" if close else
-            " `environments` is given only in a run with an environment (env.name)." if "environments" in missing
-            else " Add the column to the data, give the parameter a default (e.g. =None), or pass it as an option "
-                 "of the reward spec.")
-    raise ConfigError(f"{where}: reward {name!r} requires {', '.join(repr(k) for k in missing)}, which no column "
-                      f"of the task and nothing TRL's contract passes provides; it would fail on every "
-                      f"completion. Available keywords: {shown}.{hint}")
+    hint = (
+        f" Did you mean {', '.join(repr(c) for c in close)}?"
+        if close
+        else " `environments` is given only in a run with an environment (env.name)."
+        if "environments" in missing
+        else " Add the column to the data, give the parameter a default (e.g. =None), or pass it as an option "
+        "of the reward spec."
+    )
+    raise ConfigError(
+        f"{where}: reward {name!r} requires {', '.join(repr(k) for k in missing)}, which no column "
+        f"of the task and nothing TRL's contract passes provides; it would fail on every "
+        f"completion. Available keywords: {shown}.{hint}"
+    )
 
 
-__all__ = ["TRL_KEYWORDS", "adapt", "check_available", "columns", "is_batch", "is_reference", "required_keywords",
-           "resolve"]
+__all__ = [
+    "TRL_KEYWORDS",
+    "adapt",
+    "check_available",
+    "columns",
+    "is_batch",
+    "is_reference",
+    "required_keywords",
+    "resolve",
+]

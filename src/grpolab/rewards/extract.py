@@ -98,9 +98,7 @@ def gsm8k_answer(text: str) -> str | None:
 
 # A number: optional sign (not when it follows a word or a closing bracket, as in "x-3"),
 # then 1,234,567.89 style or plain digits with an optional decimal part, or .5
-_NUMBER_RE = re.compile(
-    r"(?<![\w)\]])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?![\d])"
-)
+_NUMBER_RE = re.compile(r"(?<![\w)\]])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?![\d])")
 
 
 def last_number(text: str) -> str | None:
@@ -148,7 +146,7 @@ def plain_rational(text: str) -> Fraction | None:
     s = text.strip()
     for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)")):
         if len(s) > len(a) + len(b) and s.startswith(a) and s.endswith(b):
-            s = s[len(a):-len(b)].strip()
+            s = s[len(a) : -len(b)].strip()
             break
     if not s or len(s) > 140:
         return None
@@ -157,7 +155,10 @@ def plain_rational(text: str) -> Fraction | None:
         sign, s = (-1 if s[0] == "-" else 1), s[1:].strip()
     m = _FRAC_RE.match(s)
     if m:
-        num, den = m.group(1) if m.group(1) is not None else m.group(2), m.group(3) if m.group(3) is not None else m.group(4)
+        num, den = (
+            m.group(1) if m.group(1) is not None else m.group(2),
+            m.group(3) if m.group(3) is not None else m.group(4),
+        )
     elif s.count("/") == 1:
         num, den = s.split("/")
     else:

@@ -44,8 +44,15 @@ def format_checks(text: str, think_tag: str = "think", answer_tag: str = "answer
     }
 
 
-def format_score(text: str, *, think_tag: str = "think", answer_tag: str = "answer",
-                 value: float = 1.0, partial: float = 0.0, prefix: str = "") -> float:
+def format_score(
+    text: str,
+    *,
+    think_tag: str = "think",
+    answer_tag: str = "answer",
+    value: float = 1.0,
+    partial: float = 0.0,
+    prefix: str = "",
+) -> float:
     """`value` for a well-formed completion, else `partial` times the fraction of criteria met."""
     checks = format_checks(prefix + text, think_tag, answer_tag)
     if all(checks.values()):
@@ -53,8 +60,9 @@ def format_score(text: str, *, think_tag: str = "think", answer_tag: str = "answ
     return partial * sum(checks.values()) / len(checks)
 
 
-def make_format(think_tag: str = "think", answer_tag: str = "answer", value: float = 1.0,
-                partial: float = 0.0, prefix: str = ""):
+def make_format(
+    think_tag: str = "think", answer_tag: str = "answer", value: float = 1.0, partial: float = 0.0, prefix: str = ""
+):
     """Build the `format` reward.
 
     think_tag / answer_tag: tag names.  value: score of a match.  partial: the most a non-match can
@@ -76,7 +84,13 @@ def make_format(think_tag: str = "think", answer_tag: str = "answer", value: flo
         raise ConfigError(f"format: prefix must be a string, got {prefix!r}")
 
     def format_reward(completion: str, example: Example) -> float:
-        return format_score(completion, think_tag=think_tag, answer_tag=answer_tag,
-                            value=float(value), partial=float(partial), prefix=prefix)
+        return format_score(
+            completion,
+            think_tag=think_tag,
+            answer_tag=answer_tag,
+            value=float(value),
+            partial=float(partial),
+            prefix=prefix,
+        )
 
     return format_reward

@@ -67,8 +67,12 @@ class _Worker:
             env.setdefault(k, v)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpolab.rewards._math_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env, start_new_session=True, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
         )
         self._buf = b""
         self._next_id = 0
@@ -315,9 +319,17 @@ def _too_deep(s: str) -> bool:
 # ----------------------------------------------------------------------------- the reward
 
 
-def math_score(completion: str, gold: str, *, extract: str = "auto", answer_tag: str = "answer",
-               timeout_s: float = 4.0, max_answer_chars: int = 1000, max_chars: int = 100_000,
-               units: bool = True) -> float:
+def math_score(
+    completion: str,
+    gold: str,
+    *,
+    extract: str = "auto",
+    answer_tag: str = "answer",
+    timeout_s: float = 4.0,
+    max_answer_chars: int = 1000,
+    max_chars: int = 100_000,
+    units: bool = True,
+) -> float:
     """1.0 if the final answer of `completion` equals `gold`, else 0.0 (see make_math)."""
     if len(completion) > max_chars:
         completion = completion[-max_chars:]  # the final answer is at the end
@@ -339,8 +351,14 @@ def math_score(completion: str, gold: str, *, extract: str = "auto", answer_tag:
     return 1.0 if _POOL.verify(ans, gold, timeout_s, units) else 0.0
 
 
-def math_answer_found(completion: str, *, extract: str = "auto", answer_tag: str = "answer",
-                      max_answer_chars: int = 1000, max_chars: int = 100_000) -> bool:
+def math_answer_found(
+    completion: str,
+    *,
+    extract: str = "auto",
+    answer_tag: str = "answer",
+    max_answer_chars: int = 1000,
+    max_chars: int = 100_000,
+) -> bool:
     """Whether `completion` holds an answer math_score can compare: the extracted answer (last_number: a
     number) is non-empty, not hedged with several boxes, at most max_answer_chars long and not nested
     past MAX_ANSWER_DEPTH. False is "no parsable answer" in the evaluation's extraction report; a
@@ -365,8 +383,14 @@ def _last_number_score(completion: str, gold: str) -> float:
     return 1.0 if a is not None and a == g else 0.0
 
 
-def make_math(extract: str = "auto", answer_tag: str = "answer", timeout_s: float = 4.0,
-              max_answer_chars: int = 1000, max_chars: int = 100_000, units: bool = True):
+def make_math(
+    extract: str = "auto",
+    answer_tag: str = "answer",
+    timeout_s: float = 4.0,
+    max_answer_chars: int = 1000,
+    max_chars: int = 100_000,
+    units: bool = True,
+):
     """Build the `math` reward function (1.0 for an equivalent final answer, else 0.0).
 
     extract: where the answer is read from, one of EXTRACT_MODES (default "auto": <answer> tag,
@@ -386,13 +410,21 @@ def make_math(extract: str = "auto", answer_tag: str = "answer", timeout_s: floa
         raise ConfigError(f"math: answer_tag must be a tag name, got {answer_tag!r}")
 
     def math_reward(completion: str, example: Example) -> float:
-        return math_score(completion, example.answer, extract=extract, answer_tag=answer_tag,
-                          timeout_s=float(timeout_s), max_answer_chars=max_answer_chars,
-                          max_chars=max_chars, units=bool(units))
+        return math_score(
+            completion,
+            example.answer,
+            extract=extract,
+            answer_tag=answer_tag,
+            timeout_s=float(timeout_s),
+            max_answer_chars=max_answer_chars,
+            max_chars=max_chars,
+            units=bool(units),
+        )
 
     def answer_found(completion: str, example: Example) -> bool:
-        return math_answer_found(completion, extract=extract, answer_tag=answer_tag,
-                                 max_answer_chars=max_answer_chars, max_chars=max_chars)
+        return math_answer_found(
+            completion, extract=extract, answer_tag=answer_tag, max_answer_chars=max_answer_chars, max_chars=max_chars
+        )
 
     math_reward.max_concurrency = _POOL.size  # type: ignore[attr-defined]
     math_reward.answer_found = answer_found  # type: ignore[attr-defined]  (the extraction report)

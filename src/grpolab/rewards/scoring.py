@@ -54,8 +54,8 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from grpolab.batch import Example
 from grpolab.rewards.contract import ERROR, OK, TIMEOUT, CallLog, placement, run_async, run_here
@@ -118,8 +118,13 @@ class Scores:
 _OK, _ERROR, _TIMEOUT = OK, ERROR, TIMEOUT
 
 
-def _run_calls(calls: list[Callable[[], float]], workers: int, timeout_s: float,
-               groups: list[int] | None = None, limits: dict[int, int] | None = None) -> list[tuple[str, object]]:
+def _run_calls(
+    calls: list[Callable[[], float]],
+    workers: int,
+    timeout_s: float,
+    groups: list[int] | None = None,
+    limits: dict[int, int] | None = None,
+) -> list[tuple[str, object]]:
     """Run the calls on up to `workers` threads; each gets `timeout_s` from its own start.
 
     groups/limits: at most limits[g] calls of group g run at once (a reward whose backend has a
@@ -299,6 +304,7 @@ def _converting(f: Callable[[], object], convert: Callable[[object], object]) ->
     def call() -> object:
         value = f()
         if inspect.isawaitable(value):
+
             async def converted() -> object:
                 return convert(await value)
 
@@ -332,8 +338,15 @@ def _batch_call(f: Callable, texts: list, examples: list[Example], context: dict
     return lambda: f(texts, examples)
 
 
-def _dispatch(calls: list[Callable], fns: list[RewardFn], groups: list[int], limits: dict[int, int], workers: int,
-              timeout_s: float, thread: str) -> list[tuple[str, object]]:
+def _dispatch(
+    calls: list[Callable],
+    fns: list[RewardFn],
+    groups: list[int],
+    limits: dict[int, int],
+    workers: int,
+    timeout_s: float,
+    thread: str,
+) -> list[tuple[str, object]]:
     """Run every call where its function belongs (grpolab.rewards.contract.placement): async ones awaited
     together on an event loop, the worker threads' with a timeout, the rest in this thread, one by one."""
     where = [placement(fns[k].fn, thread) for k in groups]
@@ -345,20 +358,29 @@ def _dispatch(calls: list[Callable], fns: list[RewardFn], groups: list[int], lim
     pooled, here, waiting = part("workers"), part("main"), part("async")
     background = []
     if pooled:
+
         def pool() -> None:
-            for i, r in zip(pooled, _run_calls([calls[i] for i in pooled], workers, timeout_s,
-                                               [groups[i] for i in pooled], limits)):
+            for i, r in zip(
+                pooled, _run_calls([calls[i] for i in pooled], workers, timeout_s, [groups[i] for i in pooled], limits)
+            ):
                 results[i] = r
+
         if here or waiting:
             background.append(threading.Thread(target=pool, name="grpolab-reward-pool", daemon=True))
             background[-1].start()
         else:
             pool()
     if waiting:
-        background.append(threading.Thread(
-            target=lambda: [results.__setitem__(i, r) for i, r in
-                            zip(waiting, run_async([calls[i] for i in waiting], timeout_s))],
-            name="grpolab-reward-async-wait", daemon=True))
+        background.append(
+            threading.Thread(
+                target=lambda: [
+                    results.__setitem__(i, r)
+                    for i, r in zip(waiting, run_async([calls[i] for i in waiting], timeout_s))
+                ],
+                name="grpolab-reward-async-wait",
+                daemon=True,
+            )
+        )
         background[-1].start()
     for i, r in zip(here, run_here([calls[i] for i in here])):
         results[i] = r
@@ -367,10 +389,19 @@ def _dispatch(calls: list[Callable], fns: list[RewardFn], groups: list[int], lim
     return results
 
 
-def score_completions(fns: list[RewardFn], completions: list[str], examples: list[Example], *,
-                      conversations: list[list[dict]] | None = None, context: dict[str, list] | None = None,
-                      shared: dict[str, object] | None = None, timeout_s: float = 10.0, workers: int = 4,
-                      on_error: str = "zero", thread: str = "workers") -> Scores:
+def score_completions(
+    fns: list[RewardFn],
+    completions: list[str],
+    examples: list[Example],
+    *,
+    conversations: list[list[dict]] | None = None,
+    context: dict[str, list] | None = None,
+    shared: dict[str, object] | None = None,
+    timeout_s: float = 10.0,
+    workers: int = 4,
+    on_error: str = "zero",
+    thread: str = "workers",
+) -> Scores:
     """Score every completion with every reward function (see the module docstring).
 
     conversations: per completion, the messages after the prompt (multi-turn runs,
@@ -469,5 +500,13 @@ def score_completions(fns: list[RewardFn], completions: list[str], examples: lis
     metrics["reward/errors"] = float(errors)
     metrics["reward/timeouts"] = float(timeouts)
     metrics["reward/none"] = float(sum(len(v) for v in none.values()))
-    return Scores(total=total, per_fn=per_fn, metrics=metrics, messages=messages, none=none, errors=failed,
-                  first_errors=first, extra=log.extra)
+    return Scores(
+        total=total,
+        per_fn=per_fn,
+        metrics=metrics,
+        messages=messages,
+        none=none,
+        errors=failed,
+        first_errors=first,
+        extra=log.extra,
+    )

@@ -56,9 +56,16 @@ def validate_args(schema: dict, args: dict) -> bool:
     return v.is_valid(args)
 
 
-def tool_call_score(completion: str, example: Example, *, partial_parse: float = 0.0,
-                    partial_tool: float = 0.0, partial_args: float = 0.0, max_chars: int = 4096,
-                    max_depth: int = 8) -> float:
+def tool_call_score(
+    completion: str,
+    example: Example,
+    *,
+    partial_parse: float = 0.0,
+    partial_tool: float = 0.0,
+    partial_args: float = 0.0,
+    max_chars: int = 4096,
+    max_depth: int = 8,
+) -> float:
     """Score one completion (see the module docstring)."""
     meta = example.meta
     tools = {t["name"]: t for t in meta.get("tools", [])}
@@ -92,8 +99,13 @@ def tool_call_score(completion: str, example: Example, *, partial_parse: float =
     raise ValueError("tool_call reward needs meta['expected_arguments'] or meta['expected_result']")
 
 
-def make_tool_call(partial_parse: float = 0.0, partial_tool: float | None = None,
-                   partial_args: float | None = None, max_chars: int = 4096, max_depth: int = 8):
+def make_tool_call(
+    partial_parse: float = 0.0,
+    partial_tool: float | None = None,
+    partial_args: float | None = None,
+    max_chars: int = 4096,
+    max_depth: int = 8,
+):
     """Build the `tool_call` reward (see the module docstring).
 
     partial_parse / partial_tool / partial_args: credit for reaching stage 1 / 2 / 3 only
@@ -113,8 +125,14 @@ def make_tool_call(partial_parse: float = 0.0, partial_tool: float | None = None
             raise ConfigError(f"tool_call: {key} must be a positive integer, got {v!r}")
 
     def tool_call_reward(completion: str, example: Example) -> float:
-        return tool_call_score(completion, example, partial_parse=float(partial_parse),
-                               partial_tool=float(partial_tool), partial_args=float(partial_args),
-                               max_chars=max_chars, max_depth=max_depth)
+        return tool_call_score(
+            completion,
+            example,
+            partial_parse=float(partial_parse),
+            partial_tool=float(partial_tool),
+            partial_args=float(partial_args),
+            max_chars=max_chars,
+            max_depth=max_depth,
+        )
 
     return tool_call_reward

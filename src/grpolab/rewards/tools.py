@@ -13,8 +13,9 @@ evaluates code: the calculator uses the safe parser of grpolab.rewards.arith ove
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 from grpolab.rewards.arith import Syntax, evaluate
 
@@ -62,9 +63,16 @@ def _check(v: Fraction) -> None:
 
 
 # Decimals, + - * / ** (^), unary signs and parentheses; every intermediate value bounded by _check.
-SYNTAX = Syntax(tokenize=_tokens, error=ToolError, max_chars=MAX_EXPR_CHARS, max_depth=40,
-                depth_message="expression nested too deeply", unary=True, max_exponent=MAX_EXPONENT,
-                check=_check)
+SYNTAX = Syntax(
+    tokenize=_tokens,
+    error=ToolError,
+    max_chars=MAX_EXPR_CHARS,
+    max_depth=40,
+    depth_message="expression nested too deeply",
+    unary=True,
+    max_exponent=MAX_EXPONENT,
+    check=_check,
+)
 
 
 def calculator(expression: str) -> int | float:
@@ -76,16 +84,30 @@ def calculator(expression: str) -> int | float:
 # ----------------------------------------------------------------------------- units
 
 _UNITS: dict[str, tuple[str, Fraction]] = {  # unit -> (dimension, factor to the base unit)
-    "mm": ("length", Fraction(1, 1000)), "cm": ("length", Fraction(1, 100)), "m": ("length", Fraction(1)),
-    "km": ("length", Fraction(1000)), "in": ("length", Fraction(254, 10000)), "ft": ("length", Fraction(3048, 10000)),
-    "yd": ("length", Fraction(9144, 10000)), "mi": ("length", Fraction(1609344, 1000)),
-    "mg": ("mass", Fraction(1, 1000000)), "g": ("mass", Fraction(1, 1000)), "kg": ("mass", Fraction(1)),
-    "lb": ("mass", Fraction(45359237, 100000000)), "oz": ("mass", Fraction(45359237, 1600000000)),
-    "s": ("time", Fraction(1)), "min": ("time", Fraction(60)), "h": ("time", Fraction(3600)),
-    "day": ("time", Fraction(86400)), "week": ("time", Fraction(604800)),
-    "ml": ("volume", Fraction(1, 1000)), "l": ("volume", Fraction(1)),
+    "mm": ("length", Fraction(1, 1000)),
+    "cm": ("length", Fraction(1, 100)),
+    "m": ("length", Fraction(1)),
+    "km": ("length", Fraction(1000)),
+    "in": ("length", Fraction(254, 10000)),
+    "ft": ("length", Fraction(3048, 10000)),
+    "yd": ("length", Fraction(9144, 10000)),
+    "mi": ("length", Fraction(1609344, 1000)),
+    "mg": ("mass", Fraction(1, 1000000)),
+    "g": ("mass", Fraction(1, 1000)),
+    "kg": ("mass", Fraction(1)),
+    "lb": ("mass", Fraction(45359237, 100000000)),
+    "oz": ("mass", Fraction(45359237, 1600000000)),
+    "s": ("time", Fraction(1)),
+    "min": ("time", Fraction(60)),
+    "h": ("time", Fraction(3600)),
+    "day": ("time", Fraction(86400)),
+    "week": ("time", Fraction(604800)),
+    "ml": ("volume", Fraction(1, 1000)),
+    "l": ("volume", Fraction(1)),
     "gal": ("volume", Fraction(3785411784, 1000000000)),
-    "C": ("temperature", Fraction(1)), "F": ("temperature", Fraction(1)), "K": ("temperature", Fraction(1)),
+    "C": ("temperature", Fraction(1)),
+    "F": ("temperature", Fraction(1)),
+    "K": ("temperature", Fraction(1)),
 }
 UNIT_NAMES = sorted(_UNITS)
 
@@ -154,40 +176,65 @@ TOOL_SPECS: dict[str, dict] = {
     "calculator": {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression with + - * / ** and parentheses.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["expression"],
-                       "properties": {"expression": {"type": "string", "minLength": 1, "maxLength": MAX_EXPR_CHARS}}},
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["expression"],
+            "properties": {"expression": {"type": "string", "minLength": 1, "maxLength": MAX_EXPR_CHARS}},
+        },
     },
     "convert_units": {
         "name": "convert_units",
         "description": "Convert a quantity between units of length, mass, time, volume or temperature.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["value", "from_unit", "to_unit"],
-                       "properties": {"value": {"type": "number", "minimum": -1e12, "maximum": 1e12},
-                                      "from_unit": {"enum": UNIT_NAMES}, "to_unit": {"enum": UNIT_NAMES}}},
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["value", "from_unit", "to_unit"],
+            "properties": {
+                "value": {"type": "number", "minimum": -1e12, "maximum": 1e12},
+                "from_unit": {"enum": UNIT_NAMES},
+                "to_unit": {"enum": UNIT_NAMES},
+            },
+        },
     },
     "date_add": {
         "name": "date_add",
         "description": "Add a number of days (may be negative) to an ISO date YYYY-MM-DD.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["date", "days"],
-                       "properties": {"date": _DATE,
-                                      "days": {"type": "integer", "minimum": -100000, "maximum": 100000}}},
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["date", "days"],
+            "properties": {"date": _DATE, "days": {"type": "integer", "minimum": -100000, "maximum": 100000}},
+        },
     },
     "date_diff": {
         "name": "date_diff",
         "description": "Number of days from start to end (ISO dates YYYY-MM-DD).",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["start", "end"],
-                       "properties": {"start": _DATE, "end": _DATE}},
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["start", "end"],
+            "properties": {"start": _DATE, "end": _DATE},
+        },
     },
     "weekday": {
         "name": "weekday",
         "description": "The day of the week (e.g. Monday) of an ISO date YYYY-MM-DD.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["date"],
-                       "properties": {"date": _DATE}},
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["date"],
+            "properties": {"date": _DATE},
+        },
     },
 }
 
 TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "calculator": calculator, "convert_units": convert_units, "date_add": date_add,
-    "date_diff": date_diff, "weekday": weekday,
+    "calculator": calculator,
+    "convert_units": convert_units,
+    "date_add": date_add,
+    "date_diff": date_diff,
+    "weekday": weekday,
 }
 
 

@@ -49,14 +49,28 @@ log = logging.getLogger(__name__)
 PARENT_EXTRA_S = 0.0  # the parent kills at timeout_s + this (tests raise it to exercise the init's watchdog)
 
 
-def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolation, *, setup: str = "",
-         check_setup: str = "", want_values: bool = False, deadline: float | None = None):
+def _run(
+    code: str,
+    tests: Sequence[TestCase],
+    cfg: SandboxConfig,
+    iso: Isolation,
+    *,
+    setup: str = "",
+    check_setup: str = "",
+    want_values: bool = False,
+    deadline: float | None = None,
+):
     """One run under a given isolation (internal; run_tests picks the isolation). `deadline`
     (time.monotonic()) bounds the wait for a slot and the run itself."""
     slot = SLOTS.acquire(None if deadline is None else max(0.0, deadline - time.monotonic()))
     if slot is None:
-        result = SandboxResult(passed=[False] * len(tests), details=["no sandbox slot before the deadline"] * len(tests),
-                               timed_out=True, isolation=iso.describe(), no_slot=True)
+        result = SandboxResult(
+            passed=[False] * len(tests),
+            details=["no sandbox slot before the deadline"] * len(tests),
+            timed_out=True,
+            isolation=iso.describe(),
+            no_slot=True,
+        )
         return (result, []) if want_values else result
     workdir = None
     uid = None
@@ -73,26 +87,39 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
             rl["nproc"] += len(pids_of_uid(os.getuid()))  # NPROC counts all our processes
         r_fd, w_fd = os.pipe()
         lcfg = launcher.launcher_config(
-            exec_python=exec_interpreter(iso), plan=root_plan(interpreter()) if iso.namespaces else None, uid=uid, workdir=workdir,
-            limits=rl, res_fd=w_fd, wall_s=cfg.timeout_s + launcher.WATCHDOG_GRACE_S,
+            exec_python=exec_interpreter(iso),
+            plan=root_plan(interpreter()) if iso.namespaces else None,
+            uid=uid,
+            workdir=workdir,
+            limits=rl,
+            res_fd=w_fd,
+            wall_s=cfg.timeout_s + launcher.WATCHDOG_GRACE_S,
             cgroups=limits.slot_cgroup(slot, cfg, iso.cgroup) if uid not in (None, NOBODY) else [],
-            seccomp=limits.seccomp_program() if iso.seccomp else None, tmpfs_mb=cfg.tmpfs_mb,
+            seccomp=limits.seccomp_program() if iso.seccomp else None,
+            tmpfs_mb=cfg.tmpfs_mb,
             tmpfs_inodes=cfg.tmpfs_inodes,
         )
         cmd = launcher.launcher_command(lcfg, unshare_cmd(iso.user_ns) if iso.namespaces else None)
         job = grading.encode_job(code, tests, setup, check_setup)
         try:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(w_fd,), start_new_session=True, close_fds=True,
-                env=dict(isolation.LAUNCHER_ENV), cwd="/",
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(w_fd,),
+                start_new_session=True,
+                close_fds=True,
+                env=dict(isolation.LAUNCHER_ENV),
+                cwd="/",
             )
         finally:
             os.close(w_fd)
         try:
             end = t0 + cfg.timeout_s + PARENT_EXTRA_S
             out, err, res, timed_out, overflow = channel.pump(
-                proc, job, r_fd, end if deadline is None else min(end, deadline), cfg.max_output_bytes)
+                proc, job, r_fd, end if deadline is None else min(end, deadline), cfg.max_output_bytes
+            )
         finally:
             if not kill_process_group(proc):
                 log.error("sandbox: launcher %d did not die after SIGKILL", proc.pid)
@@ -109,9 +136,16 @@ def _run(code: str, tests: Sequence[TestCase], cfg: SandboxConfig, iso: Isolatio
             passed = [False] * len(tests)
             details = ["result channel tampered with"] * len(tests) if not bad else details
         result = SandboxResult(
-            passed=passed, details=details, stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"), returncode=proc.returncode, timed_out=timed_out,
-            wall_s=time.monotonic() - t0, isolation=iso.describe(), load_error=load_error, tampered=tampered,
+            passed=passed,
+            details=details,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            wall_s=time.monotonic() - t0,
+            isolation=iso.describe(),
+            load_error=load_error,
+            tampered=tampered,
         )
         if want_values:
             return result, grading.decoded_values(tests, records)
@@ -157,13 +191,16 @@ def _probe_candidate(iso: Isolation) -> tuple[bool, str]:
         raise SandboxUnavailable(
             f"{line.strip()}. The namespaces work on this machine, so grpolab refuses to fall back to running "
             "model-written code without them; the root plan is grpolab.sandbox.isolation.root_plan() "
-            "(see docs/security.md).")
+            "(see docs/security.md)."
+        )
     if not values or not isinstance(values[0], list):
         return False, (res.load_error or res.stderr.strip()[-300:] or f"exit code {res.returncode}")
     ppid, uid, nproc, net, host_proc = values[0]
     if iso.namespaces and (ppid != 1 or net or host_proc):  # the candidate's parent is the namespace's init
-        return False, (f"namespaces not effective (parent pid {ppid}, network {'reachable' if net else 'cut'}, "
-                       f"host /proc {'visible' if host_proc else 'hidden'})")
+        return False, (
+            f"namespaces not effective (parent pid {ppid}, network {'reachable' if net else 'cut'}, "
+            f"host /proc {'visible' if host_proc else 'hidden'})"
+        )
     if iso.drop_uid and uid == 0:
         return False, "could not drop root"
     return True, ""
@@ -207,9 +244,15 @@ def probe_isolation(force: bool = False) -> Isolation:
                 chosen = iso
                 break
             reasons.append(f"{iso.describe()}: {why}")
-        _probe_result = Isolation(chosen.namespaces, chosen.user_ns, chosen.drop_uid, chosen.uid_base,
-                                  reason="; ".join(reasons) if not chosen.full else "", cgroup=chosen.cgroup,
-                                  seccomp=chosen.seccomp)
+        _probe_result = Isolation(
+            chosen.namespaces,
+            chosen.user_ns,
+            chosen.drop_uid,
+            chosen.uid_base,
+            reason="; ".join(reasons) if not chosen.full else "",
+            cgroup=chosen.cgroup,
+            seccomp=chosen.seccomp,
+        )
         return _probe_result
 
 
@@ -224,15 +267,24 @@ def check_isolation(mode: str) -> Isolation:
     if iso.full and not iso.missing:
         return iso
     if iso.full:
-        msg = ("grpolab sandbox: full isolation, but WITHOUT " + " and ".join(iso.missing) +
-               f": {iso.describe()}. Memory of a run is bounded per process only; see docs/security.md.")
+        msg = (
+            "grpolab sandbox: full isolation, but WITHOUT "
+            + " and ".join(iso.missing)
+            + f": {iso.describe()}. Memory of a run is bounded per process only; see docs/security.md."
+        )
     else:
-        msg = ("grpolab sandbox: REDUCED ISOLATION. Model-written code will run without "
-               f"PID/network/mount namespaces or without dropping privileges: {iso.describe()}. "
-               "Set sandbox isolation: require to refuse instead.")
+        msg = (
+            "grpolab sandbox: REDUCED ISOLATION. Model-written code will run without "
+            f"PID/network/mount namespaces or without dropping privileges: {iso.describe()}. "
+            "Set sandbox isolation: require to refuse instead."
+        )
         if mode == "require":
-            raise SandboxUnavailable(msg.replace("Set sandbox isolation: require to refuse instead.",
-                                                 "isolation: require refuses to run code like this."))
+            raise SandboxUnavailable(
+                msg.replace(
+                    "Set sandbox isolation: require to refuse instead.",
+                    "isolation: require refuses to run code like this.",
+                )
+            )
     if not _warned:
         _warned = True
         banner = "!" * 100
@@ -241,9 +293,15 @@ def check_isolation(mode: str) -> Isolation:
     return iso
 
 
-
-def run_tests(code: str, tests: Sequence[TestCase], config: SandboxConfig | None = None, *,
-              setup: str = "", check_setup: str = "", deadline: float | None = None) -> SandboxResult:
+def run_tests(
+    code: str,
+    tests: Sequence[TestCase],
+    config: SandboxConfig | None = None,
+    *,
+    setup: str = "",
+    check_setup: str = "",
+    deadline: float | None = None,
+) -> SandboxResult:
     """Run `code` (after `setup`) in the sandbox and grade it against `tests`.
 
     `check_setup` is the task's own trusted code (helpers its check code uses), run in the
@@ -259,8 +317,12 @@ def run_tests(code: str, tests: Sequence[TestCase], config: SandboxConfig | None
     return _run(code, tests, cfg, iso, setup=setup, check_setup=check_setup, deadline=deadline)
 
 
-def run_many(jobs: Sequence[tuple[str, Sequence[TestCase]]], config: SandboxConfig | None = None,
-             workers: int | None = None, setup: str = "") -> list[SandboxResult]:
+def run_many(
+    jobs: Sequence[tuple[str, Sequence[TestCase]]],
+    config: SandboxConfig | None = None,
+    workers: int | None = None,
+    setup: str = "",
+) -> list[SandboxResult]:
     """Run several candidates on a bounded pool (at most MAX_PARALLEL at once)."""
     cfg = (config or SandboxConfig()).validate()
     check_isolation(cfg.isolation)
@@ -285,5 +347,10 @@ __all__ = [
     "run_tests",
     "sandbox_uids",
     # the layers, for tests and audits
-    "channel", "grading", "isolation", "launcher", "limits", "slots",
+    "channel",
+    "grading",
+    "isolation",
+    "launcher",
+    "limits",
+    "slots",
 ]

@@ -122,7 +122,7 @@ def _send(fd, obj):
     data = json.dumps(obj, separators=(",", ":")).encode()
     data = len(data).to_bytes(4, "big") + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _recv(fd, limit):
@@ -189,7 +189,7 @@ def _checker_main(job, req_w, rep_r, res_fd):
     def emit(obj):
         data = (json.dumps(obj) + "\n").encode()
         while data:
-            data = data[os.write(res_fd, data):]
+            data = data[os.write(res_fd, data) :]
 
     class Broken(BaseException):  # not an Exception: check code cannot swallow it
         pass
@@ -205,10 +205,10 @@ def _checker_main(job, req_w, rep_r, res_fd):
             rep = _recv(rep_r, MAX_FRAME_BYTES)
         except EOFError:
             state["broken"] = "candidate exited"
-            raise Broken()
+            raise Broken() from None
         except (OSError, ValueError, RecursionError) as e:
             state["broken"] = f"tampered: malformed reply ({type(e).__name__})"
-            raise Broken()
+            raise Broken() from None
         if type(rep) is not dict or rep.get("q") != state["q"] or not (("v" in rep) ^ ("err" in rep)):
             state["broken"] = "tampered: reply out of protocol"
             raise Broken()
@@ -363,8 +363,9 @@ def pump(proc, job: bytes, r_fd: int, deadline: float, max_output: int):
             break  # the launcher is gone and something still holds a pipe: stop waiting
         writing = len(pending) > 0
         try:
-            r, w, _ = select.select([fds[k] for k in open_names], [win] if writing else [], [],
-                                    max(0.0, min(0.1, deadline - now)))
+            r, w, _ = select.select(
+                [fds[k] for k in open_names], [win] if writing else [], [], max(0.0, min(0.1, deadline - now))
+            )
         except InterruptedError:
             continue
         for name in [k for k in open_names if fds[k] in r]:
@@ -385,7 +386,7 @@ def pump(proc, job: bytes, r_fd: int, deadline: float, max_output: int):
                     (proc.stdout if name == "out" else proc.stderr).close()
         if w:
             try:
-                pending = pending[os.write(win, pending[:65536]):]
+                pending = pending[os.write(win, pending[:65536]) :]
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:

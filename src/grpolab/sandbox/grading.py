@@ -143,8 +143,9 @@ def _grade_one(t: TestCase, rec: dict, budget: channel.Budget) -> tuple[bool, st
     return ok, ("ok" if ok else f"expected {short_repr(t.expected)}, got {short_repr(actual)}")
 
 
-def grade(tests: Sequence[TestCase], records: dict[int, dict], budget: channel.Budget | None = None,
-          ) -> tuple[list[bool], list[str], bool]:
+def grade(
+    tests: Sequence[TestCase], records: dict[int, dict], budget: channel.Budget | None = None
+) -> tuple[list[bool], list[str], bool]:
     """Judge each test on its own; (passed, details, tampered). Nothing counts once tampering is seen."""
     budget = budget or channel.Budget()
     passed, details = [], []

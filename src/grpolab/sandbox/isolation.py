@@ -69,8 +69,9 @@ class Isolation:
     def describe(self) -> str:
         parts = ["pid+net+mount namespaces, minimal root" if self.namespaces else "NO namespaces"]
         if self.drop_uid:
-            parts.append("nobody (uid 65534)" if self.uid_base == 65534
-                         else f"own uid per slot (leased from {self.uid_base})")
+            parts.append(
+                "nobody (uid 65534)" if self.uid_base == 65534 else f"own uid per slot (leased from {self.uid_base})"
+            )
         else:
             parts.append("user namespace" if self.user_ns else "SAME uid as the trainer")
         parts.append(self.cgroup.describe())
@@ -137,7 +138,7 @@ def _add(path: str, plan: dict, kind: str, depth: int = 0) -> None:
             target = os.readlink(cur)
             plan["links"][cur] = target
             resolved = os.path.normpath(os.path.join(os.path.dirname(cur), target))
-            rest = "/".join(parts[i + 1:])
+            rest = "/".join(parts[i + 1 :])
             _add(os.path.join(resolved, rest) if rest else resolved, plan, kind, depth + 1)
             return
         if i < len(parts) - 1:
@@ -168,8 +169,9 @@ def _shared_libraries(objects: list[str]) -> set[str]:
     out = set()
     for i in range(0, len(objects), 64):
         try:
-            text = subprocess.run([ldd, *objects[i:i + 64]], capture_output=True, text=True, timeout=60,
-                                  env=dict(LAUNCHER_ENV)).stdout
+            text = subprocess.run(
+                [ldd, *objects[i : i + 64]], capture_output=True, text=True, timeout=60, env=dict(LAUNCHER_ENV)
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             continue
         for line in text.splitlines():
@@ -182,8 +184,12 @@ def _shared_libraries(objects: list[str]) -> set[str]:
 @lru_cache(maxsize=4)
 def root_plan(exe: str) -> dict:
     """What the minimal root holds for interpreter `exe` (JSON-able; computed once)."""
-    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix, "installed_base": sys.base_prefix,
-            "installed_platbase": sys.base_exec_prefix}
+    base = {
+        "base": sys.base_prefix,
+        "platbase": sys.base_exec_prefix,
+        "installed_base": sys.base_prefix,
+        "installed_platbase": sys.base_exec_prefix,
+    }
     paths = sysconfig.get_paths(vars=base)
     stdlibs = sorted({os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])})
     plan: dict = {"dirs": set(), "links": {}, "files": set(), "trees": set(), "masks": set()}
@@ -206,8 +212,13 @@ def root_plan(exe: str) -> dict:
     plan["dirs"] -= {"/tmp"}
     for f in plan["files"] | set(plan["links"]):
         plan["dirs"].discard(f)
-    out = {"dirs": sorted(plan["dirs"]), "links": sorted(plan["links"].items()), "files": sorted(plan["files"]),
-           "trees": sorted(plan["trees"]), "masks": sorted(plan["masks"])}
+    out = {
+        "dirs": sorted(plan["dirs"]),
+        "links": sorted(plan["links"].items()),
+        "files": sorted(plan["files"]),
+        "trees": sorted(plan["trees"]),
+        "masks": sorted(plan["masks"]),
+    }
     out["mountpoint"] = root_mountpoint(out)
     return out
 
@@ -224,10 +235,20 @@ def root_mountpoint(plan: dict, candidates: tuple[str, ...] = ROOT_MOUNTPOINTS) 
     for cand in candidates:
         if os.path.isdir(cand) and not os.path.islink(cand) and not any(_within(s, cand) for s in sources):
             return cand
-    raise OSError(f"no directory to mount the sandbox's root on: each of {', '.join(candidates)} holds a file "
-                  f"the root needs ({', '.join(sorted(sources)[:5])}, ...)")
+    raise OSError(
+        f"no directory to mount the sandbox's root on: each of {', '.join(candidates)} holds a file "
+        f"the root needs ({', '.join(sorted(sources)[:5])}, ...)"
+    )
 
 
-__all__ = ["LAUNCHER_ENV", "Isolation", "SandboxUnavailable", "exec_interpreter", "interpreter", "root_mountpoint",
-           "root_plan", "unshare_cmd",
-           "world_reachable"]
+__all__ = [
+    "LAUNCHER_ENV",
+    "Isolation",
+    "SandboxUnavailable",
+    "exec_interpreter",
+    "interpreter",
+    "root_mountpoint",
+    "root_plan",
+    "unshare_cmd",
+    "world_reachable",
+]

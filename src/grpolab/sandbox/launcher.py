@@ -48,8 +48,14 @@ def _enter(libc, cfg, workdir, parent, checker):
     if not checker:  # the trainer outranks the candidate for the CPU (timeouts stay prompt)
         os.nice(cfg["nice"])
     lim = cfg["limits"]
-    for name, value in (("RLIMIT_CPU", lim["cpu"]), ("RLIMIT_AS", lim["as"]), ("RLIMIT_FSIZE", lim["fsize"]),
-                        ("RLIMIT_NOFILE", lim["nofile"]), ("RLIMIT_NPROC", lim["nproc"]), ("RLIMIT_CORE", 0)):
+    for name, value in (
+        ("RLIMIT_CPU", lim["cpu"]),
+        ("RLIMIT_AS", lim["as"]),
+        ("RLIMIT_FSIZE", lim["fsize"]),
+        ("RLIMIT_NOFILE", lim["nofile"]),
+        ("RLIMIT_NPROC", lim["nproc"]),
+        ("RLIMIT_CORE", 0),
+    ):
         resource.setrlimit(getattr(resource, name), (value, value))
     uid = cfg["uid"]
     if uid is not None:
@@ -109,8 +115,13 @@ def _build_root(libc, cfg):
     # Nothing written there can be execve'd, mapped executable by ld.so or dlopen'ed (machine code
     # in anonymous memory still runs: see docs/security.md).
     os.mkdir(new + "/tmp", 0o755)
-    mount("tmpfs", new + "/tmp", "tmpfs", nosuid | nodev | noexec,
-          f"size={cfg['tmpfs_mb']}m,nr_inodes={cfg['tmpfs_inodes']},mode=1777")
+    mount(
+        "tmpfs",
+        new + "/tmp",
+        "tmpfs",
+        nosuid | nodev | noexec,
+        f"size={cfg['tmpfs_mb']}m,nr_inodes={cfg['tmpfs_inodes']},mode=1777",
+    )
     for d in plan["dirs"]:
         os.mkdir(new + d, 0o755)
     for link, target in plan["links"]:
@@ -232,15 +243,26 @@ def _launcher_main():
 
 
 def _source(main, *helpers) -> str:
-    parts = [f"import json, os\nROOT_ERROR = {ROOT_ERROR!r}\nROOT_ERROR_EXIT = {ROOT_ERROR_EXIT}\nMAX_VALUE_CHARS = {channel.MAX_VALUE_CHARS}\nMAX_FRAME_BYTES = {channel.MAX_FRAME_BYTES}"]
+    parts = [
+        f"import json, os\nROOT_ERROR = {ROOT_ERROR!r}\nROOT_ERROR_EXIT = {ROOT_ERROR_EXIT}\nMAX_VALUE_CHARS = {channel.MAX_VALUE_CHARS}\nMAX_FRAME_BYTES = {channel.MAX_FRAME_BYTES}"
+    ]
     parts += [inspect.getsource(f) for f in helpers + (main,)]
     parts.append(f"{main.__name__}()")
     return "\n\n".join(parts)
 
 
 HARNESS_SRC = _source(channel._harness_main, channel._plain, channel._unplain, channel._send, channel._recv)
-LAUNCHER_SRC = _source(_launcher_main, channel._plain, channel._unplain, channel._send, channel._recv,
-                       channel._harness_main, channel._checker_main, _enter, _build_root)
+LAUNCHER_SRC = _source(
+    _launcher_main,
+    channel._plain,
+    channel._unplain,
+    channel._send,
+    channel._recv,
+    channel._harness_main,
+    channel._checker_main,
+    _enter,
+    _build_root,
+)
 
 
 # ============================================================================ parent side
@@ -252,15 +274,37 @@ def launcher_command(cfg: dict, unshare: list[str] | None) -> list[str]:
     return (unshare or []) + cmd
 
 
-def launcher_config(*, exec_python: str | None, plan: dict | None, uid: int | None, workdir: str | None, limits: dict,
-                    res_fd: int, wall_s: float, cgroups: list[str], seccomp: bytes | None, tmpfs_mb: int,
-                    tmpfs_inodes: int) -> dict:
+def launcher_config(
+    *,
+    exec_python: str | None,
+    plan: dict | None,
+    uid: int | None,
+    workdir: str | None,
+    limits: dict,
+    res_fd: int,
+    wall_s: float,
+    cgroups: list[str],
+    seccomp: bytes | None,
+    tmpfs_mb: int,
+    tmpfs_inodes: int,
+) -> dict:
     """What the launcher is told (JSON on its command line; the job itself comes on stdin)."""
     return {
-        "exec_python": exec_python, "harness": HARNESS_SRC if exec_python else "", "plan": plan,
-        "exe": os.path.realpath(sys.executable), "mounts": plan is not None, "uid": uid, "workdir": workdir,
-        "limits": limits, "res_fd": res_fd, "wall_s": wall_s, "cgroups": cgroups, "nice": 10,
-        "seccomp": seccomp.hex() if seccomp else "", "tmpfs_mb": tmpfs_mb, "tmpfs_inodes": tmpfs_inodes,
+        "exec_python": exec_python,
+        "harness": HARNESS_SRC if exec_python else "",
+        "plan": plan,
+        "exe": os.path.realpath(sys.executable),
+        "mounts": plan is not None,
+        "uid": uid,
+        "workdir": workdir,
+        "limits": limits,
+        "res_fd": res_fd,
+        "wall_s": wall_s,
+        "cgroups": cgroups,
+        "nice": 10,
+        "seccomp": seccomp.hex() if seccomp else "",
+        "tmpfs_mb": tmpfs_mb,
+        "tmpfs_inodes": tmpfs_inodes,
         "sys_pivot_root": _SYS_PIVOT_ROOT.get(platform.machine(), -1),
         "thread_env": dict(SINGLE_THREAD_ENV),
     }

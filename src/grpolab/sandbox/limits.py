@@ -65,8 +65,17 @@ class SandboxConfig:
             raise ConfigError(f"sandbox.isolation: expected require|best_effort, got {self.isolation!r}")
         if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 600):
             raise ConfigError(f"sandbox.timeout_s: expected a number in (0, 600], got {self.timeout_s!r}")
-        for name in ("cpu_s", "memory_mb", "fsize_mb", "nofile", "nproc", "slot_memory_mb", "max_output_bytes",
-                     "tmpfs_mb", "tmpfs_inodes"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "fsize_mb",
+            "nofile",
+            "nproc",
+            "slot_memory_mb",
+            "max_output_bytes",
+            "tmpfs_mb",
+            "tmpfs_inodes",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"sandbox.{name}: expected a positive integer, got {v!r}")
@@ -82,8 +91,13 @@ class SandboxConfig:
 
     def rlimits(self) -> dict[str, int]:
         """The rlimits the launcher sets on the candidate (and the checker)."""
-        return {"cpu": int(self.cpu_s), "as": int(self.memory_mb) * 2**20, "fsize": int(self.fsize_mb) * 2**20,
-                "nofile": int(self.nofile), "nproc": int(self.nproc)}
+        return {
+            "cpu": int(self.cpu_s),
+            "as": int(self.memory_mb) * 2**20,
+            "fsize": int(self.fsize_mb) * 2**20,
+            "nofile": int(self.nofile),
+            "nproc": int(self.nproc),
+        }
 
 
 # ============================================================================ seccomp
@@ -91,26 +105,94 @@ class SandboxConfig:
 # System calls denied with EPERM, by architecture (numbers from the kernel's syscall tables).
 _DENY = {
     "x86_64": {
-        "ptrace": 101, "syslog": 103, "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272,
-        "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "acct": 163,
-        "swapon": 167, "swapoff": 168, "reboot": 169, "init_module": 175, "delete_module": 176,
-        "finit_module": 313, "kexec_load": 246, "kexec_file_load": 320, "add_key": 248, "request_key": 249,
-        "keyctl": 250, "memfd_create": 319, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298,
-        "name_to_handle_at": 303, "open_by_handle_at": 304, "kcmp": 312, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-        "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442,
-        "memfd_secret": 447, "fanotify_init": 300, "quotactl": 179,
+        "ptrace": 101,
+        "syslog": 103,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "unshare": 272,
+        "setns": 308,
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "chroot": 161,
+        "acct": 163,
+        "swapon": 167,
+        "swapoff": 168,
+        "reboot": 169,
+        "init_module": 175,
+        "delete_module": 176,
+        "finit_module": 313,
+        "kexec_load": 246,
+        "kexec_file_load": 320,
+        "add_key": 248,
+        "request_key": 249,
+        "keyctl": 250,
+        "memfd_create": 319,
+        "bpf": 321,
+        "userfaultfd": 323,
+        "perf_event_open": 298,
+        "name_to_handle_at": 303,
+        "open_by_handle_at": 304,
+        "kcmp": 312,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "pidfd_getfd": 438,
+        "mount_setattr": 442,
+        "memfd_secret": 447,
+        "fanotify_init": 300,
+        "quotactl": 179,
     },
     "aarch64": {
-        "ptrace": 117, "syslog": 116, "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97,
-        "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "acct": 89,
-        "swapon": 224, "swapoff": 225, "reboot": 142, "init_module": 105, "delete_module": 106,
-        "finit_module": 273, "kexec_load": 104, "kexec_file_load": 294, "add_key": 217, "request_key": 218,
-        "keyctl": 219, "memfd_create": 279, "bpf": 280, "userfaultfd": 282, "perf_event_open": 241,
-        "name_to_handle_at": 264, "open_by_handle_at": 265, "kcmp": 272, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-        "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442,
-        "memfd_secret": 447, "fanotify_init": 262, "quotactl": 60,
+        "ptrace": 117,
+        "syslog": 116,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "unshare": 97,
+        "setns": 268,
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "chroot": 51,
+        "acct": 89,
+        "swapon": 224,
+        "swapoff": 225,
+        "reboot": 142,
+        "init_module": 105,
+        "delete_module": 106,
+        "finit_module": 273,
+        "kexec_load": 104,
+        "kexec_file_load": 294,
+        "add_key": 217,
+        "request_key": 218,
+        "keyctl": 219,
+        "memfd_create": 279,
+        "bpf": 280,
+        "userfaultfd": 282,
+        "perf_event_open": 241,
+        "name_to_handle_at": 264,
+        "open_by_handle_at": 265,
+        "kcmp": 272,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "pidfd_getfd": 438,
+        "mount_setattr": 442,
+        "memfd_secret": 447,
+        "fanotify_init": 262,
+        "quotactl": 60,
     },
 }
 _ARCH = {"x86_64": (0xC000003E, 56, 435), "aarch64": (0xC00000B7, 220, 435)}  # audit arch, clone, clone3
@@ -137,8 +219,12 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     for nr in sorted(_DENY[machine].values()):
         prog += [_ins(jeq, 0, 1, nr), _ins(ret, 0, 0, _RET_ERRNO | _EPERM)]
     prog += [_ins(jeq, 0, 1, clone3), _ins(ret, 0, 0, _RET_ERRNO | _ENOSYS)]
-    prog += [_ins(jeq, 0, 3, clone), _ins(ld, 0, 0, 16), _ins(jset, 0, 1, _CLONE_NS_FLAGS),
-             _ins(ret, 0, 0, _RET_ERRNO | _EPERM)]
+    prog += [
+        _ins(jeq, 0, 3, clone),
+        _ins(ld, 0, 0, 16),
+        _ins(jset, 0, 1, _CLONE_NS_FLAGS),
+        _ins(ret, 0, 0, _RET_ERRNO | _EPERM),
+    ]
     prog.append(_ins(ret, 0, 0, _RET_ALLOW))
     return b"".join(prog)
 
@@ -174,7 +260,7 @@ def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:
 def _join(mount_point: str, mount_root: str, cg_path: str) -> str:
     rel = cg_path
     if mount_root != "/" and (cg_path == mount_root or cg_path.startswith(mount_root + "/")):
-        rel = cg_path[len(mount_root):]
+        rel = cg_path[len(mount_root) :]
     return os.path.join(mount_point, rel.lstrip("/"))
 
 
@@ -189,7 +275,7 @@ def detect_cgroups(mountinfo: str, self_cgroup: str, probe_write: bool = True) -
     for line in self_cgroup.splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3:
-            for ctrl in (parts[1].split(",") if parts[1] else [""]):
+            for ctrl in parts[1].split(",") if parts[1] else [""]:
                 paths[ctrl] = parts[2]
     mounts = _mounts(mountinfo)
     reasons = []
@@ -247,8 +333,10 @@ def _try_v2(base: str) -> str:
             with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
                 f.write("+memory +pids")
     except OSError as e:
-        return (f"cannot enable memory/pids for child cgroups ({e.strerror}); run grpolab in a delegated "
-                "cgroup (e.g. systemd-run --scope -p Delegate=yes)")
+        return (
+            f"cannot enable memory/pids for child cgroups ({e.strerror}); run grpolab in a delegated "
+            "cgroup (e.g. systemd-run --scope -p Delegate=yes)"
+        )
     return _try_mkdir(base)
 
 

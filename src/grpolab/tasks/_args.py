@@ -104,9 +104,7 @@ def parse_operators(value, allowed: str) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         items = list(value)
     else:
-        raise ConfigError(
-            f'task_args.operators: expected a subset of "{allowed}" as a string or list, got {value!r}'
-        )
+        raise ConfigError(f'task_args.operators: expected a subset of "{allowed}" as a string or list, got {value!r}')
     if not items or any(len(o) != 1 or o not in allowed for o in items):
         names = ", ".join(f'"{o}"' for o in allowed)
         raise ConfigError(f"task_args.operators: allowed operators are {names} (a non-empty subset), got {value!r}")

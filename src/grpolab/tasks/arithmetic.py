@@ -29,13 +29,7 @@ import itertools
 import random
 
 from grpolab.batch import Example
-from grpolab.tasks._args import (
-    check_bool,
-    check_int,
-    check_optional_str,
-    parse_operators,
-    resolve_template,
-)
+from grpolab.tasks._args import check_bool, check_int, check_optional_str, parse_operators, resolve_template
 from grpolab.util.fields import ConfigError
 
 #: Prompt presets. `{question}` is the bare expression, e.g. "23 + 48".

@@ -57,8 +57,10 @@ def _entry_from_tests(tests: list[str]) -> str | None:
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in (
-                "abs", "set", "sorted", "len", "list", "tuple", "round", "str", "int", "float"
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id not in ("abs", "set", "sorted", "len", "list", "tuple", "round", "str", "int", "float")
             ):
                 return node.func.id
     return None
@@ -123,12 +125,16 @@ def normalize_record(rec: dict, where: str) -> dict:
         ep = rec["entry_point"]
         tests, module_setup = humaneval_tests(rec["test"], ep)
         return {
-            "id": str(rec.get("task_id", "")), "entry_point": ep, "tests": tests,
+            "id": str(rec.get("task_id", "")),
+            "entry_point": ep,
+            "tests": tests,
             "setup": _imports_of(rec["prompt"]),
             "check_setup": "\n".join(x for x in (rec["prompt"], module_setup) if x.strip()),
             "solution": rec["prompt"] + rec.get("canonical_solution", ""),
-            "prompt": ("Complete the following Python function. Give the complete function in a "
-                       f"```python code block.\n\n```python\n{rec['prompt']}```"),
+            "prompt": (
+                "Complete the following Python function. Give the complete function in a "
+                f"```python code block.\n\n```python\n{rec['prompt']}```"
+            ),
         }
     if "test_list" in rec:  # MBPP (original or sanitized)
         tests = list(rec["test_list"])
@@ -137,20 +143,32 @@ def normalize_record(rec: dict, where: str) -> dict:
             raise ConfigError(f"{where}: cannot tell the function name from test_list")
         text = rec.get("text") or rec.get("prompt") or ""
         return {
-            "id": str(rec.get("task_id", "")), "entry_point": ep, "tests": tests,
-            "setup": rec.get("test_setup_code", "") or "", "check_setup": rec.get("test_setup_code", "") or "",
+            "id": str(rec.get("task_id", "")),
+            "entry_point": ep,
+            "tests": tests,
+            "setup": rec.get("test_setup_code", "") or "",
+            "check_setup": rec.get("test_setup_code", "") or "",
             "solution": rec.get("code", ""),
             "prompt": f"{text}\nThe function must be named `{ep}`; for example, it must pass:\n{tests[0]}\n"
-                      "Give the function in a ```python code block.",
+            "Give the function in a ```python code block.",
         }
     if "tests" in rec and "entry_point" in rec:  # grpolab's own shape
         desc = rec.get("description") or rec.get("prompt") or ""
         sig = rec.get("signature")
-        prompt = (f"Write a Python function `{sig}`.\n{desc}\nGive the complete function in a ```python code block."
-                  if sig else desc)
-        return {"id": str(rec.get("id", "")), "entry_point": rec["entry_point"], "tests": list(rec["tests"]),
-                "setup": rec.get("setup", ""), "check_setup": rec.get("check_setup", ""),
-                "solution": rec.get("solution", ""), "prompt": prompt}
+        prompt = (
+            f"Write a Python function `{sig}`.\n{desc}\nGive the complete function in a ```python code block."
+            if sig
+            else desc
+        )
+        return {
+            "id": str(rec.get("id", "")),
+            "entry_point": rec["entry_point"],
+            "tests": list(rec["tests"]),
+            "setup": rec.get("setup", ""),
+            "check_setup": rec.get("check_setup", ""),
+            "solution": rec.get("solution", ""),
+            "prompt": prompt,
+        }
     raise ConfigError(f"{where}: unrecognised record (expected grpolab, MBPP or HumanEval fields)")
 
 
@@ -176,8 +194,12 @@ def load_problems(path: str | None, allow_assert_tests: bool = False) -> list[di
         prob["allow_assert_tests"] = bool(allow_assert_tests)
         problems.append(prob)
     if skipped:
-        log.warning("code task: skipped %d of %d problems whose tests cannot be graded in the parent "
-                    "(set allow_assert_tests: true to keep them, with weaker guarantees)", skipped, len(raw))
+        log.warning(
+            "code task: skipped %d of %d problems whose tests cannot be graded in the parent "
+            "(set allow_assert_tests: true to keep them, with weaker guarantees)",
+            skipped,
+            len(raw),
+        )
     if not problems:
         raise ConfigError("task_args: no usable code problems (all tests unconvertible? see allow_assert_tests)")
     return problems
@@ -190,8 +212,9 @@ class CodeTask:
     system_prompt = SYSTEM_PROMPT
     default_rewards = [{"name": "code", "weight": 1.0}]
 
-    def __init__(self, seed: int, path: str | None = None, eval_size: int | None = None,
-                 allow_assert_tests: bool = False) -> None:
+    def __init__(
+        self, seed: int, path: str | None = None, eval_size: int | None = None, allow_assert_tests: bool = False
+    ) -> None:
         check_optional_path("path", path)
         check_optional_count("eval_size", eval_size)
         self.seed = seed

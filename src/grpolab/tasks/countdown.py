@@ -136,9 +136,7 @@ class CountdownTask:
                 (a, ea, pa), (b, eb, pb) = items[i], items[j]
                 op = rng.choice(self.operators)
                 value = _combine(a, b, op)
-                if value is None or (
-                    self.integer_steps and (value.denominator != 1 or value < 0)
-                ):
+                if value is None or (self.integer_steps and (value.denominator != 1 or value < 0)):
                     ok = False
                     break
                 p = _PREC[op]

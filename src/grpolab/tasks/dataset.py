@@ -99,16 +99,20 @@ def detect_format(path: Path, fmt: str, key: str) -> str:
         return "parquet"
     if suffix == ".csv":
         return "csv"
-    raise ConfigError(f"task_args.{key}: cannot tell the format of {path} from its extension; "
-                      f"set task_args.format to one of {', '.join(FORMATS[1:])}")
+    raise ConfigError(
+        f"task_args.{key}: cannot tell the format of {path} from its extension; "
+        f"set task_args.format to one of {', '.join(FORMATS[1:])}"
+    )
 
 
 def _load_datasets_dir(path: Path, key: str):
     try:
         import datasets
     except ImportError as e:
-        raise ConfigError(f"task_args.{key}: reading a datasets directory ({path}) needs the `datasets` "
-                          f"package: pip install grpolab[datasets]") from e
+        raise ConfigError(
+            f"task_args.{key}: reading a datasets directory ({path}) needs the `datasets` "
+            f"package: pip install grpolab[datasets]"
+        ) from e
     try:
         return datasets.load_from_disk(str(path))
     except FileNotFoundError as e:
@@ -133,8 +137,12 @@ def read_splits(path: Path, fmt: str, key: str) -> dict[str | None, list[tuple[s
             fixed.append((where, row2))
         splits[name] = fixed
     if repaired:
-        log.warning("%s: %d row(s) held text that is not valid Unicode (bytes that are not UTF-8, or lone "
-                    "surrogates); repaired to U+FFFD", path, repaired)
+        log.warning(
+            "%s: %d row(s) held text that is not valid Unicode (bytes that are not UTF-8, or lone "
+            "surrogates); repaired to U+FFFD",
+            path,
+            repaired,
+        )
     return splits
 
 
@@ -145,15 +153,22 @@ def _read_splits(path: Path, fmt: str, key: str) -> dict[str | None, list[tuple[
     if fmt == "datasets":
         ds = _load_datasets_dir(path, key)
         tables = dict(ds) if hasattr(ds, "keys") else {None: ds}
-        return {name: [(f"{path}{f' [{name}]' if name else ''}: row {n}", row) for n, row in
-                       enumerate(table.to_list(), start=1)] for name, table in tables.items()}
+        return {
+            name: [
+                (f"{path}{f' [{name}]' if name else ''}: row {n}", row)
+                for n, row in enumerate(table.to_list(), start=1)
+            ]
+            for name, table in tables.items()
+        }
     if path.is_dir():
         raise ConfigError(f"task_args.{key}: {path} is a directory; give a file, or format=datasets")
     if fmt == "parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError as e:
-            raise ConfigError(f"task_args.{key}: reading parquet ({path}) needs pyarrow: pip install grpolab[parquet]") from e
+            raise ConfigError(
+                f"task_args.{key}: reading parquet ({path}) needs pyarrow: pip install grpolab[parquet]"
+            ) from e
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as e:  # pyarrow raises its own error types for a corrupt file
@@ -182,10 +197,15 @@ def _pick(row: dict, where: str, column: str | None, defaults: tuple[str, ...], 
     for name in defaults:
         if name in row and row[name] is not None:
             return name
-    unset = " (or null: data without reference answers, scored by your reward functions alone)" \
-        if opt == "answer_column" else ""
-    raise ConfigError(f"{where}: no {what} column (looked for {', '.join(map(repr, defaults))}; the row has "
-                      f"{_columns_of(row)}); set task_args.{opt}{unset}")
+    unset = (
+        " (or null: data without reference answers, scored by your reward functions alone)"
+        if opt == "answer_column"
+        else ""
+    )
+    raise ConfigError(
+        f"{where}: no {what} column (looked for {', '.join(map(repr, defaults))}; the row has "
+        f"{_columns_of(row)}); set task_args.{opt}{unset}"
+    )
 
 
 def _user_text_empty(msgs: list[dict]) -> bool:
@@ -200,22 +220,28 @@ def parse_prompt(value, where: str, column: str, allow_empty: bool = False) -> s
             raise ConfigError(f"{where}: empty prompt (column {column!r})")
         return value
     if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{where}: the prompt (column {column!r}) must be text or a list of chat messages, "
-                          f"got {type(value).__name__} {value!r:.60}")
+        raise ConfigError(
+            f"{where}: the prompt (column {column!r}) must be text or a list of chat messages, "
+            f"got {type(value).__name__} {value!r:.60}"
+        )
     if not value:
         raise ConfigError(f"{where}: empty prompt (column {column!r} is an empty message list)")
     msgs = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ConfigError(f"{where}: message {i} of column {column!r} must be "
-                              f"{{\"role\": ..., \"content\": \"text\"}}, got {m!r:.80}")
+            raise ConfigError(
+                f'{where}: message {i} of column {column!r} must be {{"role": ..., "content": "text"}}, got {m!r:.80}'
+            )
         if m["role"] not in ROLES:
-            raise ConfigError(f"{where}: message {i} of column {column!r} has role {m['role']!r}; "
-                              f"allowed roles: {', '.join(ROLES)}")
+            raise ConfigError(
+                f"{where}: message {i} of column {column!r} has role {m['role']!r}; allowed roles: {', '.join(ROLES)}"
+            )
         msgs.append({"role": m["role"], "content": m["content"]})
     if msgs[-1]["role"] != "user":
-        raise ConfigError(f"{where}: the messages of column {column!r} must end with a user turn "
-                          f"(the model writes the next assistant turn), got {msgs[-1]['role']!r}")
+        raise ConfigError(
+            f"{where}: the messages of column {column!r} must end with a user turn "
+            f"(the model writes the next assistant turn), got {msgs[-1]['role']!r}"
+        )
     if _user_text_empty(msgs) and not allow_empty:
         raise ConfigError(f"{where}: empty prompt (every user message of column {column!r} is empty)")
     return msgs
@@ -224,8 +250,10 @@ def parse_prompt(value, where: str, column: str, allow_empty: bool = False) -> s
 def parse_answer(value, where: str, column: str, answer_format: str) -> str:
     """The reference answer as text (numbers are written out; anything else is an error)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(f"{where}: the answer (column {column!r}) must be text or a number, got "
-                          f"{type(value).__name__} {value!r:.60}")
+        raise ConfigError(
+            f"{where}: the answer (column {column!r}) must be text or a number, got "
+            f"{type(value).__name__} {value!r:.60}"
+        )
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ConfigError(f"{where}: the answer (column {column!r}) is {value}")
@@ -243,35 +271,58 @@ def parse_answer(value, where: str, column: str, answer_format: str) -> str:
 class DatasetTask(FileSplitTask):
     name = "dataset"
 
-    def __init__(self, seed: int, path=None, format: str = "auto", prompt_column: str | None = None,
-                 answer_column: str | None = _AUTO, id_column: str = "id", answer_format: str = "auto",
-                 split: str = "train", eval_split: str | None = None, eval_path=None,
-                 eval_size: int | None = None, eval_fraction: float | None = None, limit: int | None = None,
-                 system_prompt: str | None = None, string_prompts: str = "chat", environment: bool = False):
+    def __init__(
+        self,
+        seed: int,
+        path=None,
+        format: str = "auto",
+        prompt_column: str | None = None,
+        answer_column: str | None = _AUTO,
+        id_column: str = "id",
+        answer_format: str = "auto",
+        split: str = "train",
+        eval_split: str | None = None,
+        eval_path=None,
+        eval_size: int | None = None,
+        eval_fraction: float | None = None,
+        limit: int | None = None,
+        system_prompt: str | None = None,
+        string_prompts: str = "chat",
+        environment: bool = False,
+    ):
         self.seed = seed
         self.environment = environment
         if path is None:
-            raise ConfigError("task_args.path: required for task 'dataset' (a .jsonl, .parquet or .csv file, "
-                              "or a directory written by Dataset.save_to_disk)")
+            raise ConfigError(
+                "task_args.path: required for task 'dataset' (a .jsonl, .parquet or .csv file, "
+                "or a directory written by Dataset.save_to_disk)"
+            )
         check_optional_path("path", path)
         check_optional_path("eval_path", eval_path)
         check_choice("format", format, FORMATS)
         check_choice("answer_format", answer_format, ANSWER_FORMATS)
-        for key, value in (("prompt_column", prompt_column), ("answer_column", answer_column),
-                           ("id_column", id_column), ("split", split), ("eval_split", eval_split)):
+        for key, value in (
+            ("prompt_column", prompt_column),
+            ("answer_column", answer_column),
+            ("id_column", id_column),
+            ("split", split),
+            ("eval_split", eval_split),
+        ):
             check_optional_name(key, value, "a column or split name")
         check_held_out(eval_size, eval_fraction)
         check_optional_int("limit", limit, 1)
         self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.raw_string_prompts = check_choice("string_prompts", string_prompts, STRING_PROMPTS) == "raw"
         self.default_rewards = [{"name": "math", "weight": 1.0, "extract": "auto"}]
-        self._opts = dict(prompt_column=prompt_column, answer_column=answer_column, id_column=id_column,
-                          answer_format=answer_format)
+        self._opts = dict(
+            prompt_column=prompt_column, answer_column=answer_column, id_column=id_column, answer_format=answer_format
+        )
         self.path = Path(path).expanduser()
 
         splits = read_splits(self.path, format, "path")
-        train_rows, held_rows, self.split_source = self._split_rows(splits, split, eval_split, eval_path,
-                                                                    format, eval_fraction)
+        train_rows, held_rows, self.split_source = self._split_rows(
+            splits, split, eval_split, eval_path, format, eval_fraction
+        )
         if limit is not None:
             train_rows = train_rows[:limit]
         train = self._examples(train_rows, "path")
@@ -292,13 +343,16 @@ class DatasetTask(FileSplitTask):
         if None not in splits:  # a DatasetDict
             names = sorted(splits)
             if split not in splits:
-                raise ConfigError(f"task_args.split: {self.path} has no split {split!r}; its splits: {', '.join(names)}")
+                raise ConfigError(
+                    f"task_args.split: {self.path} has no split {split!r}; its splits: {', '.join(names)}"
+                )
             train = splits[split]
             if eval_path is None:
                 held_name = eval_split or next((s for s in EVAL_SPLITS if s in splits and s != split), None)
                 if eval_split is not None and eval_split not in splits:
-                    raise ConfigError(f"task_args.eval_split: {self.path} has no split {eval_split!r}; "
-                                      f"its splits: {', '.join(names)}")
+                    raise ConfigError(
+                        f"task_args.eval_split: {self.path} has no split {eval_split!r}; its splits: {', '.join(names)}"
+                    )
                 if held_name is not None:
                     self._no_fraction(eval_fraction, f"split {held_name!r}")
                     return train, splits[held_name], f"split {held_name!r}"
@@ -308,8 +362,10 @@ class DatasetTask(FileSplitTask):
                 values = {str(r.get("split")) for _, r in rows}
                 train = [(w, r) for w, r in rows if str(r.get("split")) == split]
                 if not train:
-                    raise ConfigError(f"task_args.split: no row of {self.path} has split {split!r} "
-                                      f"(its split column holds {', '.join(sorted(values))})")
+                    raise ConfigError(
+                        f"task_args.split: no row of {self.path} has split {split!r} "
+                        f"(its split column holds {', '.join(sorted(values))})"
+                    )
                 held_name = eval_split or next((s for s in EVAL_SPLITS if s in values), None)
                 if eval_split is not None and eval_split not in values:
                     raise ConfigError(f"task_args.eval_split: no row of {self.path} has split {eval_split!r}")
@@ -330,8 +386,9 @@ class DatasetTask(FileSplitTask):
     @staticmethod
     def _no_fraction(eval_fraction, source: str) -> None:
         if eval_fraction is not None:
-            raise ConfigError(f"task_args.eval_fraction: the held-out rows come from {source}; "
-                              f"use eval_size to cap them")
+            raise ConfigError(
+                f"task_args.eval_fraction: the held-out rows come from {source}; use eval_size to cap them"
+            )
 
     def _examples(self, rows: list[tuple[str, dict]], key: str, allow_empty: bool = False) -> list[Example]:
         o = self._opts
@@ -341,8 +398,9 @@ class DatasetTask(FileSplitTask):
             answer = self._answer(row, where)
             rid = row.get(o["id_column"])
             meta = {k: v for k, v in row.items() if k != pcol}
-            out.append(Example(prompt=prompt, answer=answer, meta=meta,
-                               id=str(rid) if rid is not None else Path(where).name))
+            out.append(
+                Example(prompt=prompt, answer=answer, meta=meta, id=str(rid) if rid is not None else Path(where).name)
+            )
         if not out and not allow_empty:
             raise ConfigError(f"task_args.{key}: no rows in {self.path}")
         return out
@@ -368,8 +426,14 @@ class DatasetTask(FileSplitTask):
         if o["answer_column"] is None:
             return ""
         try:
-            acol = _pick(row, where, None if o["answer_column"] == _AUTO else o["answer_column"],
-                         ANSWER_COLUMNS, "answer", "answer_column")
+            acol = _pick(
+                row,
+                where,
+                None if o["answer_column"] == _AUTO else o["answer_column"],
+                ANSWER_COLUMNS,
+                "answer",
+                "answer_column",
+            )
         except ConfigError:
             if self.environment and o["answer_column"] == _AUTO:
                 return ""

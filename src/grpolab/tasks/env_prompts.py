@@ -21,11 +21,14 @@ from grpolab.util.fields import ConfigError
 class EnvironmentTask:
     name = "env"
 
-    def __init__(self, seed: int, eval_size: int | None = 16, system_prompt: str | None = None,
-                 environment: bool = False):
+    def __init__(
+        self, seed: int, eval_size: int | None = 16, system_prompt: str | None = None, environment: bool = False
+    ):
         if not environment:
-            raise ConfigError("task=env: the environment writes the prompts, so it needs one: set env.name "
-                              "(or env.factories), e.g. env.name=envs.py:MyEnv, whose reset() returns the task")
+            raise ConfigError(
+                "task=env: the environment writes the prompts, so it needs one: set env.name "
+                "(or env.factories), e.g. env.name=envs.py:MyEnv, whose reset() returns the task"
+            )
         check_optional_int("eval_size", eval_size, 0)
         self.seed = seed
         self.system_prompt = check_optional_str("system_prompt", system_prompt)

@@ -91,8 +91,12 @@ class LongSumTask:
             terms = self.draw_terms(rng)
             question = "+".join(map(str, terms))
             if question not in exclude:
-                return Example(prompt=question + "=", answer=str(sum(terms)), meta={"question": question, "terms": terms},
-                               id=f"longsum:{question}")
+                return Example(
+                    prompt=question + "=",
+                    answer=str(sum(terms)),
+                    meta={"question": question, "terms": terms},
+                    id=f"longsum:{question}",
+                )
 
     def sample(self, n: int, rng: random.Random) -> list[Example]:
         """`n` training problems (never a held-out one)."""

@@ -29,21 +29,8 @@ from pathlib import Path
 import jsonschema
 
 from grpolab.batch import Example
-from grpolab.rewards.tools import (
-    TOOL_FUNCTIONS,
-    TOOL_SPECS,
-    calculator,
-    convert_units,
-    date_add,
-    date_diff,
-    weekday,
-)
-from grpolab.tasks._args import (
-    check_optional_count,
-    check_optional_path,
-    read_jsonl,
-    split_held_out,
-)
+from grpolab.rewards.tools import TOOL_FUNCTIONS, TOOL_SPECS, calculator, convert_units, date_add, date_diff, weekday
+from grpolab.tasks._args import check_optional_count, check_optional_path, read_jsonl, split_held_out
 from grpolab.util.fields import ConfigError
 
 SYSTEM_PROMPT = (
@@ -53,13 +40,41 @@ SYSTEM_PROMPT = (
 )
 
 _UNIT_WORDS = {
-    "km": "kilometers", "mi": "miles", "m": "meters", "ft": "feet", "cm": "centimeters", "in": "inches",
-    "kg": "kilograms", "lb": "pounds", "g": "grams", "oz": "ounces", "l": "liters", "gal": "gallons",
-    "h": "hours", "min": "minutes", "C": "degrees Celsius", "F": "degrees Fahrenheit", "K": "kelvin",
+    "km": "kilometers",
+    "mi": "miles",
+    "m": "meters",
+    "ft": "feet",
+    "cm": "centimeters",
+    "in": "inches",
+    "kg": "kilograms",
+    "lb": "pounds",
+    "g": "grams",
+    "oz": "ounces",
+    "l": "liters",
+    "gal": "gallons",
+    "h": "hours",
+    "min": "minutes",
+    "C": "degrees Celsius",
+    "F": "degrees Fahrenheit",
+    "K": "kelvin",
 }
-_UNIT_PAIRS = [("km", "mi"), ("mi", "km"), ("m", "ft"), ("ft", "m"), ("cm", "in"), ("in", "cm"), ("kg", "lb"),
-               ("lb", "kg"), ("g", "oz"), ("l", "gal"), ("gal", "l"), ("h", "min"), ("C", "F"), ("F", "C"),
-               ("C", "K")]
+_UNIT_PAIRS = [
+    ("km", "mi"),
+    ("mi", "km"),
+    ("m", "ft"),
+    ("ft", "m"),
+    ("cm", "in"),
+    ("in", "cm"),
+    ("kg", "lb"),
+    ("lb", "kg"),
+    ("g", "oz"),
+    ("l", "gal"),
+    ("gal", "l"),
+    ("h", "min"),
+    ("C", "F"),
+    ("F", "C"),
+    ("C", "K"),
+]
 
 
 def _tools_block(names: list[str]) -> str:
@@ -67,8 +82,10 @@ def _tools_block(names: list[str]) -> str:
 
 
 def _prompt(question: str, names: list[str]) -> str:
-    return (f"Available tools (JSON schema of each tool's arguments):\n{_tools_block(names)}\n\n"
-            f"Question: {question}\nAnswer with one tool call.")
+    return (
+        f"Available tools (JSON schema of each tool's arguments):\n{_tools_block(names)}\n\n"
+        f"Question: {question}\nAnswer with one tool call."
+    )
 
 
 def _rand_date(rng: random.Random) -> str:
@@ -106,13 +123,22 @@ def generate(rng: random.Random) -> Example:
         d = _rand_date(rng)
         q = f"What day of the week was {d}?"
         tool, args = "weekday", {"date": d}
-    expected = {"calculator": calculator, "convert_units": convert_units, "date_add": date_add,
-                "date_diff": date_diff, "weekday": weekday}[tool](**args)
+    expected = {
+        "calculator": calculator,
+        "convert_units": convert_units,
+        "date_add": date_add,
+        "date_diff": date_diff,
+        "weekday": weekday,
+    }[tool](**args)
     names = sorted(TOOL_SPECS)
     call = json.dumps({"name": tool, "arguments": args})
     meta = {"tools": [TOOL_SPECS[n] for n in names], "expected_tool": tool, "expected_result": expected}
-    return Example(prompt=_prompt(q, names), answer=f"<tool_call>{call}</tool_call>", meta=meta,
-                   id=f"tools/{kind}/{hashlib.sha1(q.encode()).hexdigest()[:10]}")
+    return Example(
+        prompt=_prompt(q, names),
+        answer=f"<tool_call>{call}</tool_call>",
+        meta=meta,
+        id=f"tools/{kind}/{hashlib.sha1(q.encode()).hexdigest()[:10]}",
+    )
 
 
 def _check_spec(spec, where: str) -> dict:
@@ -151,9 +177,14 @@ def load_items(path: str) -> list[Example]:
             raise ConfigError(f"{where}: needs expected_result or expected_arguments")
         names = [t["name"] for t in tools]
         prompt = f"Available tools (JSON schema of each tool's arguments):\n{json.dumps(tools)}\n\n{rec['prompt']}"
-        out.append(Example(prompt=prompt,
-                           answer=json.dumps(rec.get("expected_arguments", rec.get("expected_result"))),
-                           meta=meta, id=str(rec.get("id", f"{where}:{'/'.join(names)}"))))
+        out.append(
+            Example(
+                prompt=prompt,
+                answer=json.dumps(rec.get("expected_arguments", rec.get("expected_result"))),
+                meta=meta,
+                id=str(rec.get("id", f"{where}:{'/'.join(names)}")),
+            )
+        )
     if not out:
         raise ConfigError(f"task_args.path: {Path(path).expanduser().name} holds no items")
     return out

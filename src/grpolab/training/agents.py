@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 import torch
 
 from grpolab.batch import Example, Rollout
+from grpolab.engine.base import TurnLimits
 from grpolab.env import close_environment, load_environment, run_turns
 from grpolab.env.base import EnvConfigError, Reply, example_seed, seeded
 from grpolab.env.budget import ToolBudget
 from grpolab.env.calls import ToolCall
 from grpolab.env.runner import Raised, call_with_timeout, limit_stuck_calls, short_error
 from grpolab.env.settings import EnvConfig
-from grpolab.engine.base import TurnLimits
 from grpolab.model.template import TemplateError, addition_ids, append_only_problem, render
 from grpolab.rewards.scoring import RewardFn, Scores
 from grpolab.util.fields import ConfigError
@@ -77,8 +77,10 @@ class Environments:
             return self.factory, self.tools
         name = e.meta.get(ROUTE_COLUMN)
         if name not in self.routes:
-            raise ConfigError(f"example {e.id!r} has `{ROUTE_COLUMN}={name!r}`, which is not among env.factories "
-                              f"({', '.join(sorted(self.routes))}); give every row an `{ROUTE_COLUMN}` column naming one")
+            raise ConfigError(
+                f"example {e.id!r} has `{ROUTE_COLUMN}={name!r}`, which is not among env.factories "
+                f"({', '.join(sorted(self.routes))}); give every row an `{ROUTE_COLUMN}` column naming one"
+            )
         return self.routes[name]
 
     def fields(self, e: Example) -> dict:
@@ -93,28 +95,41 @@ def _load_one(spec: str, s: EnvConfig, tokenizer, system_prompt: str | None, key
     """(factory, tools, has_reward) of one environment spec, checked: it loads, and the chat template renders
     a conversation with its tools append-only (else ConfigError, exit 2)."""
     try:
-        factory = load_environment(spec, kind=s.kind or None, timeout_s=s.tool_timeout_s,
-                                   max_result_chars=s.max_result_chars, options=s.options or None, tools=s.tools,
-                                   here=s.tool_thread == "main", process=s.tool_process)
+        factory = load_environment(
+            spec,
+            kind=s.kind or None,
+            timeout_s=s.tool_timeout_s,
+            max_result_chars=s.max_result_chars,
+            options=s.options or None,
+            tools=s.tools,
+            here=s.tool_thread == "main",
+            process=s.tool_process,
+        )
         probe = factory()
     except EnvConfigError as e:
         raise ConfigError(f"{key}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the user's class failed before training: say so, exit 2
-        raise ConfigError(f"{key}={spec}: creating the environment raised {short_error(e)}; it must be creatable "
-                          "with the given env.options before training starts") from e
+        raise ConfigError(
+            f"{key}={spec}: creating the environment raised {short_error(e)}; it must be creatable "
+            "with the given env.options before training starts"
+        ) from e
     if s.tool_process and factory.kind not in PROCESS_KINDS:
         close_environment(probe)
-        raise ConfigError(f"env.tool_process: {key}={spec} is a {factory.kind}-style environment, whose steps are its "
-                          "state and run in this process; tool calls in a child process need tool functions or an "
-                          "environment class whose methods are tools. Set env.tool_process=false")
+        raise ConfigError(
+            f"env.tool_process: {key}={spec} is a {factory.kind}-style environment, whose steps are its "
+            "state and run in this process; tool calls in a child process need tool functions or an "
+            "environment class whose methods are tools. Set env.tool_process=false"
+        )
     tools = list(getattr(probe, "tools", None) or [])
     has_reward = bool(getattr(probe, "has_reward", True))
     close_environment(probe)
     problem = append_only_problem(tokenizer, tools or None, system_prompt)
     if problem:
-        raise ConfigError(f"{key}={spec}: {problem}. A multi-turn trajectory is trained on the "
-                          f"tokens the template renders, so it must only ever append; use a model whose chat "
-                          f"template does (the bundled SmolLM2's does)")
+        raise ConfigError(
+            f"{key}={spec}: {problem}. A multi-turn trajectory is trained on the "
+            f"tokens the template renders, so it must only ever append; use a model whose chat "
+            f"template does (the bundled SmolLM2's does)"
+        )
     return factory, tools, has_reward
 
 
@@ -155,8 +170,10 @@ def prompt_messages(e: Example, extra, system_prompt: str | None) -> list[dict]:
     if system_prompt and not any(m["role"] == "system" for m in msgs):
         msgs.insert(0, {"role": "system", "content": system_prompt})
     if not any(isinstance(m.get("content"), str) and m["content"].strip() for m in msgs if m["role"] == "user"):
-        raise ConfigError(f"example {e.id!r}: empty prompt, and the environment's reset() returned no text for it; "
-                          "give the data a prompt column or return the task's text from reset()")
+        raise ConfigError(
+            f"example {e.id!r}: empty prompt, and the environment's reset() returned no text for it; "
+            "give the data a prompt column or return the task's text from reset()"
+        )
     return msgs
 
 
@@ -172,7 +189,8 @@ def check_group_prompts(prompts: list[list[dict]], examples: list[Example], G: i
                 f"env.name: the environments of example {e.id!r} wrote different prompts for its {G} trajectories "
                 f"({prompts[i - i % G][-1]['content'][:60]!r} and {prompts[i][-1]['content'][:60]!r}); a group must "
                 "share its task. Draw the task in reset from Python's `random` module (grpolab seeds it per "
-                "example) or from the example's fields (its `seed`, its id), not from a generator of its own")
+                "example) or from the example's fields (its `seed`, its id), not from a generator of its own"
+            )
 
 
 def _safe(text: str | None, events: Counter) -> str | None:
@@ -199,6 +217,7 @@ def env_reward(weight: float) -> RewardFn:
     scored with the others (grpolab.rewards.scoring), from the trajectories' environments. A None means
     it does not apply (reward/env/none, env/reward_none); a reward() that raises is an error
     (reward/errors, env/reward_errors) and adds nothing."""
+
     def env(completions, examples, environments=None, **context):
         if environments is None:  # scored outside a rollout (a gold-answer check): nothing to read
             return [None] * len(completions)
@@ -212,8 +231,10 @@ def env_reward_metrics(scores: Scores) -> dict:
     """env/reward_none and env/reward_errors: trajectories whose environment gave no reward, or whose reward() raised."""
     if ENV_REWARD not in scores.per_fn:
         return {}
-    return {"env/reward_none": float(len(scores.none.get(ENV_REWARD, ()))),
-            "env/reward_errors": float(len(scores.errors.get(ENV_REWARD, ())))}
+    return {
+        "env/reward_none": float(len(scores.none.get(ENV_REWARD, ()))),
+        "env/reward_errors": float(len(scores.errors.get(ENV_REWARD, ()))),
+    }
 
 
 class Unstarted:
@@ -254,18 +275,26 @@ def start_environment(factory, fields: dict, s: EnvConfig, events: Counter, exam
     `reset` event) or did not return within env.reset_timeout_s (`reset_timeout`), with a warning naming
     the example. Runs on a daemon thread with that limit (in this thread, without it, when
     env.tool_thread=main). A reset that breaks the contract (returns a number, say) is a usage error."""
-    out = call_with_timeout(_start, {"factory": factory, "fields": fields}, s.reset_timeout_s, convert=False,
-                            here=s.tool_thread == "main")
+    out = call_with_timeout(
+        _start, {"factory": factory, "fields": fields}, s.reset_timeout_s, convert=False, here=s.tool_thread == "main"
+    )
     if isinstance(out, tuple):
         return out
     if isinstance(out, Raised) and isinstance(out.error, EnvConfigError):
         raise ConfigError(f"env.name: {out.error}") from None
     kind = "reset_timeout" if out is None else "reset"
-    why = (f"did not return within env.reset_timeout_s={s.reset_timeout_s:g} s" if out is None
-           else f"raised {out.describe()}")
+    why = (
+        f"did not return within env.reset_timeout_s={s.reset_timeout_s:g} s"
+        if out is None
+        else f"raised {out.describe()}"
+    )
     events[kind] += 1
-    log.warning("environment of example %s: creating or resetting it %s; the example's trajectories score 0 "
-                "(env/errors_%s)", ascii(str(example_id))[:80], ascii(why)[:400], kind)
+    log.warning(
+        "environment of example %s: creating or resetting it %s; the example's trajectories score 0 (env/errors_%s)",
+        ascii(str(example_id))[:80],
+        ascii(why)[:400],
+        kind,
+    )
     return None, None
 
 
@@ -289,8 +318,9 @@ def close_all(envs) -> None:
         close_environment(env)
 
 
-def _record(messages: list[dict], calls: dict[int, list[ToolCall]],
-            values: dict[int, object] | None = None) -> list[dict]:
+def _record(
+    messages: list[dict], calls: dict[int, list[ToolCall]], values: dict[int, object] | None = None
+) -> list[dict]:
     """The conversation as reward functions and samples see it: each assistant turn that made tool calls
     carries them as TRL's parsed `tool_calls` (its text keeps the <tool_call> blocks); a tool message
     whose tool returned a list holds that list as its content (TRL passes it through; the model read
@@ -298,17 +328,27 @@ def _record(messages: list[dict], calls: dict[int, list[ToolCall]],
     out = []
     for k, m in enumerate(messages):
         if k in calls:
-            m = {**m, "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in calls[k]]}
+            m = {
+                **m,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls[k]
+                ],
+            }
         if values and k in values:
             m = {**m, "content": values[k]}
         out.append(m)
     return out
 
 
-def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
-                  generator: torch.Generator | None = None,
-                  sampling=None) -> tuple[Rollout, dict[str, list], dict]:
+def agent_rollout(
+    run,
+    examples: list[Example],
+    *,
+    G: int,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    sampling=None,
+) -> tuple[Rollout, dict[str, list], dict]:
     """G multi-turn trajectories per example. Returns (rollout, context, metrics); context holds, per
     trajectory, its `environments` (left open for scoring: the caller closes them, close_all) and the
     `prompts` it started from, for the reward functions (as TRL passes both). `sampling`: how to draw
@@ -341,16 +381,26 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
             else:
                 row_prompts.append(prompt_messages(examples[i // G], extras[i], system))
         check_group_prompts(row_prompts, examples, G)
-        prompt_ids = [list(tok(render(tok, row_prompts[i], add_generation_prompt=True, tools=tools_of[i]),
-                               add_special_tokens=False)["input_ids"]) for i in range(0, N, G)]
+        prompt_ids = [
+            list(
+                tok(
+                    render(tok, row_prompts[i], add_generation_prompt=True, tools=tools_of[i]), add_special_tokens=False
+                )["input_ids"]
+            )
+            for i in range(0, N, G)
+        ]
         history = [list(p) for p in row_prompts]
         calls_at: list[dict[int, list[ToolCall]]] = [{} for _ in range(N)]
         values_at: list[dict[int, object]] = [{} for _ in range(N)]  # tool results that were lists
 
         def respond(rows: list[int], turn_ids: list[list[int]], ended: list[bool]) -> list[list[int] | None]:
             texts = [_safe(t, events) for t in tok.batch_decode(turn_ids, skip_special_tokens=True)]
-            replies = run_turns([envs[r] for r in rows], texts, clocks=[budget.clocks[r] for r in rows],
-                                sequential=s.tool_thread == "main")
+            replies = run_turns(
+                [envs[r] for r in rows],
+                texts,
+                clocks=[budget.clocks[r] for r in rows],
+                sequential=s.tool_thread == "main",
+            )
             out: list[list[int] | None] = []
             for r, text, reply, eos in zip(rows, texts, replies, ended):
                 history[r].append({"role": "assistant", "content": text})
@@ -375,8 +425,9 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
             return out
 
         limits = TurnLimits(s.max_turn_tokens, s.max_model_tokens, s.max_env_tokens, s.max_turns)
-        rollout, trajs = run.engine.generate_turns(prompt_ids, respond, sampling or run.sampling(greedy), limits, G=G,
-                                                   generator=generator)
+        rollout, trajs = run.engine.generate_turns(
+            prompt_ids, respond, sampling or run.sampling(greedy), limits, G=G, generator=generator
+        )
     except BaseException:
         close_all(envs)
         raise
@@ -384,8 +435,9 @@ def agent_rollout(run, examples: list[Example], *, G: int, greedy: bool = False,
         if tr.stop == "env_tokens":  # the last reply was refused by the budget: it is not in the tokens either
             while h and h[-1]["role"] != "assistant":
                 h.pop()
-    rollout.conversations = [_record(h[len(row_prompts[i]):], calls_at[i], values_at[i])
-                             for i, h in enumerate(history)]
+    rollout.conversations = [
+        _record(h[len(row_prompts[i]) :], calls_at[i], values_at[i]) for i, h in enumerate(history)
+    ]
     rollout.stops = [t.stop for t in trajs]
     metrics = {**trajectory_metrics(rollout, trajs, events, calls), **budget.metrics()}
     failed = [i for i in range(N) if i // G in unstarted]
@@ -397,9 +449,11 @@ def trajectory_metrics(rollout: Rollout, trajs, events: Counter, calls: Counter)
     n = len(trajs)
     env_tokens = float(rollout.env_mask.sum()) if rollout.env_mask is not None else 0.0
     model_tokens = float(rollout.completion_mask.sum())
-    m = {"env/turns_mean": sum(len(t.turns) for t in trajs) / n,
-         "env/tool_calls_mean": sum(calls.values()) / n,
-         "env/env_token_frac": env_tokens / max(1.0, env_tokens + model_tokens)}
+    m = {
+        "env/turns_mean": sum(len(t.turns) for t in trajs) / n,
+        "env/tool_calls_mean": sum(calls.values()) / n,
+        "env/env_token_frac": env_tokens / max(1.0, env_tokens + model_tokens),
+    }
     for stop in STOPS:
         m[f"env/stopped_{stop}"] = sum(t.stop == stop for t in trajs) / n
     for kind, k in events.items():

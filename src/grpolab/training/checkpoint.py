@@ -120,10 +120,14 @@ def _step_dirs(ckpt_root: Path) -> list[tuple[int, Path]]:
 
 
 def _is_complete(path: Path) -> bool:
-    return (path / "trainer_state.json").is_file() and (path / MANIFEST).is_file() and (
-        (path / "model.safetensors").is_file()
-        or (path / "model.safetensors.index.json").is_file()
-        or (path / "adapter_model.safetensors").is_file()
+    return (
+        (path / "trainer_state.json").is_file()
+        and (path / MANIFEST).is_file()
+        and (
+            (path / "model.safetensors").is_file()
+            or (path / "model.safetensors.index.json").is_file()
+            or (path / "adapter_model.safetensors").is_file()
+        )
     )
 
 
@@ -140,8 +144,10 @@ def _files(ckpt_dir: Path) -> list[str]:
 
 
 def _write_manifest(ckpt_dir: Path) -> None:
-    manifest = {name: {"size": (ckpt_dir / name).stat().st_size, "sha256": _sha256(ckpt_dir / name)}
-                for name in _files(ckpt_dir)}
+    manifest = {
+        name: {"size": (ckpt_dir / name).stat().st_size, "sha256": _sha256(ckpt_dir / name)}
+        for name in _files(ckpt_dir)
+    }
     (ckpt_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
 
 
@@ -187,8 +193,12 @@ def verify_checkpoint(ckpt_dir: Path) -> str | None:
     if unlisted:
         return f"{ckpt_dir / unlisted[0]}: not in the manifest (added after the checkpoint was written)"
     for name, want in sorted(manifest.items()):
-        if not _inside(ckpt_dir, name) or not isinstance(want, dict) or not isinstance(want.get("size"), int) \
-                or not isinstance(want.get("sha256"), str):
+        if (
+            not _inside(ckpt_dir, name)
+            or not isinstance(want, dict)
+            or not isinstance(want.get("size"), int)
+            or not isinstance(want.get("sha256"), str)
+        ):
             return f"{ckpt_dir / MANIFEST}: malformed entry {str(name)[:100]!r}"
         path = ckpt_dir / name
         if not path.is_file():
@@ -335,8 +345,14 @@ def is_write_failure(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return True
     text = str(e)
-    return type(e).__name__ == "SafetensorError" and "I/O error" in text or (
-        isinstance(e, RuntimeError) and ("failed writing" in text or "No space left" in text or "File too large" in text))
+    return (
+        type(e).__name__ == "SafetensorError"
+        and "I/O error" in text
+        or (
+            isinstance(e, RuntimeError)
+            and ("failed writing" in text or "No space left" in text or "File too large" in text)
+        )
+    )
 
 
 def latest_good_checkpoint(out_dir: Path, log=print) -> Path | None:
@@ -369,18 +385,23 @@ def _load_model_weights(ckpt_dir: Path, model) -> None:
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
         missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]  # the rest is the base
         if unexpected or missing:
-            raise RuntimeError(f"{ckpt_dir}: adapter weights do not match the model: unexpected {unexpected[:5]}, "
-                               f"missing {missing[:5]}")
+            raise RuntimeError(
+                f"{ckpt_dir}: adapter weights do not match the model: unexpected {unexpected[:5]}, "
+                f"missing {missing[:5]}"
+            )
         return
 
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        outside = [x for x in shards if not _inside(ckpt_dir, x) or not (ckpt_dir / x).is_file()
-                   or (ckpt_dir / x).is_symlink()]
+        outside = [
+            x for x in shards if not _inside(ckpt_dir, x) or not (ckpt_dir / x).is_file() or (ckpt_dir / x).is_symlink()
+        ]
         if outside:
-            raise RuntimeError(f"{ckpt_dir}: the shard index names {str(outside[0])[:200]!r}, not a file of the "
-                               f"checkpoint; only the checkpoint's own files are loaded")
+            raise RuntimeError(
+                f"{ckpt_dir}: the shard index names {str(outside[0])[:200]!r}, not a file of the "
+                f"checkpoint; only the checkpoint's own files are loaded"
+            )
         state: dict[str, torch.Tensor] = {}
         for shard in shards:
             state.update(load_file(str(ckpt_dir / shard)))
@@ -426,8 +447,10 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler, *, components: 
     for name, component in (components or {}).items():
         path = ckpt_dir / f"{name}.pt"
         if not path.is_file():
-            raise FileNotFoundError(f"{ckpt_dir}: no {name}.pt, so the {name} cannot be restored (a checkpoint "
-                                    f"written before {name}s were saved inside it?); start the run again")
+            raise FileNotFoundError(
+                f"{ckpt_dir}: no {name}.pt, so the {name} cannot be restored (a checkpoint "
+                f"written before {name}s were saved inside it?); start the run again"
+            )
         component.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     rng = ckpt_dir / "rng.pt"
     if rng.is_file():
@@ -448,16 +471,29 @@ def record_restart(run, step: int, checkpoint: str | None, how: str) -> None:
     if not run.ranks.main:
         return
     restart = int(highest) if highest >= 0 else None
-    logged = [r.get("step") for r in read_jsonl(run.out / "metrics.jsonl")] if (run.out / "metrics.jsonl").exists() else []
+    logged = (
+        [r.get("step") for r in read_jsonl(run.out / "metrics.jsonl")] if (run.out / "metrics.jsonl").exists() else []
+    )
     redone = sorted(x for x in logged if isinstance(x, int) and x > step)
-    cause = (f"torchrun restarted the workers (restart {restart} of at most "
-             f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}): a worker of the previous attempt failed or was lost"
-             if restart else "the same command was run again (resume=auto): a relaunched or requeued job"
-             if how == "resume=auto" else None)
-    record = {"step": step, "checkpoint": checkpoint, "time": time.time(),
-              "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "how": how,
-              "torchelastic_restart_count": restart, "world_size": run.ranks.world,
-              "steps_redone": redone, "cause": cause}
+    cause = (
+        f"torchrun restarted the workers (restart {restart} of at most "
+        f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}): a worker of the previous attempt failed or was lost"
+        if restart
+        else "the same command was run again (resume=auto): a relaunched or requeued job"
+        if how == "resume=auto"
+        else None
+    )
+    record = {
+        "step": step,
+        "checkpoint": checkpoint,
+        "time": time.time(),
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "how": how,
+        "torchelastic_restart_count": restart,
+        "world_size": run.ranks.world,
+        "steps_redone": redone,
+        "cause": cause,
+    }
     with open(run.out / RESTARTS, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()

@@ -55,7 +55,7 @@ class GroupBaseline:
     computes_every_group = False
     """A group whose advantages are all 0 adds nothing to the loss and need not be computed."""
 
-    def __init__(self, algo: "AlgoConfig"):
+    def __init__(self, algo: AlgoConfig):
         self.algo = algo
 
     def targets(self, spec: PassSpec, batch: Batch) -> Tensor:

@@ -202,8 +202,13 @@ def algo_choices() -> dict[str, tuple[str, ...]]:
     from grpolab.algo.kl import KL_ESTIMATORS
     from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES
 
-    return {"advantage": (*ADVANTAGES, "gae"), "adv_scale": tuple(ADV_SCALES), "objective": tuple(OBJECTIVES),
-            "aggregation": tuple(AGGREGATIONS), "kl_estimator": tuple(KL_ESTIMATORS)}
+    return {
+        "advantage": (*ADVANTAGES, "gae"),
+        "adv_scale": tuple(ADV_SCALES),
+        "objective": tuple(OBJECTIVES),
+        "aggregation": tuple(AGGREGATIONS),
+        "kl_estimator": tuple(KL_ESTIMATORS),
+    }
 
 
 def _type_of(cls: type, name: str):
@@ -338,17 +343,26 @@ def fold_report_to(cfg: Config) -> None:
 def validate(cfg: Config) -> None:
     """Impossible values, caught before anything is written."""
     checks = [
-        (cfg.steps >= 1 or (cfg.steps == -1 and cfg.num_train_epochs is not None), "steps",
-         "must be >= 1 (or -1 with num_train_epochs set: the epochs decide the number of steps)"),
+        (
+            cfg.steps >= 1 or (cfg.steps == -1 and cfg.num_train_epochs is not None),
+            "steps",
+            "must be >= 1 (or -1 with num_train_epochs set: the epochs decide the number of steps)",
+        ),
         (cfg.num_train_epochs is None or cfg.num_train_epochs > 0, "num_train_epochs", "must be > 0 or null"),
         (cfg.G >= 1, "G", "must be >= 1 (completions per prompt)"),
         (cfg.batch_size >= 1, "batch_size", "must be >= 1"),
-        (cfg.batch_size % max(cfg.G, 1) == 0, "batch_size",
-         f"{cfg.batch_size} is not divisible by G={cfg.G}; use a multiple of G, e.g. {max(cfg.G, 1) * max(1, cfg.batch_size // max(cfg.G, 1))}"),
+        (
+            cfg.batch_size % max(cfg.G, 1) == 0,
+            "batch_size",
+            f"{cfg.batch_size} is not divisible by G={cfg.G}; use a multiple of G, e.g. {max(cfg.G, 1) * max(1, cfg.batch_size // max(cfg.G, 1))}",
+        ),
         (cfg.micro_batch >= 1, "micro_batch", "must be >= 1"),
-        ((cfg.batch_size // max(cfg.G, 1)) % cfg.algo.steps_per_generation == 0, "algo.steps_per_generation",
-         f"{cfg.algo.steps_per_generation} does not divide the {cfg.batch_size // max(cfg.G, 1)} prompt groups of a "
-         f"step (batch_size / G); each update takes an equal share of them"),
+        (
+            (cfg.batch_size // max(cfg.G, 1)) % cfg.algo.steps_per_generation == 0,
+            "algo.steps_per_generation",
+            f"{cfg.algo.steps_per_generation} does not divide the {cfg.batch_size // max(cfg.G, 1)} prompt groups of a "
+            f"step (batch_size / G); each update takes an equal share of them",
+        ),
         (cfg.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
         (cfg.temperature > 0, "temperature", "must be > 0"),
         (0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]"),
@@ -360,11 +374,18 @@ def validate(cfg: Config) -> None:
         (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
         (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
         (cfg.max_nonfinite_updates >= 1, "max_nonfinite_updates", "must be >= 1"),
-        (cfg.algo.overlong_buffer <= cfg.max_completion_tokens, "algo.overlong_buffer",
-         f"{cfg.algo.overlong_buffer} tokens is longer than "
-         f"{'env.max_model_tokens' if cfg.env.enabled else 'max_new_tokens'}={cfg.max_completion_tokens}: every completion "
-         f"would be punished; lower it (DAPO used 20% of the limit)"),
-        (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"), "device", "must be auto, cpu or cuda"),
+        (
+            cfg.algo.overlong_buffer <= cfg.max_completion_tokens,
+            "algo.overlong_buffer",
+            f"{cfg.algo.overlong_buffer} tokens is longer than "
+            f"{'env.max_model_tokens' if cfg.env.enabled else 'max_new_tokens'}={cfg.max_completion_tokens}: every completion "
+            f"would be punished; lower it (DAPO used 20% of the limit)",
+        ),
+        (
+            cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
+            "device",
+            "must be auto, cpu or cuda",
+        ),
         (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
         (cfg.decoder in ("auto", "lean", "hf"), "decoder", "must be auto, lean or hf"),
         (cfg.cpu_malloc in ("keep", "system"), "cpu_malloc", "must be keep or system"),
@@ -379,14 +400,20 @@ def validate(cfg: Config) -> None:
         (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),
         (cfg.threads >= 0, "threads", "must be >= 0"),
         (cfg.thread_wait in WAIT_SETTINGS, "thread_wait", f"must be one of {', '.join(WAIT_SETTINGS)}"),
-        (len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
-         "adam_betas", "must be two numbers in [0, 1)"),
+        (
+            len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
+            "adam_betas",
+            "must be two numbers in [0, 1)",
+        ),
         (bool(cfg.out), "out", "must be a directory path"),
     ]
     checks += [  # reward calls
         (cfg.reward_thread in ("auto", "main", "workers"), "reward_thread", "must be auto, main or workers"),
-        (isinstance(cfg.max_reward_error_steps, int) and cfg.max_reward_error_steps >= 0, "max_reward_error_steps",
-         "must be an integer >= 0 (0: never stop for failing rewards)"),
+        (
+            isinstance(cfg.max_reward_error_steps, int) and cfg.max_reward_error_steps >= 0,
+            "max_reward_error_steps",
+            "must be an integer >= 0 (0: never stop for failing rewards)",
+        ),
     ]
     for ok, key, msg in checks:
         if not ok:
@@ -423,30 +450,40 @@ def config_from_run(out_dir: Path) -> dict:
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        raise ConfigError(f"{p}: cannot be read as the run's settings ({type(e).__name__}: {str(e)[:300]}); "
-                          f"it is not a config.yaml grpolab wrote: restore it or start a new run") from e
+        raise ConfigError(
+            f"{p}: cannot be read as the run's settings ({type(e).__name__}: {str(e)[:300]}); "
+            f"it is not a config.yaml grpolab wrote: restore it or start a new run"
+        ) from e
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping of keys to values at the top level, got {type(data).__name__}; "
-                          f"it is not a config.yaml grpolab wrote: restore it or start a new run")
+        raise ConfigError(
+            f"{p}: expected a mapping of keys to values at the top level, got {type(data).__name__}; "
+            f"it is not a config.yaml grpolab wrote: restore it or start a new run"
+        )
     return data
 
 
 def not_a_run_message(out_dir: Path) -> str:
     """What to do with a --resume target that holds no config.yaml."""
     if not out_dir.exists():
-        return (f"--resume {out_dir}: no such directory. Start the run with "
-                f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]`")
-    return (f"--resume {out_dir}: it holds no config.yaml, so the run stopped before recording its settings and "
-            f"trained no step: there is nothing to resume. Start it again with the same settings: "
-            f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]` (that directory is accepted as it is)")
+        return (
+            f"--resume {out_dir}: no such directory. Start the run with "
+            f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]`"
+        )
+    return (
+        f"--resume {out_dir}: it holds no config.yaml, so the run stopped before recording its settings and "
+        f"trained no step: there is nothing to resume. Start it again with the same settings: "
+        f"`grpolab train [RECIPE] out={out_dir} [KEY=VALUE ...]` (that directory is accepted as it is)"
+    )
 
 
 def help_text(cfg: Config | None = None) -> str:
     """Every option with the value a run would use and its documentation (for --help): the values of
     `cfg` (a recipe and overrides already applied), or of the defaults with the default algo preset."""
     cfg = cfg if cfg is not None else build_config()
-    lines = ["Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04); the values shown are the ones this run "
-             "would use:", ""]
+    lines = [
+        "Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04); the values shown are the ones this run would use:",
+        "",
+    ]
     docs = field_docs(Config)
     for f in dataclasses.fields(Config):
         if f.name == "algo":
@@ -459,7 +496,7 @@ def help_text(cfg: Config | None = None) -> str:
     lines += _option_lines("lora.", cfg.lora)
     lines += ["", "  env.* options (multi-turn environments, docs/agents.md; env.name empty = single-turn):"]
     lines += _option_lines("env.", cfg.env)
-    lines += ["", "  rollout.* options (the rollout engine, README.md \"Rollout engines\"):"]
+    lines += ["", '  rollout.* options (the rollout engine, README.md "Rollout engines"):']
     lines += _option_lines("rollout.", cfg.rollout)
     lines += ["", f"  algo=NAME and algo.* options (algo={cfg.algo.name}: its preset's values):"]
     lines += _option_lines("algo.", cfg.algo)

@@ -15,11 +15,23 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 DEFAULT_REFLECTION_PHRASES = [
-    "wait", "let me check", "let me verify", "verify", "double-check", "recheck", "hmm", "actually",
-    "espera", "revisemos", "comprobemos", "verifiquemos", "déjame comprobar", "en realidad",
+    "wait",
+    "let me check",
+    "let me verify",
+    "verify",
+    "double-check",
+    "recheck",
+    "hmm",
+    "actually",
+    "espera",
+    "revisemos",
+    "comprobemos",
+    "verifiquemos",
+    "déjame comprobar",
+    "en realidad",
 ]
 """English and Spanish phrases counted as reflection (whole words, case-insensitive)."""
 
@@ -57,8 +69,11 @@ def length_split(lengths: Sequence[float], main_scores: Sequence[float]) -> dict
     """Mean length of correct (main score >= 1) and incorrect completions (NaN when there is none)."""
     correct = [float(n) for n, s in zip(lengths, main_scores) if s >= 1.0]
     wrong = [float(n) for n, s in zip(lengths, main_scores) if s < 1.0]
-    return {"aha/length_correct": _mean(correct), "aha/length_incorrect": _mean(wrong),
-            "aha/correct_frac": len(correct) / len(lengths) if len(lengths) else float("nan")}
+    return {
+        "aha/length_correct": _mean(correct),
+        "aha/length_incorrect": _mean(wrong),
+        "aha/correct_frac": len(correct) / len(lengths) if len(lengths) else float("nan"),
+    }
 
 
 def aha_metrics(batch, main: str, phrases: Sequence[str] | None = None) -> dict[str, float]:
@@ -70,11 +85,13 @@ def aha_metrics(batch, main: str, phrases: Sequence[str] | None = None) -> dict[
     pattern = phrase_pattern(DEFAULT_REFLECTION_PHRASES if phrases is None else phrases)
     counts = [count_phrases(t, pattern) for t in rollout.texts]
     out = length_split(lengths, main_scores)
-    out.update({
-        "aha/reflection_count": float(sum(counts)),
-        "aha/reflection_frac": sum(c > 0 for c in counts) / len(counts) if counts else float("nan"),
-        "aha/length_reward_corr": pearson(lengths, [float(r) for r in batch.raw_reward.tolist()]),
-    })
+    out.update(
+        {
+            "aha/reflection_count": float(sum(counts)),
+            "aha/reflection_frac": sum(c > 0 for c in counts) / len(counts) if counts else float("nan"),
+            "aha/length_reward_corr": pearson(lengths, [float(r) for r in batch.raw_reward.tolist()]),
+        }
+    )
     return out
 
 
@@ -116,7 +133,7 @@ class CollapseWatcher:
             self.active = {a for a in ALERTS if m.get(f"alert/{a}")}
 
     @classmethod
-    def for_run(cls, cfg, log, metrics_path, start: int) -> "CollapseWatcher":
+    def for_run(cls, cfg, log, metrics_path, start: int) -> CollapseWatcher:
         """A watcher for a run continuing after step `start` (0: a new run), restored from the steps
         <= start already in metrics_path."""
         from pathlib import Path
@@ -148,21 +165,30 @@ class CollapseWatcher:
         fired: dict[str, str] = {}
         ent = m.get("entropy")
         if isinstance(ent, (int, float)) and not math.isnan(ent) and ent < cfg.alert_entropy_min:
-            fired["entropy"] = f"policy entropy {ent:.3g} < {cfg.alert_entropy_min:g}: sampling has become nearly deterministic"
+            fired["entropy"] = (
+                f"policy entropy {ent:.3g} < {cfg.alert_entropy_min:g}: sampling has become nearly deterministic"
+            )
         if self.zero_var_run >= cfg.alert_zero_var_steps:
-            fired["zero_variance"] = (f"every group had equal rewards for {self.zero_var_run} steps: no learning "
-                                      "signal (raise G, change the task's difficulty or the temperature)")
+            fired["zero_variance"] = (
+                f"every group had equal rewards for {self.zero_var_run} steps: no learning "
+                "signal (raise G, change the task's difficulty or the temperature)"
+            )
         tr = m.get("completion/truncated_frac")
         if isinstance(tr, (int, float)) and tr > cfg.alert_truncated_frac:
-            fired["truncated"] = (f"{tr:.0%} of trajectories were cut by env.max_turn_tokens={cfg.env.max_turn_tokens} "
-                                  f"or env.max_model_tokens={cfg.env.max_model_tokens} (raise them)" if cfg.env.enabled
-                                  else f"{tr:.0%} of completions hit max_new_tokens={cfg.max_new_tokens} (raise it)")
+            fired["truncated"] = (
+                f"{tr:.0%} of trajectories were cut by env.max_turn_tokens={cfg.env.max_turn_tokens} "
+                f"or env.max_model_tokens={cfg.env.max_model_tokens} (raise them)"
+                if cfg.env.enabled
+                else f"{tr:.0%} of completions hit max_new_tokens={cfg.max_new_tokens} (raise it)"
+            )
         if len(self.rewards) >= self.window:
             steps = list(range(len(self.rewards)))
             cr, ck = pearson(steps, list(self.rewards)), pearson(steps, list(self.kls))
             if cr < -0.5 and ck > 0.5:
-                fired["reward_down_kl_up"] = (f"reward falling (trend r={cr:.2f}) while KL rises (r={ck:.2f}) over "
-                                              f"the last {self.window} steps: the policy drifts without gaining")
+                fired["reward_down_kl_up"] = (
+                    f"reward falling (trend r={cr:.2f}) while KL rises (r={ck:.2f}) over "
+                    f"the last {self.window} steps: the policy drifts without gaining"
+                )
         for name in ALERTS:
             m[f"alert/{name}"] = 1.0 if name in fired else 0.0
         self.count += len(fired)

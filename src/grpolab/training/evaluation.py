@@ -42,8 +42,14 @@ random stream (common random numbers: the change between two evaluations is the 
 BOOTSTRAP_RESAMPLES = 2000
 
 
-def evaluate(run: Run, examples: list[Example], *, num_generations: int | None = None,
-             temperature: float | None = None, ks: list[int] | None = None) -> dict:
+def evaluate(
+    run: Run,
+    examples: list[Example],
+    *,
+    num_generations: int | None = None,
+    temperature: float | None = None,
+    ks: list[int] | None = None,
+) -> dict:
     """Score `examples` through run.engine: one greedy completion per prompt (num_generations 0, the
     default of cfg.eval_num_generations) or n sampled ones at `temperature` (cfg.eval_temperature).
 
@@ -74,9 +80,10 @@ def evaluate(run: Run, examples: list[Example], *, num_generations: int | None =
     correct, score = [], []
     shares = {name: [0, 0, 0] for name in checks}  # no_answer, wrong, right
     for s in range(0, len(examples), chunk_size):
-        chunk = examples[s:s + chunk_size]
-        rollout, scores, info = rollout_and_score(run, chunk, G=G, greedy=greedy, generator=generator,
-                                                  sampling=sampling)  # multi-turn in an environment too
+        chunk = examples[s : s + chunk_size]
+        rollout, scores, info = rollout_and_score(
+            run, chunk, G=G, greedy=greedy, generator=generator, sampling=sampling
+        )  # multi-turn in an environment too
         if "env/turns_mean" in info:
             turns.append((info["env/turns_mean"], len(chunk)))
         totals += scores.total
@@ -92,8 +99,13 @@ def evaluate(run: Run, examples: list[Example], *, num_generations: int | None =
             for i, text in enumerate(rollout.texts):
                 ok = scores.per_fn[name][i] >= threshold
                 shares[name][2 if ok else 1 if found(text, chunk[i // G]) else 0] += 1
-    out = {"accuracy": sum(mains) / max(1, len(mains)), "reward": sum(totals) / len(totals),
-           "length": sum(lengths) / len(lengths), "n": len(examples), "main_reward": main}
+    out = {
+        "accuracy": sum(mains) / max(1, len(mains)),
+        "reward": sum(totals) / len(totals),
+        "length": sum(lengths) / len(lengths),
+        "n": len(examples),
+        "main_reward": main,
+    }
     if turns:  # in an environment: model turns per trajectory
         out["turns"] = sum(t * n for t, n in turns) / len(examples)
     out["samples_per_prompt"] = G
@@ -108,11 +120,17 @@ def evaluate(run: Run, examples: list[Example], *, num_generations: int | None =
     out["pass@k"] = {}
     for k in ks:
         per_prompt = pass_at_k_per_prompt(G, c, k)
-        ci = (wilson_interval(int(c.sum()), len(c)) if G == 1 else
-              bootstrap_interval(per_prompt, resamples=BOOTSTRAP_RESAMPLES, seed=cfg.seed))
+        ci = (
+            wilson_interval(int(c.sum()), len(c))
+            if G == 1
+            else bootstrap_interval(per_prompt, resamples=BOOTSTRAP_RESAMPLES, seed=cfg.seed)
+        )
         out["pass@k"][str(k)] = {"estimate": float(per_prompt.mean()), "ci": list(ci)}
-    out["extraction"] = {name: {"no_answer": a / sum(v), "wrong": b / sum(v), "right": r / sum(v)}
-                         for name, v in shares.items() for a, b, r in [v]}
+    out["extraction"] = {
+        name: {"no_answer": a / sum(v), "wrong": b / sum(v), "right": r / sum(v)}
+        for name, v in shares.items()
+        for a, b, r in [v]
+    }
     out["per_prompt"] = {"id": [e.id for e in examples], "correct": correct, "score": score}
     return json.loads(json.dumps(out))  # plain JSON types: what summary.json holds reads back equal
 
@@ -123,9 +141,15 @@ def eval_metrics(res: dict) -> dict:
     wrong,right}, eval/prompts, eval/samples_per_prompt (and eval/turns in an environment)."""
     if not res:
         return {}
-    m = {"eval/accuracy": res["accuracy"], "eval/accuracy_lo": res["accuracy_ci"][0],
-         "eval/accuracy_hi": res["accuracy_ci"][1], "eval/reward": res["reward"], "eval/length": res["length"],
-         "eval/prompts": res["n"], "eval/samples_per_prompt": res["samples_per_prompt"]}
+    m = {
+        "eval/accuracy": res["accuracy"],
+        "eval/accuracy_lo": res["accuracy_ci"][0],
+        "eval/accuracy_hi": res["accuracy_ci"][1],
+        "eval/reward": res["reward"],
+        "eval/length": res["length"],
+        "eval/prompts": res["n"],
+        "eval/samples_per_prompt": res["samples_per_prompt"],
+    }
     if "turns" in res:
         m["eval/turns"] = res["turns"]
     for k, v in res["pass@k"].items():
@@ -150,9 +174,12 @@ def compare(before: dict | None, after: dict | None, seed: int = 0) -> dict | No
     out["accuracy"]["sentence"] = describe_change(f"held-out accuracy ({before['main_reward']})", out["accuracy"])
     nb, na = before["samples_per_prompt"], after["samples_per_prompt"]
     for k in sorted(set(before.get("pass@k", {})) & set(after.get("pass@k", {})), key=int):
-        cmp = paired_comparison(pass_at_k_per_prompt(nb, pb["correct"], int(k)),
-                                pass_at_k_per_prompt(na, pa["correct"], int(k)),
-                                resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        cmp = paired_comparison(
+            pass_at_k_per_prompt(nb, pb["correct"], int(k)),
+            pass_at_k_per_prompt(na, pa["correct"], int(k)),
+            resamples=BOOTSTRAP_RESAMPLES,
+            seed=seed,
+        )
         cmp["sentence"] = describe_change(f"pass@{k}", cmp)
         out[f"pass@{k}"] = cmp
     return json.loads(json.dumps(out))
@@ -170,8 +197,9 @@ class Evaluator:
     held-out set and evaluates.
     """
 
-    def __init__(self, run: Run, eval_set: list[Example], logger,
-                 on_evaluate: Callable[[int, dict, dict], None] | None = None):
+    def __init__(
+        self, run: Run, eval_set: list[Example], logger, on_evaluate: Callable[[int, dict, dict], None] | None = None
+    ):
         self.run, self.eval_set, self.logger, self.on_evaluate = run, eval_set, logger, on_evaluate
         cfg = run.cfg
         self.metric = cfg.save_best or "eval/accuracy"
@@ -224,8 +252,11 @@ class Evaluator:
         stop_at = self.run.cfg.eval_stop_at
         reached = stop_at is not None and step > 0 and value is not None and value >= stop_at
         if distributed.global_counts(self.run.ranks, 1.0 if reached else 0.0)[0]:
-            self.stop_reason = (f"{self.metric} = {value:.4g} reached eval_stop_at={stop_at:g} after step {step}"
-                                if reached else f"eval_stop_at reached after step {step} (rank 0)")
+            self.stop_reason = (
+                f"{self.metric} = {value:.4g} reached eval_stop_at={stop_at:g} after step {step}"
+                if reached
+                else f"eval_stop_at reached after step {step} (rank 0)"
+            )
         if self.on_evaluate is not None and res:
             self.on_evaluate(step, metrics, res)
         return metrics

@@ -12,13 +12,7 @@ import os
 from pathlib import Path
 
 from grpolab.util.fields import ConfigError
-from grpolab.util.fileio import (
-    atomic_write,
-    not_a_link_error,
-    open_append,
-    parse_jsonl,
-    read_jsonl,
-)
+from grpolab.util.fileio import atomic_write, not_a_link_error, open_append, parse_jsonl, read_jsonl
 
 
 def _clean(v):
@@ -76,9 +70,18 @@ class MetricsLogger:
 
     STATE = "trackers.json"
 
-    def __init__(self, out: Path, report_to=("tensorboard",), resume_step: int | None = None, *,
-                 config: dict | None = None, run_name: str = "", project: str = "grpolab", log=print,
-                 listeners=()):
+    def __init__(
+        self,
+        out: Path,
+        report_to=("tensorboard",),
+        resume_step: int | None = None,
+        *,
+        config: dict | None = None,
+        run_name: str = "",
+        project: str = "grpolab",
+        log=print,
+        listeners=(),
+    ):
         from grpolab.training.trackers import TRACKERS, TrackerContext, build_tracker
 
         out = Path(out)
@@ -98,8 +101,14 @@ class MetricsLogger:
             except ConfigError as e:  # found before the run but failing to import: not worth the run
                 log(f"warning: {e}; the run goes on without it")
                 continue
-            ctx = TrackerContext(out=out, config=config or {}, run_name=run_name or out.resolve().name,
-                                 project=project, resume_step=resume_step, saved=saved.get(name) or {})
+            ctx = TrackerContext(
+                out=out,
+                config=config or {},
+                run_name=run_name or out.resolve().name,
+                project=project,
+                resume_step=resume_step,
+                saved=saved.get(name) or {},
+            )
             self.trackers.append(tracker)
             state = self._call(tracker, "start", ctx)
             if state is not None:  # None: it failed and was dropped
@@ -117,8 +126,10 @@ class MetricsLogger:
             result = getattr(tracker, hook)(*args)
             return {} if result is None else result
         except Exception as e:  # noqa: BLE001 (a full disk, a server that refuses: the run goes on)
-            self.log_fn(f"warning: {tracker.name}: {hook} failed ({type(e).__name__}: {e}); "
-                        f"{tracker.name} logs nothing more for this run (metrics.jsonl is still written)")
+            self.log_fn(
+                f"warning: {tracker.name}: {hook} failed ({type(e).__name__}: {e}); "
+                f"{tracker.name} logs nothing more for this run (metrics.jsonl is still written)"
+            )
             if tracker in getattr(self, "trackers", ()):
                 self.trackers.remove(tracker)
             return None
@@ -148,8 +159,10 @@ class MetricsLogger:
 def eval_row(step: int, result: dict) -> dict:
     """A held-out evaluation's numbers as a row for the trackers and callbacks: {"step": step,
     "eval/accuracy": ..., "eval/reward": ..., "eval/length": ..., "eval/n": ...} (its text fields left out)."""
-    return {"step": step, **{f"eval/{k}": v for k, v in result.items()
-                             if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+    return {
+        "step": step,
+        **{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+    }
 
 
 def sample_table(records: list[dict]) -> list[dict]:
@@ -161,9 +174,26 @@ def sample_table(records: list[dict]) -> list[dict]:
 # What grpolab writes directly in a run directory. None of them may be a symbolic link (nor `out` hold
 # anything else when a new run starts): a directory prepared with `samples.jsonl -> victim` or
 # `tb -> victim_dir` would have the trainer append to or write into the link's target.
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "restarts.jsonl",
-               "precision.json", "machine.json", "report.html", "report_plots", "dataset.jsonl", "eval_dataset.jsonl",
-               "tb", "checkpoints", "trackers.json", "wandb", "mlflow.db", "mlartifacts", "trackio")
+RUN_ENTRIES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "summary.json",
+    "restarts.jsonl",
+    "precision.json",
+    "machine.json",
+    "report.html",
+    "report_plots",
+    "dataset.jsonl",
+    "eval_dataset.jsonl",
+    "tb",
+    "checkpoints",
+    "trackers.json",
+    "wandb",
+    "mlflow.db",
+    "mlartifacts",
+    "trackio",
+)
 NEW_RUN_LEFTOVERS = ("dataset.jsonl", "eval_dataset.jsonl")  # written by grpolab.train before the run itself starts
 
 
@@ -189,20 +219,30 @@ def check_out_dir(out: Path, resume: bool, auto: bool = False) -> bool:
         return True
     if out.exists() and any((out / n).exists() for n in ("metrics.jsonl", "config.yaml", "checkpoints")):
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        hint = (f" torchrun restarted this worker (restart {restarted}): start the job with resume=auto so that a "
-                f"restart continues the newest checkpoint (docs/distributed.md);" if restarted else "")
-        raise ConfigError(f"out: {out} already holds a run;{hint} continue it with `grpolab train --resume {out}` "
-                          f"(or run the same command with resume=auto) or choose another out=DIR (nothing was written)")
+        hint = (
+            f" torchrun restarted this worker (restart {restarted}): start the job with resume=auto so that a "
+            f"restart continues the newest checkpoint (docs/distributed.md);"
+            if restarted
+            else ""
+        )
+        raise ConfigError(
+            f"out: {out} already holds a run;{hint} continue it with `grpolab train --resume {out}` "
+            f"(or run the same command with resume=auto) or choose another out=DIR (nothing was written)"
+        )
     if out.is_dir():
         try:
             names = sorted(os.listdir(out))
         except OSError as e:
-            raise ConfigError(f"out: cannot read {out} ({e.strerror}); choose a new or empty directory for out=DIR") from e
+            raise ConfigError(
+                f"out: cannot read {out} ({e.strerror}); choose a new or empty directory for out=DIR"
+            ) from e
         other = [n for n in names if n not in NEW_RUN_LEFTOVERS or not (out / n).is_file()]
         if other:
             shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
-            raise ConfigError(f"out: {out} is not empty and holds no run ({shown}); a new run is written only into a "
-                              f"new or empty directory: choose another out=DIR (nothing was written)")
+            raise ConfigError(
+                f"out: {out} is not empty and holds no run ({shown}); a new run is written only into a "
+                f"new or empty directory: choose another out=DIR (nothing was written)"
+            )
     return False
 
 
@@ -211,7 +251,9 @@ def make_out_dir(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"out: cannot create {out} ({e.strerror or e}); choose a writable directory for out=DIR") from e
+        raise ConfigError(
+            f"out: cannot create {out} ({e.strerror or e}); choose a writable directory for out=DIR"
+        ) from e
 
 
 def weighted_mean(items: list[tuple[dict, float]]) -> dict:
@@ -226,5 +268,16 @@ def weighted_mean(items: list[tuple[dict, float]]) -> dict:
     return {k: tot[k] / wsum[k] for k in tot if wsum[k] > 0}
 
 
-__all__ = ["NEW_RUN_LEFTOVERS", "RUN_ENTRIES", "JsonlWriter", "MetricsLogger", "check_out_dir", "eval_row",
-           "make_out_dir", "read_jsonl", "sample_table", "truncate_after_step", "weighted_mean"]
+__all__ = [
+    "NEW_RUN_LEFTOVERS",
+    "RUN_ENTRIES",
+    "JsonlWriter",
+    "MetricsLogger",
+    "check_out_dir",
+    "eval_row",
+    "make_out_dir",
+    "read_jsonl",
+    "sample_table",
+    "truncate_after_step",
+    "weighted_mean",
+]

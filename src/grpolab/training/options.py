@@ -27,13 +27,26 @@ def eval_checks(cfg: Config) -> list[tuple[bool, str, str]]:
         (cfg.eval_steps >= 0, "eval_steps", "must be >= 0 (0: evaluate only before and after training)"),
         (cfg.eval_num_generations >= 0, "eval_num_generations", "must be >= 0 (0: one greedy completion per prompt)"),
         (cfg.eval_temperature > 0, "eval_temperature", "must be > 0"),
-        (m is not None, "save_best", f"{metric!r} is not an eval metric; use eval/accuracy, eval/reward or eval/pass@K"),
-        (m is None or m.group(2) is None or 1 <= int(m.group(2)) <= n, "save_best",
-         f"{metric}: K must be between 1 and eval_num_generations={cfg.eval_num_generations} (greedy: only pass@1)"),
-        (not (cfg.save_best or cfg.eval_stop_at is not None) or cfg.eval_size > 0, "eval_size",
-         "must be > 0 for save_best or eval_stop_at (they read the held-out evaluation)"),
-        (cfg.eval_stop_at is None or cfg.eval_steps > 0, "eval_stop_at",
-         "needs eval_steps > 0 (the run evaluates only before and after training otherwise)"),
+        (
+            m is not None,
+            "save_best",
+            f"{metric!r} is not an eval metric; use eval/accuracy, eval/reward or eval/pass@K",
+        ),
+        (
+            m is None or m.group(2) is None or 1 <= int(m.group(2)) <= n,
+            "save_best",
+            f"{metric}: K must be between 1 and eval_num_generations={cfg.eval_num_generations} (greedy: only pass@1)",
+        ),
+        (
+            not (cfg.save_best or cfg.eval_stop_at is not None) or cfg.eval_size > 0,
+            "eval_size",
+            "must be > 0 for save_best or eval_stop_at (they read the held-out evaluation)",
+        ),
+        (
+            cfg.eval_stop_at is None or cfg.eval_steps > 0,
+            "eval_stop_at",
+            "needs eval_steps > 0 (the run evaluates only before and after training otherwise)",
+        ),
         (not cfg.save_best or not cfg.fsdp, "save_best", "is not supported with fsdp=true (the model is sharded)"),
     ]
 
@@ -74,8 +87,11 @@ def check_sampling_kwargs(cfg: Config) -> None:
         (isinstance(v["top_p"], (int, float)) and 0 < v["top_p"] <= 1, "top_p", "must be in (0, 1]"),
         (isinstance(v["top_k"], int) and v["top_k"] >= -1, "top_k", "must be an integer >= 1, or 0 / -1 for off"),
         (isinstance(v["min_p"], (int, float)) and 0 <= v["min_p"] < 1, "min_p", "must be in [0, 1)"),
-        (isinstance(v["repetition_penalty"], (int, float)) and v["repetition_penalty"] > 0, "repetition_penalty",
-         "must be a number > 0"),
+        (
+            isinstance(v["repetition_penalty"], (int, float)) and v["repetition_penalty"] > 0,
+            "repetition_penalty",
+            "must be a number > 0",
+        ),
     ]
     for ok, key, msg in checks:
         if not ok and key in cfg.generation_kwargs:
@@ -87,6 +103,8 @@ def check_engine_kwargs(cfg: Config, engine_name: str) -> None:
     (exit 2) before any model is loaded."""
     extra = extra_generation_kwargs(cfg)
     if extra and engine_name != "vllm":
-        raise ConfigError(f"generation_kwargs.{next(iter(extra))}: the {engine_name} rollout engine takes only "
-                          f"{', '.join(SAMPLING_KEYS)}; other keys are vLLM SamplingParams fields: use "
-                          f"rollout.engine=vllm, or drop the key")
+        raise ConfigError(
+            f"generation_kwargs.{next(iter(extra))}: the {engine_name} rollout engine takes only "
+            f"{', '.join(SAMPLING_KEYS)}; other keys are vLLM SamplingParams fields: use "
+            f"rollout.engine=vllm, or drop the key"
+        )

@@ -87,12 +87,7 @@ def shape_of(model: str) -> Shape:
     included), or a local model directory's config.json (a LoRA checkpoint: its base's)."""
     if model in SHAPES:
         return SHAPES[model]
-    from grpolab.model.load import (
-        adapter_base,
-        is_adapter_dir,
-        model_dir,
-        resolve_model,
-    )
+    from grpolab.model.load import adapter_base, is_adapter_dir, model_dir, resolve_model
 
     kind, path = resolve_model(model)  # ConfigError for a hub-style name
     if kind == "gguf":
@@ -115,26 +110,51 @@ def update_bytes_of(cfg: Config, device_kind: str) -> tuple[int, int]:
 def workload_of(cfg: Config, prompt_tokens: int) -> Workload:
     G = cfg.G
     width = cfg.max_completion_tokens + (cfg.env.max_env_tokens if cfg.env.enabled else 0)
-    return Workload(prompts=cfg.batch_size // G, G=G, prompt_tokens=prompt_tokens, completion_tokens=width,
-                    max_new_tokens=width, seqs_per_pass=max(1, cfg.micro_batch // G) * G, mu=cfg.algo.mu)
+    return Workload(
+        prompts=cfg.batch_size // G,
+        G=G,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=width,
+        max_new_tokens=width,
+        seqs_per_pass=max(1, cfg.micro_batch // G) * G,
+        mu=cfg.algo.mu,
+    )
 
 
-def regime_of(cfg: Config, shape: Shape, device_kind: str, *, update_bytes: int | None = None,
-              rollout_bytes: int | None = None, engine_share: int = 0, rows_leave: bool = True) -> Regime:
+def regime_of(
+    cfg: Config,
+    shape: Shape,
+    device_kind: str,
+    *,
+    update_bytes: int | None = None,
+    rollout_bytes: int | None = None,
+    engine_share: int = 0,
+    rows_leave: bool = True,
+) -> Regime:
     """How `cfg` computes on a device of `device_kind` (see the module docstring)."""
     u, ro = update_bytes_of(cfg, device_kind)
     u, ro = update_bytes or u, rollout_bytes or ro
-    lean = shape.model_type in LEAN_TYPES and (cfg.decoder == "lean" or (
-        cfg.decoder == "auto" and ro == 2 and device_kind == "cpu"))
+    lean = shape.model_type in LEAN_TYPES and (
+        cfg.decoder == "lean" or (cfg.decoder == "auto" and ro == 2 and device_kind == "cpu")
+    )
     has_ref = cfg.algo.beta > 0 or cfg.algo.adaptive_kl
     lora = cfg.lora.r
     targets = cfg.lora.targets()
     targets = LORA_TARGETS if targets == "all-linear" else tuple(t for t in targets if t in LORA_TARGETS)
-    return Regime(device=device_kind, update_bytes=u, rollout_bytes=ro, lean=lean, lora_r=lora,
-                  lora_targets=targets, lora_dropout=cfg.lora.dropout,
-                  reference=("adapter_off" if lora else "copy") if has_ref else "none",
-                  critic=cfg.algo.uses_critic, checkpointing=cfg.grad_checkpointing, rows_leave=rows_leave,
-                  engine_share=engine_share)
+    return Regime(
+        device=device_kind,
+        update_bytes=u,
+        rollout_bytes=ro,
+        lean=lean,
+        lora_r=lora,
+        lora_targets=targets,
+        lora_dropout=cfg.lora.dropout,
+        reference=("adapter_off" if lora else "copy") if has_ref else "none",
+        critic=cfg.algo.uses_critic,
+        checkpointing=cfg.grad_checkpointing,
+        rows_leave=rows_leave,
+        engine_share=engine_share,
+    )
 
 
 def step_flops(s: Shape, w: Workload, r: Regime) -> dict[str, float]:
@@ -157,7 +177,14 @@ def step_flops(s: Shape, w: Workload, r: Regime) -> dict[str, float]:
 def decode_bytes(s: Shape, w: Workload, r: Regime) -> float:
     """Bytes all decode steps read: the weights in the compute dtype and the KV cache, once per step."""
     weights = r.rollout_bytes * (s.layers * s.layer_linear + s.vocab * s.hidden)
-    kv = 2 * s.layers * w.rows * s.kv_dim * (w.prompt_tokens + w.completion_tokens / 2) * (4 if r.lean else r.rollout_bytes)
+    kv = (
+        2
+        * s.layers
+        * w.rows
+        * s.kv_dim
+        * (w.prompt_tokens + w.completion_tokens / 2)
+        * (4 if r.lean else r.rollout_bytes)
+    )
     return w.completion_tokens * (weights + kv)
 
 
@@ -175,13 +202,29 @@ def seconds(s: Shape, w: Workload, r: Regime, d: Device) -> dict[str, float]:
     return out
 
 
-def plan(cfg: Config, device: Device, *, prompt_tokens: int, shape: Shape | None = None, engine_share: float = 0.0,
-         update_bytes: int | None = None, rollout_bytes: int | None = None, rows_leave: bool = True) -> Plan:
+def plan(
+    cfg: Config,
+    device: Device,
+    *,
+    prompt_tokens: int,
+    shape: Shape | None = None,
+    engine_share: float = 0.0,
+    update_bytes: int | None = None,
+    rollout_bytes: int | None = None,
+    rows_leave: bool = True,
+) -> Plan:
     """The plan of `cfg` on `device`; engine_share: the fraction of the device an inference engine reserves."""
     shape = shape or shape_of(cfg.model)
     w = workload_of(cfg, prompt_tokens)
-    r = regime_of(cfg, shape, device.kind, update_bytes=update_bytes, rollout_bytes=rollout_bytes,
-                  engine_share=int(engine_share * device.memory), rows_leave=rows_leave)
+    r = regime_of(
+        cfg,
+        shape,
+        device.kind,
+        update_bytes=update_bytes,
+        rollout_bytes=rollout_bytes,
+        engine_share=int(engine_share * device.memory),
+        rows_leave=rows_leave,
+    )
     notes = []
     if cfg.precision == "auto" and device.kind == "cpu":
         notes.append("precision=auto is measured at start on a CPU; planned as fp32 (pass precision=bf16 to plan that)")
@@ -193,9 +236,15 @@ def plan(cfg: Config, device: Device, *, prompt_tokens: int, shape: Shape | None
 
 
 CANDIDATES: list[list[str]] = [
-    ["grad_checkpointing=true"], ["micro_batch=HALF"], ["micro_batch=G"], ["precision=bf16"], ["lora.r=16"],
-    ["grad_checkpointing=true", "micro_batch=G"], ["lora.r=16", "grad_checkpointing=true"],
-    ["lora.r=16", "micro_batch=G"], ["lora.r=16", "grad_checkpointing=true", "micro_batch=G"],
+    ["grad_checkpointing=true"],
+    ["micro_batch=HALF"],
+    ["micro_batch=G"],
+    ["precision=bf16"],
+    ["lora.r=16"],
+    ["grad_checkpointing=true", "micro_batch=G"],
+    ["lora.r=16", "grad_checkpointing=true"],
+    ["lora.r=16", "micro_batch=G"],
+    ["lora.r=16", "grad_checkpointing=true", "micro_batch=G"],
     ["lora.r=16", "grad_checkpointing=true", "micro_batch=G", "max_new_tokens=HALF"],
 ]
 """Changes tried in this order by `fitting` (HALF and G are read off the config); the last one shortens
@@ -209,15 +258,25 @@ def _resolve(change: str, cfg: Config) -> str | None:
         value = str(max(cfg.G if key == "micro_batch" else 1, current // 2))
     elif value == "G":
         value = str(cfg.G)
-    now = {"grad_checkpointing": str(cfg.grad_checkpointing).lower(), "precision": cfg.precision,
-           "lora.r": str(cfg.lora.r), "micro_batch": str(cfg.micro_batch), "max_new_tokens": str(cfg.max_new_tokens)}
-    if now.get(key) == value or (key == "lora.r" and cfg.lora.r > 0) or (key == "precision" and cfg.precision == "bf16"):
+    now = {
+        "grad_checkpointing": str(cfg.grad_checkpointing).lower(),
+        "precision": cfg.precision,
+        "lora.r": str(cfg.lora.r),
+        "micro_batch": str(cfg.micro_batch),
+        "max_new_tokens": str(cfg.max_new_tokens),
+    }
+    if (
+        now.get(key) == value
+        or (key == "lora.r" and cfg.lora.r > 0)
+        or (key == "precision" and cfg.precision == "bf16")
+    ):
         return None
     return f"{key}={value}"
 
 
-def fitting(cfg: Config, overrides: list[str], device: Device, recipe: dict | None = None, limit: int = 5,
-            **plan_kw) -> list[tuple[list[str], Plan]]:
+def fitting(
+    cfg: Config, overrides: list[str], device: Device, recipe: dict | None = None, limit: int = 5, **plan_kw
+) -> list[tuple[list[str], Plan]]:
     """Up to `limit` sets of changes (from CANDIDATES, fewest first) whose plan fits `device`."""
     out, seen = [], set()
     for combo in CANDIDATES:
@@ -240,8 +299,15 @@ def prompt_tokens_of(cfg: Config, tokenizer, task=None, samples: int = 64) -> in
 
     task = task or build_task(cfg.task, cfg.seed, cfg.task_args)
     examples = task.sample(samples, random.Random(cfg.seed))
-    return max(len(ids) for ids in chat_prompts(tokenizer, [e.prompt for e in examples], task.system_prompt,
-                                                raw_strings=getattr(task, "raw_string_prompts", False)))
+    return max(
+        len(ids)
+        for ids in chat_prompts(
+            tokenizer,
+            [e.prompt for e in examples],
+            task.system_prompt,
+            raw_strings=getattr(task, "raw_string_prompts", False),
+        )
+    )
 
 
 def device_of_run(run) -> Device:
@@ -291,14 +357,22 @@ def _check_run(run, log) -> Plan | None:
     prec = run.precision
     u = 2 if prec is not None and prec.update is not None else 4
     ro = 2 if prec is not None and prec.rollout is not None else 4
-    p = plan(cfg, device, prompt_tokens=prompt_tokens_of(cfg, run.tokenizer, run.task), shape=shape,
-             update_bytes=u, rollout_bytes=ro)
+    p = plan(
+        cfg,
+        device,
+        prompt_tokens=prompt_tokens_of(cfg, run.tokenizer, run.task),
+        shape=shape,
+        update_bytes=u,
+        rollout_bytes=ro,
+    )
     if not p.fits:
         gb = 1 << 30
-        log(f"warning: grpolab plan puts this run's peak at {p.peak.total / gb:.1f} GB ({p.peak.name}) and "
+        log(
+            f"warning: grpolab plan puts this run's peak at {p.peak.total / gb:.1f} GB ({p.peak.name}) and "
             f"{device.name} has {device.usable / gb:.1f} GB for it: it may run out of memory. "
             f"`grpolab plan` with the same settings lists changes that fit (grad_checkpointing=true, a smaller "
-            f"micro_batch, lora.r=16)")
+            f"micro_batch, lora.r=16)"
+        )
     return p
 
 
@@ -308,4 +382,3 @@ def _config_dict(model) -> dict:
 
 
 __all__ = ["Device", "Plan", "check_run", "fitting", "plan", "prompt_tokens_of", "shape_of", "step_flops"]
-

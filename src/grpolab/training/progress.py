@@ -22,24 +22,27 @@ class Progress:
         self.enabled = enabled
         self.bar = None
         if enabled and self.console.is_terminal:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RP
 
-            self.bar = RP(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console)
+            self.bar = RP(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+            )
             self.task = self.bar.add_task("", total=total, completed=start)
             self.bar.start()
 
     def advance(self, m: dict) -> None:
-        text = (f"reward {_fmt(m.get('reward/mean'))}  len {_fmt(m.get('completion/length_mean'), 1)}  "
-                f"kl {_fmt(m.get('kl'), 4)}  zero-std {_fmt(m.get('groups/zero_std_frac'), 2)}  "
-                f"{_fmt(m.get('time/step_s'), 1)}s/step")
+        text = (
+            f"reward {_fmt(m.get('reward/mean'))}  len {_fmt(m.get('completion/length_mean'), 1)}  "
+            f"kl {_fmt(m.get('kl'), 4)}  zero-std {_fmt(m.get('groups/zero_std_frac'), 2)}  "
+            f"{_fmt(m.get('time/step_s'), 1)}s/step"
+        )
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=text)
         elif self.enabled:
@@ -63,10 +66,12 @@ def print_summary(s: dict, console=None) -> None:
     t.add_row("completion length (tokens)", _fmt(s["length_first"], 1), _fmt(s["length_last"], 1))
     b, a = s.get("eval_before"), s.get("eval_after")
     if b and a:
-        how = "greedy" if b.get("samples_per_prompt", 1) == 1 and not b.get("temperature") else \
-            f"{b['samples_per_prompt']} samples each"
-        t.add_row(f"held-out accuracy ({b['n']} prompts, {how}, {b['main_reward']}; 95% interval)",
-                  _pct(b), _pct(a))
+        how = (
+            "greedy"
+            if b.get("samples_per_prompt", 1) == 1 and not b.get("temperature")
+            else f"{b['samples_per_prompt']} samples each"
+        )
+        t.add_row(f"held-out accuracy ({b['n']} prompts, {how}, {b['main_reward']}; 95% interval)", _pct(b), _pct(a))
     console.print(t)
     change = (s.get("eval_change") or {}).get("accuracy")
     if change:
@@ -74,14 +79,18 @@ def print_summary(s: dict, console=None) -> None:
     if s.get("stopped_early"):
         console.print(f"stopped early: {s['stopped_early']['reason']}", highlight=False)
     if s.get("best"):
-        console.print(f"best model: {s['best']['metric']} = {s['best']['value']:.4g} at step {s['best']['step']} "
-                      f"({s['best']['path']})", highlight=False)
+        console.print(
+            f"best model: {s['best']['metric']} = {s['best']['value']:.4g} at step {s['best']['step']} "
+            f"({s['best']['path']})",
+            highlight=False,
+        )
     if s.get("stopped"):
         console.print(f"stopped after step {s['stopped']['step']}: {s['stopped']['reason']}")
     report = ", report.html (open it in a browser)" if "report.html" in s.get("files", {}) else ""
     tb = f"tb/ (tensorboard --logdir {s['out']}/tb), " if Path(s["out"], "tb").is_dir() else ""
-    console.print(f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, {tb}checkpoints/, "
-                  f"summary.json{report}")
+    console.print(
+        f"files in {s['out']}: metrics.jsonl, samples.jsonl, config.yaml, {tb}checkpoints/, summary.json{report}"
+    )
 
 
 def _pct(ev: dict) -> str:

@@ -115,9 +115,16 @@ class Run:
         top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.options.sampling_values),
         the other generation_kwargs for the engine (greedy: argmax)."""
         v = sampling_values(self.cfg)
-        return Sampling(self.cfg.max_new_tokens, float(v["temperature"]), float(v["top_p"]), greedy,
-                        top_k=int(v["top_k"]), min_p=float(v["min_p"]),
-                        repetition_penalty=float(v["repetition_penalty"]), extra=extra_generation_kwargs(self.cfg))
+        return Sampling(
+            self.cfg.max_new_tokens,
+            float(v["temperature"]),
+            float(v["top_p"]),
+            greedy,
+            top_k=int(v["top_k"]),
+            min_p=float(v["min_p"]),
+            repetition_penalty=float(v["repetition_penalty"]),
+            extra=extra_generation_kwargs(self.cfg),
+        )
 
     @property
     def plain_sampling(self) -> bool:
@@ -129,8 +136,13 @@ class Run:
     def pass_spec(self) -> PassSpec:
         """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
         scoring passes, sampling temperature, micro-batch size, activation checkpointing of the update."""
-        return PassSpec(self.device, self.amp_dtype, float(sampling_values(self.cfg)["temperature"]),
-                        self.cfg.micro_batch, checkpoint=self.cfg.grad_checkpointing)
+        return PassSpec(
+            self.device,
+            self.amp_dtype,
+            float(sampling_values(self.cfg)["temperature"]),
+            self.cfg.micro_batch,
+            checkpoint=self.cfg.grad_checkpointing,
+        )
 
     @property
     def ranks(self) -> Dist:
@@ -175,8 +187,10 @@ def check_epochs(cfg: Config, task, log: Callable[[str], None]) -> None:
         return
     if not hasattr(task, "epoch_rows"):
         if cfg.steps == -1:
-            raise ConfigError(f"num_train_epochs: task {cfg.task!r} generates its prompts and has no rows to pass "
-                              f"over; set steps=N (max_steps=N)")
+            raise ConfigError(
+                f"num_train_epochs: task {cfg.task!r} generates its prompts and has no rows to pass "
+                f"over; set steps=N (max_steps=N)"
+            )
         log(f"num_train_epochs: task {cfg.task!r} generates its prompts: each step draws new ones")
         return
     if cfg.steps == -1:

@@ -41,14 +41,7 @@ from grpolab.model.passes import (
     slice_groups,
 )
 from grpolab.model.template import chat_prompts
-from grpolab.parallel.distributed import (
-    SINGLE,
-    global_counts,
-    is_count,
-    rank_slice,
-    reduce_metrics,
-    sum_gradients,
-)
+from grpolab.parallel.distributed import SINGLE, global_counts, is_count, rank_slice, reduce_metrics, sum_gradients
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
 from grpolab.rewards import score_completions
 from grpolab.rewards.scoring import Scores
@@ -59,13 +52,24 @@ from grpolab.training.run import Run, step_rng
 from grpolab.util.fields import ConfigError
 
 
-def rollout_examples(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
-                     generator: torch.Generator | None = None, sampling: Sampling | None = None) -> Rollout:
+def rollout_examples(
+    run: Run,
+    examples: list[Example],
+    *,
+    G: int,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    sampling: Sampling | None = None,
+) -> Rollout:
     """G completions for each example, in the model's chat template. `generator` (on run.device) is
     used as it is: the caller owns its stream. `sampling`: how to draw tokens (default: the run's
     rollout settings, run.sampling(greedy); the evaluation passes its own)."""
-    ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], run.task.system_prompt,
-                       raw_strings=getattr(run.task, "raw_string_prompts", False))
+    ids = chat_prompts(
+        run.tokenizer,
+        [e.prompt for e in examples],
+        run.task.system_prompt,
+        raw_strings=getattr(run.task, "raw_string_prompts", False),
+    )
     check_prompt_lengths(run, examples, ids)
     return run.engine.generate(ids, sampling or run.sampling(greedy), G=G, generator=generator)
 
@@ -95,7 +99,8 @@ def check_prompt_lengths(run: Run, examples: list[Example], ids: list[list[int]]
             raise ConfigError(
                 f"prompt of example {str(e.id)[:80]!r} has {len(x)} tokens in the chat template; with "
                 f"max_new_tokens={run.cfg.max_new_tokens} that exceeds the model's context of {limit} tokens "
-                f"(max_position_embeddings): shorten or drop that row, or lower max_new_tokens")
+                f"(max_position_embeddings): shorten or drop that row, or lower max_new_tokens"
+            )
 
 
 def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str, list] | None = None):
@@ -108,9 +113,17 @@ def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str
     per_completion = [e for e in examples for _ in range(rollout.G)]
     context = {**(context or {}), "completion_ids": completion_ids(rollout)}
     shared = {"trainer_state": run.trainer_state} if run.trainer_state is not None else {}
-    return score_completions(run.reward_fns, rollout.texts, per_completion, conversations=rollout.conversations,
-                             context=context, shared=shared, timeout_s=run.cfg.reward_timeout_s,
-                             workers=run.cfg.reward_workers, thread=run.cfg.reward_thread)
+    return score_completions(
+        run.reward_fns,
+        rollout.texts,
+        per_completion,
+        conversations=rollout.conversations,
+        context=context,
+        shared=shared,
+        timeout_s=run.cfg.reward_timeout_s,
+        workers=run.cfg.reward_workers,
+        thread=run.cfg.reward_thread,
+    )
 
 
 def advance_state(run: Run, step: int) -> None:
@@ -125,9 +138,15 @@ def advance_state(run: Run, step: int) -> None:
     state.epoch = (step - 1) / math.ceil(size / per_step) if size and per_step else 0.0
 
 
-def rollout_and_score(run: Run, examples: list[Example], *, G: int, greedy: bool = False,
-                      generator: torch.Generator | None = None,
-                      sampling: Sampling | None = None) -> tuple[Rollout, Scores, dict]:
+def rollout_and_score(
+    run: Run,
+    examples: list[Example],
+    *,
+    G: int,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    sampling: Sampling | None = None,
+) -> tuple[Rollout, Scores, dict]:
     """Roll out and score: single-turn (rollout_examples), or multi-turn in the run's environment
     (grpolab.training.agents), scored while its environments are open, then closed. Returns (rollout,
     scores, info: the environments' metrics and time/score_s)."""
@@ -169,8 +188,12 @@ def collect(run: Run, step: int) -> Batch:
         if need <= 0:
             break
         if cfg.num_train_epochs is not None and hasattr(run.task, "epoch_rows") and not n_groups:  # epochs
-            examples = run.task.epoch_rows((step - 1) * need * d.world, need * d.world,
-                                           cfg.seed if cfg.data_seed is None else cfg.data_seed, cfg.shuffle)
+            examples = run.task.epoch_rows(
+                (step - 1) * need * d.world,
+                need * d.world,
+                cfg.seed if cfg.data_seed is None else cfg.data_seed,
+                cfg.shuffle,
+            )
             examples = examples[rank_slice(need * d.world, d)]  # this rank's share
         else:
             examples = run.task.sample(need * d.world, rng)[rank_slice(need * d.world, d)]  # this rank's share
@@ -179,8 +202,9 @@ def collect(run: Run, step: int) -> Batch:
         scoring_s = info.pop("time/score_s")
         t_score += scoring_s
         t_generate += time.perf_counter() - t0 - scoring_s
-        part = Batch(examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn,
-                     extra=scores.extra)  # (n,)
+        part = Batch(
+            examples, rollout, torch.tensor(scores.total, dtype=torch.float32), scores.per_fn, extra=scores.extra
+        )  # (n,)
         for name, message in scores.first_errors.items():
             first_errors.setdefault(name, message)
         sampled_rewards.append(part.raw_reward)
@@ -194,21 +218,32 @@ def collect(run: Run, step: int) -> Batch:
     for k in {k for m, _ in round_metrics for k in m if is_count(k)}:  # counts: sum over rounds, not mean
         metrics[k] = float(sum(m.get(k, 0.0) for m, _ in round_metrics))
     raw = torch.cat(sampled_rewards)  # (every sampled completion,)
-    metrics.update({"time/generate_s": t_generate, "time/score_s": t_score, "reward/mean": float(raw.mean()),
-                    "reward/std": float(raw.std()) if len(raw) > 1 else 0.0})
+    metrics.update(
+        {
+            "time/generate_s": t_generate,
+            "time/score_s": t_score,
+            "reward/mean": float(raw.mean()),
+            "reward/std": float(raw.std()) if len(raw) > 1 else 0.0,
+        }
+    )
     n_kept = sum(len(b.examples) for b in kept)
     if algo.dynamic_sampling:
-        metrics.update({"dapo/groups_sampled": n_groups, "dapo/groups_dropped": n_groups - n_kept,
-                        "dapo/groups_kept": n_kept})
+        metrics.update(
+            {"dapo/groups_sampled": n_groups, "dapo/groups_dropped": n_groups - n_kept, "dapo/groups_kept": n_kept}
+        )
     if not kept:
         return Batch([], None, raw[:0], {}, metrics, first_errors=first_errors)
     columns = {c for b in kept for c in b.extra}
     n_of = [len(b.rollout.texts) for b in kept]
-    return Batch([e for b in kept for e in b.examples], concat_rollouts([b.rollout for b in kept]),
-                 torch.cat([b.raw_reward for b in kept]),
-                 {k: [x for b in kept for x in b.reward_by_fn[k]] for k in kept[0].reward_by_fn}, metrics,
-                 extra={c: [x for b, n in zip(kept, n_of) for x in b.extra.get(c, [None] * n)] for c in columns},
-                 first_errors=first_errors)
+    return Batch(
+        [e for b in kept for e in b.examples],
+        concat_rollouts([b.rollout for b in kept]),
+        torch.cat([b.raw_reward for b in kept]),
+        {k: [x for b in kept for x in b.reward_by_fn[k]] for k in kept[0].reward_by_fn},
+        metrics,
+        extra={c: [x for b, n in zip(kept, n_of) for x in b.extra.get(c, [None] * n)] for c in columns},
+        first_errors=first_errors,
+    )
 
 
 def reference(run: Run, batch: Batch) -> None:
@@ -225,12 +260,21 @@ def shape(run: Run, batch: Batch) -> None:
     kl_in_reward = batch.ref_logp is not None and algo.kl_in_reward
     exact = run.engine.samples_from_trainer  # else the sampler's log-probs are not the policy's: a pass
     with gathered(run.policy, kl_in_reward and not (run.plain_sampling and exact)):  # FSDP: a no-grad policy pass
-        sampled = sampled_token_logp(run.pass_spec(), run.policy, rollout, plain=run.plain_sampling,
-                                     sampler_is_policy=exact) \
-            if kl_in_reward else None  # (N, C) log pi_theta of the sampled tokens
-        shaped = shape_rewards(batch.raw_reward, rollout.lengths, rollout.completion_mask, algo,
-                               max_len=run.cfg.max_completion_tokens, beta=run.kl.value, ref_logp=batch.ref_logp,
-                               policy_logp=sampled)
+        sampled = (
+            sampled_token_logp(run.pass_spec(), run.policy, rollout, plain=run.plain_sampling, sampler_is_policy=exact)
+            if kl_in_reward
+            else None
+        )  # (N, C) log pi_theta of the sampled tokens
+        shaped = shape_rewards(
+            batch.raw_reward,
+            rollout.lengths,
+            rollout.completion_mask,
+            algo,
+            max_len=run.cfg.max_completion_tokens,
+            beta=run.kl.value,
+            ref_logp=batch.ref_logp,
+            policy_logp=sampled,
+        )
     batch.reward, batch.token_reward = shaped.reward, shaped.token_reward
     batch.metrics.update(shaped.metrics)
     batch.metrics["groups/zero_std_frac"] = 1.0 - float(informative_groups(batch.reward, rollout.G).float().mean())
@@ -298,12 +342,22 @@ def plan_update(run: Run, batch: Batch) -> Update:
     exact = run.engine.samples_from_trainer
     if len(parts) > 1:
         with gathered(run.policy, not (run.plain_sampling and exact)):
-            old_logp = sampled_token_logp(spec, run.policy, rollout, plain=run.plain_sampling,
-                                          sampler_is_policy=exact).clone()
-    return Update(spec, per_token(batch.adv, (N, C)), loss_mask(rollout, algo), parts,
-                  [micro_batches(rollout, part[computed[part]], spec.micro_batch) for part in parts], old_logp,
-                  torch.zeros((N, C)), torch.zeros((N, C)), torch.ones((N, C)), torch.zeros((N, C), dtype=torch.bool),
-                  not exact and run.cfg.rollout.correction != "none")
+            old_logp = sampled_token_logp(
+                spec, run.policy, rollout, plain=run.plain_sampling, sampler_is_policy=exact
+            ).clone()
+    return Update(
+        spec,
+        per_token(batch.adv, (N, C)),
+        loss_mask(rollout, algo),
+        parts,
+        [micro_batches(rollout, part[computed[part]], spec.micro_batch) for part in parts],
+        old_logp,
+        torch.zeros((N, C)),
+        torch.zeros((N, C)),
+        torch.ones((N, C)),
+        torch.zeros((N, C), dtype=torch.bool),
+        not exact and run.cfg.rollout.correction != "none",
+    )
 
 
 def micro_batch_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor | None, entropy: bool):
@@ -315,12 +369,13 @@ def micro_batch_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor | None,
         return None
     sl = slice_groups(rollout, rows, u.spec.device)
     logp, ent = policy_logp(u.spec, run.policy, sl, with_entropy=entropy)  # (b, C')
-    u.last_logp[rows, :sl.width] = logp.detach().cpu()
+    u.last_logp[rows, : sl.width] = logp.detach().cpu()
     return sl, logp, ent
 
 
-def record_first_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor, sl, logp: Tensor, entropy: Tensor,
-                      first_part: bool) -> None:
+def record_first_pass(
+    run: Run, u: Update, rollout: Rollout, rows: Tensor, sl, logp: Tensor, entropy: Tensor, first_part: bool
+) -> None:
     """The first epoch's pass: log pi_old (the weights have not moved yet), the sampler's correction
     weights against it (grpolab.algo.sampler), and the entropy for the report."""
     width, mask = sl.width, sl.completion_mask
@@ -328,24 +383,37 @@ def record_first_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor, sl, l
         u.old_logp[rows, :width] = logp.detach().cpu()
     if u.correct:
         u.is_weight[rows, :width], u.is_clipped[rows, :width] = correction_weights(
-            u.old_logp[rows, :width], rollout.sample_logp[rows, :width], mask.cpu(),
-            run.cfg.rollout.correction, run.cfg.rollout.correction_clip)
+            u.old_logp[rows, :width],
+            rollout.sample_logp[rows, :width],
+            mask.cpu(),
+            run.cfg.rollout.correction,
+            run.cfg.rollout.correction_clip,
+        )
     ent = entropy.detach()
     u.entropy_tok[rows, :width] = (ent * mask).cpu()
     u.entropy_infos.append(({"entropy": float((ent * mask).sum() / mask.sum().clamp(min=1))}, float(mask.sum())))
 
 
-def micro_batch_loss(run: Run, batch: Batch, u: Update, rows: Tensor, sl, logp: Tensor, entropy: Tensor,
-                     n_seq: int, n_tok: int) -> float:
+def micro_batch_loss(
+    run: Run, batch: Batch, u: Update, rows: Tensor, sl, logp: Tensor, entropy: Tensor, n_seq: int, n_tok: int
+) -> float:
     """The policy objective (and a critic's value loss) of one micro-batch, backpropagated; its value."""
     algo, width, dev = run.cfg.algo, sl.width, run.device
     kl_in_loss = batch.ref_logp is not None and algo.kl_in_loss
     loss, info = policy_loss(
-        logp, u.old_logp[rows, :width].to(dev), u.adv_tok[rows, :width].to(dev), u.lmask[rows, :width].to(dev),
-        algo, beta=run.kl.value, ref_logp=batch.ref_logp[rows, :width].to(dev) if kl_in_loss else None,
-        n_seq=n_seq, n_tok=n_tok, max_len=run.cfg.max_completion_tokens,
+        logp,
+        u.old_logp[rows, :width].to(dev),
+        u.adv_tok[rows, :width].to(dev),
+        u.lmask[rows, :width].to(dev),
+        algo,
+        beta=run.kl.value,
+        ref_logp=batch.ref_logp[rows, :width].to(dev) if kl_in_loss else None,
+        n_seq=n_seq,
+        n_tok=n_tok,
+        max_len=run.cfg.max_completion_tokens,
         token_weight=u.is_weight[rows, :width].to(dev) if u.correct else None,
-        entropy=entropy if algo.entropy_coef != 0.0 else None)
+        entropy=entropy if algo.entropy_coef != 0.0 else None,
+    )
     loss, value_info = run.advantage.add_loss(loss, u.spec, sl, batch)
     loss.backward()
     u.loss_infos.append(({**info, **value_info}, float(sl.completion_mask.sum())))
@@ -360,8 +428,11 @@ def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
     sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
     loss_sum = global_counts(d, loss_sum)[0]
     # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
-    norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(),
-                                                cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
+    norm = float(
+        torch.nn.utils.clip_grad_norm_(
+            run.policy.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        )
+    )
     if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
         run.optimizer.zero_grad(set_to_none=True)
         run.advantage.discard()
@@ -401,8 +472,9 @@ def update(run: Run, batch: Batch) -> dict:
     for epoch in range(algo.mu):
         for p, (part, part_batches) in enumerate(zip(u.parts, u.plan)):
             part_rows = (part[:, None] * rollout.G + torch.arange(rollout.G)).reshape(-1)  # (n,)
-            n_seq, n_tok, n_batches = (int(x) for x in global_counts(
-                d, len(part_rows), float(u.lmask[part_rows].sum()), len(part_batches)))  # this update's batch
+            n_seq, n_tok, n_batches = (
+                int(x) for x in global_counts(d, len(part_rows), float(u.lmask[part_rows].sum()), len(part_batches))
+            )  # this update's batch
             if not n_batches:  # every rank runs the same updates
                 continue
             loss_sum = 0.0
@@ -426,9 +498,15 @@ def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
     metrics = weighted_mean(u.loss_infos)
     metrics.update(weighted_mean(u.entropy_infos))
     n_rows = sum(len(b) for b in batches)
-    metrics.update({"update/seqs_computed": float(n_rows), "update/skipped": float(n_rows == 0),
-                    "update/nonfinite_skipped": float(u.n_nonfinite),
-                    "lr": run.scheduler.get_last_lr()[0], "kl/beta": run.kl.value})
+    metrics.update(
+        {
+            "update/seqs_computed": float(n_rows),
+            "update/skipped": float(n_rows == 0),
+            "update/nonfinite_skipped": float(u.n_nonfinite),
+            "lr": run.scheduler.get_last_lr()[0],
+            "kl/beta": run.kl.value,
+        }
+    )
     if algo.sync_ref_model:
         metrics["ref/synced"] = float(u.n_synced)
     if algo.mask_truncated_completions:
@@ -437,9 +515,15 @@ def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
         metrics["grad_norm"] = sum(u.grad_norms) / len(u.grad_norms)
     if not run.engine.samples_from_trainer and n_rows:  # over the computed rows: their log pi_old exists
         rows_done = torch.cat(batches) if batches else torch.zeros(0, dtype=torch.long)
-        metrics.update(mismatch_metrics(u.old_logp[rows_done], rollout.sample_logp[rows_done],
-                                        rollout.completion_mask[rows_done], u.is_weight[rows_done],
-                                        u.is_clipped[rows_done]))
+        metrics.update(
+            mismatch_metrics(
+                u.old_logp[rows_done],
+                rollout.sample_logp[rows_done],
+                rollout.completion_mask[rows_done],
+                u.is_weight[rows_done],
+                u.is_clipped[rows_done],
+            )
+        )
     if is_sharded(run.policy):
         metrics["update/idle_passes"] = float(u.n_idle)
     return metrics
@@ -462,8 +546,12 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     batch = collect(run, step)
     if batch.empty:  # dynamic sampling found no informative group: nothing to learn from
         run.engine.sync(run.policy, step)  # the weights did not move; the version does
-        return {"step": step, **batch.metrics, "update/skipped": 1.0,
-                "time/step_s": time.perf_counter() - t_start}, batch
+        return {
+            "step": step,
+            **batch.metrics,
+            "update/skipped": 1.0,
+            "time/step_s": time.perf_counter() - t_start,
+        }, batch
     run.engine.release()  # the update runs without what the engine holds only for sampling (vLLM's KV cache)
     t_update = time.perf_counter()
     reference(run, batch)
@@ -476,15 +564,21 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     kl_measured = "kl" in metrics  # in the loss or in the reward: the adaptive controller's input
     metrics.update(aha_metrics(batch, run.main_reward, run.cfg.reflection_phrases))  # docs/metrics.md, "aha"
     lengths = batch.rollout.lengths  # (N,)
-    metrics = {"step": step, "kl": 0.0, "clip/frac": 0.0, "entropy": float("nan"), **metrics,
-               "time/update_s": time.perf_counter() - t_update,
-               "completion/length_mean": float(lengths.mean()),
-               "completion/length_max": float(lengths.max()),
-               "completion/truncated_frac": float(batch.rollout.truncated.float().mean()),
-               "tokens/generated": float(lengths.sum()),
-               "memory/peak_mb": peak_memory_mb(run.device),
-               "params/trained": float(run.trained_params()),
-               "time/step_s": time.perf_counter() - t_start}
+    metrics = {
+        "step": step,
+        "kl": 0.0,
+        "clip/frac": 0.0,
+        "entropy": float("nan"),
+        **metrics,
+        "time/update_s": time.perf_counter() - t_update,
+        "completion/length_mean": float(lengths.mean()),
+        "completion/length_max": float(lengths.max()),
+        "completion/truncated_frac": float(batch.rollout.truncated.float().mean()),
+        "tokens/generated": float(lengths.sum()),
+        "memory/peak_mb": peak_memory_mb(run.device),
+        "params/trained": float(run.trained_params()),
+        "time/step_s": time.perf_counter() - t_start,
+    }
     metrics = reduce_metrics(run.ranks, metrics)  # data parallel: over ranks; one process: as is
     if kl_measured:
         run.kl.update(metrics["kl"], len(batch.reward) * run.ranks.world)
@@ -496,5 +590,3 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-

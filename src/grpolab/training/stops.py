@@ -53,10 +53,12 @@ class StopSignals:
         if self.requested is not None:
             raise StopNow(signum)
         self.requested = signum
-        self.log(f"{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
-                 f"(send it again to stop at once)")
+        self.log(
+            f"{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+            f"(send it again to stop at once)"
+        )
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
@@ -87,8 +89,10 @@ def check_reward_failures(run, step: int, metrics: dict, batch, log, *, save, re
         if metrics.get(f"reward/{rf.name}/error_frac", 0.0) >= 1.0:
             run.reward_error_streak[rf.name] = run.reward_error_streak.get(rf.name, 0) + 1
             first = batch.first_errors.get(rf.name, "its error was logged on another rank")
-            log(f"step {step}: reward {rf.name!r} failed on every completion "
-                f"({run.reward_error_streak[rf.name]} step(s) in a row); first error: {first}")
+            log(
+                f"step {step}: reward {rf.name!r} failed on every completion "
+                f"({run.reward_error_streak[rf.name]} step(s) in a row); first error: {first}"
+            )
             failing.append(rf.name)
         else:
             run.reward_error_streak.pop(rf.name, None)
@@ -100,11 +104,14 @@ def check_reward_failures(run, step: int, metrics: dict, batch, log, *, save, re
     if not saved:
         save(run, step)
     name = stuck[0]
-    raise RunStopped(f"step {step}: reward {name!r} failed on every completion for {run.reward_error_streak[name]} "
-                     f"steps in a row (max_reward_error_steps={limit}); first error this step: "
-                     f"{batch.first_errors.get(name, 'logged on another rank')}. Checkpoint of step {step} written. "
-                     f"Fix the function (or raise max_reward_error_steps, 0 to never stop), then continue with: "
-                     f"{resume}", 1)
+    raise RunStopped(
+        f"step {step}: reward {name!r} failed on every completion for {run.reward_error_streak[name]} "
+        f"steps in a row (max_reward_error_steps={limit}); first error this step: "
+        f"{batch.first_errors.get(name, 'logged on another rank')}. Checkpoint of step {step} written. "
+        f"Fix the function (or raise max_reward_error_steps, 0 to never stop), then continue with: "
+        f"{resume}",
+        1,
+    )
 
 
 __all__ = ["RunStopped", "StopNow", "StopSignals", "check_reward_failures"]

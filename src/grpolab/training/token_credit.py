@@ -54,8 +54,9 @@ def _at(model: list[bool], vals: list) -> list:
     return [v if m else None for v, m in zip(vals, model)]
 
 
-def token_credit(batch: Batch, rows: list[int], tokenizer, algo: AlgoConfig, max_tokens: int, *,
-                 computes_every_group: bool) -> list[dict]:
+def token_credit(
+    batch: Batch, rows: list[int], tokenizer, algo: AlgoConfig, max_tokens: int, *, computes_every_group: bool
+) -> list[dict]:
     """The per-token record (see the module docstring) of each row in `rows`. computes_every_group:
     the run's advantage component's (run.advantage.computes_every_group: a critic computes every group)."""
     rollout = batch.rollout
@@ -65,18 +66,29 @@ def token_credit(batch: Batch, rows: list[int], tokenizer, algo: AlgoConfig, max
     present = rollout.attention_mask  # (N, C) the whole stream: model + environment
     adv = per_token(batch.adv, (N, C)).float()  # (N, C)
     have = batch.old_logp is not None and batch.last_logp is not None and batch.entropy is not None
-    computed = computed_groups(batch, algo, computes_every_group).repeat_interleave(rollout.G) if have \
-        else torch.zeros(N, dtype=torch.bool)  # (N,)
+    computed = (
+        computed_groups(batch, algo, computes_every_group).repeat_interleave(rollout.G)
+        if have
+        else torch.zeros(N, dtype=torch.bool)
+    )  # (N,)
     out = []
     for i in rows:
         n = int(present[i].sum())  # the stream is contiguous from position 0
         t = min(n, max_tokens)
         ids = rollout.completion_ids[i, :t].tolist()
         model = (mask[i, :t] > 0).tolist()  # the model's tokens among those shown
-        rec = {"n": n, "shown": t, "computed": bool(computed[i]),
-               "text": [tokenizer.decode([x], skip_special_tokens=False) for x in ids],
-               "adv": _at(model, [_r(float(a)) for a in adv[i, :t]]),
-               "logp": None, "ratio": None, "entropy": None, "kl": None, "clip": None}
+        rec = {
+            "n": n,
+            "shown": t,
+            "computed": bool(computed[i]),
+            "text": [tokenizer.decode([x], skip_special_tokens=False) for x in ids],
+            "adv": _at(model, [_r(float(a)) for a in adv[i, :t]]),
+            "logp": None,
+            "ratio": None,
+            "entropy": None,
+            "kl": None,
+            "clip": None,
+        }
         if env is not None:
             rec["n_env"] = int(env[i].sum())
             rec["env"] = [bool(e) for e in (env[i, :t] > 0).tolist()]
@@ -87,13 +99,16 @@ def token_credit(batch: Batch, rows: list[int], tokenizer, algo: AlgoConfig, max
                 ratio = shown_ratio(log_ratio[mask[i] > 0], int(mask[i].sum()), t, algo)  # (t,)
             else:
                 ratio = shown_ratio(log_ratio, n, t, algo)  # (t,)
-            rec.update(logp=_at(model, [_r(float(x)) for x in old]),
-                       ratio=_at(model, [_r(float(x)) for x in ratio]),
-                       entropy=_at(model, [_r(float(x)) for x in batch.entropy[i, :t]]),
-                       clip=_at(model, clip_decision(ratio, adv[i, :t], algo).tolist()))
+            rec.update(
+                logp=_at(model, [_r(float(x)) for x in old]),
+                ratio=_at(model, [_r(float(x)) for x in ratio]),
+                entropy=_at(model, [_r(float(x)) for x in batch.entropy[i, :t]]),
+                clip=_at(model, clip_decision(ratio, adv[i, :t], algo).tolist()),
+            )
             if batch.ref_logp is not None:
-                kl = kl_per_token(old[None], batch.ref_logp[i, :t].float()[None], mask[i, :t].float()[None],
-                                  algo.kl_estimator)[0]  # (t,)
+                kl = kl_per_token(
+                    old[None], batch.ref_logp[i, :t].float()[None], mask[i, :t].float()[None], algo.kl_estimator
+                )[0]  # (t,)
                 rec["kl"] = _at(model, [_r(float(x)) for x in kl])
         out.append(rec)
     return out
@@ -111,12 +126,21 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
     out = []
     for i in range(min(k, len(rollout.texts))):
         ex = batch.examples[i // rollout.G]
-        out.append({"step": step, "id": ex.id, "prompt": ex.prompt, "answer": ex.answer,
-                    "completion": rollout.texts[i], "reward": float(batch.raw_reward[i]),
-                    "reward_shaped": float(batch.reward[i]),
-                    "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
-                    "length": int(rollout.completion_mask[i].sum()), "truncated": bool(rollout.truncated[i]),
-                    **({"extra": {c: v[i] for c, v in batch.extra.items()}} if batch.extra else {})})
+        out.append(
+            {
+                "step": step,
+                "id": ex.id,
+                "prompt": ex.prompt,
+                "answer": ex.answer,
+                "completion": rollout.texts[i],
+                "reward": float(batch.raw_reward[i]),
+                "reward_shaped": float(batch.reward[i]),
+                "rewards": {name: v[i] for name, v in batch.reward_by_fn.items()},
+                "length": int(rollout.completion_mask[i].sum()),
+                "truncated": bool(rollout.truncated[i]),
+                **({"extra": {c: v[i] for c, v in batch.extra.items()}} if batch.extra else {}),
+            }
+        )
         if rollout.conversations is not None:  # multi-turn: the messages after the prompt, and why it ended
             out[-1]["conversation"] = json.loads(json.dumps(rollout.conversations[i], default=str))
             stops = rollout.stops  # per row, in a multi-turn run
@@ -124,8 +148,14 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
                 out[-1]["stop"] = stops[i]
     limit = run.cfg.sample_tokens if run is not None else 0
     if out and limit > 0 and batch.adv is not None:
-        credit = token_credit(batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit,
-                              computes_every_group=run.advantage.computes_every_group)
+        credit = token_credit(
+            batch,
+            list(range(len(out))),
+            run.tokenizer,
+            run.cfg.algo,
+            limit,
+            computes_every_group=run.advantage.computes_every_group,
+        )
         for rec, tokens in zip(out, credit):
             rec["tokens"] = tokens
     return out

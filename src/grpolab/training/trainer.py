@@ -18,16 +18,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision, rollout_probe
 from grpolab.engine.kv_cache import call_tokens
-from grpolab.model import precision
 from grpolab.engine.native.generate import eos_token_ids
+from grpolab.model import precision
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.model.lora import attach, trainable_parameters
 from grpolab.model.optim import adamw, build_scheduler
@@ -43,10 +43,10 @@ from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.callbacks import Callbacks
 from grpolab.training.components import GroupBaseline
 from grpolab.training.config import Config, fold_report_to, save_config, to_dict
-from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, summary_fields
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
+from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.plan import check_run
 from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import train_step
@@ -54,7 +54,7 @@ from grpolab.training.stops import RunStopped, StopSignals, check_reward_failure
 from grpolab.training.token_credit import sample_records
 from grpolab.training.trackers import check_installed
 from grpolab.util.fields import ConfigError
-from grpolab.util.fileio import atomic_write, open_append, read_jsonl
+from grpolab.util.fileio import atomic_write, read_jsonl
 from grpolab.util.threads import current, describe_threads
 
 ReportWriter = Callable[[Path, torch.device], None]
@@ -67,16 +67,20 @@ def check_same_lora(out: Path, cfg: Config) -> None:
 
     before = (config_from_run(out) or {}).get("lora") or {}
     now = dataclasses.asdict(cfg.lora)
-    changed = [k for k in now if k in before and before[k] != now[k]] + \
-        (["r"] if not before and now["r"] else [])  # a run from before LoRA existed trained every weight
+    changed = [k for k in now if k in before and before[k] != now[k]] + (
+        ["r"] if not before and now["r"] else []
+    )  # a run from before LoRA existed trained every weight
     if changed:
-        raise ConfigError(f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
-                          f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
-                          f"or start a new run")
+        raise ConfigError(
+            f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
+            f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
+            f"or start a new run"
+        )
 
 
-def setup(cfg: Config, *, resume: bool = False, training: bool = True,
-          log: Callable[[str], None] = print, dist=None) -> Run:
+def setup(
+    cfg: Config, *, resume: bool = False, training: bool = True, log: Callable[[str], None] = print, dist=None
+) -> Run:
     """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
 
     training=False (evaluation) writes nothing and loads neither a reference model nor a critic.
@@ -103,12 +107,16 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     environments = load_environments(cfg.env, tokenizer, task.system_prompt)  # checked before any model load
     if environments is not None and environments.has_reward and cfg.env.reward_weight > 0:
         if any(f.name == ENV_REWARD for f in reward_fns):
-            raise ConfigError(f"rewards: the label {ENV_REWARD!r} is the environment's own reward; give yours another label")
+            raise ConfigError(
+                f"rewards: the label {ENV_REWARD!r} is the environment's own reward; give yours another label"
+            )
         reward_fns.append(env_reward(cfg.env.reward_weight))  # the environment's own reward, one reward column
     if not reward_fns:
-        raise ConfigError("rewards: no reward source: the task has no default reward and the environment gives none "
-                          "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
-                          "environment class a get_reward(self) method")
+        raise ConfigError(
+            "rewards: no reward source: the task has no default reward and the environment gives none "
+            "(TRL's get_reward); list rewards=[...] (e.g. a function file.py:fn), or give the "
+            "environment class a get_reward(self) method"
+        )
     check_rewards(reward_fns, task, environment=environments is not None)  # exit 2 for a keyword nothing provides
     engine_name, why = choose_engine(cfg, path, device, dist)
     check_engine_kwargs(cfg, engine_name)
@@ -123,8 +131,9 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
     if training and algo.uses_critic:  # before the adapter: the critic copies the plain backbone
         from grpolab.model.critic import Critic
 
-        advantage = components["critic"] = Critic(policy, algo, lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                                  weight_decay=cfg.weight_decay, device=device)
+        advantage = components["critic"] = Critic(
+            policy, algo, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay, device=device
+        )
     if training:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
     ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
@@ -132,36 +141,77 @@ def setup(cfg: Config, *, resume: bool = False, training: bool = True,
         components["reference"] = synced_reference(ref, fsdp)
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
-    prec = precision.choose(cfg.precision, policy, device, training=training, distributed=dist is not None and dist.active,
-                            rollout_probe=rollout_probe(engine_name, cfg.decoder),
-                            recorded=out / precision.FILE if resume else None,
-                            rows=cfg.batch_size, tokens=cfg.max_new_tokens,
-                            engine_rollout=rollout_precision(engine_name))
+    prec = precision.choose(
+        cfg.precision,
+        policy,
+        device,
+        training=training,
+        distributed=dist is not None and dist.active,
+        rollout_probe=rollout_probe(engine_name, cfg.decoder),
+        recorded=out / precision.FILE if resume else None,
+        rows=cfg.batch_size,
+        tokens=cfg.max_new_tokens,
+        engine_rollout=rollout_precision(engine_name),
+    )
     log(prec.describe())
     if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec()'s autocast
         ref.store_linear_in(prec.update)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
-        optimizer = adamw(trainable_parameters(policy), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                          weight_decay=cfg.weight_decay, sharded=fsdp)
+        optimizer = adamw(
+            trainable_parameters(policy),
+            lr=cfg.lr,
+            betas=tuple(cfg.adam_betas),
+            weight_decay=cfg.weight_decay,
+            sharded=fsdp,
+        )
         scheduler = build_scheduler(optimizer, cfg.lr_scheduler, **lr_updates(cfg))
     eos_ids = eos_token_ids(policy, tokenizer)
-    ctx = EngineContext(cfg.rollout, policy, tokenizer, path, device, prec.rollout, cfg.decoder, eos_ids,
-                        max_model_len=None, seed=cfg.seed,
-                        kv_tokens=call_tokens(max(cfg.batch_size, cfg.eval_size, cfg.eval_num_generations),
-                                              cfg.max_completion_tokens
-                                              + (cfg.env.max_env_tokens if cfg.env.enabled else 0)))
+    ctx = EngineContext(
+        cfg.rollout,
+        policy,
+        tokenizer,
+        path,
+        device,
+        prec.rollout,
+        cfg.decoder,
+        eos_ids,
+        max_model_len=None,
+        seed=cfg.seed,
+        kv_tokens=call_tokens(
+            max(cfg.batch_size, cfg.eval_size, cfg.eval_num_generations),
+            cfg.max_completion_tokens + (cfg.env.max_env_tokens if cfg.env.enabled else 0),
+        ),
+    )
     try:
         engine = build_engine(engine_name, ctx)
     except EngineError as e:  # nothing written yet
         raise RunStopped(f"rollout engine: {e}", 1) from e
     if engine_name != "native":
         log(f"rollout engine ready: {engine.describe()}")
-    return Run(cfg=cfg, out=out, device=device, amp_dtype=prec.update, tokenizer=tokenizer, policy=policy,
-               optimizer=optimizer, scheduler=scheduler, task=task, reward_fns=reward_fns,
-               eos_ids=eos_ids, advantage=advantage, kl=AdaptiveKL.from_algo(algo),
-               ref=ref, log=log, components=components, dist=dist, precision=prec, environments=environments,
-               engine=engine, trainer_state=trainer_state(0, cfg.steps))
+    return Run(
+        cfg=cfg,
+        out=out,
+        device=device,
+        amp_dtype=prec.update,
+        tokenizer=tokenizer,
+        policy=policy,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        task=task,
+        reward_fns=reward_fns,
+        eos_ids=eos_ids,
+        advantage=advantage,
+        kl=AdaptiveKL.from_algo(algo),
+        ref=ref,
+        log=log,
+        components=components,
+        dist=dist,
+        precision=prec,
+        environments=environments,
+        engine=engine,
+        trainer_state=trainer_state(0, cfg.steps),
+    )
 
 
 def choose_engine(cfg: Config, path: Path, device: torch.device, dist) -> tuple[str, str]:
@@ -181,9 +231,17 @@ def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
     state = {"step": step, "world_size": run.ranks.world}
     if run.kl.adaptive:
         state["kl_beta"] = run.kl.value
-    return save_checkpoint(run.out, step, run.policy if policy is None else policy, run.tokenizer,
-                           run.optimizer if optimizer is None else optimizer, run.scheduler, state,
-                           keep_last=run.cfg.keep_checkpoints, components=run.components)
+    return save_checkpoint(
+        run.out,
+        step,
+        run.policy if policy is None else policy,
+        run.tokenizer,
+        run.optimizer if optimizer is None else optimizer,
+        run.scheduler,
+        state,
+        keep_last=run.cfg.keep_checkpoints,
+        components=run.components,
+    )
 
 
 def resume_state(run: Run, how: str = "--resume") -> int:
@@ -200,17 +258,20 @@ def resume_state(run: Run, how: str = "--resume") -> int:
     state = load_checkpoint(ck, policy, optimizer, run.scheduler, components=run.components)
     world = (run.dist or distributed.SINGLE).world
     if int(state.get("world_size", 1)) != world:
-        raise ConfigError(f"--resume {run.out}: {ck.name} was written by {state.get('world_size', 1)} processes and "
-                          f"this run has {world}; resume with the same number (torchrun --nproc_per_node "
-                          f"{state.get('world_size', 1)}): each rank's share of the batch depends on it")
+        raise ConfigError(
+            f"--resume {run.out}: {ck.name} was written by {state.get('world_size', 1)} processes and "
+            f"this run has {world}; resume with the same number (torchrun --nproc_per_node "
+            f"{state.get('world_size', 1)}): each rank's share of the batch depends on it"
+        )
     if run.kl.adaptive and "kl_beta" in state:
         run.kl.value = state["kl_beta"]
     record_restart(run, int(state["step"]), ck.name, how)
     return int(state["step"])
 
 
-def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None,
-          callbacks=None) -> dict:
+def train(
+    cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None, callbacks=None
+) -> dict:
     """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary.
 
     report: writes OUT/report.html when cfg.report (the command line and grpolab.train pass
@@ -241,19 +302,44 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
         atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
-    logger = _NoFile() if not main else MetricsLogger(run.out, cfg.report_to, start if resume else None, log=log,
-                                                      config=to_dict(cfg), run_name=cfg.run_name,
-                                                      project=cfg.project, listeners=[hooks.listener])
+    logger = (
+        _NoFile()
+        if not main
+        else MetricsLogger(
+            run.out,
+            cfg.report_to,
+            start if resume else None,
+            log=log,
+            config=to_dict(cfg),
+            run_name=cfg.run_name,
+            project=cfg.project,
+            listeners=[hooks.listener],
+        )
+    )
     samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else _NoFile()
     summary_path = run.out / "summary.json"
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
     eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
-    hooks.begin(cfg, run.out, start, is_main=main, objects={"model": run.policy, "processing_class": run.tokenizer,
-                                                             "optimizer": run.optimizer, "lr_scheduler": run.scheduler})
+    hooks.begin(
+        cfg,
+        run.out,
+        start,
+        is_main=main,
+        objects={
+            "model": run.policy,
+            "processing_class": run.tokenizer,
+            "optimizer": run.optimizer,
+            "lr_scheduler": run.scheduler,
+        },
+    )
     # the one place an evaluation happens: Evaluator.evaluate_at; with eval_steps=0 the evaluations before
     # and after training are in no metrics row, so the trackers and callbacks get them on their own
-    evaluator = Evaluator(run, eval_set, logger, on_evaluate=None if cfg.eval_steps else
-                          lambda step, metrics, res: logger.track({"step": step, **metrics}))
+    evaluator = Evaluator(
+        run,
+        eval_set,
+        logger,
+        on_evaluate=None if cfg.eval_steps else lambda step, metrics, res: logger.track({"step": step, **metrics}),
+    )
     prior_before = prior.get("eval_before") if resume else None
     before = evaluator.at_start(prior_before)
     if main and before is not None and prior_before is None:
@@ -280,10 +366,17 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
                 progress.advance(m)
                 check_nonfinite(run, step)
                 # any rank signalled; any rank's callback asked to stop, or to save
-                stop, halt, keep = distributed.global_counts(d, float(signals.requested or 0), float(hooks.should_stop),
-                                                             float(hooks.should_save))
-                if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stop or halt or keep
-                        or evaluator.stop_reason):
+                stop, halt, keep = distributed.global_counts(
+                    d, float(signals.requested or 0), float(hooks.should_stop), float(hooks.should_save)
+                )
+                if (
+                    (cfg.save_every and step % cfg.save_every == 0)
+                    or step == cfg.steps
+                    or stop
+                    or halt
+                    or keep
+                    or evaluator.stop_reason
+                ):
                     hooks.saved(save_or_stop(run, step))
                 if evaluator.stop_reason:  # eval_stop_at: finished early, summary and report as at the end
                     log(f"stopping: {evaluator.stop_reason}")
@@ -295,9 +388,15 @@ def train(cfg: Config, *, resume: bool = False, console=None, report: ReportWrit
                 if stop:
                     if main:
                         write_run_report(run, log, report)
-                    name, code = signals.name or "a signal to another rank", signals.exit_code if signals.requested else 143
-                    raise RunStopped(f"stopped by {name} after step {step}; checkpoint written. "
-                                     f"Continue with: {resume_command(run)}", code)
+                    name, code = (
+                        signals.name or "a signal to another rank",
+                        signals.exit_code if signals.requested else 143,
+                    )
+                    raise RunStopped(
+                        f"stopped by {name} after step {step}; checkpoint written. "
+                        f"Continue with: {resume_command(run)}",
+                        code,
+                    )
                 check_reward_failures(run, step, m, batch, log, save=save_or_stop, resume=resume_command(run))
         progress.close()
         after = evaluator.final(stopped["step"] if stopped else cfg.steps)  # before the trackers close
@@ -377,10 +476,13 @@ def check_nonfinite(run: Run, step: int) -> None:
     if run.nonfinite_streak >= run.cfg.max_nonfinite_updates:
         last = latest_checkpoint(run.out)
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-        raise RunStopped(f"step {step}: {run.nonfinite_streak} optimizer updates in a row had a non-finite loss or "
-                         f"gradient norm (each was skipped, update/nonfinite_skipped); stopping. The weights were "
-                         f"never updated with them and {kept}. Check the rewards and log-probs for NaN/inf, or "
-                         f"lower lr; continue with: {resume_command(run)}", 1)
+        raise RunStopped(
+            f"step {step}: {run.nonfinite_streak} optimizer updates in a row had a non-finite loss or "
+            f"gradient norm (each was skipped, update/nonfinite_skipped); stopping. The weights were "
+            f"never updated with them and {kept}. Check the rewards and log-probs for NaN/inf, or "
+            f"lower lr; continue with: {resume_command(run)}",
+            1,
+        )
 
 
 def save_or_stop(run: Run, step: int) -> Path | None:
@@ -402,9 +504,12 @@ def save_or_stop(run: Run, step: int) -> Path | None:
         last = latest_checkpoint(run.out)
         kept = f"the previous checkpoint {last} is intact" if last else "no earlier checkpoint exists"
         reason = (getattr(error, "strerror", None) or str(error).strip().splitlines()[-1]) if error else "on rank 0"
-        raise RunStopped(f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
-                         f"nothing partial was left and {kept}. Free space, then continue with: "
-                         f"{resume_command(run)}", 1) from error
+        raise RunStopped(
+            f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
+            f"nothing partial was left and {kept}. Free space, then continue with: "
+            f"{resume_command(run)}",
+            1,
+        ) from error
     return path
 
 
@@ -417,8 +522,9 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def summarise(history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5,
-              report: bool = False) -> dict:
+def summarise(
+    history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5, report: bool = False
+) -> dict:
     """Start vs end: mean reward and length over the first and last k steps, held-out accuracy. A row
     of step 0 (the evaluation before training, eval_steps > 0) is not a step."""
     history = [h for h in history if h.get("step", 0) >= 1]
@@ -433,6 +539,15 @@ def summarise(history: list[dict], before: dict | None, after: dict | None, out:
         "eval_after": after,
         "time_s": sum(h.get("time/step_s", 0.0) for h in history),
         "out": str(out),
-        "files": {n: str(out / n) for n in ("metrics.jsonl", "samples.jsonl", "config.yaml", "tb", "checkpoints",
-                                            *(("report.html",) if report else ()))},
+        "files": {
+            n: str(out / n)
+            for n in (
+                "metrics.jsonl",
+                "samples.jsonl",
+                "config.yaml",
+                "tb",
+                "checkpoints",
+                *(("report.html",) if report else ()),
+            )
+        },
     }

@@ -6,8 +6,8 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from grpolab.util.fields import ConfigError
 
@@ -36,8 +36,10 @@ _UMASK = _umask()  # read once, at import (os.umask can only be read by setting 
 
 
 def not_a_link_error(path: Path) -> ConfigError:
-    return ConfigError(f"{path} is a symbolic link: grpolab does not follow links to the files of a run "
-                       f"directory (remove it, or choose another out=DIR; docs/security.md)")
+    return ConfigError(
+        f"{path} is a symbolic link: grpolab does not follow links to the files of a run "
+        f"directory (remove it, or choose another out=DIR; docs/security.md)"
+    )
 
 
 def open_append(path: str | Path):

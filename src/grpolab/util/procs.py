@@ -35,8 +35,10 @@ indexer or the other job of a machine doing something else)."""
 def busy_processes(n: int):
     """Run `n` single-threaded processes spinning at 100% of a core for the duration of the block; they
     are killed (and reaped) when it ends, however it ends. Yields their pids."""
-    procs = [subprocess.Popen([sys.executable, "-S", "-c", BUSY_CODE], stdin=subprocess.DEVNULL,
-                              start_new_session=True) for _ in range(max(0, n))]
+    procs = [
+        subprocess.Popen([sys.executable, "-S", "-c", BUSY_CODE], stdin=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(max(0, n))
+    ]
     try:
         yield [p.pid for p in procs]
     finally:

@@ -76,8 +76,10 @@ class WaitPlan:
             how = _WORDS[self.policy]
         text = f"threads wait: {how} (thread_wait={self.setting})"
         if not self.applied:
-            text += ("; not applied: torch was imported before grpolab could set it, so OpenMP keeps the policy "
-                     "it started with (set thread_wait or OMP_WAIT_POLICY before importing torch)")
+            text += (
+                "; not applied: torch was imported before grpolab could set it, so OpenMP keeps the policy "
+                "it started with (set thread_wait or OMP_WAIT_POLICY before importing torch)"
+            )
         return text
 
 
@@ -182,9 +184,25 @@ def cores() -> int:
 def describe_threads(threads: int, plan: WaitPlan, n_cores: int | None = None) -> str:
     """The run's first line: compute threads and how they wait."""
     n = cores() if n_cores is None else n_cores
-    return (f"threads: {threads} compute thread{'s' if threads != 1 else ''} on {n} core{'s' if n != 1 else ''}; "
-            f"{plan.describe()}")
+    return (
+        f"threads: {threads} compute thread{'s' if threads != 1 else ''} on {n} core{'s' if n != 1 else ''}; "
+        f"{plan.describe()}"
+    )
 
 
-__all__ = ["WAIT_SETTINGS", "MARKER", "inherited", "environ_without_plan", "cores", "SHORT_SPIN", "SINGLE_THREAD_ENV", "WaitPlan", "plan_wait", "prepare", "current",
-           "describe_threads", "check_setting", "runtime_started"]
+__all__ = [
+    "WAIT_SETTINGS",
+    "MARKER",
+    "inherited",
+    "environ_without_plan",
+    "cores",
+    "SHORT_SPIN",
+    "SINGLE_THREAD_ENV",
+    "WaitPlan",
+    "plan_wait",
+    "prepare",
+    "current",
+    "describe_threads",
+    "check_setting",
+    "runtime_started",
+]

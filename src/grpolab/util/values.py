@@ -149,7 +149,9 @@ def _equal(expected, actual, rel_tol) -> bool:
     if te is list or te is tuple:
         return len(expected) == len(actual) and all(_equal(x, y, rel_tol) for x, y in zip(expected, actual))
     if te is complex:
-        return _numbers_equal(expected.real, actual.real, rel_tol) and _numbers_equal(expected.imag, actual.imag, rel_tol)
+        return _numbers_equal(expected.real, actual.real, rel_tol) and _numbers_equal(
+            expected.imag, actual.imag, rel_tol
+        )
     if te in (str, bytes, type(None)):
         return expected == actual
     return False

@@ -69,11 +69,25 @@ def floor_table(ours: dict, rates: dict, *, beta: float, lora: bool) -> list[dic
         sec = statistics.median(x[f"{phase}_s"] for x in s)
         floor = fl[phase] / rates[ours["phase_precision"][phase]]
         total += floor
-        rows.append({"phase": phase, "seconds": sec, "flops": fl[phase], "floor_s": floor,
-                     "ratio": sec / floor if floor > 0 else None})
+        rows.append(
+            {
+                "phase": phase,
+                "seconds": sec,
+                "flops": fl[phase],
+                "floor_s": floor,
+                "ratio": sec / floor if floor > 0 else None,
+            }
+        )
     sec = statistics.median(x["step_s"] for x in s)
-    rows.append({"phase": "step", "seconds": sec, "flops": sum(fl.values()), "floor_s": total,
-                 "ratio": sec / total if total > 0 else None})
+    rows.append(
+        {
+            "phase": "step",
+            "seconds": sec,
+            "flops": sum(fl.values()),
+            "floor_s": total,
+            "ratio": sec / total if total > 0 else None,
+        }
+    )
     return rows
 
 

@@ -65,17 +65,22 @@ def summarise(runs: list[dict]) -> dict:
         return statistics.median(vals) if vals else None
 
     out = {k: v for k, v in runs[0].items() if k not in ("steps", "warmup", "peak_mb")}
-    out.update({
-        "s_per_step": med(lambda s: s["step_s"]),
-        "gen_tok_s": med(lambda s: s["generated_tokens"] / s["generation_s"] if s["generation_s"] else None),
-        "train_tok_s": med(lambda s: s["trained_tokens"] / s["update_s"] if s["update_s"] else None),
-        "peak_mb": max(r["peak_mb"] for r in runs),
-        "phases_s": {p: med(lambda s, p=p: s[f"{p}_s"]) for p in PHASES + ("score",)},
-        "generated_tokens": med(lambda s: s["generated_tokens"]),
-        "trained_tokens": med(lambda s: s["trained_tokens"]),
-        "timed_steps": len(steps), "step_s_all": [s["step_s"] for s in steps], "steps": steps,
-    })
+    out.update(
+        {
+            "s_per_step": med(lambda s: s["step_s"]),
+            "gen_tok_s": med(lambda s: s["generated_tokens"] / s["generation_s"] if s["generation_s"] else None),
+            "train_tok_s": med(lambda s: s["trained_tokens"] / s["update_s"] if s["update_s"] else None),
+            "peak_mb": max(r["peak_mb"] for r in runs),
+            "phases_s": {p: med(lambda s, p=p: s[f"{p}_s"]) for p in PHASES + ("score",)},
+            "generated_tokens": med(lambda s: s["generated_tokens"]),
+            "trained_tokens": med(lambda s: s["trained_tokens"]),
+            "timed_steps": len(steps),
+            "step_s_all": [s["step_s"] for s in steps],
+            "steps": steps,
+        }
+    )
     if steps and all("turns_mean" in s for s in steps):  # the agent setting: what each side's rollouts held
+
         def mean(key):
             vals = [s[key] for s in steps if s.get(key) is not None]
             return sum(vals) / len(vals) if vals else None
@@ -84,21 +89,30 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-AGENT_SHAPES = {"turns_mean": "turns/traj", "tool_calls_mean": "calls/traj", "generated_tokens": "model tok",
-                "env_tokens": "env tok", "tool_errors": "tool errors", "prompt_tokens_mean": "prompt tok"}
+AGENT_SHAPES = {
+    "turns_mean": "turns/traj",
+    "tool_calls_mean": "calls/traj",
+    "generated_tokens": "model tok",
+    "env_tokens": "env tok",
+    "tool_errors": "tool errors",
+    "prompt_tokens_mean": "prompt tok",
+}
 """The agent setting's shapes per step (means over the timed steps), with their table headings: they vary with
 sampling on each side, so the table prints them beside the times they explain."""
 
 
 def ratios(ours: dict, theirs: dict) -> dict:
     """grpolab / TRL: time and memory (< 1: grpolab uses less), throughputs (> 1: grpolab is faster)."""
+
     def div(a, b):
         return a / b if a is not None and b else None
 
-    return {"s_per_step": div(ours["s_per_step"], theirs["s_per_step"]),
-            "gen_tok_s": div(ours["gen_tok_s"], theirs["gen_tok_s"]),
-            "train_tok_s": div(ours["train_tok_s"], theirs["train_tok_s"]),
-            "peak_mb": div(ours["peak_mb"], theirs["peak_mb"])}
+    return {
+        "s_per_step": div(ours["s_per_step"], theirs["s_per_step"]),
+        "gen_tok_s": div(ours["gen_tok_s"], theirs["gen_tok_s"]),
+        "train_tok_s": div(ours["train_tok_s"], theirs["train_tok_s"]),
+        "peak_mb": div(ours["peak_mb"], theirs["peak_mb"]),
+    }
 
 
 def _f(x, fmt: str) -> str:
@@ -118,60 +132,87 @@ def _label(name: str, c: dict | None = None) -> str:
 def table(result: dict) -> str:
     """The human-readable table of a result (what `grpolab bench` prints above the JSON line)."""
     spec = Spec.from_dict(result["spec"])
-    lines = [f"grpolab bench: {spec.describe()}",
-             f"device {result['device']}, {result.get('threads', '?')} torch threads per process; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
-             f"round(s); medians over the timed steps of all rounds"]
+    lines = [
+        f"grpolab bench: {spec.describe()}",
+        f"device {result['device']}, {result.get('threads', '?')} torch threads per process; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
+        f"round(s); medians over the timed steps of all rounds",
+    ]
     if result.get("thread_wait"):
-        lines.append(f"grpolab's {result['thread_wait']['grpolab']}; TRL's threads wait as {result['thread_wait']['trl']}")
+        lines.append(
+            f"grpolab's {result['thread_wait']['grpolab']}; TRL's threads wait as {result['thread_wait']['trl']}"
+        )
     if result.get("logp_check"):
         c = result["logp_check"]
-        lines.append(f"log-prob check: {c['verdict']}, over {c['tokens']} tokens of {c['sequences']} sequences; "
-                     f"same prompt tokens: {c['same_prompt_tokens']}")
+        lines.append(
+            f"log-prob check: {c['verdict']}, over {c['tokens']} tokens of {c['sequences']} sequences; "
+            f"same prompt tokens: {c['same_prompt_tokens']}"
+        )
         if c.get("rollout_vs_update_max_abs_diff") is not None:
-            lines.append(f"grpolab's rollout (lean decode step) vs its update pass, same sequences: max |d log pi| = "
-                         f"{c['rollout_vs_update_max_abs_diff']:.2e} per token (fp32)")
+            lines.append(
+                f"grpolab's rollout (lean decode step) vs its update pass, same sequences: max |d log pi| = "
+                f"{c['rollout_vs_update_max_abs_diff']:.2e} per token (fp32)"
+            )
     lines.append("")
-    head = f"{'':24}{'s/step':>9}{'gen tok/s':>11}{'train tok/s':>13}{'peak MB':>9}   " + \
-        "".join(f"{p + ' s':>13}" for p in PHASES)
+    head = f"{'':24}{'s/step':>9}{'gen tok/s':>11}{'train tok/s':>13}{'peak MB':>9}   " + "".join(
+        f"{p + ' s':>13}" for p in PHASES
+    )
     lines.append(head)
     for name, c in result["configs"].items():
         label = _label(name, c)
-        lines.append(f"{label:24}{_f(c['s_per_step'], '9.2f')}{_f(c['gen_tok_s'], '11.1f')}"
-                     f"{_f(c['train_tok_s'], '13.1f')}{_f(c['peak_mb'], '9.0f')}   "
-                     + "".join(f"{_f(c['phases_s'][p], '13.2f')}" for p in PHASES))
+        lines.append(
+            f"{label:24}{_f(c['s_per_step'], '9.2f')}{_f(c['gen_tok_s'], '11.1f')}"
+            f"{_f(c['train_tok_s'], '13.1f')}{_f(c['peak_mb'], '9.0f')}   "
+            + "".join(f"{_f(c['phases_s'][p], '13.2f')}" for p in PHASES)
+        )
     rows = [("grpolab / " + name.replace("trl_", "TRL "), r) for name, r in result.get("ratios", {}).items()]
     rows += [(" / ".join(_label(n) for n in name.split("/")), r) for name, r in result.get("engine_ratios", {}).items()]
     for label, r in rows:
-        lines.append(f"{label:24}{_f(r['s_per_step'], '9.2f')}{_f(r['gen_tok_s'], '11.2f')}"
-                     f"{_f(r['train_tok_s'], '13.2f')}{_f(r['peak_mb'], '9.2f')}")
+        lines.append(
+            f"{label:24}{_f(r['s_per_step'], '9.2f')}{_f(r['gen_tok_s'], '11.2f')}"
+            f"{_f(r['train_tok_s'], '13.2f')}{_f(r['peak_mb'], '9.2f')}"
+        )
     if any(c.get("agent") for c in result["configs"].values()):
-        lines += ["", "multi-turn shapes, means over the timed steps (sampled, not forced: each side's own draw)",
-                  f"{'':24}" + "".join(f"{h:>13}" for h in AGENT_SHAPES.values())]
+        lines += [
+            "",
+            "multi-turn shapes, means over the timed steps (sampled, not forced: each side's own draw)",
+            f"{'':24}" + "".join(f"{h:>13}" for h in AGENT_SHAPES.values()),
+        ]
         for name, c in result["configs"].items():
             label = _label(name, c)
             lines.append(f"{label:24}" + "".join(_f(c["agent"].get(k), "13.2f") for k in AGENT_SHAPES))
         if result.get("logp_check", {}).get("agent_same_prompt_tokens") is not None:
             c = result["logp_check"]
-            lines.append(f"same prompt tokens on both sides: {c['agent_same_prompt_tokens']} "
-                         f"({', '.join(map(str, c['agent_prompt_tokens']))} tokens); same tool-reply tokens: "
-                         f"{c['agent_same_tool_reply_tokens']}")
+            lines.append(
+                f"same prompt tokens on both sides: {c['agent_same_prompt_tokens']} "
+                f"({', '.join(map(str, c['agent_prompt_tokens']))} tokens); same tool-reply tokens: "
+                f"{c['agent_same_tool_reply_tokens']}"
+            )
     if result.get("grpolab_vs_fastest_trl") is not None:
-        lines.append(f"\ngrpolab s/step / TRL's faster configuration ({result['fastest_trl']}): "
-                     f"{result['grpolab_vs_fastest_trl']:.3f}")
+        lines.append(
+            f"\ngrpolab s/step / TRL's faster configuration ({result['fastest_trl']}): "
+            f"{result['grpolab_vs_fastest_trl']:.3f}"
+        )
     if result.get("floor"):
         fl = result["floor"]
         rates = result["matmul_flops"]
-        lines += ["", f"matmul rate (2048^3, {result['device']}): fp32 {rates['fp32'] / 1e12:.3f} TFLOP/s, "
-                  f"bf16 {rates['bf16'] / 1e12:.3f} TFLOP/s; each phase's floor at the rate of grpolab's "
-                  f"precision in it ({', '.join(f'{k} {v}' for k, v in fl['precision'].items())})",
-                  f"{'phase':12}{'seconds':>10}{'GFLOP':>10}{'floor s':>10}{'x floor':>9}"]
+        lines += [
+            "",
+            f"matmul rate (2048^3, {result['device']}): fp32 {rates['fp32'] / 1e12:.3f} TFLOP/s, "
+            f"bf16 {rates['bf16'] / 1e12:.3f} TFLOP/s; each phase's floor at the rate of grpolab's "
+            f"precision in it ({', '.join(f'{k} {v}' for k, v in fl['precision'].items())})",
+            f"{'phase':12}{'seconds':>10}{'GFLOP':>10}{'floor s':>10}{'x floor':>9}",
+        ]
         for row in fl["rows"]:
-            lines.append(f"{row['phase']:12}{row['seconds']:10.2f}{row['flops'] / 1e9:10.1f}{row['floor_s']:10.3f}"
-                         f"{_f(row['ratio'], '9.1f')}")
-        lines.append(f"FLOPs per sequence: generation and reference 2N(P+C) + 2VHC, update "
-                     f"{'4' if spec.lora_r else '6'}N(P+C) + {'4' if spec.lora_r else '6'}VHC; N = "
-                     f"{fl['N']:,} non-embedding parameters, V x H = {fl['V']} x {fl['H']} (LM head, C positions), "
-                     f"P = {fl['P']:.1f}, C = {fl['C']:.1f}, {fl['seqs']:.0f} sequences; attention left out")
+            lines.append(
+                f"{row['phase']:12}{row['seconds']:10.2f}{row['flops'] / 1e9:10.1f}{row['floor_s']:10.3f}"
+                f"{_f(row['ratio'], '9.1f')}"
+            )
+        lines.append(
+            f"FLOPs per sequence: generation and reference 2N(P+C) + 2VHC, update "
+            f"{'4' if spec.lora_r else '6'}N(P+C) + {'4' if spec.lora_r else '6'}VHC; N = "
+            f"{fl['N']:,} non-embedding parameters, V x H = {fl['V']} x {fl['H']} (LM head, C positions), "
+            f"P = {fl['P']:.1f}, C = {fl['C']:.1f}, {fl['seqs']:.0f} sequences; attention left out"
+        )
     return "\n".join(lines)
 
 
@@ -196,9 +237,12 @@ def bench(spec: Spec) -> dict:
         spec_path.write_text(json.dumps(spec.to_dict()))
         import torch
 
-        result: dict = {"spec": spec.to_dict(), "device": device.type,
-                        "threads": spec.threads or torch.get_num_threads(),
-                        "thread_wait": {"grpolab": current("auto").describe(), "trl": "OpenMP's default"}}
+        result: dict = {
+            "spec": spec.to_dict(),
+            "device": device.type,
+            "threads": spec.threads or torch.get_num_threads(),
+            "thread_wait": {"grpolab": current("auto").describe(), "trl": "OpenMP's default"},
+        }
         if spec.against == "trl":
             _progress("grpolab bench: log-prob check (grpolab vs TRL on the same sequences, fp32)...")
             result["logp_check"] = run_worker("check", spec_path, tmp, label="log-prob check")
@@ -219,9 +263,11 @@ def bench(spec: Spec) -> dict:
                 with busy_processes(spec.busy):  # --busy: the same load beside either side
                     res = run_worker(mode, spec_path, tmp, *extra, label=f"{name} round {r + 1}")
                 runs[name].append(res)
-                _progress(f"grpolab bench: round {r + 1}/{spec.rounds} {name:9} "
-                          f"{statistics.median(s['step_s'] for s in res['steps']):7.2f} s/step "
-                          f"({time.perf_counter() - t:.0f} s with loading)")
+                _progress(
+                    f"grpolab bench: round {r + 1}/{spec.rounds} {name:9} "
+                    f"{statistics.median(s['step_s'] for s in res['steps']):7.2f} s/step "
+                    f"({time.perf_counter() - t:.0f} s with loading)"
+                )
         configs = {name: summarise(rs) for name, rs in runs.items()}
         result["configs"] = configs
         ours = [n for n in configs if n.startswith("grpolab")]
@@ -244,11 +290,16 @@ def bench(spec: Spec) -> dict:
             rows = floor_table(ours, rates, beta=spec.beta, lora=bool(spec.lora_r))
             s = ours["steps"]
             result["matmul_flops"] = rates
-            result["floor"] = {"precision": ours["phase_precision"], "rows": rows, "N": ours["params_non_embedding"],
-                               "V": ours["vocab"], "H": ours["hidden"],
-                               "P": statistics.median(x["prompt_tokens_mean"] for x in s),
-                               "C": statistics.median(x["completion_tokens_mean"] for x in s),
-                               "seqs": statistics.median(x["seqs"] for x in s)}
+            result["floor"] = {
+                "precision": ours["phase_precision"],
+                "rows": rows,
+                "N": ours["params_non_embedding"],
+                "V": ours["vocab"],
+                "H": ours["hidden"],
+                "P": statistics.median(x["prompt_tokens_mean"] for x in s),
+                "C": statistics.median(x["completion_tokens_mean"] for x in s),
+                "seqs": statistics.median(x["seqs"] for x in s),
+            }
     return result
 
 

@@ -75,25 +75,41 @@ def measure(spec: Spec, engine: str = "native") -> dict:
             gen, score = m["time/generate_s"], m["time/score_s"]
             ref = clock.seconds
             seqs = m.get("update/seqs_computed", float(len(batch.reward)))
-            steps.append({
-                "step_s": wall, "generation_s": gen, "score_s": score, "reference_s": ref,
-                "update_s": max(0.0, wall - gen - score - ref),
-                "generated_tokens": float(batch.rollout.completion_mask.sum()),
-                "trained_tokens": float(batch.rollout.completion_mask.sum()) * seqs / len(batch.reward),
-                "seqs_computed": seqs, "seqs": float(len(batch.reward)),
-                "prompt_tokens_mean": float(batch.rollout.prompt_mask.sum(-1).float().mean()),
-                "completion_tokens_mean": float(batch.rollout.lengths.float().mean()),
-            })
+            steps.append(
+                {
+                    "step_s": wall,
+                    "generation_s": gen,
+                    "score_s": score,
+                    "reference_s": ref,
+                    "update_s": max(0.0, wall - gen - score - ref),
+                    "generated_tokens": float(batch.rollout.completion_mask.sum()),
+                    "trained_tokens": float(batch.rollout.completion_mask.sum()) * seqs / len(batch.reward),
+                    "seqs_computed": seqs,
+                    "seqs": float(len(batch.reward)),
+                    "prompt_tokens_mean": float(batch.rollout.prompt_mask.sum(-1).float().mean()),
+                    "completion_tokens_mean": float(batch.rollout.lengths.float().mean()),
+                }
+            )
             if spec.agent:
                 steps[-1].update(agent_step(m, batch))
             print(f"grpolab step {step}{' (warm-up)' if step == 1 else ''}: {wall:.2f} s", file=sys.stderr, flush=True)
         phases = phase_precisions(run)
-        label = phases["generation"] if phases["generation"] == phases["update"] else \
-            f"{phases['generation']}/{phases['update']}"
+        label = (
+            phases["generation"]
+            if phases["generation"] == phases["update"]
+            else f"{phases['generation']}/{phases['update']}"
+        )
         run.engine.close()
-        info = {"precision": label, "phase_precision": phases, "engine": run.engine.name, "device": str(run.device),
-                "trained_params": run.trained_params(), "peak_mb": peak_memory_mb(run.device),
-                "warmup": steps[0], "steps": steps[1:]}
+        info = {
+            "precision": label,
+            "phase_precision": phases,
+            "engine": run.engine.name,
+            "device": str(run.device),
+            "trained_params": run.trained_params(),
+            "peak_mb": peak_memory_mb(run.device),
+            "warmup": steps[0],
+            "steps": steps[1:],
+        }
         info.update(model_sizes(run.policy))
         return info
 
@@ -103,13 +119,18 @@ def agent_step(m: dict, batch) -> dict:
     trajectory, tokens the environment added, tool-call turns that did not parse or failed."""
     env_tokens = float(batch.rollout.env_mask.sum()) if batch.rollout.env_mask is not None else 0.0
     errors = sum(v for k, v in m.items() if k.startswith("env/errors_"))
-    return {"turns_mean": m.get("env/turns_mean"), "tool_calls_mean": m.get("env/tool_calls_mean"),
-            "env_tokens": env_tokens, "tool_errors": float(errors),
-            "stopped": {k.split("env/stopped_")[1]: v for k, v in m.items() if k.startswith("env/stopped_")}}
+    return {
+        "turns_mean": m.get("env/turns_mean"),
+        "tool_calls_mean": m.get("env/tool_calls_mean"),
+        "env_tokens": env_tokens,
+        "tool_errors": float(errors),
+        "stopped": {k.split("env/stopped_")[1]: v for k, v in m.items() if k.startswith("env/stopped_")},
+    }
 
 
 def phase_precisions(run) -> dict:
-    """"fp32" or "bf16" per phase: precision=auto may choose per phase (grpolab.model.precision)."""
+    """ "fp32" or "bf16" per phase: precision=auto may choose per phase (grpolab.model.precision)."""
+
     def name(dtype) -> str:
         return "fp32" if dtype is None else "bf16"
 
@@ -152,12 +173,18 @@ def check_sequences(spec: Spec, n_prompts: int = 2, G: int = 2, max_tokens: int 
     ids = chat_prompts(run.tokenizer, msgs, None)  # the messages carry the task's system prompt, if any
     g = torch.Generator(device=run.device).manual_seed(spec.seed)
     run.policy.eval()
-    rollout = generate(run.policy, run.tokenizer, ids, G=G, max_new_tokens=min(max_tokens, spec.new_tokens),
-                       generator=g, eos_ids=set())
+    rollout = generate(
+        run.policy, run.tokenizer, ids, G=G, max_new_tokens=min(max_tokens, spec.new_tokens), generator=g, eos_ids=set()
+    )
     dev = run.device
     with torch.no_grad():
-        logp, _ = completion_logp(run.policy, rollout.prompt_ids.to(dev), rollout.prompt_mask.to(dev),
-                                  rollout.completion_ids.to(dev), rollout.completion_mask.to(dev))
+        logp, _ = completion_logp(
+            run.policy,
+            rollout.prompt_ids.to(dev),
+            rollout.prompt_mask.to(dev),
+            rollout.completion_ids.to(dev),
+            rollout.completion_mask.to(dev),
+        )
     return run, rollout, logp.cpu(), msgs, ids
 
 

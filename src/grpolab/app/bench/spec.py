@@ -27,8 +27,10 @@ SETTINGS = {  # --setting presets; an explicit flag overrides the preset's value
     "agent": {"new_tokens": 48, "beta": 0.0, "lora_r": 0, "agent": True, "max_turns": 3},
 }
 DEFAULTS = {"new_tokens": 64, "beta": 0.0, "lora_r": 0, "agent": False, "max_turns": 3}
-INSTALL_TRL = ("TRL is not installed; the comparison needs it: pip install 'grpolab[bench]' "
-               "(trl==1.16.0, peft), or run grpolab alone with --against none")
+INSTALL_TRL = (
+    "TRL is not installed; the comparison needs it: pip install 'grpolab[bench]' "
+    "(trl==1.16.0, peft), or run grpolab alone with --against none"
+)
 LOGP_TOL = 1e-3  # fp32: max |log pi_grpolab - log pi_TRL| over the check's tokens
 
 USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c|agent] [--prompts 2] [--G 8] [--new-tokens 64]
@@ -88,57 +90,88 @@ class Spec:
         head = f"setting {self.setting}: " if self.setting else ""
         if self.agent:
             lim = agent_limits(self)
-            length = (f"multi-turn tool use (env {ENV_NAME.split(':')[1]}, Qwen2.5 chat template): at most "
-                      f"{self.max_turns} turns of at most {self.new_tokens} tokens each (ended by EOS, not forced), "
-                      f"TRL budget {lim['trl_max_completion_length']} tokens with tool replies")
+            length = (
+                f"multi-turn tool use (env {ENV_NAME.split(':')[1]}, Qwen2.5 chat template): at most "
+                f"{self.max_turns} turns of at most {self.new_tokens} tokens each (ended by EOS, not forced), "
+                f"TRL budget {lim['trl_max_completion_length']} tokens with tool replies"
+            )
         else:
             length = f"{self.new_tokens} new tokens (forced)"
         busy = f"; beside {self.busy} busy process{'es' if self.busy != 1 else ''}" if self.busy else ""
-        return (f"{head}{self.model}, {self.prompts} prompts x G={self.G} = {self.completions} completions, "
-                f"{length}, beta {self.beta:g}, {ft}{busy}")
+        return (
+            f"{head}{self.model}, {self.prompts} prompts x G={self.G} = {self.completions} completions, "
+            f"{length}, beta {self.beta:g}, {ft}{busy}"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Spec":
+    def from_dict(cls, d: dict) -> Spec:
         return cls(**d)
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="grpolab bench", usage=USAGE.split("\n\n")[0],
-                                 description=USAGE.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab bench",
+        usage=USAGE.split("\n\n")[0],
+        description=USAGE.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m (bundled) or a local HF model directory")
     ap.add_argument("--setting", choices=sorted(SETTINGS), help="a preset (a, b, c, agent); explicit flags override it")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step (default 2)")
     ap.add_argument("--G", type=int, default=8, help="completions per prompt (default 8)")
-    ap.add_argument("--new-tokens", type=int, help="completion length, forced on both sides (default 64); --setting agent: the most "
-                    "tokens of one turn, not forced (48)")
+    ap.add_argument(
+        "--new-tokens",
+        type=int,
+        help="completion length, forced on both sides (default 64); --setting agent: the most "
+        "tokens of one turn, not forced (48)",
+    )
     ap.add_argument("--beta", type=float, help="KL coefficient; > 0 adds the reference pass (default 0)")
     ap.add_argument("--lora-r", type=int, help="LoRA rank on all linear layers, 0 = full fine-tuning (default 0)")
     ap.add_argument("--max-turns", type=int, help="--setting agent: most model turns per trajectory (default 3)")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="grpolab's precision")
-    ap.add_argument("--trl-precision", default="both", choices=["fp32", "bf16", "both"],
-                    help="TRL's precision (bf16=True/False); both = two TRL configurations (default)")
+    ap.add_argument(
+        "--trl-precision",
+        default="both",
+        choices=["fp32", "bf16", "both"],
+        help="TRL's precision (bf16=True/False); both = two TRL configurations (default)",
+    )
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--against", default="trl", choices=["trl", "none"],
-                    help="trl: the comparison; none: grpolab alone, against the FLOP floor")
+    ap.add_argument(
+        "--against",
+        default="trl",
+        choices=["trl", "none"],
+        help="trl: the comparison; none: grpolab alone, against the FLOP floor",
+    )
     ap.add_argument("--steps", type=int, default=3, help="timed steps per process, after 1 warm-up step")
     ap.add_argument("--rounds", type=int, default=2, help="alternations grpolab, TRL, ... (default 2)")
     ap.add_argument("--lr", type=float, default=1e-6, help="learning rate of both (default 1e-6, TRL's)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch CPU threads of every worker, both sides (default 0: torch's own, one per core); on a "
-                    "machine shared with other jobs, 1 avoids the slowdown of oversubscribed threads")
-    ap.add_argument("--busy", type=int, default=0,
-                    help="run every timed worker, both sides, beside N single-threaded processes that spin at 100%% "
-                    "of a core (python -c 'while True: pass'): the ratio on a machine doing something else "
-                    "(default 0: alone)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads of every worker, both sides (default 0: torch's own, one per core); on a "
+        "machine shared with other jobs, 1 avoids the slowdown of oversubscribed threads",
+    )
+    ap.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="run every timed worker, both sides, beside N single-threaded processes that spin at 100%% "
+        "of a core (python -c 'while True: pass'): the ratio on a machine doing something else "
+        "(default 0: alone)",
+    )
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON result to FILE")
-    ap.add_argument("--engine", default="native", choices=["native", "vllm", "both"],
-                    help="grpolab's rollout engine (rollout.engine); both = grpolab native and grpolab+vLLM, each "
-                    "against TRL and against each other (default native)")
+    ap.add_argument(
+        "--engine",
+        default="native",
+        choices=["native", "vllm", "both"],
+        help="grpolab's rollout engine (rollout.engine); both = grpolab native and grpolab+vLLM, each "
+        "against TRL and against each other (default native)",
+    )
     return ap
 
 
@@ -147,11 +180,25 @@ def parse_spec(argv: list[str]) -> Spec:
     ns = parser().parse_args(argv)
     preset = {**DEFAULTS, **(SETTINGS[ns.setting] if ns.setting else {})}
     vals = {k: getattr(ns, k, None) if getattr(ns, k, None) is not None else preset[k] for k in DEFAULTS}
-    spec = Spec(model=ns.model, setting=ns.setting, prompts=ns.prompts, G=ns.G, precision=ns.precision,
-                trl_precision=ns.trl_precision, device=ns.device, against=ns.against, steps=ns.steps,
-                rounds=ns.rounds, lr=ns.lr, seed=ns.seed, threads=ns.threads, json_out=ns.json_out, engine=ns.engine,
-                busy=ns.busy,
-                **vals)
+    spec = Spec(
+        model=ns.model,
+        setting=ns.setting,
+        prompts=ns.prompts,
+        G=ns.G,
+        precision=ns.precision,
+        trl_precision=ns.trl_precision,
+        device=ns.device,
+        against=ns.against,
+        steps=ns.steps,
+        rounds=ns.rounds,
+        lr=ns.lr,
+        seed=ns.seed,
+        threads=ns.threads,
+        json_out=ns.json_out,
+        engine=ns.engine,
+        busy=ns.busy,
+        **vals,
+    )
     check(spec)
     return spec
 
@@ -218,29 +265,55 @@ def step_prompts(spec: Spec, task, n_steps: int) -> list[list]:
     return out
 
 
-def grpolab_recipe(spec: Spec, out: str, precision: str | None = None, model: str | None = None,
-                   engine: str = "native") -> dict:
+def grpolab_recipe(
+    spec: Spec, out: str, precision: str | None = None, model: str | None = None, engine: str = "native"
+) -> dict:
     """The grpolab config of the setting (micro-batching and everything else at grpolab's defaults).
     `model`: the directory to load instead of spec.model (the agent setting's copy with its chat template)."""
-    recipe = {"model": model or spec.model, "task": "arithmetic", "rewards": [{"name": REWARD_NAME}],
-              "G": spec.G, "batch_size": spec.completions, "max_new_tokens": spec.new_tokens,
-              "algo": {"name": "grpo", "beta": spec.beta}, "precision": precision or spec.precision,
-              "lr": spec.lr, "device": spec.device, "seed": spec.seed, "steps": spec.steps + 1, "out": out,
-              "threads": spec.threads,
-              "eval_size": 0, "save_every": 0, "tensorboard": False, "progress": False, "report": False,
-              "rollout": {"engine": engine}}
+    recipe = {
+        "model": model or spec.model,
+        "task": "arithmetic",
+        "rewards": [{"name": REWARD_NAME}],
+        "G": spec.G,
+        "batch_size": spec.completions,
+        "max_new_tokens": spec.new_tokens,
+        "algo": {"name": "grpo", "beta": spec.beta},
+        "precision": precision or spec.precision,
+        "lr": spec.lr,
+        "device": spec.device,
+        "seed": spec.seed,
+        "steps": spec.steps + 1,
+        "out": out,
+        "threads": spec.threads,
+        "eval_size": 0,
+        "save_every": 0,
+        "tensorboard": False,
+        "progress": False,
+        "report": False,
+        "rollout": {"engine": engine},
+    }
     if spec.agent:
         lim = agent_limits(spec)
-        recipe.update(task_args=dict(AGENT_TASK_ARGS), temperature=1.0, top_p=1.0,
-                      env={"name": ENV_NAME, "max_turns": lim["max_turns"], "max_turn_tokens": lim["turn_tokens"],
-                           "max_model_tokens": lim["model_tokens"], "max_env_tokens": lim["env_tokens"]})
+        recipe.update(
+            task_args=dict(AGENT_TASK_ARGS),
+            temperature=1.0,
+            top_p=1.0,
+            env={
+                "name": ENV_NAME,
+                "max_turns": lim["max_turns"],
+                "max_turn_tokens": lim["turn_tokens"],
+                "max_model_tokens": lim["model_tokens"],
+                "max_env_tokens": lim["env_tokens"],
+            },
+        )
     if spec.lora_r:
         recipe["lora"] = {"r": spec.lora_r, "alpha": 2.0 * spec.lora_r, "dropout": 0.0, "target_modules": "all-linear"}
     return recipe
 
 
-def grpolab_config(spec: Spec, out: str, precision: str | None = None, model: str | None = None,
-                   engine: str = "native"):
+def grpolab_config(
+    spec: Spec, out: str, precision: str | None = None, model: str | None = None, engine: str = "native"
+):
     """The validated grpolab Config of the setting (ConfigError, exit 2, naming the key)."""
     from grpolab.training.config import build_config
 
@@ -265,15 +338,15 @@ BENCH_CHAT_TEMPLATE = (
     "    {%- else %}\n"
     "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
     "    {%- endif %}\n"
-    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are "
-    "provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are '
+    'provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
     "    {%- for tool in tools %}\n"
-    "        {{- \"\\n\" }}\n"
+    '        {{- "\\n" }}\n'
     "        {{- tool | tojson }}\n"
     "    {%- endfor %}\n"
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
     "{%- else %}\n"
     "    {%- if messages[0]['role'] == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
@@ -282,10 +355,10 @@ BENCH_CHAT_TEMPLATE = (
     "    {%- endif %}\n"
     "{%- endif %}\n"
     "{%- for message in messages %}\n"
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == "
-    "\"assistant\" and not message.tool_calls) %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == '
+    '"assistant" and not message.tool_calls) %}\n'
     "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    "    {%- elif message.role == \"assistant\" %}\n"
+    '    {%- elif message.role == "assistant" %}\n'
     "        {{- '<|im_start|>' + message.role }}\n"
     "        {%- if message.content %}\n"
     "            {{- '\\n' + message.content }}\n"
@@ -294,21 +367,21 @@ BENCH_CHAT_TEMPLATE = (
     "            {%- if tool_call.function is defined %}\n"
     "                {%- set tool_call = tool_call.function %}\n"
     "            {%- endif %}\n"
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    '            {{- \'\\n<tool_call>\\n{"name": "\' }}\n'
     "            {{- tool_call.name }}\n"
-    "            {{- '\", \"arguments\": ' }}\n"
+    '            {{- \'", "arguments": \' }}\n'
     "            {{- tool_call.arguments | tojson }}\n"
     "            {{- '}\\n</tool_call>' }}\n"
     "        {%- endfor %}\n"
     "        {{- '<|im_end|>\\n' }}\n"
-    "    {%- elif message.role == \"tool\" %}\n"
-    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
     "            {{- '<|im_start|>user' }}\n"
     "        {%- endif %}\n"
     "        {{- '\\n<tool_response>\\n' }}\n"
     "        {{- message.content }}\n"
     "        {{- '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
     "            {{- '<|im_end|>\\n' }}\n"
     "        {%- endif %}\n"
     "    {%- endif %}\n"
@@ -352,10 +425,12 @@ ENV_NAME = "grpolab.app.bench.spec:BenchCalculator"
 def _shot(a: int, b: int) -> str:
     """One solved example in the template's own rendering: the question, the assistant's call, the tool's reply,
     the assistant's answer, then the next user turn opens."""
-    return (f"What is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
-            f'{{{{"name": "add", "arguments": {{{{"a": {a}, "b": {b}}}}}}}}}\n</tool_call><|im_end|>\n'
-            f"<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n"
-            f"<|im_start|>assistant\nThe answer is {a + b}.<|im_end|>\n<|im_start|>user\n")
+    return (
+        f"What is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+        f'{{{{"name": "add", "arguments": {{{{"a": {a}, "b": {b}}}}}}}}}\n</tool_call><|im_end|>\n'
+        f"<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n"
+        f"<|im_start|>assistant\nThe answer is {a + b}.<|im_end|>\n<|im_start|>user\n"
+    )
 
 
 # The bundled model writes no tool call when only shown the tools section; after two solved examples in the
@@ -363,8 +438,12 @@ def _shot(a: int, b: int) -> str:
 # TRL's environment_factory"). The examples are part of the user message's text, written in the template's
 # rendering (special tokens included), so the prompt is token for token the rendering of a real two-shot tool
 # conversation on both sides (tests/test_bench.py checks it).
-AGENT_TASK_ARGS = {"digits": 2, "operators": "+", "system_prompt": "You are a helpful assistant.",
-                   "template": _shot(12, 30) + _shot(57, 16) + "What is {question}?"}
+AGENT_TASK_ARGS = {
+    "digits": 2,
+    "operators": "+",
+    "system_prompt": "You are a helpful assistant.",
+    "template": _shot(12, 30) + _shot(57, 16) + "What is {question}?",
+}
 FEWSHOT_EXAMPLES = ((12, 30), (57, 16))
 
 
@@ -379,8 +458,15 @@ def agent_limits(spec: Spec) -> dict:
     so a turn ends at EOS or T tokens on both, at most K turns, and neither total budget binds first."""
     T, K = spec.new_tokens, spec.max_turns
     env = max(1, (K - 1) * ENV_REPLY_TOKENS)
-    return {"turn_tokens": T, "max_turns": K, "model_tokens": K * T, "env_tokens": env,
-            "trl_max_new_tokens": T, "trl_tool_iterations": K - 1, "trl_max_completion_length": K * T + (K - 1) * ENV_REPLY_TOKENS}
+    return {
+        "turn_tokens": T,
+        "max_turns": K,
+        "model_tokens": K * T,
+        "env_tokens": env,
+        "trl_max_new_tokens": T,
+        "trl_tool_iterations": K - 1,
+        "trl_max_completion_length": K * T + (K - 1) * ENV_REPLY_TOKENS,
+    }
 
 
 def bench_model_dir(spec: Spec, dest: str) -> str:

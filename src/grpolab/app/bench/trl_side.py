@@ -38,29 +38,58 @@ def import_trl():
     if getattr(trl, "__version__", "") != "1.16.0":
         import warnings
 
-        warnings.warn(f"grpolab bench was written against trl 1.16.0; this is {getattr(trl, '__version__', '?')}")
+        warnings.warn(
+            f"grpolab bench was written against trl 1.16.0; this is {getattr(trl, '__version__', '?')}", stacklevel=2
+        )
     return GRPOConfig, GRPOTrainer
 
 
-def make_trainer(spec: Spec, model_path: str, precision: str, prompts: list[list], out_dir: str, max_steps: int,
-                 callbacks: list | None = None):
+def make_trainer(
+    spec: Spec,
+    model_path: str,
+    precision: str,
+    prompts: list[list],
+    out_dir: str,
+    max_steps: int,
+    callbacks: list | None = None,
+):
     """A GRPOTrainer on the setting; prompts are chat message lists, taken in order."""
     from datasets import Dataset
 
     GRPOConfig, GRPOTrainer = import_trl()
     on_cpu = _device(spec) == "cpu"
     args = GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=spec.completions, num_generations=spec.G,
-        gradient_accumulation_steps=1, beta=spec.beta, learning_rate=spec.lr,
-        temperature=1.0, top_p=1.0, bf16=precision == "bf16", use_cpu=on_cpu, report_to="none",
-        logging_strategy="no", save_strategy="no", max_steps=max_steps, shuffle_dataset=False, seed=spec.seed,
-        disable_tqdm=True, use_vllm=False, **trl_shape_args(spec))
+        output_dir=out_dir,
+        per_device_train_batch_size=spec.completions,
+        num_generations=spec.G,
+        gradient_accumulation_steps=1,
+        beta=spec.beta,
+        learning_rate=spec.lr,
+        temperature=1.0,
+        top_p=1.0,
+        bf16=precision == "bf16",
+        use_cpu=on_cpu,
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        max_steps=max_steps,
+        shuffle_dataset=False,
+        seed=spec.seed,
+        disable_tqdm=True,
+        use_vllm=False,
+        **trl_shape_args(spec),
+    )
     peft_config = None
     if spec.lora_r:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0, target_modules="all-linear",
-                                 task_type="CAUSAL_LM")
+        peft_config = LoraConfig(
+            r=spec.lora_r,
+            lora_alpha=2 * spec.lora_r,
+            lora_dropout=0.0,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
     agent = {}
     if spec.agent:
         import os
@@ -69,12 +98,20 @@ def make_trainer(spec: Spec, model_path: str, precision: str, prompts: list[list
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         agent = {"environment_factory": BenchCalculator, "processing_class": agent_tokenizer(model_path)}
-    trainer = GRPOTrainer(model=str(model_path), reward_funcs=bench_reward, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}), peft_config=peft_config,
-                          callbacks=callbacks, **agent)
+    trainer = GRPOTrainer(
+        model=str(model_path),
+        reward_funcs=bench_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        peft_config=peft_config,
+        callbacks=callbacks,
+        **agent,
+    )
     if trainer.args.steps_per_generation != 1 or trainer.num_iterations != 1:
-        raise RuntimeError(f"TRL would not generate at every optimizer step (steps_per_generation="
-                           f"{trainer.args.steps_per_generation}, num_iterations={trainer.num_iterations})")
+        raise RuntimeError(
+            f"TRL would not generate at every optimizer step (steps_per_generation="
+            f"{trainer.args.steps_per_generation}, num_iterations={trainer.num_iterations})"
+        )
     return trainer
 
 
@@ -85,9 +122,11 @@ def trl_shape_args(spec: Spec) -> dict:
     from grpolab.app.bench.spec import agent_limits
 
     lim = agent_limits(spec)
-    return {"max_completion_length": lim["trl_max_completion_length"],
-            "generation_kwargs": {"max_new_tokens": lim["trl_max_new_tokens"]},
-            "max_tool_calling_iterations": lim["trl_tool_iterations"]}
+    return {
+        "max_completion_length": lim["trl_max_completion_length"],
+        "generation_kwargs": {"max_new_tokens": lim["trl_max_new_tokens"]},
+        "max_tool_calling_iterations": lim["trl_tool_iterations"],
+    }
 
 
 def agent_tokenizer(model_path: str):
@@ -119,14 +158,29 @@ class _Clock:
     """Accumulated seconds and counts of the wrapped trainer methods."""
 
     def __init__(self):
-        self.v = {"generation_s": 0.0, "score_s": 0.0, "gen_and_score_s": 0.0, "generations": 0, "rollouts": 0,
-                  "generated_tokens": 0.0, "trained_tokens": 0.0, "prompt_tokens": 0.0, "seqs": 0.0,
-                  "turn_rows": 0.0, "tool_calls": 0.0, "tool_failures": 0.0, "env_tokens": 0.0}
+        self.v = {
+            "generation_s": 0.0,
+            "score_s": 0.0,
+            "gen_and_score_s": 0.0,
+            "generations": 0,
+            "rollouts": 0,
+            "generated_tokens": 0.0,
+            "trained_tokens": 0.0,
+            "prompt_tokens": 0.0,
+            "seqs": 0.0,
+            "turn_rows": 0.0,
+            "tool_calls": 0.0,
+            "tool_failures": 0.0,
+            "env_tokens": 0.0,
+        }
 
     def wrap(self, trainer) -> None:
         v = self.v
-        gen, rew, both = (trainer._generate_single_turn, trainer._calculate_rewards,
-                          trainer._generate_and_score_completions)
+        gen, rew, both = (
+            trainer._generate_single_turn,
+            trainer._calculate_rewards,
+            trainer._generate_and_score_completions,
+        )
 
         def timed_gen(*a, **k):
             _sync()
@@ -192,16 +246,35 @@ def _step_clock(clock: _Clock, steps: list, agent: bool = False):
             d = {k: clock.v[k] - self.before[k] for k in clock.v}
             rest = d["gen_and_score_s"] - d["generation_s"] - d["score_s"]  # tokenising, the reference pass
             seqs = max(d["seqs"], 1.0)
-            steps.append({"step_s": wall, "generation_s": d["generation_s"], "score_s": d["score_s"],
-                          "reference_s": max(0.0, rest), "update_s": max(0.0, wall - d["gen_and_score_s"]),
-                          "generated_tokens": d["generated_tokens"], "trained_tokens": d["trained_tokens"],
-                          "generations": d["generations"], "rollouts": d["rollouts"], "seqs": d["seqs"],
-                          "prompt_tokens_mean": d["prompt_tokens"] / seqs})
+            steps.append(
+                {
+                    "step_s": wall,
+                    "generation_s": d["generation_s"],
+                    "score_s": d["score_s"],
+                    "reference_s": max(0.0, rest),
+                    "update_s": max(0.0, wall - d["gen_and_score_s"]),
+                    "generated_tokens": d["generated_tokens"],
+                    "trained_tokens": d["trained_tokens"],
+                    "generations": d["generations"],
+                    "rollouts": d["rollouts"],
+                    "seqs": d["seqs"],
+                    "prompt_tokens_mean": d["prompt_tokens"] / seqs,
+                }
+            )
             if agent:
-                steps[-1].update({"turns_mean": d["turn_rows"] / seqs, "tool_calls_mean": d["tool_calls"] / seqs,
-                                  "env_tokens": d["env_tokens"], "tool_errors": d["tool_failures"]})
-            print(f"TRL step {len(steps)}{' (warm-up)' if len(steps) == 1 else ''}: {wall:.2f} s", file=sys.stderr,
-                  flush=True)
+                steps[-1].update(
+                    {
+                        "turns_mean": d["turn_rows"] / seqs,
+                        "tool_calls_mean": d["tool_calls"] / seqs,
+                        "env_tokens": d["env_tokens"],
+                        "tool_errors": d["tool_failures"],
+                    }
+                )
+            print(
+                f"TRL step {len(steps)}{' (warm-up)' if len(steps) == 1 else ''}: {wall:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     return StepClock()
 
@@ -214,21 +287,32 @@ def measure(spec: Spec, model_path: str, precision: str, prompts: list[list]) ->
 
     clock, steps = _Clock(), []
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-trl-") as tmp:
-        trainer = make_trainer(spec, model_path, precision, prompts, tmp, spec.steps + 1,
-                               callbacks=[_step_clock(clock, steps, spec.agent)])
+        trainer = make_trainer(
+            spec, model_path, precision, prompts, tmp, spec.steps + 1, callbacks=[_step_clock(clock, steps, spec.agent)]
+        )
         clock.wrap(trainer)
         trainer.train()
         trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     # one rollout per optimizer step; single-turn: one generate call in it, multi-turn: one per turn
-    if len(steps) != spec.steps + 1 or any(s["rollouts"] != 1 or (s["generations"] != 1 and not spec.agent)
-                                           for s in steps):
-        raise RuntimeError(f"TRL ran {len(steps)} steps with {[s['rollouts'] for s in steps]} rollouts and "
-                           f"{[s['generations'] for s in steps]} generate calls each; expected {spec.steps + 1} "
-                           f"steps with one rollout each")
+    if len(steps) != spec.steps + 1 or any(
+        s["rollouts"] != 1 or (s["generations"] != 1 and not spec.agent) for s in steps
+    ):
+        raise RuntimeError(
+            f"TRL ran {len(steps)} steps with {[s['rollouts'] for s in steps]} rollouts and "
+            f"{[s['generations'] for s in steps]} generate calls each; expected {spec.steps + 1} "
+            f"steps with one rollout each"
+        )
     device = torch.device(_device(spec))
-    return {"precision": precision, "device": str(device), "trained_params": int(trained),
-            "gradient_checkpointing": bool(trainer.args.gradient_checkpointing), "loss_type": trainer.loss_type,
-            "peak_mb": peak_memory_mb(device), "warmup": steps[0], "steps": steps[1:]}
+    return {
+        "precision": precision,
+        "device": str(device),
+        "trained_params": int(trained),
+        "gradient_checkpointing": bool(trainer.args.gradient_checkpointing),
+        "loss_type": trainer.loss_type,
+        "peak_mb": peak_memory_mb(device),
+        "warmup": steps[0],
+        "steps": steps[1:],
+    }
 
 
 def trl_logps(spec: Spec, model_path: str, prompts: list[list], input_ids, attention_mask, n_completion: int):
@@ -238,14 +322,16 @@ def trl_logps(spec: Spec, model_path: str, prompts: list[list], input_ids, atten
     import torch
 
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-trl-") as tmp:
-        trainer = make_trainer(Spec(**{**spec.to_dict(), "lora_r": 0, "beta": 0.0}), model_path, "fp32",
-                               prompts, tmp, 1)
+        trainer = make_trainer(
+            Spec(**{**spec.to_dict(), "lora_r": 0, "beta": 0.0}), model_path, "fp32", prompts, tmp, 1
+        )
         model = trainer.model
         model.eval()
         dev = next(model.parameters()).device
         with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids.to(dev), attention_mask.to(dev),
-                                                                     n_completion)
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                model, input_ids.to(dev), attention_mask.to(dev), n_completion
+            )
         prompt_ids = trainer._tokenize_prompts(prompts)[0]
     return logps.float().cpu(), [list(p) for p in prompt_ids]
 

@@ -22,14 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpolab.app.bench.spec import (
-    ENV_NAME,
-    LOGP_TOL,
-    Spec,
-    bench_model_dir,
-    bench_task,
-    step_prompts,
-)
+from grpolab.app.bench.spec import ENV_NAME, LOGP_TOL, Spec, bench_model_dir, bench_task, step_prompts
 from grpolab.util.fields import ConfigError
 
 
@@ -52,8 +45,10 @@ def judge(diff: float, tol: float = LOGP_TOL) -> str:
     """The check's one-line verdict; CheckFailed when diff > tol (or not a number)."""
     line = f"max |log pi_grpolab - log pi_TRL| = {diff:.2e} per token (fp32, tolerance {tol:g})"
     if not diff <= tol:
-        raise CheckFailed(f"log-prob check failed: {line}: the two sides do not compute the same model, so their "
-                          f"times would not measure the same work")
+        raise CheckFailed(
+            f"log-prob check failed: {line}: the two sides do not compute the same model, so their "
+            f"times would not measure the same work"
+        )
     return line
 
 
@@ -95,14 +90,19 @@ def run_check(spec: Spec, trl_model: str | None = None) -> dict:
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
     attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
     C = rollout.completion_ids.shape[1]
-    theirs, trl_prompt_ids = trl_logps(spec, _model_path(trl_model or spec.model), msgs, input_ids,
-                                       attention_mask, C)
+    theirs, trl_prompt_ids = trl_logps(spec, _model_path(trl_model or spec.model), msgs, input_ids, attention_mask, C)
     diff = logp_difference(ours, theirs, rollout.completion_mask)
     same_prompts = trl_prompt_ids == [list(p) for p in ids]
-    res = {"max_abs_diff": diff, "tolerance": LOGP_TOL, "tokens": int(rollout.completion_mask.sum()),
-           "sequences": len(rollout.texts), "G": G, "same_prompt_tokens": same_prompts,
-           # the rollout's own record (the lean decode step, cached, one token at a time) vs the update's pass
-           "rollout_vs_update_max_abs_diff": logp_difference(rollout.sample_logp, ours, rollout.completion_mask)}
+    res = {
+        "max_abs_diff": diff,
+        "tolerance": LOGP_TOL,
+        "tokens": int(rollout.completion_mask.sum()),
+        "sequences": len(rollout.texts),
+        "G": G,
+        "same_prompt_tokens": same_prompts,
+        # the rollout's own record (the lean decode step, cached, one token at a time) vs the update's pass
+        "rollout_vs_update_max_abs_diff": logp_difference(rollout.sample_logp, ours, rollout.completion_mask),
+    }
     if not same_prompts:
         raise CheckFailed("prompt check failed: TRL's chat template gives other prompt tokens than grpolab's")
     res["verdict"] = judge(diff)
@@ -134,10 +134,21 @@ def agent_token_check(spec: Spec, n_prompts: int = 2) -> dict:
         tools = envs.tools or None
         rng, _ = step_rng(spec.seed, 1, torch.device("cpu"))
         examples = task.sample(n_prompts, rng)
-        ours = [list(tok(render(tok, prompt_messages(e, None, task.system_prompt), add_generation_prompt=True,
-                                tools=tools), add_special_tokens=False)["input_ids"]) for e in examples]
+        ours = [
+            list(
+                tok(
+                    render(tok, prompt_messages(e, None, task.system_prompt), add_generation_prompt=True, tools=tools),
+                    add_special_tokens=False,
+                )["input_ids"]
+            )
+            for e in examples
+        ]
         history = prompt_messages(examples[0], None, task.system_prompt) + [
-            {"role": "assistant", "content": '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'}]
+            {
+                "role": "assistant",
+                "content": '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+            }
+        ]
         reply = [{"role": "tool", "name": "add", "content": "3"}]
         our_reply = addition_ids(tok, history, reply, tools)
         msgs = step_prompts(Spec(**{**spec.to_dict(), "prompts": n_prompts}), task, 1)
@@ -145,8 +156,12 @@ def agent_token_check(spec: Spec, n_prompts: int = 2) -> dict:
         trainer._batch_environments = [None] * len(msgs)  # what _generate_and_score_completions sets per batch
         theirs = [list(p) for p in trainer._tokenize_prompts(msgs)[0]]
         their_reply = list(trainer._get_tool_suffix_ids(reply))
-    out = {"agent_same_prompt_tokens": ours == theirs, "agent_same_tool_reply_tokens": our_reply == their_reply,
-           "agent_prompt_tokens": [len(p) for p in ours], "agent_tool_reply_tokens": len(our_reply)}
+    out = {
+        "agent_same_prompt_tokens": ours == theirs,
+        "agent_same_tool_reply_tokens": our_reply == their_reply,
+        "agent_prompt_tokens": [len(p) for p in ours],
+        "agent_tool_reply_tokens": len(our_reply),
+    }
     if not out["agent_same_prompt_tokens"]:
         raise CheckFailed("agent prompt check failed: grpolab and TRL render the tool prompt as other tokens")
     if not out["agent_same_tool_reply_tokens"]:
@@ -175,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("spec", help="the Spec as a JSON file (written by grpolab bench)")
     ap.add_argument("out", help="where the result JSON goes")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="TRL's precision (mode trl)")
-    ap.add_argument("--engine", default="native", choices=["native", "vllm"], help="grpolab's rollout engine (mode grpolab)")
+    ap.add_argument(
+        "--engine", default="native", choices=["native", "vllm"], help="grpolab's rollout engine (mode grpolab)"
+    )
     ap.add_argument("--trl-model", help="mode check: give TRL this model instead (a check that must fail)")
     a = ap.parse_args(argv)
     with open(a.spec) as f:

@@ -10,20 +10,9 @@ argv, prints its table (grpolab.app.lab.tables) and verdict, and returns a dict 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from grpolab.app.lab import (
-    aha,
-    baseline,
-    critic_claim,
-    curves,
-    g1,
-    kl_claim,
-    memory,
-    passk,
-    scale,
-    tools,
-)
+from grpolab.app.lab import aha, baseline, critic_claim, curves, g1, kl_claim, memory, passk, scale, tools
 
 LABS: dict[str, tuple[str, Callable[[list[str]], dict]]] = {
     "baseline": (baseline.CLAIM, baseline.run),

@@ -71,15 +71,22 @@ def pretrained_model(mix_name: str, pretrain_steps: int, seed: int, log=print) -
     from grpolab.app.lab import tinychar
     from grpolab.app.lab.miniature import cached_model
 
-    spec = {"mix": MIXES[mix_name], "pretrain_steps": pretrain_steps, "seed": seed, "model": MODEL,
-            "n_texts": N_TEXTS, "version": VERSION}
+    spec = {
+        "mix": MIXES[mix_name],
+        "pretrain_steps": pretrain_steps,
+        "seed": seed,
+        "model": MODEL,
+        "n_texts": N_TEXTS,
+        "version": VERSION,
+    }
 
     def build(directory: Path, target: Path) -> dict:
         log(f"pre-training the tiny model ({mix_name} mix, {pretrain_steps} steps; cached in {target})")
         tok = tinychar.char_tokenizer()
         model = tinychar.tiny_llama(tok, seed=seed, **MODEL)
-        info = tinychar.pretrain(model, tok, corpus(MIXES[mix_name], N_TEXTS, seed), steps=pretrain_steps,
-                                 seed=seed, log=log)
+        info = tinychar.pretrain(
+            model, tok, corpus(MIXES[mix_name], N_TEXTS, seed), steps=pretrain_steps, seed=seed, log=log
+        )
         info.update({"params": tinychar.n_params(model), "spec": spec})
         tinychar.save(model, tok, directory)
         return info
@@ -90,17 +97,37 @@ def pretrained_model(mix_name: str, pretrain_steps: int, seed: int, log=print) -
 def rl_config(model: Path, out: Path, *, steps: int, seed: int, algo: str, threads: int, lr: float):
     from grpolab.training.config import build_config
 
-    recipe = {"out": str(out), "steps": steps, "seed": seed, "model": str(model), "task": "longsum",
-              "algo": {"name": algo, "beta": 0.0}, "G": 8, "batch_size": 64, "micro_batch": 64,
-              "max_new_tokens": 64, "temperature": 1.0, "lr": lr, "warmup_steps": 2, "eval_size": 64,
-              "samples_per_step": 64, "save_every": 0, "tensorboard": False, "progress": False,
-              "threads": threads, "reward_workers": 1, "report": False, "sample_tokens": 0,
-              "rollout": {"engine": "native"}}  # the lab measures a claim, on the engine its numbers came from
+    recipe = {
+        "out": str(out),
+        "steps": steps,
+        "seed": seed,
+        "model": str(model),
+        "task": "longsum",
+        "algo": {"name": algo, "beta": 0.0},
+        "G": 8,
+        "batch_size": 64,
+        "micro_batch": 64,
+        "max_new_tokens": 64,
+        "temperature": 1.0,
+        "lr": lr,
+        "warmup_steps": 2,
+        "eval_size": 64,
+        "samples_per_step": 64,
+        "save_every": 0,
+        "tensorboard": False,
+        "progress": False,
+        "threads": threads,
+        "reward_workers": 1,
+        "report": False,
+        "sample_tokens": 0,
+        "rollout": {"engine": "native"},
+    }  # the lab measures a claim, on the engine its numbers came from
     return build_config(recipe, [])
 
 
-def train_arm(name: str, model: Path, out: Path, *, steps: int, seed: int, algo: str, threads: int,
-              lr: float) -> tuple[list[dict], list[dict], float]:
+def train_arm(
+    name: str, model: Path, out: Path, *, steps: int, seed: int, algo: str, threads: int, lr: float
+) -> tuple[list[dict], list[dict], float]:
     """One `grpolab train` run; returns (metrics records, sample records, seconds)."""
     from grpolab.app.lab.miniature import train_run
 
@@ -118,12 +145,19 @@ def per_step(metrics: list[dict], samples: list[dict]) -> list[dict]:
     rows = []
     for m in metrics:
         styles = by_step.get(int(m["step"]), [])
-        rows.append({
-            "step": int(m["step"]), "reward": m.get("reward/mean"), "length": m.get("completion/length_mean"),
-            "length_correct": m.get("aha/length_correct"), "length_incorrect": m.get("aha/length_incorrect"),
-            "steps_share": sum(s != "direct" for s in styles) / len(styles) if styles else float("nan"),
-            "reflection": m.get("aha/reflection_frac"), "corr": m.get("aha/length_reward_corr"),
-            "truncated": m.get("completion/truncated_frac")})
+        rows.append(
+            {
+                "step": int(m["step"]),
+                "reward": m.get("reward/mean"),
+                "length": m.get("completion/length_mean"),
+                "length_correct": m.get("aha/length_correct"),
+                "length_incorrect": m.get("aha/length_incorrect"),
+                "steps_share": sum(s != "direct" for s in styles) / len(styles) if styles else float("nan"),
+                "reflection": m.get("aha/reflection_frac"),
+                "corr": m.get("aha/length_reward_corr"),
+                "truncated": m.get("completion/truncated_frac"),
+            }
+        )
     return rows
 
 
@@ -133,8 +167,12 @@ def summary(rows: list[dict], n_blocks: int) -> dict:
 
     bl = blocks(rows, n_blocks)
     first, last = bl[0], bl[-1]
-    return {"blocks": bl, "first": first, "last": last,
-            "corr_across_steps": pearson([r["length"] for r in rows], [r["reward"] for r in rows])}
+    return {
+        "blocks": bl,
+        "first": first,
+        "last": last,
+        "corr_across_steps": pearson([r["length"] for r in rows], [r["reward"] for r in rows]),
+    }
 
 
 def samples_at(samples: list[dict], step: int, k: int = 6) -> list[str]:
@@ -145,16 +183,24 @@ def plot(arms: dict[str, list[dict]], path: Path) -> str | None:
     """Length and reward curves of every arm in one PNG; returns a message when matplotlib is missing."""
     from grpolab.app.lab.miniature import plot_curves
 
-    return plot_curves(arms, path, [("reward", "reward (final answer only)", "reward/mean"),
-                                    ("length", "mean completion length", "tokens (characters)")])
+    return plot_curves(
+        arms,
+        path,
+        [
+            ("reward", "reward (final answer only)", "reward/mean"),
+            ("length", "mean completion length", "tokens (characters)"),
+        ],
+    )
 
 
 def verdict(s: dict) -> str:
     f, l = s["first"], s["last"]
     dr, dl = l["reward"] - f["reward"], l["length"] - f["length"]
-    nums = (f"reward {f['reward']:.2f} -> {l['reward']:.2f}, mean length {f['length']:.1f} -> {l['length']:.1f} "
-            f"tokens, step-by-step share {f['steps_share']:.2f} -> {l['steps_share']:.2f} "
-            f"(first vs last block; correlation of length and reward across steps {s['corr_across_steps']:.2f})")
+    nums = (
+        f"reward {f['reward']:.2f} -> {l['reward']:.2f}, mean length {f['length']:.1f} -> {l['length']:.1f} "
+        f"tokens, step-by-step share {f['steps_share']:.2f} -> {l['steps_share']:.2f} "
+        f"(first vs last block; correlation of length and reward across steps {s['corr_across_steps']:.2f})"
+    )
     if dr > 0.05 and dl > 1.0:
         return f"holds here: length and reward rose together: {nums}"
     return f"does not hold here: {nums}"
@@ -164,17 +210,28 @@ def run(argv: list[str]) -> dict:
     from grpolab.app.lab.miniature import finish
     from grpolab.app.lab.tables import table
 
-    ap = argparse.ArgumentParser(prog="grpolab lab aha", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="20 RL steps instead of 60, on the same cached pre-trained model (for the tests)")
+    ap = argparse.ArgumentParser(
+        prog="grpolab lab aha", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="20 RL steps instead of 60, on the same cached pre-trained model (for the tests)",
+    )
     ap.add_argument("--ablate", action="store_true", help="also run: no step-by-step pre-training; algo=dr_grpo")
     ap.add_argument("--out", default="runs/lab/aha", help="where the runs, aha.json and aha.png go")
     ap.add_argument("--steps", type=int, help="RL steps (default 60; 20 with --quick)")
     ap.add_argument("--pretrain-steps", type=int, help="pre-training steps (default 1500)")
-    ap.add_argument("--lr", type=float, default=2e-4, help="RL learning rate (default 2e-4; 1e-3 breaks the step-by-step skill)")
+    ap.add_argument(
+        "--lr", type=float, default=2e-4, help="RL learning rate (default 2e-4; 1e-3 breaks the step-by-step skill)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: a 0.3M-parameter model runs fastest on one core)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: a 0.3M-parameter model runs fastest on one core)",
+    )
     ns = ap.parse_args(argv)
     for name in ("steps", "pretrain_steps", "threads"):
         if getattr(ns, name) is not None and getattr(ns, name) < 1:
@@ -190,11 +247,13 @@ def run(argv: list[str]) -> dict:
     t0 = time.perf_counter()
     model, pinfo = pretrained_model("full", pre_steps, ns.seed)
     m = MIXES["full"]
-    print(f"tiny char-level Llama: {pinfo['params']:,} parameters, pre-trained {pinfo['steps']} steps "
-          f"(loss {pinfo['loss_first']:.2f} -> {pinfo['loss_last']:.2f}, {pinfo['time_s']:.0f} s when built) on "
-          f"{N_TEXTS:,} texts: {m['worked']:.0%} worked examples ('3+5+7+2?' -> step by step); after the task's "
-          f"prompt ('3+5+7+2='): {m['direct']:.0%} direct guesses (right 1/3 of the time), {m['steps']:.0%} "
-          f"step by step, {m['reflect']:.0%} slip + 'wait' + fix")
+    print(
+        f"tiny char-level Llama: {pinfo['params']:,} parameters, pre-trained {pinfo['steps']} steps "
+        f"(loss {pinfo['loss_first']:.2f} -> {pinfo['loss_last']:.2f}, {pinfo['time_s']:.0f} s when built) on "
+        f"{N_TEXTS:,} texts: {m['worked']:.0%} worked examples ('3+5+7+2?' -> step by step); after the task's "
+        f"prompt ('3+5+7+2='): {m['direct']:.0%} direct guesses (right 1/3 of the time), {m['steps']:.0%} "
+        f"step by step, {m['reflect']:.0%} slip + 'wait' + fix"
+    )
     arms_cfg = [("grpo", model, "grpo")]
     if ns.ablate:
         nomodel, _ = pretrained_model("nosteps", pre_steps, ns.seed)
@@ -202,16 +261,23 @@ def run(argv: list[str]) -> dict:
     res: dict = {"mode": "quick" if ns.quick else "full", "pretrain": pinfo, "model": str(model), "arms": {}}
     rows_by_arm: dict[str, list[dict]] = {}
     for name, mdir, algo in arms_cfg:
-        print(f"\n[{name}] grpolab train: task=longsum algo={algo} steps={steps} G=8 batch_size=64 lr={ns.lr:g} "
-              f"(reward: the final number only)")
-        metrics, samples, secs = train_arm(name, mdir, out, steps=steps, seed=ns.seed, algo=algo,
-                                           threads=ns.threads, lr=ns.lr)
+        print(
+            f"\n[{name}] grpolab train: task=longsum algo={algo} steps={steps} G=8 batch_size=64 lr={ns.lr:g} "
+            f"(reward: the final number only)"
+        )
+        metrics, samples, secs = train_arm(
+            name, mdir, out, steps=steps, seed=ns.seed, algo=algo, threads=ns.threads, lr=ns.lr
+        )
         rows = per_step(metrics, samples)
         rows_by_arm[name] = rows
         s = summary(rows, mode["blocks"])
         cols = ["steps", "reward", "length", "length_correct", "length_incorrect", "steps_share", "reflection", "corr"]
-        print(table(["steps", "reward", "len", "len_ok", "len_wrong", "step_share", "reflect", "len~rew"],
-                    [[b[c] for c in cols] for b in s["blocks"]]))
+        print(
+            table(
+                ["steps", "reward", "len", "len_ok", "len_wrong", "step_share", "reflect", "len~rew"],
+                [[b[c] for c in cols] for b in s["blocks"]],
+            )
+        )
         s["time_s"] = secs
         s["samples_start"] = samples_at(samples, rows[0]["step"])
         s["samples_end"] = samples_at(samples, rows[-1]["step"])
@@ -223,10 +289,25 @@ def run(argv: list[str]) -> dict:
     main = res["arms"]["grpo"]
     if ns.ablate:
         print("\nablation (first -> last block)")
-        print(table(["arm", "reward", "", "length", " ", "len_wrong", "  ", "step_share", "   "],
-                    [[n, a["first"]["reward"], a["last"]["reward"], a["first"]["length"], a["last"]["length"],
-                      a["first"]["length_incorrect"], a["last"]["length_incorrect"], a["first"]["steps_share"],
-                      a["last"]["steps_share"]] for n, a in res["arms"].items()]))
+        print(
+            table(
+                ["arm", "reward", "", "length", " ", "len_wrong", "  ", "step_share", "   "],
+                [
+                    [
+                        n,
+                        a["first"]["reward"],
+                        a["last"]["reward"],
+                        a["first"]["length"],
+                        a["last"]["length"],
+                        a["first"]["length_incorrect"],
+                        a["last"]["length_incorrect"],
+                        a["first"]["steps_share"],
+                        a["last"]["steps_share"],
+                    ]
+                    for n, a in res["arms"].items()
+                ],
+            )
+        )
         ns_, dr, g = res["arms"]["no_steps_pretraining"], res["arms"]["dr_grpo"], main
         dl = ns_["last"]["length"] - ns_["first"]["length"]
         res["ablation_verdict"] = (
@@ -234,6 +315,7 @@ def run(argv: list[str]) -> dict:
             f"({ns_['first']['length']:.1f} -> {ns_['last']['length']:.1f} tokens; reward {ns_['first']['reward']:.2f} -> "
             f"{ns_['last']['reward']:.2f}) against {g['first']['length']:.1f} -> {g['last']['length']:.1f} with it; "
             f"incorrect completions in the last block: {g['last']['length_incorrect']:.1f} tokens under grpo, "
-            f"{dr['last']['length_incorrect']:.1f} under dr_grpo")
+            f"{dr['last']['length_incorrect']:.1f} under dr_grpo"
+        )
         print(res["ablation_verdict"])
     return finish(res, "grpo", rows_by_arm, out, "aha", plot, t0)

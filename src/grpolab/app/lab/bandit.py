@@ -49,16 +49,18 @@ def sample(M: int, G: int, gen: torch.Generator, theta: torch.Tensor = THETA, of
     return th, logp, r.reshape(M * G)
 
 
-def gradient_estimates(theta: torch.Tensor, logp: torch.Tensor, r: torch.Tensor, advantage: str,
-                       G: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gradient_estimates(
+    theta: torch.Tensor, logp: torch.Tensor, r: torch.Tensor, advantage: str, G: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The trainer's estimator on M batches of G samples: rewards -> compute_advantages -> policy_loss
     (objective pg, aggregation seq_sum, on-policy) -> minus the gradient.
 
     theta: the leaf whose first dimension is the batch (M, ...); logp (M*G, T) token log-probs built
     from it; r (M*G,). Returns ((M, P) estimates, one per batch, and the advantages (M*G,)).
     """
-    algo = resolve_algo("grpo", {"advantage": advantage, "adv_scale": "none", "objective": "pg",
-                                 "aggregation": "seq_sum", "beta": 0.0})
+    algo = resolve_algo(
+        "grpo", {"advantage": advantage, "adv_scale": "none", "objective": "pg", "aggregation": "seq_sum", "beta": 0.0}
+    )
     M = theta.shape[0]
     if advantage == "batch_mean":  # the batch is one group of G: compute batch by batch
         adv = torch.cat([compute_advantages(r_m, G, algo) for r_m in r.view(M, G)])
@@ -66,8 +68,7 @@ def gradient_estimates(theta: torch.Tensor, logp: torch.Tensor, r: torch.Tensor,
         adv = compute_advantages(r, G, algo)  # (M*G,)
     mask = torch.ones_like(logp)
     # n_seq = G: each batch's loss is its own mean; the sum over the M batches is one backward pass.
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, algo, n_seq=G, n_tok=G * logp.shape[1],
-                          max_len=logp.shape[1])
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, algo, n_seq=G, n_tok=G * logp.shape[1], max_len=logp.shape[1])
     (g,) = torch.autograd.grad(loss, theta)
     return -g.reshape(M, -1).to(DT), adv.to(DT)  # loss = -J estimate
 

@@ -26,8 +26,12 @@ def run(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="grpolab lab baseline", description=CLAIM + ". " + __doc__.split("\n")[2])
     ap.add_argument("--G", type=int, default=4, help="samples per batch (= group size) (default 4)")
     ap.add_argument("--batches", type=int, default=4000, help="independent batches M (default 4000)")
-    ap.add_argument("--offset", type=float, default=1.0,
-                    help="constant added to every 0/1 reward; a baseline removes it (default 1.0)")
+    ap.add_argument(
+        "--offset",
+        type=float,
+        default=1.0,
+        help="constant added to every 0/1 reward; a baseline removes it (default 1.0)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ns = ap.parse_args(argv)
     if ns.G < 2 or ns.batches < 10:
@@ -43,20 +47,23 @@ def run(argv: list[str]) -> dict:
         var = float(est.var(0).sum())
         var_none = var if var_none is None else var_none
         s = float((mean @ exact) / (exact @ exact))
-        res[name] = {"bias_se": bias, "cosine": bandit.cosine(mean, exact), "var_ratio": var / var_none,
-                     "scale": s}
+        res[name] = {"bias_se": bias, "cosine": bandit.cosine(mean, exact), "var_ratio": var / var_none, "scale": s}
         rows.append([name, bias, res[name]["cosine"], var / var_none, s])
-    print(f"softmax bandit, {len(exact)} arms, Bernoulli rewards + {ns.offset:g}, G={ns.G}, "
-          f"{ns.batches} batches; exact grad J in closed form")
+    print(
+        f"softmax bandit, {len(exact)} arms, Bernoulli rewards + {ns.offset:g}, G={ns.G}, "
+        f"{ns.batches} batches; exact grad J in closed form"
+    )
     print(table(["advantage", "bias/SE", "cosine", "var/none", "scale"], rows))
     print(f"(unbiased: bias/SE < 5 and scale ~ 1; group/batch mean expect scale 1 - 1/G = {1 - 1 / ns.G:.3g})")
     unbiased = [n for n in ESTIMATORS if res[n]["bias_se"] < 5]
     lower = [n for n in ESTIMATORS[1:] if res[n]["var_ratio"] < 1]
     holds = "none" in unbiased and "rloo" in unbiased and "rloo" in lower
-    verdict = (f"{'holds' if holds else 'does not hold here'}: unbiased: {', '.join(unbiased) or '-'}; "
-               f"lower variance than REINFORCE: {', '.join(lower) or '-'}. The mean baselines (batch_mean, "
-               f"group_mean) include the sample itself, so they shrink the gradient by 1 - 1/G (direction kept); "
-               f"group_zscore divides by the std and estimates a rescaled gradient, not grad J.")
+    verdict = (
+        f"{'holds' if holds else 'does not hold here'}: unbiased: {', '.join(unbiased) or '-'}; "
+        f"lower variance than REINFORCE: {', '.join(lower) or '-'}. The mean baselines (batch_mean, "
+        f"group_mean) include the sample itself, so they shrink the gradient by 1 - 1/G (direction kept); "
+        f"group_zscore divides by the std and estimates a rescaled gradient, not grad J."
+    )
     print(verdict)
     res["unbiased"] = unbiased
     res["lower_variance"] = lower

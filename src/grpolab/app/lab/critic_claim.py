@@ -26,10 +26,33 @@ CLAIM = "the critic doubles the trained weights and buys per-token credit (PPO v
 
 
 def train_cmd(algo: str, model: str, task: str, out: Path, steps: int, seed: int, lr: float, extra: list[str]):
-    return [sys.executable, "-m", "grpolab.app.cli", "train", f"algo={algo}", f"model={model}", f"task={task}",
-            f"out={out}", f"steps={steps}", f"seed={seed}", f"lr={lr}", "G=8", "batch_size=32", "micro_batch=32",
-            "eval_size=0", "progress=false", "tensorboard=false", "report=false", "save_every=0",
-            "samples_per_step=8", "sample_tokens=64", "threads=1", "reward_workers=1", "rollout.engine=native", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "grpolab.app.cli",
+        "train",
+        f"algo={algo}",
+        f"model={model}",
+        f"task={task}",
+        f"out={out}",
+        f"steps={steps}",
+        f"seed={seed}",
+        f"lr={lr}",
+        "G=8",
+        "batch_size=32",
+        "micro_batch=32",
+        "eval_size=0",
+        "progress=false",
+        "tensorboard=false",
+        "report=false",
+        "save_every=0",
+        "samples_per_step=8",
+        "sample_tokens=64",
+        "threads=1",
+        "reward_workers=1",
+        "rollout.engine=native",
+        *extra,
+    ]
 
 
 def within_sequence_spread(samples: list[dict]) -> float:
@@ -48,23 +71,28 @@ def arm(algo: str, model: str, task: str, out: Path, steps: int, seed: int, lr: 
 
     if out.exists():
         shutil.rmtree(out)
-    subprocess.run(train_cmd(algo, model, task, out, steps, seed, lr, extra), check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(train_cmd(algo, model, task, out, steps, seed, lr, extra), check=True, stdout=subprocess.DEVNULL)
     ms = read_jsonl(out / "metrics.jsonl")
     samples = read_jsonl(out / "samples.jsonl")
     rewards = [m["reward/mean"] for m in ms]
     k = max(1, len(ms) // 4)
-    return {"params": ms[-1]["params/trained"], "peak_mb": max(m["memory/peak_mb"] for m in ms),
-            "step_s": sum(m["time/step_s"] for m in ms[1:]) / max(1, len(ms) - 1),
-            "reward_first": sum(rewards[:k]) / k, "reward_last": sum(rewards[-k:]) / k,
-            "reward_curve": rewards, "adv_spread": within_sequence_spread(samples)}
+    return {
+        "params": ms[-1]["params/trained"],
+        "peak_mb": max(m["memory/peak_mb"] for m in ms),
+        "step_s": sum(m["time/step_s"] for m in ms[1:]) / max(1, len(ms) - 1),
+        "reward_first": sum(rewards[:k]) / k,
+        "reward_last": sum(rewards[-k:]) / k,
+        "reward_curve": rewards,
+        "adv_spread": within_sequence_spread(samples),
+    }
 
 
 def run(argv: list[str]) -> dict:
     from grpolab.app.lab.tables import table
 
-    ap = argparse.ArgumentParser(prog="grpolab lab critic", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab lab critic", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="6 steps per arm (for the tests)")
     ap.add_argument("--steps", type=int, help="steps per arm (default 30; 6 with --quick)")
     ap.add_argument("--model", help="model for both arms (default: the aha miniature's pre-trained model)")
@@ -91,19 +119,23 @@ def run(argv: list[str]) -> dict:
         res[algo] = arm(algo, model, task, out / algo, steps, ns.seed, lr, extra)
     p, g = res["ppo"], res["grpo"]
     print(f"model={model} task={task}, {steps} steps per arm, batch 32 (G=8), seed {ns.seed}, lr {lr:g}")
-    rows = [["params trained", int(p["params"]), int(g["params"]), g["params"] / p["params"]],
-            ["peak memory MB", round(p["peak_mb"]), round(g["peak_mb"]), g["peak_mb"] / p["peak_mb"]],
-            ["time per step s", p["step_s"], g["step_s"], g["step_s"] / p["step_s"]],
-            ["reward first 1/4", p["reward_first"], g["reward_first"], ""],
-            ["reward last 1/4", p["reward_last"], g["reward_last"], ""],
-            ["adv spread in a sequence", p["adv_spread"], g["adv_spread"], ""]]
+    rows = [
+        ["params trained", int(p["params"]), int(g["params"]), g["params"] / p["params"]],
+        ["peak memory MB", round(p["peak_mb"]), round(g["peak_mb"]), g["peak_mb"] / p["peak_mb"]],
+        ["time per step s", p["step_s"], g["step_s"], g["step_s"] / p["step_s"]],
+        ["reward first 1/4", p["reward_first"], g["reward_first"], ""],
+        ["reward last 1/4", p["reward_last"], g["reward_last"], ""],
+        ["adv spread in a sequence", p["adv_spread"], g["adv_spread"], ""],
+    ]
     print(table(["", "ppo", "grpo", "grpo/ppo"], rows))
     holds = g["params"] / p["params"] < 0.6 and p["adv_spread"] > 0 and g["adv_spread"] < 1e-6
-    verdict = (f"{'holds' if holds else 'does not hold here'}: the critic makes PPO train "
-               f"{p['params'] / g['params']:.2f}x the parameters (peak memory {p['peak_mb'] / g['peak_mb']:.2f}x, "
-               f"time per step {p['step_s'] / g['step_s']:.2f}x GRPO's) and gives per-token advantages that vary "
-               f"within a sequence (mean std {p['adv_spread']:.3g}; GRPO {g['adv_spread']:.3g}); reward last quarter "
-               f"{p['reward_last']:.2f} (ppo) vs {g['reward_last']:.2f} (grpo) on this budget")
+    verdict = (
+        f"{'holds' if holds else 'does not hold here'}: the critic makes PPO train "
+        f"{p['params'] / g['params']:.2f}x the parameters (peak memory {p['peak_mb'] / g['peak_mb']:.2f}x, "
+        f"time per step {p['step_s'] / g['step_s']:.2f}x GRPO's) and gives per-token advantages that vary "
+        f"within a sequence (mean std {p['adv_spread']:.3g}; GRPO {g['adv_spread']:.3g}); reward last quarter "
+        f"{p['reward_last']:.2f} (ppo) vs {g['reward_last']:.2f} (grpo) on this budget"
+    )
     print(verdict)
     res["verdict"] = verdict
     return res

@@ -26,8 +26,11 @@ def run(argv: list[str]) -> dict:
     path = Path(ns.run_dir) / "metrics.jsonl"
     if not path.is_file():
         ap.error(f"{path}: no such file (RUN_DIR must be the out= directory of a grpolab train run)")
-    recs = [r for r in read_jsonl(path)
-            if isinstance(r.get("reward/mean"), (int, float)) and isinstance(r.get("completion/length_mean"), (int, float))]
+    recs = [
+        r
+        for r in read_jsonl(path)
+        if isinstance(r.get("reward/mean"), (int, float)) and isinstance(r.get("completion/length_mean"), (int, float))
+    ]
     if len(recs) < 3:
         ap.error(f"{path}: needs at least 3 steps with reward/mean and completion/length_mean, has {len(recs)}")
     reward = [float(r["reward/mean"]) for r in recs]
@@ -54,10 +57,11 @@ def run(argv: list[str]) -> dict:
     elif corr > 0 and dl > 0:
         verdict = f"holds here: reward {rise} ({dr:+.3g}) and length rises ({dl:+.3g}); correlation {corr:.2f}"
     else:
-        verdict = (f"does not hold here: reward {rise} ({dr:+.3g}) while length "
-                   f"{'rises' if dl > 0 else 'falls'} ({dl:+.3g}); correlation {corr:.2f}"
-                   + (" -- length falls as reward rises"
-                      if corr < 0 else ""))
+        verdict = (
+            f"does not hold here: reward {rise} ({dr:+.3g}) while length "
+            f"{'rises' if dl > 0 else 'falls'} ({dl:+.3g}); correlation {corr:.2f}"
+            + (" -- length falls as reward rises" if corr < 0 else "")
+        )
     print(verdict)
     res["verdict"] = verdict
     return res

@@ -41,13 +41,18 @@ def run(argv: list[str]) -> dict:
     if 1 in res["G"]:
         z = res["G"][1]
         holds = z["zero_frac"] == 1.0 and z["grad_norm"] == 0.0
-        verdict = ("holds: G=1 gives advantage exactly 0 for every sample and a zero gradient"
-                   if holds else f"does not hold here: G=1 gives zero-advantage fraction {z['zero_frac']:.3g}, "
-                   f"mean gradient norm {z['grad_norm']:.3g}")
+        verdict = (
+            "holds: G=1 gives advantage exactly 0 for every sample and a zero gradient"
+            if holds
+            else f"does not hold here: G=1 gives zero-advantage fraction {z['zero_frac']:.3g}, "
+            f"mean gradient norm {z['grad_norm']:.3g}"
+        )
         others = [G for G in res["G"] if G > 1]
         if holds and others:
-            verdict += (f"; larger groups carry signal (zero fraction {res['G'][max(others)]['zero_frac']:.3g} "
-                        f"at G={max(others)}: only groups whose rewards all agree are silent)")
+            verdict += (
+                f"; larger groups carry signal (zero fraction {res['G'][max(others)]['zero_frac']:.3g} "
+                f"at G={max(others)}: only groups whose rewards all agree are silent)"
+            )
     else:
         verdict = "not measured: include G=1 in --Gs"
     print(verdict)

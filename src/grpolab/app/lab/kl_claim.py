@@ -40,7 +40,7 @@ def text_logprob(model, tok, text: str, window: int = 200) -> float:
     total, n = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(ids) - 1, window):
-            chunk = torch.tensor([ids[s:s + window + 1]])
+            chunk = torch.tensor([ids[s : s + window + 1]])
             if chunk.shape[1] < 2:
                 break
             logp = torch.log_softmax(model(input_ids=chunk).logits[0, :-1].float(), -1)
@@ -50,7 +50,7 @@ def text_logprob(model, tok, text: str, window: int = 200) -> float:
 
 
 def repetition(text: str, n: int = 4) -> float:
-    grams = [text[i:i + n] for i in range(len(text) - n + 1)]
+    grams = [text[i : i + n] for i in range(len(text) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -64,8 +64,7 @@ def completion_stats(policy, ref, tok, prompts: list[str], max_new_tokens: int, 
 
     g = torch.Generator().manual_seed(seed)
     ids = chat_prompts(tok, prompts, None)
-    ro = generate(policy, tok, ids, G=1, max_new_tokens=max_new_tokens, generator=g,
-                  eos_ids=eos_token_ids(policy, tok))
+    ro = generate(policy, tok, ids, G=1, max_new_tokens=max_new_tokens, generator=g, eos_ids=eos_token_ids(policy, tok))
     full = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
     attn = torch.cat([ro.prompt_mask, ro.completion_mask.long()], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -73,13 +72,18 @@ def completion_stats(policy, ref, tok, prompts: list[str], max_new_tokens: int, 
     with torch.no_grad():
         lp = torch.log_softmax(policy(input_ids=full, attention_mask=attn, position_ids=pos).logits.float(), -1)
         lr = torch.log_softmax(ref(input_ids=full, attention_mask=attn, position_ids=pos).logits.float(), -1)
-    lp, lr = lp[:, P - 1:-1], lr[:, P - 1:-1]  # (N, C, V): the distributions of each completion token
+    lp, lr = lp[:, P - 1 : -1], lr[:, P - 1 : -1]  # (N, C, V): the distributions of each completion token
     m = ro.completion_mask
     kl = ((lp.exp() * (lp - lr)).sum(-1) * m).sum() / m.sum()
     ref_tok = lr.gather(-1, ro.completion_ids[..., None]).squeeze(-1)
     ppl = math.exp(-float((ref_tok * m).sum() / m.sum()))
-    return {"kl": float(kl), "ref_ppl": ppl, "length": float(ro.lengths.mean()),
-            "repetition": sum(repetition(t) for t in ro.texts) / len(ro.texts), "samples": ro.texts[:4]}
+    return {
+        "kl": float(kl),
+        "ref_ppl": ppl,
+        "length": float(ro.lengths.mean()),
+        "repetition": sum(repetition(t) for t in ro.texts) / len(ro.texts),
+        "samples": ro.texts[:4],
+    }
 
 
 def arm(beta: float, model: str, task: str, out: Path, steps: int, seed: int, lr: float, max_new_tokens: int) -> dict:
@@ -97,12 +101,31 @@ def arm(beta: float, model: str, task: str, out: Path, steps: int, seed: int, lr
 
     if out.exists():
         shutil.rmtree(out)
-    cfg = build_config({"out": str(out), "steps": steps, "seed": seed, "model": model, "task": task,
-                        "algo": {"name": "grpo", "beta": beta}, "G": 8, "batch_size": 32, "micro_batch": 32,
-                        "max_new_tokens": max_new_tokens, "lr": lr, "eval_size": 32, "save_every": 0,
-                        "samples_per_step": 0, "tensorboard": False, "progress": False, "report": False,
-                        "threads": 1, "reward_workers": 1,
-                        "rollout": {"engine": "native"}}, [])  # the engine its numbers came from
+    cfg = build_config(
+        {
+            "out": str(out),
+            "steps": steps,
+            "seed": seed,
+            "model": model,
+            "task": task,
+            "algo": {"name": "grpo", "beta": beta},
+            "G": 8,
+            "batch_size": 32,
+            "micro_batch": 32,
+            "max_new_tokens": max_new_tokens,
+            "lr": lr,
+            "eval_size": 32,
+            "save_every": 0,
+            "samples_per_step": 0,
+            "tensorboard": False,
+            "progress": False,
+            "report": False,
+            "threads": 1,
+            "reward_workers": 1,
+            "rollout": {"engine": "native"},
+        },
+        [],
+    )  # the engine its numbers came from
     with contextlib.redirect_stdout(io.StringIO()):
         summary = train(cfg)
     ms = read_jsonl(out / "metrics.jsonl")
@@ -112,10 +135,14 @@ def arm(beta: float, model: str, task: str, out: Path, steps: int, seed: int, lr
     prompts = [e.prompt for e in build_task(task, seed).eval_set()[:32]]
     k = max(1, len(ms) // 4)
     text = retention_text()
-    res = {"beta": beta, "reward_last": sum(m["reward/mean"] for m in ms[-k:]) / k,
-           "accuracy": (summary.get("eval_after") or {}).get("accuracy"),
-           "text_logp": text_logprob(policy, tok, text), "text_logp_ref": text_logprob(ref, tok, text),
-           **completion_stats(policy, ref, tok, prompts, max_new_tokens, seed)}
+    res = {
+        "beta": beta,
+        "reward_last": sum(m["reward/mean"] for m in ms[-k:]) / k,
+        "accuracy": (summary.get("eval_after") or {}).get("accuracy"),
+        "text_logp": text_logprob(policy, tok, text),
+        "text_logp_ref": text_logprob(ref, tok, text),
+        **completion_stats(policy, ref, tok, prompts, max_new_tokens, seed),
+    }
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the numbers are kept, the weights are not
     return res
 
@@ -123,12 +150,15 @@ def arm(beta: float, model: str, task: str, out: Path, steps: int, seed: int, lr
 def run(argv: list[str]) -> dict:
     from grpolab.app.lab.tables import table
 
-    ap = argparse.ArgumentParser(prog="grpolab lab kl", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab lab kl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="10 steps per arm (for the tests)")
     ap.add_argument("--steps", type=int, help="steps per arm (default 60; 10 with --quick)")
     ap.add_argument("--beta", type=float, default=0.1, help="the KL arm's algo.beta (default 0.1)")
-    ap.add_argument("--lr", type=float, help="learning rate (default 1e-3 with the miniature: 5x the aha lab, to drift)")
+    ap.add_argument(
+        "--lr", type=float, help="learning rate (default 1e-3 with the miniature: 5x the aha lab, to drift)"
+    )
     ap.add_argument("--model", help="model (default: the aha miniature's pre-trained model)")
     ap.add_argument("--task", help="task (default longsum with the miniature, else arithmetic)")
     ap.add_argument("--seed", type=int, default=0)
@@ -151,12 +181,25 @@ def run(argv: list[str]) -> dict:
     a0 = arm(0.0, model, task, out / "beta0", steps, ns.seed, lr, mnt)
     a1 = arm(ns.beta, model, task, out / f"beta{ns.beta:g}", steps, ns.seed, lr, mnt)
     print(f"model={model} task={task}, {steps} steps per arm, lr {lr:g}, seed {ns.seed}; text: {TEXT_FILE.name} (CC0)")
-    keys = [("kl", "KL(pi || ref) per token"), ("reward_last", "reward, last quarter"), ("accuracy", "held-out accuracy"),
-            ("text_logp", "text log-prob / token"), ("text_logp_ref", "  same under the reference"),
-            ("length", "completion length"), ("repetition", "repetition (4-grams)"), ("ref_ppl", "ref perplexity")]
-    print(table(["", "beta=0", f"beta={ns.beta:g}"],
-                [[label, a0[k] if a0[k] is not None else float("nan"), a1[k] if a1[k] is not None else float("nan")]
-                 for k, label in keys]))
+    keys = [
+        ("kl", "KL(pi || ref) per token"),
+        ("reward_last", "reward, last quarter"),
+        ("accuracy", "held-out accuracy"),
+        ("text_logp", "text log-prob / token"),
+        ("text_logp_ref", "  same under the reference"),
+        ("length", "completion length"),
+        ("repetition", "repetition (4-grams)"),
+        ("ref_ppl", "ref perplexity"),
+    ]
+    print(
+        table(
+            ["", "beta=0", f"beta={ns.beta:g}"],
+            [
+                [label, a0[k] if a0[k] is not None else float("nan"), a1[k] if a1[k] is not None else float("nan")]
+                for k, label in keys
+            ],
+        )
+    )
     drift0, drift1 = a0["text_logp"] - a0["text_logp_ref"], a1["text_logp"] - a1["text_logp_ref"]
     prevented = []
     if a0["kl"] > 1.5 * a1["kl"] and a0["kl"] - a1["kl"] > 0.01:

@@ -21,9 +21,25 @@ KEYS = (("params", "params trained"), ("peak_mb", "peak memory MB"), ("step_s", 
 
 
 def train_cmd(algo: str, steps: int, model: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "grpolab.app.cli", "train", f"algo={algo}", f"steps={steps}", f"out={out}",
-            f"model={model}", "eval_size=0", "batch_size=16", "G=4", "max_new_tokens=16", "micro_batch=8",
-            "progress=false", "tensorboard=false", "algo.mu=1", "rollout.engine=native"]
+    return [
+        sys.executable,
+        "-m",
+        "grpolab.app.cli",
+        "train",
+        f"algo={algo}",
+        f"steps={steps}",
+        f"out={out}",
+        f"model={model}",
+        "eval_size=0",
+        "batch_size=16",
+        "G=4",
+        "max_new_tokens=16",
+        "micro_batch=8",
+        "progress=false",
+        "tensorboard=false",
+        "algo.mu=1",
+        "rollout.engine=native",
+    ]
 
 
 def train_one(algo: str, steps: int, model: str, workdir: Path) -> dict:
@@ -38,8 +54,9 @@ def train_one(algo: str, steps: int, model: str, workdir: Path) -> dict:
 def run(argv: list[str]) -> dict:
     from grpolab.app.lab.tables import table
 
-    ap = argparse.ArgumentParser(prog="grpolab lab memory", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="grpolab lab memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--steps", type=int, default=2, help="training steps per run (default 2)")
     ap.add_argument("--model", default="smollm2-135m", help="model for both runs (default smollm2-135m)")
     ns = ap.parse_args(argv)
@@ -50,11 +67,19 @@ def run(argv: list[str]) -> dict:
         p = train_one("ppo", ns.steps, ns.model, Path(d))
     ratio = {k: (g[k] / p[k] if p[k] else float("nan")) for k, _ in KEYS}
     print(f"{ns.model}, {ns.steps} steps each, batch 16 (G=4), 16 new tokens")
-    print(table(["", "grpo", "ppo", "grpo/ppo"],
-                [[label, *(round(x[k], 2) if k == "step_s" else int(round(x[k])) for x in (g, p)), ratio[k]]
-                 for k, label in KEYS]))
+    print(
+        table(
+            ["", "grpo", "ppo", "grpo/ppo"],
+            [
+                [label, *(round(x[k], 2) if k == "step_s" else int(round(x[k])) for x in (g, p)), ratio[k]]
+                for k, label in KEYS
+            ],
+        )
+    )
     m = ratio["peak_mb"]
-    verdict = (f"{'holds' if m <= 0.7 else 'does not hold here'}: GRPO's peak memory is {m:.2f} of PPO's "
-               f"(params trained {ratio['params']:.2f}); process peak includes runtime and activations")
+    verdict = (
+        f"{'holds' if m <= 0.7 else 'does not hold here'}: GRPO's peak memory is {m:.2f} of PPO's "
+        f"(params trained {ratio['params']:.2f}); process peak includes runtime and activations"
+    )
     print(verdict)
     return {"grpo": g, "ppo": p, "ratio": ratio, "verdict": verdict}

@@ -85,10 +85,14 @@ def blocks(rows: list[dict], n_blocks: int) -> list[dict]:
     n = len(rows)
     out = []
     for b in range(n_blocks):
-        part = rows[b * n // n_blocks:(b + 1) * n // n_blocks]
+        part = rows[b * n // n_blocks : (b + 1) * n // n_blocks]
         if part:
-            out.append({"steps": f"{part[0]['step']}-{part[-1]['step']}",
-                        **{k: mean([r[k] for r in part]) for k in part[0] if k != "step"}})
+            out.append(
+                {
+                    "steps": f"{part[0]['step']}-{part[-1]['step']}",
+                    **{k: mean([r[k] for r in part]) for k in part[0] if k != "step"},
+                }
+            )
     return out
 
 
@@ -98,8 +102,7 @@ def plot_curves(arms: dict[str, list[dict]], path: Path, panels: list[tuple[str,
     try:
         import matplotlib
     except ImportError:
-        return ("no PNG written: matplotlib is not installed (pip install 'grpolab[report]', "
-                "or pip install matplotlib)")
+        return "no PNG written: matplotlib is not installed (pip install 'grpolab[report]', or pip install matplotlib)"
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -117,8 +120,16 @@ def plot_curves(arms: dict[str, list[dict]], path: Path, panels: list[tuple[str,
     return None
 
 
-def finish(res: dict, main_arm: str, rows_by_arm: dict[str, list[dict]], out: Path, name: str,
-           plot: Callable[[dict, Path], str | None], t0: float, also: tuple[Path, ...] = ()) -> dict:
+def finish(
+    res: dict,
+    main_arm: str,
+    rows_by_arm: dict[str, list[dict]],
+    out: Path,
+    name: str,
+    plot: Callable[[dict, Path], str | None],
+    t0: float,
+    also: tuple[Path, ...] = (),
+) -> dict:
     """The end of a miniature lab: its plot (OUT/NAME.png, or the note why none was drawn), the verdict of
     the main arm, the per-step rows, OUT/NAME.json, and the closing lines. Returns `res`, completed."""
     note = plot(rows_by_arm, out / f"{name}.png")

@@ -27,8 +27,16 @@ def _config(ns, run_dir: Path | None, overrides: list[str]):
 
     recipe = config_from_run(run_dir) if run_dir is not None else load_recipe("demo")
     quick = ["batch_size=8", "G=4", "micro_batch=4", "max_new_tokens=8", "eval_batch=8"] if ns.quick else []
-    base = [f"eval_size={ns.prompts}", f"eval_num_generations={ns.n}", f"eval_temperature={ns.temperature}",
-            f"steps={ns.steps}", f"out={ns.out / 'train'}", "progress=false", "eval_steps=0", "save_every=0"]
+    base = [
+        f"eval_size={ns.prompts}",
+        f"eval_num_generations={ns.n}",
+        f"eval_temperature={ns.temperature}",
+        f"steps={ns.steps}",
+        f"out={ns.out / 'train'}",
+        "progress=false",
+        "eval_steps=0",
+        "save_every=0",
+    ]
     return build_config(recipe, quick + base + overrides)
 
 
@@ -65,18 +73,25 @@ def verdict(change: dict, gap: dict, k_large: int) -> str:
         return f"{100 * c['change']:+.1f} points [{100 * c['ci'][0]:+.1f}, {100 * c['ci'][1]:+.1f}]"
 
     lo, hi = gap["ci"]
-    said = (f"pass@1 {pts(c1)}, pass@{k_large} {pts(ck)}; the gain at k=1 minus the gain at k={k_large}: "
-            f"{100 * gap['change']:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+    said = (
+        f"pass@1 {pts(c1)}, pass@{k_large} {pts(ck)}; the gain at k=1 minus the gain at k={k_large}: "
+        f"{100 * gap['change']:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    )
     behind = ck["after"] < ck["before"]
-    tail = f"; at k={k_large} the base model is ahead ({100 * ck['before']:.1f}% vs {100 * ck['after']:.1f}%)" \
-        if behind else ""
+    tail = (
+        f"; at k={k_large} the base model is ahead ({100 * ck['before']:.1f}% vs {100 * ck['after']:.1f}%)"
+        if behind
+        else ""
+    )
     if c1["beyond_noise"] and c1["change"] > 0 and lo > 0:
         return f"holds here: RL raised pass@1 more than pass@{k_large} ({said}){tail}"
     if hi < 0:
         return f"does not hold here: the gain grew with k ({said})"
     if not c1["beyond_noise"] or c1["change"] <= 0:
-        return (f"not measured here: training did not raise pass@1 beyond noise ({said}); train longer or "
-                f"give a better trained run")
+        return (
+            f"not measured here: training did not raise pass@1 beyond noise ({said}); train longer or "
+            f"give a better trained run"
+        )
     return f"not measured here: the two gains are within noise of each other ({said}){tail}"
 
 
@@ -94,8 +109,9 @@ def plot(base: dict, trained: dict, path: Path) -> str | None:
         ks = [int(k) for k in res["pass@k"]]
         est = [v["estimate"] for v in res["pass@k"].values()]
         ax.plot(ks, est, "o-", label=name)
-        ax.fill_between(ks, [v["ci"][0] for v in res["pass@k"].values()], [v["ci"][1] for v in res["pass@k"].values()],
-                        alpha=0.2)
+        ax.fill_between(
+            ks, [v["ci"][0] for v in res["pass@k"].values()], [v["ci"][1] for v in res["pass@k"].values()], alpha=0.2
+        )
     ax.set_xscale("log", base=2)
     ax.set(title="pass@k, base vs trained (95% bands)", xlabel="k", ylabel="pass@k", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
@@ -115,17 +131,27 @@ def run(argv: list[str]) -> dict:
     from grpolab.training.evaluation import compare
 
     ap = argparse.ArgumentParser(prog="grpolab lab passk", description=CLAIM + ". " + __doc__.split("\n\n")[1])
-    ap.add_argument("args", nargs="*", metavar="[RUN_DIR] [KEY=VALUE ...]",
-                    help="a trained run (its newest checkpoint vs the model it started from; default: train one), "
-                         "and settings of the run and the evaluation")
+    ap.add_argument(
+        "args",
+        nargs="*",
+        metavar="[RUN_DIR] [KEY=VALUE ...]",
+        help="a trained run (its newest checkpoint vs the model it started from; default: train one), "
+        "and settings of the run and the evaluation",
+    )
     ap.add_argument("--n", type=int, default=64, help="samples per prompt, the largest k (default 64)")
     ap.add_argument("--prompts", type=int, default=32, help="held-out prompts (default 32)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    ap.add_argument("--steps", type=int, default=20,
-                    help="steps of the demo recipe trained when no RUN_DIR is given (default 20)")
-    ap.add_argument("--out", type=Path, default=Path("runs/lab-passk"), help="output directory (default runs/lab-passk)")
-    ap.add_argument("--quick", action="store_true",
-                    help="a smoke test: 4 samples of 4 prompts, 1 training step of 8 completions, 8 tokens")
+    ap.add_argument(
+        "--steps", type=int, default=20, help="steps of the demo recipe trained when no RUN_DIR is given (default 20)"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=Path("runs/lab-passk"), help="output directory (default runs/lab-passk)"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 4 samples of 4 prompts, 1 training step of 8 completions, 8 tokens",
+    )
     ns = ap.parse_intermixed_args(argv)
     if ns.quick:
         ns.n, ns.prompts, ns.steps = min(ns.n, 4), min(ns.prompts, 4), 1
@@ -152,24 +178,43 @@ def run(argv: list[str]) -> dict:
     ck = latest_good_checkpoint(run_dir, log=print)
     if ck is None:
         ap.error(f"{run_dir}: the run has no checkpoint")
-    print(f"sampling {ns.n} completions for each of {cfg.eval_size} held-out prompts, base ({cfg.model}) and "
-          f"trained ({ck}) ...")
+    print(
+        f"sampling {ns.n} completions for each of {cfg.eval_size} held-out prompts, base ({cfg.model}) and "
+        f"trained ({ck}) ..."
+    )
     base, trained = _evaluate(cfg, cfg.model), _evaluate(cfg, str(ck))
     change = compare(base, trained, cfg.seed)
     ks = [int(k) for k in base["pass@k"]]
     rows = []
     for k in ks:
         b, t, c = base["pass@k"][str(k)], trained["pass@k"][str(k)], change[f"pass@{k}"]
-        rows.append([f"pass@{k}", f"{100 * b['estimate']:.1f} [{100 * b['ci'][0]:.1f}, {100 * b['ci'][1]:.1f}]",
-                     f"{100 * t['estimate']:.1f} [{100 * t['ci'][0]:.1f}, {100 * t['ci'][1]:.1f}]",
-                     f"{100 * c['change']:+.1f} [{100 * c['ci'][0]:+.1f}, {100 * c['ci'][1]:+.1f}]"])
-    print(f"{cfg.task}, {base['n']} held-out prompts, {ns.n} samples each at temperature {ns.temperature:g}; "
-          f"main reward {base['main_reward']}; percent, 95% intervals")
+        rows.append(
+            [
+                f"pass@{k}",
+                f"{100 * b['estimate']:.1f} [{100 * b['ci'][0]:.1f}, {100 * b['ci'][1]:.1f}]",
+                f"{100 * t['estimate']:.1f} [{100 * t['ci'][0]:.1f}, {100 * t['ci'][1]:.1f}]",
+                f"{100 * c['change']:+.1f} [{100 * c['ci'][0]:+.1f}, {100 * c['ci'][1]:+.1f}]",
+            ]
+        )
+    print(
+        f"{cfg.task}, {base['n']} held-out prompts, {ns.n} samples each at temperature {ns.temperature:g}; "
+        f"main reward {base['main_reward']}; percent, 95% intervals"
+    )
     print(table(["", "base", "trained", "change (paired)"], rows))
     gap = gain_gap(base, trained, 1, ks[-1], cfg.seed)
-    res = {"claim": CLAIM, "base_model": cfg.model, "trained": str(ck), "n": ns.n, "prompts": base["n"],
-           "temperature": ns.temperature, "base": base, "trained_eval": trained, "change": change,
-           "gain_gap": gap, "verdict": verdict(change, gap, ks[-1])}
+    res = {
+        "claim": CLAIM,
+        "base_model": cfg.model,
+        "trained": str(ck),
+        "n": ns.n,
+        "prompts": base["n"],
+        "temperature": ns.temperature,
+        "base": base,
+        "trained_eval": trained,
+        "change": change,
+        "gain_gap": gap,
+        "verdict": verdict(change, gap, ks[-1]),
+    }
     note = plot(base, trained, ns.out / "passk.png")
     res["png"] = None if note else str(ns.out / "passk.png")
     res["time_s"] = time.perf_counter() - t0

@@ -55,9 +55,11 @@ def run(argv: list[str]) -> dict:
     z = max(v["group_zscore"] for v in res["pairs"].values())
     n = min(v["none"] for v in res["pairs"].values())
     holds = z < 1e-2 and n > 0.1
-    verdict = (f"{'holds' if holds else 'does not hold here'}: group z-score advantages change by at most {z:.2g} "
-               f"(the eps guard) under a*r + b, REINFORCE's by at least {n:.3g}; group_mean and rloo remove b "
-               f"but scale with a")
+    verdict = (
+        f"{'holds' if holds else 'does not hold here'}: group z-score advantages change by at most {z:.2g} "
+        f"(the eps guard) under a*r + b, REINFORCE's by at least {n:.3g}; group_mean and rloo remove b "
+        f"but scale with a"
+    )
     print(verdict)
     res["verdict"] = verdict
     return res

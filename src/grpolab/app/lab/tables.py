@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def table(header: list[str], rows: list[list], widths: list[int] | None = None) -> str:
     """Plain-text table: first column left-aligned, the rest right-aligned; floats to 4 significant digits."""
+
     def fmt(v) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"

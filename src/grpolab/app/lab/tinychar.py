@@ -34,8 +34,9 @@ def char_tokenizer(chars: str = CHARS):
     t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     t.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     t.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
     tok.padding_side = "left"
     return tok
 
@@ -45,10 +46,19 @@ def tiny_llama(tok, *, hidden: int = 96, layers: int = 3, heads: int = 4, seed: 
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=int(8 * hidden / 3) // 8 * 8,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=int(8 * hidden / 3) // 8 * 8,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -70,14 +80,25 @@ def encode_pairs(tok, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch
     loss = torch.zeros((len(rows), L), dtype=torch.float32)
     for i, (p, c) in enumerate(rows):
         seq = p + c
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attn[i, :len(seq)] = 1
-        loss[i, len(p) - 1:len(seq) - 1] = 1.0  # position t predicts token t+1
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        loss[i, len(p) - 1 : len(seq) - 1] = 1.0  # position t predicts token t+1
     return ids, attn, loss
 
 
-def pretrain(model, tok, pairs: list[tuple[str, str]], *, steps: int, batch: int = 64, lr: float = 3e-3,
-             seed: int = 0, log=print, log_every: int = 200, buckets: int = 4) -> dict:
+def pretrain(
+    model,
+    tok,
+    pairs: list[tuple[str, str]],
+    *,
+    steps: int,
+    batch: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    log=print,
+    log_every: int = 200,
+    buckets: int = 4,
+) -> dict:
     """Supervised next-token training on (prompt, completion) pairs drawn with replacement.
     AdamW, linear warm-up over 5% of the steps then cosine decay. Each batch is sorted by length and
     run as `buckets` chunks, each padded only to its own longest row (short direct answers are most of
@@ -89,19 +110,21 @@ def pretrain(model, tok, pairs: list[tuple[str, str]], *, steps: int, batch: int
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
+        opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps))
+    )
     t0 = time.perf_counter()
     losses = []
     for step in range(1, steps + 1):
         drawn = sorted((pairs[rng.randrange(len(pairs))] for _ in range(batch)), key=lambda p: len(p[0]) + len(p[1]))
-        chunks = [drawn[i * batch // buckets:(i + 1) * batch // buckets] for i in range(buckets)]
+        chunks = [drawn[i * batch // buckets : (i + 1) * batch // buckets] for i in range(buckets)]
         encoded = [encode_pairs(tok, c) for c in chunks if c]  # each chunk padded to its own length
         n_tok = sum(float(lm[:, :-1].sum()) for _, _, lm in encoded)
         total = 0.0
         for ids, attn, lmask in encoded:
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (b, L-1, V)
-            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                    reduction="none").view(ids.shape[0], -1)
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+            ).view(ids.shape[0], -1)
             loss = (nll * lmask[:, :-1]).sum() / n_tok
             loss.backward()
             total += float(loss.detach())
@@ -114,8 +137,12 @@ def pretrain(model, tok, pairs: list[tuple[str, str]], *, steps: int, batch: int
             log(f"  pre-training step {step}/{steps}: loss {sum(losses[-log_every:]) / log_every:.3f}")
     model.eval()
     k = max(1, steps // 10)
-    return {"steps": steps, "loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k,
-            "time_s": time.perf_counter() - t0}
+    return {
+        "steps": steps,
+        "loss_first": sum(losses[:k]) / k,
+        "loss_last": sum(losses[-k:]) / k,
+        "time_s": time.perf_counter() - t0,
+    }
 
 
 def save(model, tok, out: Path) -> Path:

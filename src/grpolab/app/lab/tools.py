@@ -48,11 +48,13 @@ CLAIM = "tool use emerges where the tool decides success: calls and reading the 
 EXTRA_CHARS = '<>/_{}"'
 WORDS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", '"name"', '"arguments"', '"add"')
 """Multi-character tokens, as a BPE vocabulary would merge them (Qwen's has <tool_call> as one token)."""
-TEMPLATE = ("{%- for m in messages -%}"
-            "{%- if m['role'] == 'assistant' -%}{{ m['content'] }}{{ eos_token }}"
-            "{%- elif m['role'] == 'tool' -%}<tool_response>{{ m['content'] }}</tool_response>"
-            "{%- else -%}{{ m['content'] }}"
-            "{%- endif -%}{%- endfor -%}")
+TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}{{ m['content'] }}{{ eos_token }}"
+    "{%- elif m['role'] == 'tool' -%}<tool_response>{{ m['content'] }}</tool_response>"
+    "{%- else -%}{{ m['content'] }}"
+    "{%- endif -%}{%- endfor -%}"
+)
 """Append-only: user text as is, each model turn then EOS, each tool result in <tool_response> tags.
 The stream of a tool-using trajectory: 347+589=<tool_call>{...}</tool_call><eos><tool_response>936</tool_response>936<eos>."""
 
@@ -144,15 +146,28 @@ def pretrained_model(pretrain_steps: int, seed: int, log=print) -> tuple[Path, d
     from grpolab.app.lab import tinychar
     from grpolab.app.lab.miniature import cached_model
 
-    spec = {"mix": MIX, "pretrain_steps": pretrain_steps, "seed": seed, "model": MODEL, "n_texts": N_TEXTS,
-            "version": VERSION}
+    spec = {
+        "mix": MIX,
+        "pretrain_steps": pretrain_steps,
+        "seed": seed,
+        "model": MODEL,
+        "n_texts": N_TEXTS,
+        "version": VERSION,
+    }
 
     def build(directory: Path, target: Path) -> dict:
         log(f"pre-training the tiny model ({pretrain_steps} steps; cached in {target})")
         tok = tool_tokenizer()
         model = tinychar.tiny_llama(tok, seed=seed, **MODEL)
-        info = tinychar.pretrain(model, tok, corpus(MIX, N_TEXTS, seed), steps=pretrain_steps, seed=seed,
-                                 log=log, log_every=max(1, pretrain_steps // 5))
+        info = tinychar.pretrain(
+            model,
+            tok,
+            corpus(MIX, N_TEXTS, seed),
+            steps=pretrain_steps,
+            seed=seed,
+            log=log,
+            log_every=max(1, pretrain_steps // 5),
+        )
         info.update({"params": tinychar.n_params(model), "spec": spec})
         tinychar.save(model, tok, directory)
         return info
@@ -160,8 +175,9 @@ def pretrained_model(pretrain_steps: int, seed: int, log=print) -> tuple[Path, d
     return cached_model("tools", spec, build, log)
 
 
-def write_problems(directory: Path, problems: str, seed: int, n_train: int = 4000,
-                   n_eval: int = 64) -> tuple[Path, Path]:
+def write_problems(
+    directory: Path, problems: str, seed: int, n_train: int = 4000, n_eval: int = 64
+) -> tuple[Path, Path]:
     """The RL data as JSONL files for task=dataset: prompt, answer, kind, a, b. problems: "hard" (three-digit
     sums) or "mixed" (half one-digit sums). The held-out problems are never training ones."""
     rng = random.Random(f"grpolab/app/lab/tools/problems/{problems}/{seed}")
@@ -191,19 +207,49 @@ def write_problems(directory: Path, problems: str, seed: int, n_train: int = 400
     return paths
 
 
-def rl_config(model: Path, run_dir: Path, data: tuple[Path, Path], env_class: str, options: dict, *, steps: int,
-              seed: int, threads: int, lr: float, report: bool, algo: str = "grpo"):
+def rl_config(
+    model: Path,
+    run_dir: Path,
+    data: tuple[Path, Path],
+    env_class: str,
+    options: dict,
+    *,
+    steps: int,
+    seed: int,
+    threads: int,
+    lr: float,
+    report: bool,
+    algo: str = "grpo",
+):
     from grpolab.training.config import build_config
 
-    recipe = {"out": str(run_dir), "steps": steps, "seed": seed, "model": str(model), "task": "dataset",
-              "task_args": {"path": str(data[0]), "eval_path": str(data[1])},
-              "rewards": [{"name": "math", "weight": 1.0, "extract": "last_number"}],
-              "env": {"name": f"grpolab.app.lab.tools_env:{env_class}", "options": options, **ENV},
-              "algo": {"name": algo, "beta": 0.0}, "G": 8, "batch_size": 64, "micro_batch": 64,
-              "temperature": 1.0, "lr": lr, "warmup_steps": 2, "eval_size": 64, "samples_per_step": 64,
-              "save_every": 0, "tensorboard": False, "progress": False, "threads": threads, "reward_workers": 1,
-              "report": report, "sample_tokens": 0,
-              "rollout": {"engine": "native"}}  # the lab measures a claim, on the engine its numbers came from
+    recipe = {
+        "out": str(run_dir),
+        "steps": steps,
+        "seed": seed,
+        "model": str(model),
+        "task": "dataset",
+        "task_args": {"path": str(data[0]), "eval_path": str(data[1])},
+        "rewards": [{"name": "math", "weight": 1.0, "extract": "last_number"}],
+        "env": {"name": f"grpolab.app.lab.tools_env:{env_class}", "options": options, **ENV},
+        "algo": {"name": algo, "beta": 0.0},
+        "G": 8,
+        "batch_size": 64,
+        "micro_batch": 64,
+        "temperature": 1.0,
+        "lr": lr,
+        "warmup_steps": 2,
+        "eval_size": 64,
+        "samples_per_step": 64,
+        "save_every": 0,
+        "tensorboard": False,
+        "progress": False,
+        "threads": threads,
+        "reward_workers": 1,
+        "report": report,
+        "sample_tokens": 0,
+        "rollout": {"engine": "native"},
+    }  # the lab measures a claim, on the engine its numbers came from
     return build_config(recipe, [])
 
 
@@ -218,9 +264,15 @@ def _policy_logp(run, rollout):
 
     G = rollout.G
     with torch.no_grad():
-        logp, _ = grouped_completion_logp(run.policy, rollout.prompt_ids[::G], rollout.prompt_mask[::G],
-                                          rollout.completion_ids, rollout.attention_mask, G,
-                                          temperature=run.cfg.temperature)
+        logp, _ = grouped_completion_logp(
+            run.policy,
+            rollout.prompt_ids[::G],
+            rollout.prompt_mask[::G],
+            rollout.completion_ids,
+            rollout.attention_mask,
+            G,
+            temperature=run.cfg.temperature,
+        )
     return logp.float().cpu()
 
 
@@ -284,8 +336,11 @@ def classify(conversation: list[dict]) -> dict:
     final = turns[-1] if turns else ""
     answer = None if has_tool_call(final) else final_answer(final)  # a last turn that calls answers nothing
     tool_value = final_answer(results[-1]) if results else None
-    return {"called": bool(results), "uses": answer is not None and tool_value is not None and answer == tool_value,
-            "turns": len(turns)}
+    return {
+        "called": bool(results),
+        "uses": answer is not None and tool_value is not None and answer == tool_value,
+        "turns": len(turns),
+    }
 
 
 def per_step(metrics: list[dict], samples: list[dict]) -> list[dict]:
@@ -298,7 +353,8 @@ def per_step(metrics: list[dict], samples: list[dict]) -> list[dict]:
         a, b = (int(x) for x in s["prompt"].rstrip("=").split("+"))
         kind = "easy" if max(a, b) < 10 else "hard"
         by_step.setdefault(int(s["step"]), []).append(
-            (kind, classify(s.get("conversation") or []), (s.get("rewards") or {}).get("math")))
+            (kind, classify(s.get("conversation") or []), (s.get("rewards") or {}).get("math"))
+        )
     rows = []
     for m in metrics:
         cs = by_step.get(int(m["step"]), [])
@@ -307,17 +363,24 @@ def per_step(metrics: list[dict], samples: list[dict]) -> list[dict]:
         def share(items, key):
             return sum(c[key] for c in items) / len(items) if items else float("nan")
 
-        rows.append({
-            "step": int(m["step"]), "reward": m.get("reward/mean"), "right": m.get("reward/math/mean"),
-            "calls": share([c for _, c, _ in cs], "called"), "uses": share([c for _, c, _ in cs], "uses"),
-            "uses_if_called": share(called, "uses"), "turns": m.get("env/turns_mean"),
-            "tokens": m.get("lab/model_tokens_mean", m.get("completion/length_mean")),
-            "length_metric": m.get("completion/length_mean"),
-            "calls_easy": share([c for k, c, _ in cs if k == "easy"], "called"),
-            "calls_hard": share([c for k, c, _ in cs if k == "hard"], "called"),
-            "right_easy": mean([r for k, _, r in cs if k == "easy"]),
-            "result_logp": m.get("lab/result_logp", float("nan")),
-            "env_token_share": m.get("lab/env_token_share", 0.0)})
+        rows.append(
+            {
+                "step": int(m["step"]),
+                "reward": m.get("reward/mean"),
+                "right": m.get("reward/math/mean"),
+                "calls": share([c for _, c, _ in cs], "called"),
+                "uses": share([c for _, c, _ in cs], "uses"),
+                "uses_if_called": share(called, "uses"),
+                "turns": m.get("env/turns_mean"),
+                "tokens": m.get("lab/model_tokens_mean", m.get("completion/length_mean")),
+                "length_metric": m.get("completion/length_mean"),
+                "calls_easy": share([c for k, c, _ in cs if k == "easy"], "called"),
+                "calls_hard": share([c for k, c, _ in cs if k == "hard"], "called"),
+                "right_easy": mean([r for k, _, r in cs if k == "easy"]),
+                "result_logp": m.get("lab/result_logp", float("nan")),
+                "env_token_share": m.get("lab/env_token_share", 0.0),
+            }
+        )
     return rows
 
 
@@ -330,10 +393,12 @@ def summary(rows: list[dict], n_blocks: int) -> dict:
 
 def numbers(s: dict) -> str:
     f, l = s["first"], s["last"]
-    return (f"reward {f['reward']:.2f} -> {l['reward']:.2f}, trajectories that call the tool {f['calls']:.0%} -> "
-            f"{l['calls']:.0%}, final answer = the tool's result {f['uses']:.0%} -> {l['uses']:.0%} "
-            f"({f['uses_if_called']:.0%} -> {l['uses_if_called']:.0%} of those that call), turns "
-            f"{f['turns']:.2f} -> {l['turns']:.2f} (first vs last block)")
+    return (
+        f"reward {f['reward']:.2f} -> {l['reward']:.2f}, trajectories that call the tool {f['calls']:.0%} -> "
+        f"{l['calls']:.0%}, final answer = the tool's result {f['uses']:.0%} -> {l['uses']:.0%} "
+        f"({f['uses_if_called']:.0%} -> {l['uses_if_called']:.0%} of those that call), turns "
+        f"{f['turns']:.2f} -> {l['turns']:.2f} (first vs last block)"
+    )
 
 
 def verdict(s: dict) -> str:
@@ -347,8 +412,10 @@ def samples_at(samples: list[dict], step: int, k: int = 4) -> list[str]:
     """The step's first k trajectories as one line each: prompt, then turns and results as the model saw them."""
     out = []
     for s in [s for s in samples if s["step"] == step][:k]:
-        parts = [m["content"] if m["role"] == "assistant" else f"<tool_response>{m['content']}</tool_response>"
-                 for m in s.get("conversation") or []]
+        parts = [
+            m["content"] if m["role"] == "assistant" else f"<tool_response>{m['content']}</tool_response>"
+            for m in s.get("conversation") or []
+        ]
         out.append(f"{s['prompt']}{' | '.join(parts)}   (reward {s['reward']:g})")
     return out
 
@@ -357,34 +424,46 @@ def ablation_verdict(arms: dict) -> str:
     c, b, w = arms["calc"], arms["broken_tool"], arms["env_tokens_in_loss"]
     parts = []
     db = b["last"]["calls"] - b["first"]["calls"]
-    parts.append(f"broken tool: calls {b['first']['calls']:.0%} -> {b['last']['calls']:.0%} "
-                 f"({'do not rise' if db <= 0.05 else 'rise'}; reward {b['first']['reward']:.2f} -> "
-                 f"{b['last']['reward']:.2f}) against {c['first']['calls']:.0%} -> {c['last']['calls']:.0%} "
-                 f"with the working one")
+    parts.append(
+        f"broken tool: calls {b['first']['calls']:.0%} -> {b['last']['calls']:.0%} "
+        f"({'do not rise' if db <= 0.05 else 'rise'}; reward {b['first']['reward']:.2f} -> "
+        f"{b['last']['reward']:.2f}) against {c['first']['calls']:.0%} -> {c['last']['calls']:.0%} "
+        f"with the working one"
+    )
     for name, algo in (("cost_per_call", "grpo"), ("cost_per_call_dr_grpo", "dr_grpo")):
         k = arms[name]
         de, dh = (k["last"][x] - k["first"][x] for x in ("calls_easy", "calls_hard"))
-        parts.append(f"cost {COST:g} per call, {algo}: calls on one-digit sums {k['first']['calls_easy']:.0%} -> "
-                     f"{k['last']['calls_easy']:.0%} ({'fall' if de < -0.05 else 'rise' if de > 0.05 else 'flat'}), "
-                     f"on three-digit sums {k['first']['calls_hard']:.0%} -> {k['last']['calls_hard']:.0%} "
-                     f"({'rise' if dh > 0.05 else 'fall' if dh < -0.05 else 'flat'})")
-    parts.append(f"tool results in the loss (THE WRONG SETTING; {w['last']['env_token_share']:.0%} of the loss's tokens "
-                 f"are the calculator's): the policy's log-prob of the result tokens ends at "
-                 f"{w['last']['result_logp']:.2f} nats/token against {c['last']['result_logp']:.2f} masked (from "
-                 f"{c['first']['result_logp']:.2f}): the update trains the model to predict text it never writes; "
-                 f"the logged length reads {w['last']['length_metric']:.1f} tokens where the model wrote "
-                 f"{w['last']['tokens']:.1f}; reward {w['last']['reward']:.2f} vs {c['last']['reward']:.2f} masked, calls "
-                 f"{w['last']['calls']:.0%} vs {c['last']['calls']:.0%}, final answer = the result {w['last']['uses']:.0%} "
-                 f"vs {c['last']['uses']:.0%} (last block)")
+        parts.append(
+            f"cost {COST:g} per call, {algo}: calls on one-digit sums {k['first']['calls_easy']:.0%} -> "
+            f"{k['last']['calls_easy']:.0%} ({'fall' if de < -0.05 else 'rise' if de > 0.05 else 'flat'}), "
+            f"on three-digit sums {k['first']['calls_hard']:.0%} -> {k['last']['calls_hard']:.0%} "
+            f"({'rise' if dh > 0.05 else 'fall' if dh < -0.05 else 'flat'})"
+        )
+    parts.append(
+        f"tool results in the loss (THE WRONG SETTING; {w['last']['env_token_share']:.0%} of the loss's tokens "
+        f"are the calculator's): the policy's log-prob of the result tokens ends at "
+        f"{w['last']['result_logp']:.2f} nats/token against {c['last']['result_logp']:.2f} masked (from "
+        f"{c['first']['result_logp']:.2f}): the update trains the model to predict text it never writes; "
+        f"the logged length reads {w['last']['length_metric']:.1f} tokens where the model wrote "
+        f"{w['last']['tokens']:.1f}; reward {w['last']['reward']:.2f} vs {c['last']['reward']:.2f} masked, calls "
+        f"{w['last']['calls']:.0%} vs {c['last']['calls']:.0%}, final answer = the result {w['last']['uses']:.0%} "
+        f"vs {c['last']['uses']:.0%} (last block)"
+    )
     return "ablation: " + "; ".join(parts)
 
 
 def plot(arms: dict[str, list[dict]], path: Path) -> str | None:
     from grpolab.app.lab.miniature import plot_curves
 
-    return plot_curves(arms, path, [("reward", "reward", "reward/mean"),
-                                    ("calls", "trajectories that call the tool", "share"),
-                                    ("uses", "final answer = the tool's result", "share")])
+    return plot_curves(
+        arms,
+        path,
+        [
+            ("reward", "reward", "reward/mean"),
+            ("calls", "trajectories that call the tool", "share"),
+            ("uses", "final answer = the tool's result", "share"),
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- the command
@@ -394,20 +473,32 @@ def run(argv: list[str]) -> dict:
     from grpolab.app.lab.miniature import finish, train_run
     from grpolab.app.lab.tables import table
 
-    ap = argparse.ArgumentParser(prog="grpolab lab tools", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ablate", action="store_true",
-                    help="also run: a broken tool; a cost per call on mixed problems (grpo and dr_grpo); tool results "
-                         "in the loss (the wrong setting)")
+    ap = argparse.ArgumentParser(
+        prog="grpolab lab tools", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also run: a broken tool; a cost per call on mixed problems (grpo and dr_grpo); tool results "
+        "in the loss (the wrong setting)",
+    )
     ap.add_argument("--out", default="runs/lab/tools", help="where the runs, tools.json and tools.png go")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per arm (default 60)")
-    ap.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
-                    help=f"pre-training steps (default {PRETRAIN_STEPS}; another value is another cached model)")
+    ap.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=PRETRAIN_STEPS,
+        help=f"pre-training steps (default {PRETRAIN_STEPS}; another value is another cached model)",
+    )
     ap.add_argument("--blocks", type=int, default=6, help="blocks of steps in the tables (default 6)")
     ap.add_argument("--lr", type=float, default=5e-4, help="RL learning rate (default 5e-4)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: a 0.3M-parameter model runs fastest on one core)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: a 0.3M-parameter model runs fastest on one core)",
+    )
     ns = ap.parse_args(argv)
     for name in ("steps", "pretrain_steps", "blocks", "threads"):
         if getattr(ns, name) < 1:
@@ -419,26 +510,45 @@ def run(argv: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     model, pinfo = pretrained_model(ns.pretrain_steps, ns.seed)
-    print(f"tiny char-level Llama: {pinfo['params']:,} parameters, pre-trained {pinfo['steps']} steps (loss "
-          f"{pinfo['loss_first']:.2f} -> {pinfo['loss_last']:.2f}, {pinfo['time_s']:.0f} s when built) on {N_TEXTS:,} "
-          f"texts: {MIX['worked']:.0%} worked examples ('347+589?' -> a tool trace); after the task's prompt "
-          f"('347+589='): {MIX['hard']:.0%} three-digit sums, {MIX['hard_tool']:.0%} of them a tool trace, the rest "
-          f"direct estimates (the sum rounded to ten); {1 - MIX['hard']:.0%} one-digit sums, {MIX['easy_tool']:.0%} "
-          f"tool traces, the rest direct and right; {MIX['reads']:.0%} of three-digit traces copy the tool's "
-          f"result, the rest write the estimate")
+    print(
+        f"tiny char-level Llama: {pinfo['params']:,} parameters, pre-trained {pinfo['steps']} steps (loss "
+        f"{pinfo['loss_first']:.2f} -> {pinfo['loss_last']:.2f}, {pinfo['time_s']:.0f} s when built) on {N_TEXTS:,} "
+        f"texts: {MIX['worked']:.0%} worked examples ('347+589?' -> a tool trace); after the task's prompt "
+        f"('347+589='): {MIX['hard']:.0%} three-digit sums, {MIX['hard_tool']:.0%} of them a tool trace, the rest "
+        f"direct estimates (the sum rounded to ten); {1 - MIX['hard']:.0%} one-digit sums, {MIX['easy_tool']:.0%} "
+        f"tool traces, the rest direct and right; {MIX['reads']:.0%} of three-digit traces copy the tool's "
+        f"result, the rest write the estimate"
+    )
     names = list(ARMS) if ns.ablate else ["calc"]
     res: dict = {"pretrain": pinfo, "model": str(model), "steps": ns.steps, "lr": ns.lr, "arms": {}}
     rows_by_arm: dict[str, list[dict]] = {}
     for name in names:
         env_class, options, problems, algo, wrong = ARMS[name]
         data = write_problems(out / "data", problems, ns.seed)
-        cfg = rl_config(model, out / name, data, env_class, options, steps=ns.steps, seed=ns.seed,
-                        threads=ns.threads, lr=ns.lr, report=name == "calc", algo=algo)
+        cfg = rl_config(
+            model,
+            out / name,
+            data,
+            env_class,
+            options,
+            steps=ns.steps,
+            seed=ns.seed,
+            threads=ns.threads,
+            lr=ns.lr,
+            report=name == "calc",
+            algo=algo,
+        )
         what = {"hard": "three-digit sums", "mixed": "one- and three-digit sums, half each"}[problems]
-        print(f"\n[{name}] grpolab train: task=dataset ({what}) env.name=grpolab.app.lab.tools_env:{env_class}"
-              f"{''.join(f' env.options.{k}={v}' for k, v in options.items())} algo={algo} steps={ns.steps} G=8 "
-              f"batch_size=64 lr={ns.lr:g} (reward: the final answer's number only)"
-              + ("\n  THE WRONG SETTING: the tool's result tokens are left in the loss (grpolab masks them)" if wrong else ""))
+        print(
+            f"\n[{name}] grpolab train: task=dataset ({what}) env.name=grpolab.app.lab.tools_env:{env_class}"
+            f"{''.join(f' env.options.{k}={v}' for k, v in options.items())} algo={algo} steps={ns.steps} G=8 "
+            f"batch_size=64 lr={ns.lr:g} (reward: the final answer's number only)"
+            + (
+                "\n  THE WRONG SETTING: the tool's result tokens are left in the loss (grpolab masks them)"
+                if wrong
+                else ""
+            )
+        )
         with instrumented(env_tokens_in_loss=wrong):
             metrics, samples, secs = train_run(name, cfg)
         rows = per_step(metrics, samples)
@@ -467,10 +577,27 @@ def run(argv: list[str]) -> dict:
         print(f"[{name}] {s['verdict']} ({secs:.0f} s)")
     if ns.ablate:
         print("\nablation (first -> last block)")
-        print(table(["arm", "reward", "", "calls", " ", "uses", "  ", "turns", "   ", "logp_result", "    "],
-                    [[n, a["first"]["reward"], a["last"]["reward"], a["first"]["calls"], a["last"]["calls"],
-                      a["first"]["uses"], a["last"]["uses"], a["first"]["turns"], a["last"]["turns"],
-                      a["first"]["result_logp"], a["last"]["result_logp"]] for n, a in res["arms"].items()]))
+        print(
+            table(
+                ["arm", "reward", "", "calls", " ", "uses", "  ", "turns", "   ", "logp_result", "    "],
+                [
+                    [
+                        n,
+                        a["first"]["reward"],
+                        a["last"]["reward"],
+                        a["first"]["calls"],
+                        a["last"]["calls"],
+                        a["first"]["uses"],
+                        a["last"]["uses"],
+                        a["first"]["turns"],
+                        a["last"]["turns"],
+                        a["first"]["result_logp"],
+                        a["last"]["result_logp"],
+                    ]
+                    for n, a in res["arms"].items()
+                ],
+            )
+        )
         res["ablation_verdict"] = ablation_verdict(res["arms"])
         print(res["ablation_verdict"])
     return finish(res, "calc", rows_by_arm, out, "tools", plot, t0, also=(out / "calc" / "report.html",))

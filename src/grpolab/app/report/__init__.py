@@ -28,15 +28,21 @@ def machine_info(device) -> dict:
     """What the run ran on (no host name): OS, CPU count, torch version and the device."""
     import torch
 
-    info = {"os": platform.platform(terse=True), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "device": str(device)}
+    info = {
+        "os": platform.platform(terse=True),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+    }
     if getattr(device, "type", str(device)) == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path, *, machine: dict | None = None,
-                 runs: list[RunData] | None = None) -> Path:
+def write_report(
+    run_dirs: list[str | Path], out: str | Path, *, machine: dict | None = None, runs: list[RunData] | None = None
+) -> Path:
     """Write the report of `run_dirs` (several: overlaid) to `out` and its PNGs to OUT-STEM_plots/.
 
     `machine` (grpolab train passes machine_info) is saved as machine.json in the single run

@@ -25,8 +25,11 @@ def _phase_steps(run: RunData) -> list[tuple[str, list[int]]]:
     if not steps:
         return []
     k = len(steps)
-    cuts = [("start", steps[: max(1, k // 3)]), ("middle", steps[k // 3: max(k // 3 + 1, 2 * k // 3)]),
-            ("end", steps[max(0, 2 * k // 3):] or steps[-1:])]
+    cuts = [
+        ("start", steps[: max(1, k // 3)]),
+        ("middle", steps[k // 3 : max(k // 3 + 1, 2 * k // 3)]),
+        ("end", steps[max(0, 2 * k // 3) :] or steps[-1:]),
+    ]
     seen: set[int] = set()
     out = []
     for name, part in cuts:
@@ -85,8 +88,7 @@ def _shown(text: str) -> str:
     return escape(text.replace("\n", "\u21b5\n")) if text else "\u2205"
 
 
-ENV_TIP = ("environment token (tool result, reply or chat-template text): context the model read, not sampled, "
-           "no credit")
+ENV_TIP = "environment token (tool result, reply or chat-template text): context the model read, not sampled, no credit"
 
 
 def _is_env(tokens: dict, t: int) -> bool:
@@ -104,43 +106,59 @@ def sample_view(sample: dict, phase: str, scale: float, uid: str) -> str:
         vals = {k: _val(tokens, k, t) for k, _ in MODES}
         if _is_env(tokens, t):
             spans.append(f'<span class="tok env" title="{escape(f"{text!r}  {ENV_TIP}")}">{_shown(text)}</span>')
-            rows.append(f"<tr class=\"env\"><td>{t}</td><td><code>{escape(repr(text))}</code></td><td>environment</td>"
-                        + "<td>–</td>" * 6 + "</tr>")
+            rows.append(
+                f'<tr class="env"><td>{t}</td><td><code>{escape(repr(text))}</code></td><td>environment</td>'
+                + "<td>–</td>" * 6
+                + "</tr>"
+            )
             continue
         if computed:
-            tip = (f"{text!r}  A {_num(a, '{:+.3f}')} | ratio {_num(vals['ratio'], '{:.4f}')}"
-                   f"{' (' + CLIP.get(clip, '') + ')' if clip else ' (not clipped)'} | entropy "
-                   f"{_num(vals['entropy'])} | KL {_num(vals['kl'], '{:.4f}') if vals['kl'] is not None else 'no reference'}"
-                   f" | log p {_num(vals['logp'])}")
+            tip = (
+                f"{text!r}  A {_num(a, '{:+.3f}')} | ratio {_num(vals['ratio'], '{:.4f}')}"
+                f"{' (' + CLIP.get(clip, '') + ')' if clip else ' (not clipped)'} | entropy "
+                f"{_num(vals['entropy'])} | KL {_num(vals['kl'], '{:.4f}') if vals['kl'] is not None else 'no reference'}"
+                f" | log p {_num(vals['logp'])}"
+            )
             style = f"background:{_colour(a, scale)}"
         else:
-            tip = f"{text!r}  A {_num(a, '{:+.3f}')} | not computed: its group had zero advantage, the update skipped it"
+            tip = (
+                f"{text!r}  A {_num(a, '{:+.3f}')} | not computed: its group had zero advantage, the update skipped it"
+            )
             style = ""
         data = " ".join(f'data-{k}="{v}"' for k, v in vals.items() if isinstance(v, (int, float)))
         cls = "tok" + (" clip" if clip else "") + ("" if computed else " skip")
         spans.append(f'<span class="{cls}" style="{style}" {data} title="{escape(tip)}">{_shown(text)}</span>')
         owner = "<td>model</td>" if multi else ""
-        rows.append(f"<tr><td>{t}</td><td><code>{escape(repr(text))}</code></td>{owner}<td>{_num(a, '{:+.3f}')}</td>"
-                    f"<td>{_num(vals['logp'])}</td><td>{_num(vals['ratio'], '{:.4f}')}</td>"
-                    f"<td>{escape(CLIP.get(clip, '')) if computed else '–'}</td><td>{_num(vals['entropy'])}</td>"
-                    f"<td>{_num(vals['kl'], '{:.4f}')}</td></tr>")
+        rows.append(
+            f"<tr><td>{t}</td><td><code>{escape(repr(text))}</code></td>{owner}<td>{_num(a, '{:+.3f}')}</td>"
+            f"<td>{_num(vals['logp'])}</td><td>{_num(vals['ratio'], '{:.4f}')}</td>"
+            f"<td>{escape(CLIP.get(clip, '')) if computed else '–'}</td><td>{_num(vals['entropy'])}</td>"
+            f"<td>{_num(vals['kl'], '{:.4f}')}</td></tr>"
+        )
     n, shown = _int(tokens.get("n"), len(spans)), _int(tokens.get("shown"), len(spans))  # never markup
-    note = "" if computed else ('<p class="note">Not computed: every completion of this group had the same '
-                                'reward, so the advantage is 0 and the update skipped the group; its log-probs, '
-                                'ratios, entropies and KL were never measured.</p>')
+    note = (
+        ""
+        if computed
+        else (
+            '<p class="note">Not computed: every completion of this group had the same '
+            "reward, so the advantage is 0 and the update skipped the group; its log-probs, "
+            "ratios, entropies and KL were never measured.</p>"
+        )
+    )
     more = f" (first {shown} of {n} tokens)" if shown < n else ""
     if multi:
         n_env = _int(tokens.get("n_env"), sum(x is True for x in tokens["env"]))
-        more = (f" after the prompt: {n - n_env} the model's, {n_env} the environment's (greyed, no credit)"
-                + (f"; the first {shown} shown" if shown < n else ""))
+        more = f" after the prompt: {n - n_env} the model's, {n_env} the environment's (greyed, no credit)" + (
+            f"; the first {shown} shown" if shown < n else ""
+        )
     rewards = ", ".join(f"{escape(k)} {_num(v)}" for k, v in (sample.get("rewards") or {}).items())
     return f"""<div class="credit" id="{uid}">
-<div class="meta"><b>{escape(phase)}</b> · step {sample.get('step')} · reward {_num(sample.get('reward'))}
-({rewards}) · advantage {_num(_adv(sample), '{:+.3f}')} · {n} tokens{more}</div>
-<div class="prompt">{escape(str(sample.get('prompt', '')))}</div>
-<div class="tokens">{''.join(spans)}</div>{note}
-<details><summary>every token's values</summary><table class="toktable"><tr><th>#</th><th>token</th>{'<th>whose</th>' if multi else ''}<th>A</th>
-<th>log p</th><th>ratio</th><th>clip</th><th>entropy</th><th>KL</th></tr>{''.join(rows)}</table></details>
+<div class="meta"><b>{escape(phase)}</b> · step {sample.get("step")} · reward {_num(sample.get("reward"))}
+({rewards}) · advantage {_num(_adv(sample), "{:+.3f}")} · {n} tokens{more}</div>
+<div class="prompt">{escape(str(sample.get("prompt", "")))}</div>
+<div class="tokens">{"".join(spans)}</div>{note}
+<details><summary>every token's values</summary><table class="toktable"><tr><th>#</th><th>token</th>{"<th>whose</th>" if multi else ""}<th>A</th>
+<th>log p</th><th>ratio</th><th>clip</th><th>entropy</th><th>KL</th></tr>{"".join(rows)}</table></details>
 </div>"""
 
 
@@ -182,24 +200,40 @@ def credit_section(run: RunData, index: int) -> str:
     """The credit view of one run (HTML), or a note saying why there is none."""
     chosen = pick(run)
     if not chosen:
-        why = ("this run's samples.jsonl has no per-token values (written before grpolab saved them, "
-               "or with sample_tokens=0)") if run.samples else "this run has no samples yet"
+        why = (
+            (
+                "this run's samples.jsonl has no per-token values (written before grpolab saved them, "
+                "or with sample_tokens=0)"
+            )
+            if run.samples
+            else "this run has no samples yet"
+        )
         return f'<p class="note">No token-level view: {why}.</p>'
-    scale = max([abs(a) for _, s in chosen for a in s["tokens"].get("adv") or [] if isinstance(a, (int, float))]
-                + [0.0]) or 1.0
-    has = {k for _, smp in chosen for k, _ in MODES if any(isinstance(v, (int, float))
-                                                            for v in smp["tokens"].get(k) or [])}
-    buttons = "".join(f'<button data-mode="{k}"{" class=on" if k == "adv" else ""}'
-                      f'{"" if k in has else " disabled title=" + chr(34) + escape(_missing(k)) + chr(34)}>'
-                      f'{escape(lab)}</button>' for k, lab in MODES)
-    legend = ("<b>advantage</b>: green where the update pushed the token up, red where it pushed it down, "
-              "stronger with |A|; <b>entropy</b>, <b>log-prob</b> (as surprise, -log p) and <b>KL</b>: darker "
-              "= larger; <b>ratio</b>: blue above 1, orange below. A black outline marks a clipped token; grey "
-              "tokens were not computed. Hover a token for its values.")
+    scale = (
+        max([abs(a) for _, s in chosen for a in s["tokens"].get("adv") or [] if isinstance(a, (int, float))] + [0.0])
+        or 1.0
+    )
+    has = {
+        k for _, smp in chosen for k, _ in MODES if any(isinstance(v, (int, float)) for v in smp["tokens"].get(k) or [])
+    }
+    buttons = "".join(
+        f'<button data-mode="{k}"{" class=on" if k == "adv" else ""}'
+        f"{'' if k in has else ' disabled title=' + chr(34) + escape(_missing(k)) + chr(34)}>"
+        f"{escape(lab)}</button>"
+        for k, lab in MODES
+    )
+    legend = (
+        "<b>advantage</b>: green where the update pushed the token up, red where it pushed it down, "
+        "stronger with |A|; <b>entropy</b>, <b>log-prob</b> (as surprise, -log p) and <b>KL</b>: darker "
+        "= larger; <b>ratio</b>: blue above 1, orange below. A black outline marks a clipped token; grey "
+        "tokens were not computed. Hover a token for its values."
+    )
     if any(_is_env(s["tokens"], t) for _, s in chosen for t in range(len(s["tokens"].get("text") or []))):
-        legend += (" <span class=\"tok env\">Grey</span> tokens are the environment's (tool results, replies, the "
-                   "chat template's role headers): the model read them as context but never sampled them, so they "
-                   "carry no credit and are left out of the loss.")
+        legend += (
+            ' <span class="tok env">Grey</span> tokens are the environment\'s (tool results, replies, the '
+            "chat template's role headers): the model read them as context but never sampled them, so they "
+            "carry no credit and are left out of the loss."
+        )
     views = "".join(sample_view(s, phase, scale, f"credit-{index}-{j}") for j, (phase, s) in enumerate(chosen))
     return f'<div class="creditview"><div class="modes">colour by {buttons}</div><p class="legend">{legend}</p>{views}</div>'
 

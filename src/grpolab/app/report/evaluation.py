@@ -27,13 +27,22 @@ def _run_section(r: RunData) -> str:
     if not b and not a:
         return "<p>No held-out evaluation recorded (eval_size=0, or the run has not finished).</p>"
     ref = b or a
-    how = ("greedy" if not ref.get("temperature") else
-           f"{ref.get('samples_per_prompt')} samples per prompt at temperature {ref.get('temperature'):g}")
+    how = (
+        "greedy"
+        if not ref.get("temperature")
+        else f"{ref.get('samples_per_prompt')} samples per prompt at temperature {ref.get('temperature'):g}"
+    )
     change = r.summary.get("eval_change") or {}
     rows = [("accuracy", _with_ci(b), _with_ci(a), change.get("accuracy"))]
     for k in sorted(set(b.get("pass@k", {})) | set(a.get("pass@k", {})), key=int):
-        rows.append((f"pass@{k}", _with_ci(b.get("pass@k", {}).get(k)), _with_ci(a.get("pass@k", {}).get(k)),
-                     change.get(f"pass@{k}")))
+        rows.append(
+            (
+                f"pass@{k}",
+                _with_ci(b.get("pass@k", {}).get(k)),
+                _with_ci(a.get("pass@k", {}).get(k)),
+                change.get(f"pass@{k}"),
+            )
+        )
 
     def delta(c: dict | None) -> str:
         if not c:
@@ -41,29 +50,46 @@ def _run_section(r: RunData) -> str:
         verdict = "beyond noise" if c["beyond_noise"] else "within noise"
         return f"{100 * c['change']:+.1f} [{100 * c['ci'][0]:+.1f}, {100 * c['ci'][1]:+.1f}] ({verdict})"
 
-    body = "".join(f"<tr><th>{escape(n)}</th><td class=\"num\">{x}</td><td class=\"num\">{y}</td>"
-                   f"<td class=\"num\">{escape(delta(c))}</td></tr>" for n, x, y, c in rows)
-    out = [(f"<p>{ref.get('n', '?')} held-out prompts, {escape(how)}, main reward "
-            f"<code>{escape(str(ref.get('main_reward', '?')))}</code>; 95% intervals in brackets.</p>"),
-           f"<table><tr><th></th><th>before</th><th>after</th><th>change, points (paired)</th></tr>{body}</table>"]
+    body = "".join(
+        f'<tr><th>{escape(n)}</th><td class="num">{x}</td><td class="num">{y}</td>'
+        f'<td class="num">{escape(delta(c))}</td></tr>'
+        for n, x, y, c in rows
+    )
+    out = [
+        (
+            f"<p>{ref.get('n', '?')} held-out prompts, {escape(how)}, main reward "
+            f"<code>{escape(str(ref.get('main_reward', '?')))}</code>; 95% intervals in brackets.</p>"
+        ),
+        f"<table><tr><th></th><th>before</th><th>after</th><th>change, points (paired)</th></tr>{body}</table>",
+    ]
     if change.get("accuracy"):
         out.append(f"<p>{escape(change['accuracy']['sentence'])}.</p>")
     ext = sorted(set(b.get("extraction", {})) | set(a.get("extraction", {})))
     if ext:
         cells = "".join(
-            f"<tr><th>{escape(name)}</th>" + "".join(
-                f"<td class=\"num\">{_pct((e.get('extraction', {}).get(name) or {}).get(kind))}</td>"
-                for e in (b, a) for kind in ("no_answer", "wrong", "right")) + "</tr>" for name in ext)
+            f"<tr><th>{escape(name)}</th>"
+            + "".join(
+                f'<td class="num">{_pct((e.get("extraction", {}).get(name) or {}).get(kind))}</td>'
+                for e in (b, a)
+                for kind in ("no_answer", "wrong", "right")
+            )
+            + "</tr>"
+            for name in ext
+        )
         kinds = "<th>no parsable answer</th><th>wrong</th><th>right</th>"
-        out.append("<h3>Answer extraction (share of completions)</h3>"
-                   f"<table><tr><th></th><th colspan=\"3\">before</th><th colspan=\"3\">after</th></tr>"
-                   f"<tr><th>verifier</th>{kinds}{kinds}</tr>{cells}</table>")
+        out.append(
+            "<h3>Answer extraction (share of completions)</h3>"
+            f'<table><tr><th></th><th colspan="3">before</th><th colspan="3">after</th></tr>'
+            f"<tr><th>verifier</th>{kinds}{kinds}</tr>{cells}</table>"
+        )
     if r.summary.get("best"):
         best = r.summary["best"]
-        out.append(f"<p>Best model by {escape(best['metric'])}: {best['value']:.4g} at step {best['step']} "
-                   f"(<code>{escape(best['path'])}</code>).</p>")
+        out.append(
+            f"<p>Best model by {escape(best['metric'])}: {best['value']:.4g} at step {best['step']} "
+            f"(<code>{escape(best['path'])}</code>).</p>"
+        )
     if r.summary.get("stopped_early"):
-        out.append(f"<p class=\"note\">Stopped early: {escape(r.summary['stopped_early']['reason'])}.</p>")
+        out.append(f'<p class="note">Stopped early: {escape(r.summary["stopped_early"]["reason"])}.</p>')
     return "".join(out)
 
 

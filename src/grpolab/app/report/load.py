@@ -40,8 +40,9 @@ class RunData:
         every step there is, and every planned step is there (a resumed run with more steps is not)."""
         planned = self.steps_planned
         steps = len(self.step_rows)  # a row of step 0 (the evaluation before training) is not a step
-        return (self.summary.get("steps") == steps > 0
-                and (planned is None or steps >= planned or bool(self.summary.get("stopped_early"))))
+        return self.summary.get("steps") == steps > 0 and (
+            planned is None or steps >= planned or bool(self.summary.get("stopped_early"))
+        )
 
     @property
     def step_rows(self) -> list[dict]:
@@ -85,8 +86,7 @@ def read_records(path: Path, *, need_step: bool) -> tuple[list[dict], list[str]]
             continue
         kept.append(rec)
         good.add(where)
-    skipped = [f"{path}:{n}" for n, line in enumerate(complete, start=1)
-               if line.strip() and f"{path}:{n}" not in good]
+    skipped = [f"{path}:{n}" for n, line in enumerate(complete, start=1) if line.strip() and f"{path}:{n}" not in good]
     if partial is not None:
         skipped.append(f"{path}:{len(lines)} (incomplete last line)")
     return kept, skipped

@@ -95,13 +95,17 @@ def _alerts(run: RunData) -> str:
     """alert/NAME metrics (1.0 at a step where the alert fired): the steps of each."""
     names = sorted({k for m in run.metrics for k in m if k.startswith("alert/") and k != "alert/count"})
     fired = {n: [m["step"] for m in run.metrics if m.get(n) == 1.0] for n in names}
-    text = "; ".join(f"{n.split('/', 1)[1]}: {', '.join(map(str, s[:8]))}{' ...' if len(s) > 8 else ''}"
-                     for n, s in fired.items() if s)
+    text = "; ".join(
+        f"{n.split('/', 1)[1]}: {', '.join(map(str, s[:8]))}{' ...' if len(s) > 8 else ''}"
+        for n, s in fired.items()
+        if s
+    )
     return escape(text) if text else ("none fired" if names else "not logged")
 
 
 def header(runs: list[RunData]) -> str:
     """The table of runs (one column each) and each run's resolved config."""
+
     def algo(r: RunData) -> str:
         a = r.config.get("algo")
         return str(a.get("name", "?")) if isinstance(a, dict) else str(a or "?")
@@ -111,25 +115,44 @@ def header(runs: list[RunData]) -> str:
         ("status", lambda r: escape(_status(r))),
         ("model", lambda r: escape(str(r.config.get("model", "?")))),
         ("task / algorithm", lambda r: escape(f"{r.config.get('task', '?')} / {algo(r)}")),
-        ("group, batch, completion limit", lambda r: escape(
-            f"G={r.config.get('G', '?')}, batch_size={r.config.get('batch_size', '?')}, "
-            f"max_new_tokens={r.config.get('max_new_tokens', '?')}")),
+        (
+            "group, batch, completion limit",
+            lambda r: escape(
+                f"G={r.config.get('G', '?')}, batch_size={r.config.get('batch_size', '?')}, "
+                f"max_new_tokens={r.config.get('max_new_tokens', '?')}"
+            ),
+        ),
         ("machine", _machine),
         ("time in training steps", lambda r: _dur(sum(float(m.get("time/step_s") or 0) for m in r.metrics))),
         ("wall time (config.yaml to last write)", lambda r: _dur(r.wall_s)),
         ("reward, first 5 -> last 5 steps", lambda r: "{} -> {}".format(*map(_fmt, _first_last(r, "reward/mean")))),
-        ("length, first 5 -> last 5 steps", lambda r: "{} -> {}".format(
-            *(_fmt(x, "{:.1f}") for x in _first_last(r, "completion/length_mean")))),
+        (
+            "length, first 5 -> last 5 steps",
+            lambda r: "{} -> {}".format(*(_fmt(x, "{:.1f}") for x in _first_last(r, "completion/length_mean"))),
+        ),
         ("held-out accuracy, before -> after (95% interval)", lambda r: f"{_eval(r, 'before')} -> {_eval(r, 'after')}"),
         ("peak memory", lambda r: _fmt(max([m.get("memory/peak_mb") or 0 for m in r.metrics] + [0]), "{:.0f} MB")),
         ("alerts (steps)", _alerts),
-        ("lines skipped", lambda r: escape("; ".join(f"{f}: {len(v)} (line {', '.join(x.rsplit(':', 1)[-1] for x in v[:5])})"
-                                                      for f, v in r.skipped.items())) or "none"),
+        (
+            "lines skipped",
+            lambda r: (
+                escape(
+                    "; ".join(
+                        f"{f}: {len(v)} (line {', '.join(x.rsplit(':', 1)[-1] for x in v[:5])})"
+                        for f, v in r.skipped.items()
+                    )
+                )
+                or "none"
+            ),
+        ),
     ]
     head = "".join(f"<th>{escape(r.label)}</th>" for r in runs)
     body = "".join(f"<tr><th>{escape(name)}</th>{''.join(f'<td>{fn(r)}</td>' for r in runs)}</tr>" for name, fn in rows)
-    configs = "".join(f"<details><summary>resolved config of {escape(r.label)} (config.yaml)</summary>"
-                      f"<pre>{escape(r.config_text or 'no config.yaml')}</pre></details>" for r in runs)
+    configs = "".join(
+        f"<details><summary>resolved config of {escape(r.label)} (config.yaml)</summary>"
+        f"<pre>{escape(r.config_text or 'no config.yaml')}</pre></details>"
+        for r in runs
+    )
     return f"<table><tr><th></th>{head}</tr>{body}</table>{_differences(runs)}{configs}"
 
 
@@ -151,8 +174,9 @@ def _differences(runs: list[RunData]) -> str:
     keys = sorted({k for f in flats for k in f if k != "out" and len({repr(g.get(k)) for g in flats}) > 1})
     if not keys:
         return "<p>The runs' configs are the same (apart from <code>out</code>).</p>"
-    rows = "".join(f"<tr><th>{escape(k)}</th>{''.join(f'<td>{escape(repr(f.get(k)))}</td>' for f in flats)}</tr>"
-                   for k in keys)
+    rows = "".join(
+        f"<tr><th>{escape(k)}</th>{''.join(f'<td>{escape(repr(f.get(k)))}</td>' for f in flats)}</tr>" for k in keys
+    )
     return f"<h3>Config differences</h3><table><tr><th>key</th>{''.join(f'<th>{escape(r.label)}</th>' for r in runs)}</tr>{rows}</table>"
 
 
@@ -160,18 +184,25 @@ def plots_section(plots: list[Plot]) -> str:
     figs = []
     for p in plots:
         if p.png is None:
-            figs.append(f'<figure id="plot-{p.slug}"><div class="nodata">{escape(p.title)}: {escape(p.caption)}</div></figure>')
+            figs.append(
+                f'<figure id="plot-{p.slug}"><div class="nodata">{escape(p.title)}: {escape(p.caption)}</div></figure>'
+            )
         else:
             data = base64.b64encode(p.png).decode("ascii")
             alt = f"{p.title}: {', '.join(p.series)}"
-            figs.append(f'<figure id="plot-{p.slug}"><img class="plot" alt="{escape(alt)}" src="data:image/png;base64,'
-                        f'{data}"><figcaption>{escape(p.caption)}</figcaption></figure>')
+            figs.append(
+                f'<figure id="plot-{p.slug}"><img class="plot" alt="{escape(alt)}" src="data:image/png;base64,'
+                f'{data}"><figcaption>{escape(p.caption)}</figcaption></figure>'
+            )
     return f'<div class="grid">{"".join(figs)}</div>'
 
 
-STOPS = {"answer": "ended by the environment or a turn without a tool call", "max_turns": "at env.max_turns",
-         "budget": "out of model tokens (env.max_model_tokens or a turn cut at env.max_turn_tokens)",
-         "env_tokens": "past env.max_env_tokens"}
+STOPS = {
+    "answer": "ended by the environment or a turn without a tool call",
+    "max_turns": "at env.max_turns",
+    "budget": "out of model tokens (env.max_model_tokens or a turn cut at env.max_turn_tokens)",
+    "env_tokens": "past env.max_env_tokens",
+}
 
 
 def conversation(messages) -> str:
@@ -220,14 +251,17 @@ def samples_section(run: RunData, per_phase: int = 4) -> str:
                 n = sum(isinstance(m, dict) and m.get("role") == "assistant" for m in turns)
                 stop, why = s.get("stop"), STOPS.get(str(s.get("stop")))
                 extra = f" model tokens · {n} model turn{'s' if n != 1 else ''}" + (
-                    f" · stopped: {escape(str(stop))}{f' ({escape(why)})' if why else ''}" if stop else "")
+                    f" · stopped: {escape(str(stop))}{f' ({escape(why)})' if why else ''}" if stop else ""
+                )
             else:
-                body, extra = f'<pre>{escape(str(s.get("completion", "")))}</pre>', " tokens"
-            cards.append(f'<div class="sample"><div class="prompt">{escape(str(s.get("prompt", "")))} '
-                         f'<b>answer</b> {escape(str(s.get("answer", "")))}</div>'
-                         f'{body}<div>reward {_fmt(s.get("reward"))} '
-                         f'({rewards}){shaped} · {_count(s.get("length"))}{extra}'
-                         f'{" · truncated" if s.get("truncated") else ""}</div></div>')
+                body, extra = f"<pre>{escape(str(s.get('completion', '')))}</pre>", " tokens"
+            cards.append(
+                f'<div class="sample"><div class="prompt">{escape(str(s.get("prompt", "")))} '
+                f"<b>answer</b> {escape(str(s.get('answer', '')))}</div>"
+                f"{body}<div>reward {_fmt(s.get('reward'))} "
+                f"({rewards}){shaped} · {_count(s.get('length'))}{extra}"
+                f"{' · truncated' if s.get('truncated') else ''}</div></div>"
+            )
         out.append(f"<h3>{name}: step {st}</h3>{''.join(cards)}")
     return "".join(out)
 
@@ -235,18 +269,33 @@ def samples_section(run: RunData, per_phase: int = 4) -> str:
 def render(runs: list[RunData], plots: list[Plot]) -> str:
     title = "grpolab report: " + (runs[0].label if len(runs) == 1 else " vs ".join(r.label for r in runs))
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    intro = (f"<h1>{escape(title)}</h1><p>Written {when} by <code>grpolab report</code>. Every curve: "
-             "thin per step, bold smoothed. Keys are defined in docs/metrics.md.</p>")
-    parts = [intro, "<h2 id=\"runs\">Runs</h2>", header(runs), "<h2 id=\"curves\">Curves</h2>", plots_section(plots),
-             "<h2 id=\"evaluation\">Held-out evaluation</h2>", eval_section(runs)]
+    intro = (
+        f"<h1>{escape(title)}</h1><p>Written {when} by <code>grpolab report</code>. Every curve: "
+        "thin per step, bold smoothed. Keys are defined in docs/metrics.md.</p>"
+    )
+    parts = [
+        intro,
+        '<h2 id="runs">Runs</h2>',
+        header(runs),
+        '<h2 id="curves">Curves</h2>',
+        plots_section(plots),
+        '<h2 id="evaluation">Held-out evaluation</h2>',
+        eval_section(runs),
+    ]
     for i, r in enumerate(runs):
         suffix = f" of {escape(r.label)}" if len(runs) > 1 else ""
-        parts += [f"<h2 id=\"{'credit' if i == 0 else f'credit-{i}'}\">Token-level credit{suffix}</h2>", credit_section(r, i),
-                  f"<h2 id=\"{'samples' if i == 0 else f'samples-{i}'}\">Samples{suffix}</h2>", samples_section(r)]
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>{''.join(parts)}"
-            f"<script>{SCRIPT}</script></body></html>\n")
+        parts += [
+            f'<h2 id="{"credit" if i == 0 else f"credit-{i}"}">Token-level credit{suffix}</h2>',
+            credit_section(r, i),
+            f'<h2 id="{"samples" if i == 0 else f"samples-{i}"}">Samples{suffix}</h2>',
+            samples_section(r),
+        ]
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>{''.join(parts)}"
+        f"<script>{SCRIPT}</script></body></html>\n"
+    )
 
 
 __all__ = ["render"]

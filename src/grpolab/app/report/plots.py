@@ -28,8 +28,9 @@ def _matplotlib():
         import matplotlib
         from matplotlib.figure import Figure  # noqa: F401 (checked here: the message below)
     except ImportError as e:
-        raise MissingPlotting("grpolab report needs matplotlib: pip install 'grpolab[report]' "
-                              "(or pip install 'matplotlib>=3.7')") from e
+        raise MissingPlotting(
+            "grpolab report needs matplotlib: pip install 'grpolab[report]' (or pip install 'matplotlib>=3.7')"
+        ) from e
     return matplotlib
 
 
@@ -42,7 +43,7 @@ def smooth(ys: list[float], w: int) -> list[float]:
     """Trailing mean over the last w finite values (NaN where there is none)."""
     out = []
     for i in range(len(ys)):
-        part = [y for y in ys[max(0, i - w + 1): i + 1] if math.isfinite(y)]
+        part = [y for y in ys[max(0, i - w + 1) : i + 1] if math.isfinite(y)]
         out.append(sum(part) / len(part) if part else float("nan"))
     return out
 
@@ -82,11 +83,27 @@ def matching(test: Callable[[str], bool], strip: str = "") -> Callable[[list[Run
 
 def reward_keys(runs: list[RunData]) -> list[tuple[str, str]]:
     """The total, and each verifier's mean when there are several (or one whose weight is not 1)."""
-    names = sorted({k for r in runs for m in r.metrics for k in m
-                    if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2})
+    names = sorted(
+        {
+            k
+            for r in runs
+            for m in r.metrics
+            for k in m
+            if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2
+        }
+    )
     if len(names) == 1:
-        names = [k for k in names if any(isinstance(m.get(k), (int, float)) and isinstance(m.get("reward/mean"), (
-            int, float)) and abs(m[k] - m["reward/mean"]) > 1e-9 for r in runs for m in r.metrics)]
+        names = [
+            k
+            for k in names
+            if any(
+                isinstance(m.get(k), (int, float))
+                and isinstance(m.get("reward/mean"), (int, float))
+                and abs(m[k] - m["reward/mean"]) > 1e-9
+                for r in runs
+                for m in r.metrics
+            )
+        ]
     return [("reward/mean", "total")] + [(k, k.split("/")[1]) for k in names]
 
 
@@ -109,13 +126,30 @@ def env_share_keys(runs: list[RunData]) -> list[tuple[str, str]]:
 
 
 ENV_PANELS = [  # multi-turn runs (docs/agents.md), beside reward and length; left out when no run has them
-    Panel("env_turns", "Turns and tool calls per trajectory", "per trajectory",
-          fixed(("env/turns_mean", "model turns"), ("env/tool_calls_mean", "tool calls")), core=False),
+    Panel(
+        "env_turns",
+        "Turns and tool calls per trajectory",
+        "per trajectory",
+        fixed(("env/turns_mean", "model turns"), ("env/tool_calls_mean", "tool calls")),
+        core=False,
+    ),
     Panel("env_shares", "Environment tokens and stop reasons", "fraction", env_share_keys, core=False),
-    Panel("env_errors", "Environment errors by kind", "count per step",
-          matching(lambda k: k.startswith("env/errors_"), strip="env/errors_"), core=False, fill=0.0),
-    Panel("env_calls", "Calls per tool", "calls per step",
-          matching(lambda k: k.startswith("env/calls/"), strip="env/calls/"), core=False, fill=0.0),
+    Panel(
+        "env_errors",
+        "Environment errors by kind",
+        "count per step",
+        matching(lambda k: k.startswith("env/errors_"), strip="env/errors_"),
+        core=False,
+        fill=0.0,
+    ),
+    Panel(
+        "env_calls",
+        "Calls per tool",
+        "calls per step",
+        matching(lambda k: k.startswith("env/calls/"), strip="env/calls/"),
+        core=False,
+        fill=0.0,
+    ),
 ]
 
 PANELS = [
@@ -128,12 +162,27 @@ PANELS = [
     Panel("zero_std", "Zero-variance groups", "fraction of groups", fixed(("groups/zero_std_frac", "zero std"))),
     Panel("grad_norm", "Gradient norm (before clipping)", "norm", fixed(("grad_norm", "grad norm"))),
     Panel("lr", "Learning rate", "lr", fixed(("lr", "lr"))),
-    Panel("reflection", "Reflection phrases", "per step", matching(lambda k: "reflect" in k and "frac" not in k),
-          core=False),
-    Panel("reflection_frac", "Completions with a reflection phrase", "fraction",
-          matching(lambda k: "reflect" in k and "frac" in k), core=False),
-    Panel("length_reward_corr", "Length-reward correlation", "correlation", matching(lambda k: "corr" in k and "correct" not in k),
-          core=False),
+    Panel(
+        "reflection",
+        "Reflection phrases",
+        "per step",
+        matching(lambda k: "reflect" in k and "frac" not in k),
+        core=False,
+    ),
+    Panel(
+        "reflection_frac",
+        "Completions with a reflection phrase",
+        "fraction",
+        matching(lambda k: "reflect" in k and "frac" in k),
+        core=False,
+    ),
+    Panel(
+        "length_reward_corr",
+        "Length-reward correlation",
+        "correlation",
+        matching(lambda k: "corr" in k and "correct" not in k),
+        core=False,
+    ),
 ]
 
 TIME_KEYS = [("time/generate_s", "generate"), ("time/score_s", "score"), ("time/update_s", "update")]
@@ -170,8 +219,14 @@ def curve_panel(panel: Panel, runs: list[RunData]) -> Plot:
     if not lines:
         return Plot(panel.slug, panel.title, None, "no run recorded these metrics", [])
     if not any(math.isfinite(y) for r, k, _ in lines for y in r.series(k)[1]):
-        return Plot(panel.slug, panel.title, None, "logged, but null (not a finite number) at every step, e.g. a "
-                    "correlation when every completion had the same length", [k for _, k, _ in lines])
+        return Plot(
+            panel.slug,
+            panel.title,
+            None,
+            "logged, but null (not a finite number) at every step, e.g. a "
+            "correlation when every completion had the same length",
+            [k for _, k, _ in lines],
+        )
     colours = _matplotlib().rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = _figure(panel.title, panel.ylabel)
     n = max(len(r.metrics) for r in runs)
@@ -211,8 +266,13 @@ def time_panel(runs: list[RunData]) -> Plot:
         total = [float(m.get("time/step_s") or 0.0) for m in r.step_rows]
         ax.plot(xs, total, color="black", linewidth=1, label="whole step")
         ax.legend(fontsize=8, loc="upper right")
-        return Plot("time", "Step time", _png(fig), "stacked: generate + score + update; black: the whole step",
-                    names + ["whole step"])
+        return Plot(
+            "time",
+            "Step time",
+            _png(fig),
+            "stacked: generate + score + update; black: the whole step",
+            names + ["whole step"],
+        )
     fig, ax = _figure("Mean step time, split", "seconds per step", xlabel="run")
     bottom = [0.0] * len(runs)
     for k, lab in TIME_KEYS:
@@ -223,36 +283,62 @@ def time_panel(runs: list[RunData]) -> Plot:
         ax.bar([r.label for r in runs], vals, bottom=bottom, label=lab)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.legend(fontsize=8)
-    return Plot("time", "Step time", _png(fig), "mean over each run's steps", [f"{r.label}: {n}" for r in runs for n in names])
+    return Plot(
+        "time", "Step time", _png(fig), "mean over each run's steps", [f"{r.label}: {n}" for r in runs for n in names]
+    )
 
 
 def eval_panel(runs: list[RunData]) -> Plot:
     """Held-out accuracy before and after training, per run (summary.json)."""
     have = [(r, r.summary.get("eval_before") or {}, r.summary.get("eval_after") or {}) for r in runs]
     if not any("accuracy" in b or "accuracy" in a for _, b, a in have):
-        return Plot("eval", "Held-out accuracy", None,
-                    "no held-out evaluation recorded (eval_size=0, or the run has not evaluated yet)", [])
+        return Plot(
+            "eval",
+            "Held-out accuracy",
+            None,
+            "no held-out evaluation recorded (eval_size=0, or the run has not evaluated yet)",
+            [],
+        )
     greedy = all(not (e or {}).get("temperature") for _, b, a in have for e in (b, a))
-    fig, ax = _figure(f"Held-out accuracy ({'greedy' if greedy else 'sampled'}; 95% intervals)", "accuracy", xlabel="run")
+    fig, ax = _figure(
+        f"Held-out accuracy ({'greedy' if greedy else 'sampled'}; 95% intervals)", "accuracy", xlabel="run"
+    )
     width = 0.38
     for j, (when, colour) in enumerate((("before", "#9aa5b1"), ("after", "#2f7ed8"))):
         xs = [i + (j - 0.5) * width for i in range(len(runs))]
         vals = [(b if when == "before" else a).get("accuracy") for _, b, a in have]
         cis = [(b if when == "before" else a).get("accuracy_ci") for _, b, a in have]
-        err = [[v - ci[0] if v is not None and ci else 0.0 for v, ci in zip(vals, cis)],
-               [ci[1] - v if v is not None and ci else 0.0 for v, ci in zip(vals, cis)]]
-        bars = ax.bar(xs, [v if v is not None else 0.0 for v in vals], width, label=when, color=colour,
-                      yerr=err if any(cis) else None, capsize=4, ecolor="#444")
+        err = [
+            [v - ci[0] if v is not None and ci else 0.0 for v, ci in zip(vals, cis)],
+            [ci[1] - v if v is not None and ci else 0.0 for v, ci in zip(vals, cis)],
+        ]
+        bars = ax.bar(
+            xs,
+            [v if v is not None else 0.0 for v in vals],
+            width,
+            label=when,
+            color=colour,
+            yerr=err if any(cis) else None,
+            capsize=4,
+            ecolor="#444",
+        )
         for bar, v in zip(bars, vals):
-            ax.annotate("not yet" if v is None else f"{100 * v:.1f}%", (bar.get_x() + bar.get_width() / 2,
-                        bar.get_height()), ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                "not yet" if v is None else f"{100 * v:.1f}%",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(runs)), [r.label for r in runs])
     ax.set_ylim(0, 1.1)
     ax.legend(fontsize=8, loc="upper left")
     n = {b.get("n") or a.get("n") for _, b, a in have} - {None}
     caption = f"{'/'.join(map(str, sorted(n)))} held-out prompts, main reward" if n else "main reward"
     caption += "; error bars: 95% intervals where recorded (docs/evaluation.md)"
-    return Plot("eval", "Held-out accuracy", _png(fig), caption, [f"{r.label}: {w}" for r in runs for w in ("before", "after")])
+    return Plot(
+        "eval", "Held-out accuracy", _png(fig), caption, [f"{r.label}: {w}" for r in runs for w in ("before", "after")]
+    )
 
 
 EVAL_CURVE_TITLE = "Held-out evaluation during the run (95% interval bands)"
@@ -260,8 +346,13 @@ EVAL_CURVE_TITLE = "Held-out evaluation during the run (95% interval bands)"
 
 def eval_keys(runs: list[RunData]) -> list[str]:
     """eval/accuracy and each eval/pass@K that has its interval keys, pass@K by K."""
-    found = {k for r in runs for m in r.metrics for k in m
-             if (k == "eval/accuracy" or k.startswith("eval/pass@")) and not k.endswith(("_lo", "_hi"))}
+    found = {
+        k
+        for r in runs
+        for m in r.metrics
+        for k in m
+        if (k == "eval/accuracy" or k.startswith("eval/pass@")) and not k.endswith(("_lo", "_hi"))
+    }
     return sorted(found, key=lambda k: (k != "eval/accuracy", int(k.split("@")[1]) if "@" in k else 0))
 
 
@@ -290,8 +381,10 @@ def eval_curve_plot(runs: list[RunData]) -> Plot | None:
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8, loc="best")
     n = sorted({m.get("eval/prompts") for r in runs for m in r.metrics if m.get("eval/prompts")})
-    caption = (f"{'/'.join(map(str, n))} held-out prompts at each evaluation (step 0: before training); bands: "
-               "95% intervals (Wilson for greedy accuracy, bootstrap over the prompts otherwise; docs/evaluation.md)")
+    caption = (
+        f"{'/'.join(map(str, n))} held-out prompts at each evaluation (step 0: before training); bands: "
+        "95% intervals (Wilson for greedy accuracy, bootstrap over the prompts otherwise; docs/evaluation.md)"
+    )
     return Plot("eval_curve", EVAL_CURVE_TITLE, _png(fig), caption, names)
 
 

@@ -41,11 +41,18 @@ class _GRPOConfigBase:
 
 
 GRPOConfig = dataclasses.make_dataclass(
-    "GRPOConfig", [(e.name, Any, _field(e.default)) for e in TABLE.values()], bases=(_GRPOConfigBase,),
-    namespace={"__module__": __name__, "__doc__": (
-        "TRL's GRPOConfig (trl 1.16): the same field names, in the same order, with TRL's defaults "
-        "(learning_rate 1e-06, beta 0.0, loss_type 'dapo', max_completion_length 512, seed 42, ...). "
-        "docs/migrating-from-trl.md says what each field becomes in grpolab, or why it is refused.")})
+    "GRPOConfig",
+    [(e.name, Any, _field(e.default)) for e in TABLE.values()],
+    bases=(_GRPOConfigBase,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": (
+            "TRL's GRPOConfig (trl 1.16): the same field names, in the same order, with TRL's defaults "
+            "(learning_rate 1e-06, beta 0.0, loss_type 'dapo', max_completion_length 512, seed 42, ...). "
+            "docs/migrating-from-trl.md says what each field becomes in grpolab, or why it is refused."
+        ),
+    },
+)
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -67,8 +74,10 @@ def values_of(args: Any) -> dict:
         raise ConfigError(f"args: expected a GRPOConfig (grpolab's or trl's), got {type(args).__name__}")
     unknown = sorted(k for k in given if k not in TABLE)
     if unknown:
-        raise ConfigError(f"{unknown[0]}: not a field of TRL 1.16's GRPOConfig, which grpolab's mapping covers "
-                          f"(docs/migrating-from-trl.md)")
+        raise ConfigError(
+            f"{unknown[0]}: not a field of TRL 1.16's GRPOConfig, which grpolab's mapping covers "
+            f"(docs/migrating-from-trl.md)"
+        )
     values = {name: e.default for name, e in TABLE.items()}
     values.update(given)
     return values
@@ -141,8 +150,9 @@ def trl_overrides(settings: dict) -> tuple[dict, list[str]]:
         elif k in out and isinstance(v, dict) and isinstance(out[k], dict):
             out[k] = {**out[k], **v}
         elif k in out:
-            raise ConfigError(f"{k}: given both as a grpolab setting and through TRL's "
-                              f"{', '.join(sorted(trl))}; give it one way")
+            raise ConfigError(
+                f"{k}: given both as a grpolab setting and through TRL's {', '.join(sorted(trl))}; give it one way"
+            )
         else:
             out[k] = v
     return out, notes

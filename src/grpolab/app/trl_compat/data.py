@@ -30,15 +30,18 @@ def rows_of(data: Any, name: str) -> list[dict]:
     elif hasattr(data, "__len__") and hasattr(data, "__getitem__"):
         rows = [data[i] for i in range(len(data))]  # map-style: indexed by its length
     else:
-        raise ConfigError(f"{name}: expected a datasets.Dataset, a map-style dataset (__len__ and __getitem__) "
-                          f"or a list of dicts, got {type(data).__name__} (an iterable without a length cannot "
-                          f"be counted in epochs; materialise it, e.g. datasets.Dataset.from_list(list(it)))")
+        raise ConfigError(
+            f"{name}: expected a datasets.Dataset, a map-style dataset (__len__ and __getitem__) "
+            f"or a list of dicts, got {type(data).__name__} (an iterable without a length cannot "
+            f"be counted in epochs; materialise it, e.g. datasets.Dataset.from_list(list(it)))"
+        )
     if not rows:
         raise ConfigError(f"{name}: no rows")
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
-            raise ConfigError(f"{name}: row {i} is {type(r).__name__}, expected a dict of columns "
-                              f"(e.g. {{\"prompt\": ...}})")
+            raise ConfigError(
+                f'{name}: row {i} is {type(r).__name__}, expected a dict of columns (e.g. {{"prompt": ...}})'
+            )
     return rows
 
 
@@ -59,8 +62,10 @@ def task_args(rows: list[dict], environment: bool) -> dict:
     if "prompt" in rows[0]:
         args["prompt_column"] = "prompt"
     elif not environment:
-        raise ConfigError(f"train_dataset: TRL reads the prompt from a `prompt` column; the first row has "
-                          f"{', '.join(map(repr, rows[0])) or 'no columns'}")
+        raise ConfigError(
+            f"train_dataset: TRL reads the prompt from a `prompt` column; the first row has "
+            f"{', '.join(map(repr, rows[0])) or 'no columns'}"
+        )
     return args
 
 

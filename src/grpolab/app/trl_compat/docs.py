@@ -1,6 +1,6 @@
 """docs/migrating-from-trl.md, generated from the mapping table (tests/test_trl_compat.py keeps it current):
 
-    python -m grpolab.app.trl_compat.docs > docs/migrating-from-trl.md
+python -m grpolab.app.trl_compat.docs > docs/migrating-from-trl.md
 """
 
 from __future__ import annotations

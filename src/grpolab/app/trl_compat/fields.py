@@ -26,14 +26,23 @@ import json
 from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
 from grpolab.app.trl_compat.fields_hf import TRAINING_ARGUMENTS, _batch
 
-LOSS_TYPES = {"grpo": ("clipped", "seq_mean"), "bnpo": ("clipped", "token_mean"),
-              "dr_grpo": ("clipped", "token_sum_norm"), "dapo": ("clipped", "token_mean"),
-              "luspo": ("clipped", "seq_sum"), "cispo": ("cispo", "token_mean"),
-              "sapo": ("sapo", "seq_mean"), "vespo": ("vespo", "token_mean")}
+LOSS_TYPES = {
+    "grpo": ("clipped", "seq_mean"),
+    "bnpo": ("clipped", "token_mean"),
+    "dr_grpo": ("clipped", "token_sum_norm"),
+    "dapo": ("clipped", "token_mean"),
+    "luspo": ("clipped", "seq_sum"),
+    "cispo": ("cispo", "token_mean"),
+    "sapo": ("sapo", "seq_mean"),
+    "vespo": ("vespo", "token_mean"),
+}
 """TRL loss_type -> (grpolab objective, aggregation)."""
 
-SCALE_REWARDS = {"group": ("group_zscore_unbiased", "none"), "batch": ("group_mean", "batch_std_unbiased"),
-                 "none": ("group_mean", "none")}
+SCALE_REWARDS = {
+    "group": ("group_zscore_unbiased", "none"),
+    "batch": ("group_mean", "batch_std_unbiased"),
+    "none": ("group_mean", "none"),
+}
 """TRL scale_rewards -> (grpolab advantage, adv_scale): TRL divides by the Bessel-corrected std (+ 1e-4)."""
 
 VLLM_CORRECTION = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -47,8 +56,11 @@ def _loss_type(v, a) -> dict:
         raise fail("loss_type", v, f"TRL's loss types are {', '.join(LOSS_TYPES)}")
     objective, aggregation = LOSS_TYPES[v]
     if objective not in OBJECTIVES:
-        raise fail("loss_type", v, f"this version of grpolab has no {objective} objective (algo.objective: "
-                                   f"{', '.join(sorted(OBJECTIVES))})")
+        raise fail(
+            "loss_type",
+            v,
+            f"this version of grpolab has no {objective} objective (algo.objective: {', '.join(sorted(OBJECTIVES))})",
+        )
     low = float(a["epsilon"])
     high = float(a["epsilon"] if a["epsilon_high"] is None else a["epsilon_high"])
     sequence = value_of(a["importance_sampling_level"]) == "sequence"
@@ -56,14 +68,21 @@ def _loss_type(v, a) -> dict:
     if objective == "clipped":
         out["algo.objective"] = "gspo" if sequence else "clipped"
     elif sequence:
-        raise fail("importance_sampling_level", "sequence", f"TRL's sequence-level ratio goes with the clipped "
-                                                           f"loss types; loss_type={v!r} is not one")
+        raise fail(
+            "importance_sampling_level",
+            "sequence",
+            f"TRL's sequence-level ratio goes with the clipped loss types; loss_type={v!r} is not one",
+        )
     else:
         out["algo.objective"] = objective
     if objective == "cispo":  # TRL: w = sg(min(rho, epsilon_high)), no lower bound
         if high < 1:
-            raise fail("epsilon_high", high, "TRL's cispo clips the ratio at epsilon_high itself (CISPO used 5); "
-                                             "below 1 every on-policy token would be down-weighted")
+            raise fail(
+                "epsilon_high",
+                high,
+                "TRL's cispo clips the ratio at epsilon_high itself (CISPO used 5); "
+                "below 1 every on-policy token would be down-weighted",
+            )
         out.update({"algo.eps_low": 1.0, "algo.eps_high": high - 1.0})
     return out
 
@@ -89,8 +108,10 @@ def _vllm_correction(v, a) -> dict:
     if mode not in VLLM_CORRECTION:
         raise fail("vllm_importance_sampling_mode", mode, f"grpolab's corrections are {', '.join(VLLM_CORRECTION)}")
     cap = a.get("vllm_importance_sampling_cap")
-    return {"rollout.correction": mode,
-            "rollout.correction_clip": float(cap if cap is not None else a["vllm_importance_sampling_clip_max"])}
+    return {
+        "rollout.correction": mode,
+        "rollout.correction_clip": float(cap if cap is not None else a["vllm_importance_sampling_clip_max"]),
+    }
 
 
 def _tool_iterations(v, a) -> dict:
@@ -108,6 +129,7 @@ def _eval_generations(v, a) -> dict:
 
 def _kwargs(name: str, path: str):
     """A dict option: None -> {}; a JSON string (TRL's command line) -> its dict."""
+
     def convert(v, a) -> dict:
         if v is None:
             return {path: {}}
@@ -119,52 +141,107 @@ def _kwargs(name: str, path: str):
         if not isinstance(v, dict):
             raise fail(name, v, "expected a dict (or its JSON text)")
         return {path: dict(v)}
+
     return convert
 
 
 GRPO_FIELDS: list[Entry] = [
     same("learning_rate", "lr", 1e-06),  # GRPOConfig re-declares it; one entry per name, see TABLE
-    refuse("model_init_kwargs", None, "grpolab loads the model itself, weights in fp32; choose the compute "
-           "precision with bf16 / precision"),
-    refuse("trust_remote_code", False, "grpolab never runs code from a model directory (Llama, Qwen2, Mistral, ... "
-           "as transformers ships them)"),
+    refuse(
+        "model_init_kwargs",
+        None,
+        "grpolab loads the model itself, weights in fp32; choose the compute precision with bf16 / precision",
+    ),
+    refuse(
+        "trust_remote_code",
+        False,
+        "grpolab never runs code from a model directory (Llama, Qwen2, Mistral, ... as transformers ships them)",
+    ),
     refuse("router_aux_loss_coef", None, "mixture-of-experts router losses are not in grpolab's loss"),
-    ignore("disable_dropout", False, "grpolab's supported model families (Llama, Qwen2, Mistral) have no active "
-           "dropout"),
+    ignore(
+        "disable_dropout", False, "grpolab's supported model families (Llama, Qwen2, Mistral) have no active dropout"
+    ),
     refuse("cast_lm_head_to_fp32", False, "grpolab computes log-probs from fp32 weights already"),
     ignore("remove_unused_columns", False, "(see above)"),
     same("num_generations", "G", 8, "Completions per prompt (the group)."),
-    Entry("num_generations_eval", None, "map", "eval_num_generations, eval_temperature", _eval_generations,
-          "Completions sampled per evaluation prompt (None: num_generations), at the training temperature."),
+    Entry(
+        "num_generations_eval",
+        None,
+        "map",
+        "eval_num_generations, eval_temperature",
+        _eval_generations,
+        "Completions sampled per evaluation prompt (None: num_generations), at the training temperature.",
+    ),
     Entry("max_completion_length", 512, "map", "max_new_tokens", _completion_length),
     ignore("ds3_gather_for_generation", True, "a DeepSpeed ZeRO-3 option; grpolab has no DeepSpeed"),
     same("shuffle_dataset", "shuffle", True, "Each epoch in a new seeded order."),
     ignore("pad_to_multiple_of", "auto", "padding only shapes tensors (for Neuron compilation); no value changes"),
-    Entry("generation_batch_size", None, "map", "batch_size, algo.steps_per_generation", _batch,
-          "Completions per generation: grpolab's batch_size (None: per_device_train_batch_size x "
-          "steps_per_generation)."),
-    Entry("steps_per_generation", None, "map", "algo.steps_per_generation, batch_size", _batch,
-          "Micro-batches per generation (None: gradient_accumulation_steps, one generation per optimizer "
-          "step): algo.steps_per_generation = this / gradient_accumulation_steps optimizer updates."),
+    Entry(
+        "generation_batch_size",
+        None,
+        "map",
+        "batch_size, algo.steps_per_generation",
+        _batch,
+        "Completions per generation: grpolab's batch_size (None: per_device_train_batch_size x steps_per_generation).",
+    ),
+    Entry(
+        "steps_per_generation",
+        None,
+        "map",
+        "algo.steps_per_generation, batch_size",
+        _batch,
+        "Micro-batches per generation (None: gradient_accumulation_steps, one generation per optimizer "
+        "step): algo.steps_per_generation = this / gradient_accumulation_steps optimizer updates.",
+    ),
     same("temperature", "temperature", 1.0),
     same("top_p", "top_p", 1.0),
     Entry("top_k", 0, "map", "top_k", to("top_k", lambda v: 0 if v is None else int(v)), "0 (or -1): off."),
     Entry("min_p", None, "map", "min_p", to("min_p", lambda v: 0.0 if v is None else float(v)), "None: off (0.0)."),
-    Entry("generation_kwargs", None, "map", "generation_kwargs", _kwargs("generation_kwargs", "generation_kwargs"),
-          "temperature, top_p, top_k, min_p, repetition_penalty override the fields above; other keys go to "
-          "vLLM's SamplingParams (use_vllm=True); the native engine refuses them by name."),
-    Entry("chat_template_kwargs", None, "map", "chat_template_kwargs",
-          _kwargs("chat_template_kwargs", "chat_template_kwargs"),
-          "Keyword arguments of apply_chat_template for every conversation (e.g. enable_thinking)."),
+    Entry(
+        "generation_kwargs",
+        None,
+        "map",
+        "generation_kwargs",
+        _kwargs("generation_kwargs", "generation_kwargs"),
+        "temperature, top_p, top_k, min_p, repetition_penalty override the fields above; other keys go to "
+        "vLLM's SamplingParams (use_vllm=True); the native engine refuses them by name.",
+    ),
+    Entry(
+        "chat_template_kwargs",
+        None,
+        "map",
+        "chat_template_kwargs",
+        _kwargs("chat_template_kwargs", "chat_template_kwargs"),
+        "Keyword arguments of apply_chat_template for every conversation (e.g. enable_thinking).",
+    ),
     same("repetition_penalty", "repetition_penalty", 1.0, "1.0: off."),
-    ignore("cache_implementation", None, "the KV cache's layout in transformers' generate; grpolab decodes "
-           "with its own cache, same tokens"),
-    Entry("use_vllm", False, "map", "rollout.engine", to("rollout.engine", lambda v: "vllm" if v else "native"),
-          "False: grpolab's own decode loop (native); True: vLLM in this process (the vllm extra)."),
-    Entry("vllm_mode", "colocate", "map", "rollout.engine",
-          lambda v, a: {} if value_of(v) == "colocate" else (_ for _ in ()).throw(
-              fail("vllm_mode", v, "grpolab runs vLLM in the training process (colocate); it has no server mode")),
-          "colocate only."),
+    ignore(
+        "cache_implementation",
+        None,
+        "the KV cache's layout in transformers' generate; grpolab decodes with its own cache, same tokens",
+    ),
+    Entry(
+        "use_vllm",
+        False,
+        "map",
+        "rollout.engine",
+        to("rollout.engine", lambda v: "vllm" if v else "native"),
+        "False: grpolab's own decode loop (native); True: vLLM in this process (the vllm extra).",
+    ),
+    Entry(
+        "vllm_mode",
+        "colocate",
+        "map",
+        "rollout.engine",
+        lambda v, a: (
+            {}
+            if value_of(v) == "colocate"
+            else (_ for _ in ()).throw(
+                fail("vllm_mode", v, "grpolab runs vLLM in the training process (colocate); it has no server mode")
+            )
+        ),
+        "colocate only.",
+    ),
     refuse("vllm_model_impl", "vllm", "grpolab runs vLLM's own model implementation"),
     ignore("vllm_enable_sleep_mode", False, "grpolab releases vLLM's KV cache during every update by itself"),
     refuse("vllm_structured_outputs_regex", None, "grpolab does not constrain decoding"),
@@ -178,33 +255,73 @@ GRPO_FIELDS: list[Entry] = [
     refuse("vllm_tensor_parallel_size", 1, "grpolab runs vLLM on one device per process"),
     same("beta", "algo.beta", 0.0, "KL weight; 0 loads no reference model."),
     same("num_iterations", "algo.mu", 1, "Updates per generation batch."),
-    Entry("epsilon", 0.2, "map", "algo.eps_low", lambda v, a: {},
-          "Read with loss_type: the lower clip (eps_low)."),
-    Entry("delta", None, "map", "algo.dual_clip", to("algo.dual_clip"),
-          "TRL's upper bound on the unclipped ratio: for A < 0 the loss is at most delta x |A|, which is "
-          "the dual clip (Ye et al. 2020); for A > 0 the PPO clip already bounds it when delta > 1 + epsilon_high."),
-    Entry("epsilon_high", None, "map", "algo.eps_high", lambda v, a: {},
-          "Read with loss_type: the upper clip (None: epsilon); for cispo the ratio's cap."),
+    Entry("epsilon", 0.2, "map", "algo.eps_low", lambda v, a: {}, "Read with loss_type: the lower clip (eps_low)."),
+    Entry(
+        "delta",
+        None,
+        "map",
+        "algo.dual_clip",
+        to("algo.dual_clip"),
+        "TRL's upper bound on the unclipped ratio: for A < 0 the loss is at most delta x |A|, which is "
+        "the dual clip (Ye et al. 2020); for A > 0 the PPO clip already bounds it when delta > 1 + epsilon_high.",
+    ),
+    Entry(
+        "epsilon_high",
+        None,
+        "map",
+        "algo.eps_high",
+        lambda v, a: {},
+        "Read with loss_type: the upper clip (None: epsilon); for cispo the ratio's cap.",
+    ),
     same("sapo_temperature_neg", "algo.sapo_temperature_neg", 1.05, "Read by loss_type='sapo'."),
     same("sapo_temperature_pos", "algo.sapo_temperature_pos", 1.0, "Read by loss_type='sapo'."),
     same("vespo_k_pos", "algo.vespo_k_pos", 2.0, "Read by loss_type='vespo'."),
     same("vespo_lambda_pos", "algo.vespo_lambda_pos", 3.0, "Read by loss_type='vespo'."),
     same("vespo_k_neg", "algo.vespo_k_neg", 3.0, "Read by loss_type='vespo'."),
     same("vespo_lambda_neg", "algo.vespo_lambda_neg", 2.0, "Read by loss_type='vespo'."),
-    Entry("importance_sampling_level", "token", "map", "algo.objective", lambda v, a: {},
-          "Read with loss_type: sequence makes the clipped objective gspo."),
-    Entry("reward_weights", None, "map", "rewards[i].weight", lambda v, a: {},
-          "One weight per reward function (GRPOTrainer applies them); None: 1 each."),
-    refuse("multi_objective_aggregation", "sum_then_normalize", "grpolab sums the weighted rewards, then takes "
-           "the advantage (TRL's default); normalising each reward first is not available"),
-    Entry("scale_rewards", "group", "map", "algo.advantage, algo.adv_scale", _scale_rewards,
-          "group: (r - mean) / (std + 1e-4) per group, Bessel std as TRL; batch: the batch's std; none: Dr. GRPO."),
-    Entry("loss_type", "dapo", "map", "algo.objective, algo.aggregation", _loss_type,
-          "See the loss table above."),
-    same("mask_truncated_completions", "algo.mask_truncated_completions", False,
-         "Completions cut at max_completion_length add nothing to the loss."),
-    same("sync_ref_model", "algo.sync_ref_model", False,
-         "TR-DPO: every ref_model_sync_steps optimizer steps, ref <- alpha policy + (1 - alpha) ref; needs beta > 0."),
+    Entry(
+        "importance_sampling_level",
+        "token",
+        "map",
+        "algo.objective",
+        lambda v, a: {},
+        "Read with loss_type: sequence makes the clipped objective gspo.",
+    ),
+    Entry(
+        "reward_weights",
+        None,
+        "map",
+        "rewards[i].weight",
+        lambda v, a: {},
+        "One weight per reward function (GRPOTrainer applies them); None: 1 each.",
+    ),
+    refuse(
+        "multi_objective_aggregation",
+        "sum_then_normalize",
+        "grpolab sums the weighted rewards, then takes "
+        "the advantage (TRL's default); normalising each reward first is not available",
+    ),
+    Entry(
+        "scale_rewards",
+        "group",
+        "map",
+        "algo.advantage, algo.adv_scale",
+        _scale_rewards,
+        "group: (r - mean) / (std + 1e-4) per group, Bessel std as TRL; batch: the batch's std; none: Dr. GRPO.",
+    ),
+    Entry("loss_type", "dapo", "map", "algo.objective, algo.aggregation", _loss_type, "See the loss table above."),
+    same(
+        "mask_truncated_completions",
+        "algo.mask_truncated_completions",
+        False,
+        "Completions cut at max_completion_length add nothing to the loss.",
+    ),
+    same(
+        "sync_ref_model",
+        "algo.sync_ref_model",
+        False,
+        "TR-DPO: every ref_model_sync_steps optimizer steps, ref <- alpha policy + (1 - alpha) ref; needs beta > 0.",
+    ),
     same("ref_model_mixup_alpha", "algo.sync_ref_model_alpha", 0.6),
     same("ref_model_sync_steps", "algo.sync_ref_model_steps", 512, "Optimizer steps, as in TRL."),
     refuse("top_entropy_quantile", 1.0, "grpolab trains on every token; masking low-entropy tokens is not available"),
@@ -214,18 +331,46 @@ GRPO_FIELDS: list[Entry] = [
     refuse("entropy_coef_max", 1.0, "only read with use_adaptive_entropy"),
     refuse("entropy_coef_delta", 0.005, "only read with use_adaptive_entropy"),
     refuse("entropy_target", 0.2, "only read with use_adaptive_entropy"),
-    Entry("max_tool_calling_iterations", None, "map", "env.max_turns", _tool_iterations,
-          "Tool-call rounds after the first turn: env.max_turns = this + 1; None keeps env.max_turns."),
-    Entry("vllm_importance_sampling_correction", True, "map", "rollout.correction", _vllm_correction,
-          "With vLLM: the sampler/trainer correction (mode and clip below); False: none."),
-    Entry("vllm_importance_sampling_mode", "sequence_mask", "map", "rollout.correction", lambda v, a: {},
-          "Read with vllm_importance_sampling_correction."),
-    Entry("vllm_importance_sampling_clip_max", 3.0, "map", "rollout.correction_clip", lambda v, a: {},
-          "Read with vllm_importance_sampling_correction."),
+    Entry(
+        "max_tool_calling_iterations",
+        None,
+        "map",
+        "env.max_turns",
+        _tool_iterations,
+        "Tool-call rounds after the first turn: env.max_turns = this + 1; None keeps env.max_turns.",
+    ),
+    Entry(
+        "vllm_importance_sampling_correction",
+        True,
+        "map",
+        "rollout.correction",
+        _vllm_correction,
+        "With vLLM: the sampler/trainer correction (mode and clip below); False: none.",
+    ),
+    Entry(
+        "vllm_importance_sampling_mode",
+        "sequence_mask",
+        "map",
+        "rollout.correction",
+        lambda v, a: {},
+        "Read with vllm_importance_sampling_correction.",
+    ),
+    Entry(
+        "vllm_importance_sampling_clip_max",
+        3.0,
+        "map",
+        "rollout.correction_clip",
+        lambda v, a: {},
+        "Read with vllm_importance_sampling_correction.",
+    ),
     refuse("vllm_importance_sampling_clip_min", None, "grpolab's correction has an upper bound only"),
     refuse("off_policy_mask_threshold", None, "off-policy sequence masking is not available"),
-    same("use_bias_correction_kl", "algo.kl_ratio_weight", True,
-         "The KL term times the (differentiable) importance ratio, as TRL; only with beta > 0."),
+    same(
+        "use_bias_correction_kl",
+        "algo.kl_ratio_weight",
+        True,
+        "The KL term times the (differentiable) importance ratio, as TRL; only with beta > 0.",
+    ),
     ignore("log_completions", False, "grpolab writes samples_per_step completions of every step to samples.jsonl"),
     ignore("log_multimodal", True, "grpolab trains on text"),
     ignore("num_completions_to_print", None, "see log_completions"),
@@ -234,8 +379,14 @@ GRPO_FIELDS: list[Entry] = [
     refuse("use_transformers_continuous_batching", False, "grpolab's rollout engines are native and vllm"),
     refuse("transformers_continuous_batching_config", None, "grpolab's rollout engines are native and vllm"),
     refuse("use_transformers_paged", False, "grpolab's rollout engines are native and vllm"),
-    Entry("vllm_importance_sampling_cap", None, "map", "rollout.correction_clip", lambda v, a: {},
-          "Deprecated in TRL: vllm_importance_sampling_clip_max's old name."),
+    Entry(
+        "vllm_importance_sampling_cap",
+        None,
+        "map",
+        "rollout.correction_clip",
+        lambda v, a: {},
+        "Deprecated in TRL: vllm_importance_sampling_clip_max's old name.",
+    ),
 ]
 
 

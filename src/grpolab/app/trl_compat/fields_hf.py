@@ -7,11 +7,15 @@ from __future__ import annotations
 from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
-LOGS = "grpolab writes every step's metrics to output_dir/metrics.jsonl (and the trackers report_to names); " \
+LOGS = (
+    "grpolab writes every step's metrics to output_dir/metrics.jsonl (and the trackers report_to names); "
     "this only formats or spaces transformers' log lines"
+)
 LOADER = "grpolab reads the rows in the main process, without a torch DataLoader; this changes no row or order"
-DDP = "tuning of transformers' DDP wrapper; grpolab's data parallelism (torchrun) sums gradients itself " \
+DDP = (
+    "tuning of transformers' DDP wrapper; grpolab's data parallelism (torchrun) sums gradients itself "
     "(docs/distributed.md)"
+)
 EVAL_LOOP = "a knob of transformers' prediction loop; grpolab's evaluation generates and scores (eval_dataset)"
 NOT_TRAINING = "a flag read by example scripts, not by the trainer"
 BEST = "eval/reward"
@@ -33,8 +37,12 @@ def generation_split(a: dict) -> tuple[int, int]:
         spg = int(gbs) // per_device
     spg = accum if spg is None else int(spg)
     if spg < 1 or spg % accum:
-        raise fail("steps_per_generation", spg, f"grpolab splits a generation batch into whole optimizer updates: "
-                                                f"give a multiple of gradient_accumulation_steps={accum}")
+        raise fail(
+            "steps_per_generation",
+            spg,
+            f"grpolab splits a generation batch into whole optimizer updates: "
+            f"give a multiple of gradient_accumulation_steps={accum}",
+        )
     return spg, spg // accum
 
 
@@ -48,9 +56,13 @@ def to_steps(name: str, v, a: dict) -> int:
     """TRL's optimizer steps (max_steps, warmup_steps, eval_steps, save_steps) -> grpolab's steps (rollouts)."""
     per = updates_per_step(a)
     if int(v) % per:
-        raise fail(name, v, f"TRL counts optimizer steps, {per} per generation here (num_iterations x "
-                            f"steps_per_generation / gradient_accumulation_steps); grpolab counts generations: "
-                            f"give a multiple of {per}")
+        raise fail(
+            name,
+            v,
+            f"TRL counts optimizer steps, {per} per generation here (num_iterations x "
+            f"steps_per_generation / gradient_accumulation_steps); grpolab counts generations: "
+            f"give a multiple of {per}",
+        )
     return int(v) // per
 
 
@@ -60,8 +72,10 @@ def _batch(v, a) -> dict:
     batch_size is completions per generation, algo.steps_per_generation its optimizer updates, and
     micro_batch the forward/backward slice."""
     spg, updates = generation_split(a)
-    out = {"micro_batch": int(a["per_device_train_batch_size"]),
-           "batch_size": int(a["per_device_train_batch_size"]) * spg}
+    out = {
+        "micro_batch": int(a["per_device_train_batch_size"]),
+        "batch_size": int(a["per_device_train_batch_size"]) * spg,
+    }
     if updates != 1:
         out["algo.steps_per_generation"] = updates
     return out
@@ -76,8 +90,11 @@ def _scheduler(v, a) -> dict:
 
     v = value_of(v)
     if v not in SCHEDULES or v == "warmup_constant":
-        raise fail("lr_scheduler_type", v, "grpolab has transformers' linear, cosine, constant and "
-                                           "constant_with_warmup schedules (the same numbers)")
+        raise fail(
+            "lr_scheduler_type",
+            v,
+            "grpolab has transformers' linear, cosine, constant and constant_with_warmup schedules (the same numbers)",
+        )
     return {"lr_scheduler": v}
 
 
@@ -98,6 +115,7 @@ def _only(name: str, allowed: tuple, why: str):
         if value_of(v) not in allowed:
             raise fail(name, value_of(v), why)
         return {}
+
     return convert
 
 
@@ -121,8 +139,9 @@ def _eval_strategy(v, a) -> dict:
         if isinstance(n, float) and n < 1:
             raise fail("eval_steps", n, "a ratio of the run is not available; give a whole number of steps")
         return {"eval_steps": to_steps("eval_steps", n, a)}
-    raise fail("eval_strategy", v, "grpolab evaluates every eval_steps steps; use eval_strategy='steps' and "
-                                   "eval_steps=N")
+    raise fail(
+        "eval_strategy", v, "grpolab evaluates every eval_steps steps; use eval_strategy='steps' and eval_steps=N"
+    )
 
 
 def _save_strategy(v, a) -> dict:
@@ -144,58 +163,123 @@ def _sampling_strategy(v, a) -> dict:
         return {}
     if v == "sequential":
         return {"shuffle": False}
-    raise fail("train_sampling_strategy", v, "grpolab visits the rows in seeded random epochs ('random') or in "
-                                             "order ('sequential')")
+    raise fail(
+        "train_sampling_strategy",
+        v,
+        "grpolab visits the rows in seeded random epochs ('random') or in order ('sequential')",
+    )
 
 
 TRAINING_ARGUMENTS: list[Entry] = [
-    Entry("output_dir", None, "map", "out", to("out", lambda v: str(v) if v is not None else "trainer_output"),
-          "The run directory (metrics.jsonl, config.yaml, checkpoints/); TRL's None is trainer_output."),
-    Entry("per_device_train_batch_size", 8, "map", "micro_batch, batch_size", _batch,
-          "Completions per forward/backward pass; batch_size = this x steps_per_generation (TRL's "
-          "generation_batch_size; by default x gradient_accumulation_steps)."),
+    Entry(
+        "output_dir",
+        None,
+        "map",
+        "out",
+        to("out", lambda v: str(v) if v is not None else "trainer_output"),
+        "The run directory (metrics.jsonl, config.yaml, checkpoints/); TRL's None is trainer_output.",
+    ),
+    Entry(
+        "per_device_train_batch_size",
+        8,
+        "map",
+        "micro_batch, batch_size",
+        _batch,
+        "Completions per forward/backward pass; batch_size = this x steps_per_generation (TRL's "
+        "generation_batch_size; by default x gradient_accumulation_steps).",
+    ),
     same("num_train_epochs", "num_train_epochs", 3.0, "Seeded, shuffled epochs over every training row."),
-    Entry("max_steps", -1, "map", "steps", _max_steps,
-          "-1: the epochs decide the number of steps, as in TRL. TRL counts optimizer steps, grpolab "
-          "generations: steps = max_steps / (num_iterations x steps_per_generation / gradient_accumulation_steps)."),
+    Entry(
+        "max_steps",
+        -1,
+        "map",
+        "steps",
+        _max_steps,
+        "-1: the epochs decide the number of steps, as in TRL. TRL counts optimizer steps, grpolab "
+        "generations: steps = max_steps / (num_iterations x steps_per_generation / gradient_accumulation_steps).",
+    ),
     same("learning_rate", "lr", 1e-06),
-    Entry("lr_scheduler_type", "linear", "map", "lr_scheduler", _scheduler,
-          "linear: decay to 0 at the last optimizer step; cosine, constant, constant_with_warmup: "
-          "transformers' schedules, the same numbers."),
+    Entry(
+        "lr_scheduler_type",
+        "linear",
+        "map",
+        "lr_scheduler",
+        _scheduler,
+        "linear: decay to 0 at the last optimizer step; cosine, constant, constant_with_warmup: "
+        "transformers' schedules, the same numbers.",
+    ),
     refuse("lr_scheduler_kwargs", None, "grpolab's schedules take no extra parameters"),
-    Entry("warmup_steps", 0, "map", "warmup_steps (warmup_ratio below 1)", _warmup,
-          "Optimizer steps of linear warm-up (grpolab's warmup_steps counts generations: divided by "
-          "num_iterations x steps_per_generation / gradient_accumulation_steps); a float in (0, 1) is a "
-          "ratio of the optimizer steps (transformers 5)."),
-    Entry("optim", "adamw_torch_fused", "map", "(AdamW)",
-          _only("optim", ("adamw_torch_fused", "adamw_torch"), "grpolab trains with torch's AdamW (fused where "
-                "it applies); other optimizers are not available"),
-          "adamw_torch_fused and adamw_torch are grpolab's AdamW; other optimizers are refused."),
+    Entry(
+        "warmup_steps",
+        0,
+        "map",
+        "warmup_steps (warmup_ratio below 1)",
+        _warmup,
+        "Optimizer steps of linear warm-up (grpolab's warmup_steps counts generations: divided by "
+        "num_iterations x steps_per_generation / gradient_accumulation_steps); a float in (0, 1) is a "
+        "ratio of the optimizer steps (transformers 5).",
+    ),
+    Entry(
+        "optim",
+        "adamw_torch_fused",
+        "map",
+        "(AdamW)",
+        _only(
+            "optim",
+            ("adamw_torch_fused", "adamw_torch"),
+            "grpolab trains with torch's AdamW (fused where it applies); other optimizers are not available",
+        ),
+        "adamw_torch_fused and adamw_torch are grpolab's AdamW; other optimizers are refused.",
+    ),
     refuse("optim_args", None, "grpolab's AdamW takes its settings from learning_rate, adam_beta1/2, weight_decay"),
     same("weight_decay", "weight_decay", 0.0),
     Entry("adam_beta1", 0.9, "map", "adam_betas[0]", _betas),
     Entry("adam_beta2", 0.999, "map", "adam_betas[1]", _betas),
-    Entry("adam_epsilon", 1e-08, "map", "(AdamW eps 1e-8)",
-          _only("adam_epsilon", (1e-08,), "grpolab's AdamW uses torch's eps 1e-8 and has no setting for it"),
-          "Only 1e-8 (torch's AdamW default, which grpolab uses) is accepted."),
+    Entry(
+        "adam_epsilon",
+        1e-08,
+        "map",
+        "(AdamW eps 1e-8)",
+        _only("adam_epsilon", (1e-08,), "grpolab's AdamW uses torch's eps 1e-8 and has no setting for it"),
+        "Only 1e-8 (torch's AdamW default, which grpolab uses) is accepted.",
+    ),
     refuse("optim_target_modules", None, "only for the GaLore/APOLLO optimizers, which grpolab does not have"),
-    Entry("gradient_accumulation_steps", 1, "map", "batch_size", _batch,
-          "Micro-batches per optimizer step (with steps_per_generation: algo.steps_per_generation = "
-          "steps_per_generation / this)."),
-    ignore("average_tokens_across_devices", True, "grpolab's token-level losses already divide by the tokens of "
-           "the whole batch over every process"),
+    Entry(
+        "gradient_accumulation_steps",
+        1,
+        "map",
+        "batch_size",
+        _batch,
+        "Micro-batches per optimizer step (with steps_per_generation: algo.steps_per_generation = "
+        "steps_per_generation / this).",
+    ),
+    ignore(
+        "average_tokens_across_devices",
+        True,
+        "grpolab's token-level losses already divide by the tokens of the whole batch over every process",
+    ),
     same("max_grad_norm", "max_grad_norm", 1.0),
     refuse("label_smoothing_factor", 0.0, "a supervised-learning loss option; GRPO's loss has no labels"),
-    Entry("bf16", None, "map", "precision", _bf16,
-          "None (TRL: bf16 unless fp16) -> precision=auto: bf16 autocast on a bf16 GPU, on a CPU only where "
-          "measured faster; True -> bf16; False -> fp32. Weights stay fp32, as in TRL."),
+    Entry(
+        "bf16",
+        None,
+        "map",
+        "precision",
+        _bf16,
+        "None (TRL: bf16 unless fp16) -> precision=auto: bf16 autocast on a bf16 GPU, on a CPU only where "
+        "measured faster; True -> bf16; False -> fp32. Weights stay fp32, as in TRL.",
+    ),
     refuse("fp16", False, "grpolab has no fp16 (loss-scaled) path; use bf16=True"),
     ignore("bf16_full_eval", False, EVAL_LOOP),
     ignore("fp16_full_eval", False, EVAL_LOOP),
     refuse("tf32", None, "grpolab leaves torch's TF32 setting as it is"),
     same("gradient_checkpointing", "grad_checkpointing", True, "TRL's default is on."),
-    ignore("gradient_checkpointing_kwargs", None, "grpolab checkpoints each decoder layer (non-reentrant); "
-           "the kwargs choose a torch.utils.checkpoint variant, same gradients"),
+    ignore(
+        "gradient_checkpointing_kwargs",
+        None,
+        "grpolab checkpoints each decoder layer (non-reentrant); "
+        "the kwargs choose a torch.utils.checkpoint variant, same gradients",
+    ),
     refuse("torch_compile", False, "grpolab does not torch.compile the policy"),
     refuse("torch_compile_backend", None, "grpolab does not torch.compile the policy"),
     refuse("torch_compile_mode", None, "grpolab does not torch.compile the policy"),
@@ -209,25 +293,50 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("logging_steps", 10, LOGS + " (also eval_steps' default, read there)"),
     ignore("logging_first_step", False, LOGS),
     ignore("log_on_each_node", True, LOGS),
-    ignore("logging_nan_inf_filter", True, LOGS + "; a non-finite update is skipped and counted "
-           "(update/nonfinite_skipped)"),
+    ignore(
+        "logging_nan_inf_filter", True, LOGS + "; a non-finite update is skipped and counted (update/nonfinite_skipped)"
+    ),
     ignore("include_num_input_tokens_seen", "no", LOGS + " (tokens/generated is logged every step)"),
     ignore("log_level", "passive", LOGS),
     ignore("log_level_replica", "warning", LOGS),
     Entry("disable_tqdm", None, "map", "progress", to("progress", lambda v: not v), "True: no progress bar."),
-    Entry("report_to", "none", "map", "report_to", _report_to,
-          "Trackers (tensorboard, wandb, mlflow, trackio, all; grpolab's run offline/locally unless the "
-          "tracker's variable says otherwise); TRL's default 'none' writes no TensorBoard events."),
-    Entry("run_name", None, "map", "run_name", to("run_name", lambda v: "" if v is None else str(v)),
-          "The run's name in the trackers; None: the output_dir's name."),
+    Entry(
+        "report_to",
+        "none",
+        "map",
+        "report_to",
+        _report_to,
+        "Trackers (tensorboard, wandb, mlflow, trackio, all; grpolab's run offline/locally unless the "
+        "tracker's variable says otherwise); TRL's default 'none' writes no TensorBoard events.",
+    ),
+    Entry(
+        "run_name",
+        None,
+        "map",
+        "run_name",
+        to("run_name", lambda v: "" if v is None else str(v)),
+        "The run's name in the trackers; None: the output_dir's name.",
+    ),
     same("project", "project", "huggingface", "The W&B project, MLflow experiment and trackio project."),
     refuse("trackio_space_id", None, HUB),
     refuse("trackio_bucket_id", None, HUB),
     refuse("trackio_static_space_id", None, HUB),
-    Entry("eval_strategy", "no", "map", "eval_steps", _eval_strategy,
-          "steps: evaluate eval_dataset every eval_steps (default logging_steps) steps."),
-    Entry("eval_steps", None, "map", "eval_steps", lambda v, a: {},
-          "Read with eval_strategy (optimizer steps, converted to generations as max_steps)."),
+    Entry(
+        "eval_strategy",
+        "no",
+        "map",
+        "eval_steps",
+        _eval_strategy,
+        "steps: evaluate eval_dataset every eval_steps (default logging_steps) steps.",
+    ),
+    Entry(
+        "eval_steps",
+        None,
+        "map",
+        "eval_steps",
+        lambda v, a: {},
+        "Read with eval_strategy (optimizer steps, converted to generations as max_steps).",
+    ),
     refuse("eval_delay", 0, "grpolab evaluates from the first eval_steps on"),
     Entry("per_device_eval_batch_size", 8, "map", "eval_batch", to("eval_batch", int)),
     ignore("prediction_loss_only", False, EVAL_LOOP),
@@ -238,14 +347,32 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("include_for_metrics", [], EVAL_LOOP),
     ignore("batch_eval_metrics", False, EVAL_LOOP),
     refuse("save_only_model", False, "grpolab's checkpoints always hold the optimizer state, so that they resume"),
-    Entry("save_strategy", "steps", "map", "save_every (save_best)", _save_strategy,
-          "steps: a checkpoint every save_steps steps; no: only the final one (grpolab always writes it); "
-          "best: save_best='eval/reward'."),
-    Entry("save_steps", 500, "map", "save_every", lambda v, a: {},
-          "Read with save_strategy (optimizer steps, converted to generations as max_steps)."),
+    Entry(
+        "save_strategy",
+        "steps",
+        "map",
+        "save_every (save_best)",
+        _save_strategy,
+        "steps: a checkpoint every save_steps steps; no: only the final one (grpolab always writes it); "
+        "best: save_best='eval/reward'.",
+    ),
+    Entry(
+        "save_steps",
+        500,
+        "map",
+        "save_every",
+        lambda v, a: {},
+        "Read with save_strategy (optimizer steps, converted to generations as max_steps).",
+    ),
     ignore("save_on_each_node", False, "only rank 0 writes checkpoints, to output_dir"),
-    Entry("save_total_limit", None, "map", "keep_checkpoints",
-          to("keep_checkpoints", lambda v: 1_000_000 if v is None else int(v)), "None keeps every checkpoint."),
+    Entry(
+        "save_total_limit",
+        None,
+        "map",
+        "keep_checkpoints",
+        to("keep_checkpoints", lambda v: 1_000_000 if v is None else int(v)),
+        "None keeps every checkpoint.",
+    ),
     refuse("enable_jit_checkpoint", False, "grpolab checkpoints on SIGTERM by itself (a graceful stop)"),
     refuse("push_to_hub", False, HUB),
     refuse("hub_token", None, HUB),
@@ -254,8 +381,14 @@ TRAINING_ARGUMENTS: list[Entry] = [
     refuse("hub_strategy", "every_save", HUB),
     refuse("hub_always_push", False, HUB),
     refuse("hub_revision", None, HUB),
-    Entry("load_best_model_at_end", False, "map", "save_best", lambda v, a: {"save_best": BEST} if v else {},
-          "Keep the model with the best mean evaluation reward in output_dir/checkpoints/best."),
+    Entry(
+        "load_best_model_at_end",
+        False,
+        "map",
+        "save_best",
+        lambda v, a: {"save_best": BEST} if v else {},
+        "Keep the model with the best mean evaluation reward in output_dir/checkpoints/best.",
+    ),
     refuse("metric_for_best_model", None, "grpolab's best checkpoint is the one with the best evaluation reward"),
     refuse("greater_is_better", None, "grpolab's best checkpoint is the one with the highest evaluation reward"),
     refuse("ignore_data_skip", False, "a resumed run takes exactly the rows it would have taken (seeded epochs)"),
@@ -273,13 +406,28 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("dataloader_prefetch_factor", None, LOADER),
     ignore("dataloader_multiprocessing_context", None, LOADER),
     ignore("dataloader_in_order", True, LOADER),
-    Entry("remove_unused_columns", False, "map", "(every column)",
-          _only("remove_unused_columns", (False, None), "grpolab passes every column of a row to the reward "
-                "functions as keyword arguments, as TRL's GRPO does with the default False"),
-          "Every column reaches the reward functions as keyword arguments."),
+    Entry(
+        "remove_unused_columns",
+        False,
+        "map",
+        "(every column)",
+        _only(
+            "remove_unused_columns",
+            (False, None),
+            "grpolab passes every column of a row to the reward "
+            "functions as keyword arguments, as TRL's GRPO does with the default False",
+        ),
+        "Every column reaches the reward functions as keyword arguments.",
+    ),
     ignore("label_names", None, "GRPO has no labels"),
-    Entry("train_sampling_strategy", "random", "map", "shuffle", _sampling_strategy,
-          "random: seeded shuffled epochs; sequential: the data's order."),
+    Entry(
+        "train_sampling_strategy",
+        "random",
+        "map",
+        "shuffle",
+        _sampling_strategy,
+        "random: seeded shuffled epochs; sequential: the data's order.",
+    ),
     ignore("length_column_name", "length", "only for group_by_length sampling, which grpolab does not use"),
     ignore("ddp_find_unused_parameters", None, DDP),
     ignore("ddp_bucket_cap_mb", None, DDP),
@@ -295,8 +443,11 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("do_train", False, NOT_TRAINING),
     ignore("do_eval", False, NOT_TRAINING),
     ignore("do_predict", False, NOT_TRAINING),
-    refuse("resume_from_checkpoint", None, "call trainer.train(resume_from_checkpoint=True) or run "
-           "`grpolab train --resume OUTPUT_DIR`"),
+    refuse(
+        "resume_from_checkpoint",
+        None,
+        "call trainer.train(resume_from_checkpoint=True) or run `grpolab train --resume OUTPUT_DIR`",
+    ),
     ignore("local_rank", -1, "set by the launcher; grpolab reads torchrun's environment"),
 ]
 

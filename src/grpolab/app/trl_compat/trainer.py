@@ -22,8 +22,14 @@ from grpolab.app.trl_compat.config import GRPOConfig, trl_recipe
 from grpolab.util.fields import ConfigError
 
 PEFT_FIELDS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout"}
-PEFT_DEFAULTS = {"bias": "none", "use_rslora": False, "use_dora": False, "modules_to_save": None,
-                 "layers_to_transform": None, "init_lora_weights": True}
+PEFT_DEFAULTS = {
+    "bias": "none",
+    "use_rslora": False,
+    "use_dora": False,
+    "modules_to_save": None,
+    "layers_to_transform": None,
+    "init_lora_weights": True,
+}
 
 
 class TrainOutput(NamedTuple):
@@ -52,12 +58,16 @@ def _reward_specs(reward_funcs: Any, weights: list[float] | None) -> list[dict]:
     specs = []
     for i, fn in enumerate(funcs):
         if isinstance(fn, str) and fn not in REWARDS:
-            raise ConfigError(f"reward_funcs[{i}]={fn!r}: refused: a reward model's hub id; grpolab never downloads "
-                              f"and does not score with reward models; pass a function "
-                              f"(completions, **kwargs) -> list[float]")
+            raise ConfigError(
+                f"reward_funcs[{i}]={fn!r}: refused: a reward model's hub id; grpolab never downloads "
+                f"and does not score with reward models; pass a function "
+                f"(completions, **kwargs) -> list[float]"
+            )
         if not isinstance(fn, str) and not callable(fn) or hasattr(fn, "parameters"):
-            raise ConfigError(f"reward_funcs[{i}]: refused: a {type(fn).__name__} (a reward model); pass a "
-                              f"function (completions, **kwargs) -> list[float]")
+            raise ConfigError(
+                f"reward_funcs[{i}]: refused: a {type(fn).__name__} (a reward model); pass a "
+                f"function (completions, **kwargs) -> list[float]"
+            )
         specs.append({"name": fn, "weight": 1.0 if weights is None else float(weights[i])})
     return specs
 
@@ -69,10 +79,14 @@ def _lora(peft_config: Any, model_path: str | None) -> dict:
     if type(peft_config).__name__ != "LoraConfig":
         raise ConfigError(f"peft_config: refused: grpolab trains LoRA adapters only, got {type(peft_config).__name__}")
     for key, default in PEFT_DEFAULTS.items():
-        if getattr(peft_config, key, default) not in (default, None, False) and \
-                getattr(peft_config, key, default) != default:
-            raise ConfigError(f"peft_config.{key}={getattr(peft_config, key)!r}: refused: grpolab's adapter is "
-                              f"plain LoRA ({key}={default!r})")
+        if (
+            getattr(peft_config, key, default) not in (default, None, False)
+            and getattr(peft_config, key, default) != default
+        ):
+            raise ConfigError(
+                f"peft_config.{key}={getattr(peft_config, key)!r}: refused: grpolab's adapter is "
+                f"plain LoRA ({key}={default!r})"
+            )
     out = {dst: getattr(peft_config, src) for src, dst in PEFT_FIELDS.items()}
     targets = peft_config.target_modules
     if targets is None:
@@ -88,8 +102,10 @@ def _peft_default_targets(model_path: str | None) -> list[str]:
     if model_path is not None and (Path(model_path) / "config.json").exists():
         kind = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
     if kind not in DEFAULTS:
-        raise ConfigError("peft_config.target_modules: None means peft's default for the model type, which grpolab "
-                          "cannot tell for this model; name the modules (e.g. 'all-linear')")
+        raise ConfigError(
+            "peft_config.target_modules: None means peft's default for the model type, which grpolab "
+            "cannot tell for this model; name the modules (e.g. 'all-linear')"
+        )
     return list(DEFAULTS[kind])
 
 
@@ -97,21 +113,39 @@ class GRPOTrainer:
     """TRL's GRPOTrainer, running grpolab (module docstring). Arguments as TRL 1.16's; `optimizers`,
     `reward_processing_classes`, `quantization_config` and `rollout_func` are refused when given."""
 
-    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
-                 quantization_config=None, peft_config=None, tools=None, rollout_func=None,
-                 environment_factory=None):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
         for name, value, why in (
-                ("reward_processing_classes", reward_processing_classes, "reward models are not available"),
-                ("optimizers", None if optimizers == (None, None) else optimizers,
-                 "grpolab builds its AdamW from the config (learning_rate, adam_beta1/2, weight_decay)"),
-                ("quantization_config", quantization_config, "grpolab trains fp32 weights (no bitsandbytes)"),
-                ("rollout_func", rollout_func, "use environment_factory or tools for custom rollouts")):
+            ("reward_processing_classes", reward_processing_classes, "reward models are not available"),
+            (
+                "optimizers",
+                None if optimizers == (None, None) else optimizers,
+                "grpolab builds its AdamW from the config (learning_rate, adam_beta1/2, weight_decay)",
+            ),
+            ("quantization_config", quantization_config, "grpolab trains fp32 weights (no bitsandbytes)"),
+            ("rollout_func", rollout_func, "use environment_factory or tools for custom rollouts"),
+        ):
             if value is not None:
                 raise ConfigError(f"{name}: refused: {why}")
         if reward_funcs is None and environment_factory is None:
-            raise ConfigError("reward_funcs: give reward functions (or an environment_factory whose environment "
-                              "has get_reward)")
+            raise ConfigError(
+                "reward_funcs: give reward functions (or an environment_factory whose environment has get_reward)"
+            )
         self.args = args if args is not None else GRPOConfig(output_dir=f"{_model_name(model)}-GRPO")
         self.recipe, self.notes, weights = trl_recipe(self.args)  # refused fields raise here
         self.model = model
@@ -135,14 +169,18 @@ class GRPOTrainer:
 
         named = getattr(tok, "name_or_path", None)
         try:
-            same = named is not None and Path(model_dir(model_path, log=lambda *_: None)).resolve() == \
-                Path(named).resolve()
+            same = (
+                named is not None
+                and Path(model_dir(model_path, log=lambda *_: None)).resolve() == Path(named).resolve()
+            )
         except (ConfigError, OSError):
             same = False
         if not same:
-            raise ConfigError("processing_class: grpolab reads the tokenizer (and chat template) from the model "
-                              "directory; save yours there (processing_class.save_pretrained(MODEL_DIR)) and leave "
-                              "processing_class out")
+            raise ConfigError(
+                "processing_class: grpolab reads the tokenizer (and chat template) from the model "
+                "directory; save yours there (processing_class.save_pretrained(MODEL_DIR)) and leave "
+                "processing_class out"
+            )
 
     @property
     def output_dir(self) -> Path:
@@ -152,8 +190,9 @@ class GRPOTrainer:
         if isinstance(self.model, (str, Path)):
             return str(self.model)
         if not hasattr(self.model, "save_pretrained"):
-            raise ConfigError(f"model: expected a model name or directory, or a transformers model, got "
-                              f"{type(self.model).__name__}")
+            raise ConfigError(
+                f"model: expected a model name or directory, or a transformers model, got {type(self.model).__name__}"
+            )
         path = self.output_dir / "initial_model"  # a model object: saved once, as the run's starting weights
         self.model.save_pretrained(str(path))
         if self.processing_class is None:
@@ -173,8 +212,7 @@ class GRPOTrainer:
             console.print(f"TRL compatibility: {note}")
         recipe = dict(self.recipe)
         recipe["model"] = self._model_setting() if not resume_from_checkpoint else recipe.get("model", "")
-        kwargs: dict = {"environment_factory": self.environment_factory, "tools": self.tools,
-                        "console": console}
+        kwargs: dict = {"environment_factory": self.environment_factory, "tools": self.tools, "console": console}
         if self.callbacks:
             kwargs["callbacks"] = self.callbacks
         if self.train_rows is not None:
@@ -190,8 +228,9 @@ class GRPOTrainer:
         self.summary = api.train(recipe, rewards=self.reward_specs, **kwargs)
         losses = [m.get("loss/policy") for m in _metrics(self.output_dir)]
         losses = [x for x in losses if isinstance(x, (int, float))]
-        return TrainOutput(int(self.summary.get("steps", 0)), sum(losses) / len(losses) if losses else float("nan"),
-                           self.summary)
+        return TrainOutput(
+            int(self.summary.get("steps", 0)), sum(losses) / len(losses) if losses else float("nan"), self.summary
+        )
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """The run's newest checkpoint as a Hugging Face model directory (a LoRA adapter merged into the

@@ -75,8 +75,12 @@ def _packer(dtype: torch.dtype, device: torch.device, rows: int):
     try:
         W = torch.randn(8, 16, dtype=dtype)
         x = torch.randn(3, 16, dtype=dtype)
-        same = torch.equal(torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(W, rows),
-                                                              None, "none", [], ""), F.linear(x, W))
+        same = torch.equal(
+            torch.ops.mkldnn._linear_pointwise(
+                x, torch.ops.mkldnn._reorder_linear_weight(W, rows), None, "none", [], ""
+            ),
+            F.linear(x, W),
+        )
     except (RuntimeError, AttributeError):  # a build without oneDNN's ops
         return (lambda W: W), False
     if not same:
@@ -84,7 +88,7 @@ def _packer(dtype: torch.dtype, device: torch.device, rows: int):
     return (lambda W: torch.ops.mkldnn._reorder_linear_weight(W.contiguous(), rows)), True
 
 
-def linear(w: "Weights", x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+def linear(w: Weights, x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
     """x W^T + b, with W as `weights_of` laid it out (packed or plain)."""
     if w.packed:
         return torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], "")
@@ -99,7 +103,11 @@ def unsupported_reason(model) -> str | None:
         return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(SUPPORTED_TYPES)}"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r} (only silu)"
-    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "sliding_window", None) and cfg.model_type == "mistral":
+    if (
+        getattr(cfg, "use_sliding_window", False)
+        or getattr(cfg, "sliding_window", None)
+        and cfg.model_type == "mistral"
+    ):
         return "a sliding attention window"
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
         return "a layer that is not full attention"
@@ -139,7 +147,7 @@ def _stacked(mats: list[Tensor], dtype: torch.dtype) -> Tensor:
     out = torch.empty((sum(m.shape[0] for m in mats), mats[0].shape[1]), dtype=dtype, device=mats[0].device)
     row = 0
     for m in mats:
-        out[row:row + m.shape[0]].copy_(m)
+        out[row : row + m.shape[0]].copy_(m)
         row += m.shape[0]
     return out
 
@@ -167,19 +175,35 @@ def weights_of(model, dtype: torch.dtype, rows: int = 16) -> Weights | None:
         (wg, bg), (wu, bu), (wd, bd) = (effective_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         if bg is not None or bu is not None or bd is not None:
             return None  # an MLP bias (Llama's mlp_bias): rare, not worth a second path
-        layers.append(LayerWeights(
-            ln1=blk.input_layernorm.weight.float(), qkv=pack(_stacked([wq, wk, wv], dtype)),
-            qkv_bias=_cat([bq, bk, bv], dtype) if bq is not None else None,
-            o=pack(wo.to(dtype)), o_bias=None if bo is None else bo.to(dtype),
-            ln2=blk.post_attention_layernorm.weight.float(),
-            gate_up=pack(_stacked([wg, wu], dtype)), down=pack(wd.to(dtype))))
+        layers.append(
+            LayerWeights(
+                ln1=blk.input_layernorm.weight.float(),
+                qkv=pack(_stacked([wq, wk, wv], dtype)),
+                qkv_bias=_cat([bq, bk, bv], dtype) if bq is not None else None,
+                o=pack(wo.to(dtype)),
+                o_bias=None if bo is None else bo.to(dtype),
+                ln2=blk.post_attention_layernorm.weight.float(),
+                gate_up=pack(_stacked([wg, wu], dtype)),
+                down=pack(wd.to(dtype)),
+            )
+        )
     wh, bh = effective_linear(inner.lm_head)
     n_heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    return Weights(embed=body.embed_tokens.weight, layers=layers, norm=body.norm.weight.float(), head=pack(wh.to(dtype)),
-                   head_bias=None if bh is None else bh.to(dtype), rotary=body.rotary_emb, eps=cfg.rms_norm_eps,
-                   n_heads=n_heads, n_kv=getattr(cfg, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
-                   dtype=dtype, packed=packed)
+    return Weights(
+        embed=body.embed_tokens.weight,
+        layers=layers,
+        norm=body.norm.weight.float(),
+        head=pack(wh.to(dtype)),
+        head_bias=None if bh is None else bh.to(dtype),
+        rotary=body.rotary_emb,
+        eps=cfg.rms_norm_eps,
+        n_heads=n_heads,
+        n_kv=getattr(cfg, "num_key_value_heads", None) or n_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        packed=packed,
+    )
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -228,12 +252,12 @@ def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tens
     nh, nkv, d = w.n_heads, w.n_kv, w.head_dim
     for i, lw in enumerate(w.layers):
         qkv = linear(w, rms_norm(x, lw.ln1, w.eps).to(w.dtype), lw.qkv, lw.qkv_bias)  # (N, L, (nh + 2 nkv) d)
-        qk = rope(qkv[..., :(nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
+        qk = rope(qkv[..., : (nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
         cache.k[i][:, :, start:end] = qk[:, nh:]
-        cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d:].view(N, L, nkv, d).transpose(1, 2)
+        cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d :].view(N, L, nkv, d).transpose(1, 2)
         a = None
         if L == 1 and cache.attend is not None and key_mask.stride(-1) == 1:
-            a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d ** -0.5)
+            a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d**-0.5)
         if a is None:
             a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
         a = a.reshape(N, L, nh * d).to(w.dtype)
@@ -278,9 +302,9 @@ class LeanStepper:
         """Append L tokens per row (environment tokens between turns), left-padded: ids/mask/pos (n, L).
         A real token sees the valid slots before it and itself; a pad slot sees only itself."""
         t, L = self.cache.length, ids.shape[1]
-        self.valid[:, t:t + L] = mask.bool()
+        self.valid[:, t : t + L] = mask.bool()
         keys = torch.arange(t + L, device=ids.device)
         queries = t + torch.arange(L, device=ids.device)
         causal = keys[None, :] <= queries[:, None]  # (L, t+L)
-        allowed = (causal[None] & self.valid[:, None, :t + L]) | (keys[None, :] == queries[:, None])[None]
+        allowed = (causal[None] & self.valid[:, None, : t + L]) | (keys[None, :] == queries[:, None])[None]
         return forward(self.w, self.cache, ids, pos, allowed[:, None])

@@ -23,8 +23,16 @@ class NativeEngine:
     name = "native"
     samples_from_trainer = True
 
-    def __init__(self, policy: nn.Module, tokenizer, *, device: torch.device, dtype: torch.dtype | None,
-                 decoder: str, eos_ids: set[int]):
+    def __init__(
+        self,
+        policy: nn.Module,
+        tokenizer,
+        *,
+        device: torch.device,
+        dtype: torch.dtype | None,
+        decoder: str,
+        eos_ids: set[int],
+    ):
         self.policy, self.tokenizer, self.dtype, self.eos_ids = policy, tokenizer, dtype, eos_ids
         self.lean = use_lean(decoder, dtype, device)
         self.version = 0
@@ -33,25 +41,58 @@ class NativeEngine:
         how = "lean decode step" if self.lean else "the model's own forward"
         return f"native ({how}, {'bf16' if self.dtype == torch.bfloat16 else 'fp32'})"
 
-    def generate(self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int,
-                 generator: torch.Generator | None = None) -> Rollout:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int, generator: torch.Generator | None = None
+    ) -> Rollout:
         with gathered(self.policy):  # FSDP: unsharded once, not all-gathered per token
-            rollout = generate(self.policy, self.tokenizer, prompt_ids, G=G, max_new_tokens=sampling.max_new_tokens,
-                               temperature=sampling.temperature, top_p=sampling.top_p, greedy=sampling.greedy,
-                               autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids, lean=self.lean,
-                               filters=sampling.filters)
+            rollout = generate(
+                self.policy,
+                self.tokenizer,
+                prompt_ids,
+                G=G,
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                greedy=sampling.greedy,
+                autocast_dtype=self.dtype,
+                generator=generator,
+                eos_ids=self.eos_ids,
+                lean=self.lean,
+                filters=sampling.filters,
+            )
         rollout.version = self.version
         return rollout
 
-    def generate_turns(self, prompt_ids: list[list[int]], respond: Respond, sampling: Sampling, limits: TurnLimits,
-                       *, G: int, generator: torch.Generator | None = None) -> tuple[Rollout, list[Trajectory]]:
+    def generate_turns(
+        self,
+        prompt_ids: list[list[int]],
+        respond: Respond,
+        sampling: Sampling,
+        limits: TurnLimits,
+        *,
+        G: int,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Rollout, list[Trajectory]]:
         with gathered(self.policy):
             rollout, trajs = generate_turns(
-                self.policy, self.tokenizer, prompt_ids, respond, G=G, max_turn_tokens=limits.max_turn_tokens,
-                max_model_tokens=limits.max_model_tokens, max_env_tokens=limits.max_env_tokens,
-                max_turns=limits.max_turns, temperature=sampling.temperature, top_p=sampling.top_p,
-                greedy=sampling.greedy, autocast_dtype=self.dtype, generator=generator, eos_ids=self.eos_ids,
-                lean=self.lean, filters=sampling.filters)
+                self.policy,
+                self.tokenizer,
+                prompt_ids,
+                respond,
+                G=G,
+                max_turn_tokens=limits.max_turn_tokens,
+                max_model_tokens=limits.max_model_tokens,
+                max_env_tokens=limits.max_env_tokens,
+                max_turns=limits.max_turns,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                greedy=sampling.greedy,
+                autocast_dtype=self.dtype,
+                generator=generator,
+                eos_ids=self.eos_ids,
+                lean=self.lean,
+                filters=sampling.filters,
+            )
         rollout.version = self.version
         return rollout, trajs
 

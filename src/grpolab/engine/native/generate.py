@@ -18,24 +18,63 @@ from grpolab.model.cache import positions
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt_ids: list[list[int]], *, G: int, max_new_tokens: int,
-             temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-             autocast_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
-             eos_ids: set[int] | None = None, lean: bool = True, filters: Filters = PLAIN) -> Rollout:
+def generate(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    *,
+    G: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+    generator: torch.Generator | None = None,
+    eos_ids: set[int] | None = None,
+    lean: bool = True,
+    filters: Filters = PLAIN,
+) -> Rollout:
     """Sample G completions for each prompt (token ids, already chat-templated).
 
     filters: top-k, min-p and the repetition penalty (grpolab.engine.native.sampling), each off by default.
 
     lean: run the model through grpolab.engine.native.decoder where it supports the model (Llama, Qwen2, Mistral),
     with its weights in `autocast_dtype` (else the model's own dtype); otherwise its HF forward."""
-    with decode_session(model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=max_new_tokens,
-                        lean=lean, eos_ids=eos_ids) as sess:
-        return _decode(sess.stepper, tokenizer, sess.ids, sess.mask, G, max_new_tokens, temperature, top_p, greedy,
-                       generator, sess.eos, sess.pad_id, filters)
+    with decode_session(
+        model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=max_new_tokens, lean=lean, eos_ids=eos_ids
+    ) as sess:
+        return _decode(
+            sess.stepper,
+            tokenizer,
+            sess.ids,
+            sess.mask,
+            G,
+            max_new_tokens,
+            temperature,
+            top_p,
+            greedy,
+            generator,
+            sess.eos,
+            sess.pad_id,
+            filters,
+        )
 
 
-def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p, greedy, generator, eos,
-            pad_id, filters: Filters = PLAIN) -> Rollout:
+def _decode(
+    stepper,
+    tokenizer,
+    ids,
+    mask,
+    G,
+    max_new_tokens,
+    temperature,
+    top_p,
+    greedy,
+    generator,
+    eos,
+    pad_id,
+    filters: Filters = PLAIN,
+) -> Rollout:
     """Prefill once per group, then one token per step for the rows still decoding (see generate)."""
     device = ids.device
     B = ids.shape[0]
@@ -53,8 +92,9 @@ def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p
     active = torch.arange(N, device=device)  # rows still decoding, in cache order
     seen = seen_tokens(ids, mask, logits.shape[-1]).repeat_interleave(G, 0) if filters.penalised else None  # (N, V)
     for t in range(max_new_tokens):
-        tok, lp = sample_token(logits, temperature, top_p, greedy, generator, filters,
-                               None if seen is None else seen[active])
+        tok, lp = sample_token(
+            logits, temperature, top_p, greedy, generator, filters, None if seen is None else seen[active]
+        )
         if seen is not None:
             seen[active, tok] = True
         tokens[active, t] = tok
@@ -73,12 +113,18 @@ def _decode(stepper, tokenizer, ids, mask, G, max_new_tokens, temperature, top_p
         logits = stepper.step(tok, pos)
     C = int(cmask.sum(0).nonzero().max()) + 1 if cmask.any() else 1
     tokens, lps, cmask = tokens[:, :C], lps[:, :C], cmask[:, :C]
-    texts = tokenizer.batch_decode([row[m.bool()].tolist() for row, m in zip(tokens.cpu(), cmask.cpu())],
-                                   skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        [row[m.bool()].tolist() for row, m in zip(tokens.cpu(), cmask.cpu())], skip_special_tokens=True
+    )
     return Rollout(
-        prompt_ids=ids.repeat_interleave(G, 0).cpu(), prompt_mask=mask.repeat_interleave(G, 0).cpu(),
-        completion_ids=tokens.cpu(), completion_mask=cmask.cpu(), sample_logp=lps.float().cpu(),
-        truncated=(~finished).cpu(), texts=texts, G=G,
+        prompt_ids=ids.repeat_interleave(G, 0).cpu(),
+        prompt_mask=mask.repeat_interleave(G, 0).cpu(),
+        completion_ids=tokens.cpu(),
+        completion_mask=cmask.cpu(),
+        sample_logp=lps.float().cpu(),
+        truncated=(~finished).cpu(),
+        texts=texts,
+        G=G,
         stops=[Stop.EOS if f else Stop.LENGTH for f in finished.tolist()],
     )
 

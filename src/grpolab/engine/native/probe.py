@@ -11,8 +11,9 @@ from grpolab.engine.native.steppers import HFStepper, stepper_for, use_lean
 from grpolab.model.precision import PROBE_STEPS, probe_ids, sync
 
 
-def decode_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, tokens: int = PROBE_STEPS,
-                   decoder: str = "auto") -> float:
+def decode_seconds(
+    model, dtype, *, rows: int = 8, prompt: int = 16, tokens: int = PROBE_STEPS, decoder: str = "auto"
+) -> float:
     """Seconds one rollout of `rows` sequences writing `tokens` tokens in `dtype` (None: fp32) takes, as
     grpolab.engine.native.generate.generate runs it for the `decoder` setting: the lean step where it
     applies (grpolab.engine.native.steppers.use_lean), else the model's forward under one autocast context.

@@ -85,8 +85,9 @@ def min_p_filter(logp: torch.Tensor, min_p: float) -> torch.Tensor:
     return logp.masked_fill(logp < top + torch.log(torch.tensor(min_p, dtype=logp.dtype)), float("-inf"))
 
 
-def sampling_logp(logits: torch.Tensor, temperature: float, top_p: float, filters: Filters = PLAIN,
-                  seen: torch.Tensor | None = None) -> torch.Tensor:
+def sampling_logp(
+    logits: torch.Tensor, temperature: float, top_p: float, filters: Filters = PLAIN, seen: torch.Tensor | None = None
+) -> torch.Tensor:
     """log q (B, V) of the sampling distribution (module docstring); -inf where a filter removed a token."""
     z = logits.float()
     if filters.penalised:
@@ -103,9 +104,15 @@ def sampling_logp(logits: torch.Tensor, temperature: float, top_p: float, filter
     return logp
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool,
-                 generator: torch.Generator | None, filters: Filters = PLAIN,
-                 seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_token(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    generator: torch.Generator | None,
+    filters: Filters = PLAIN,
+    seen: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. Returns (token (B,), log-prob of it under the sampling distribution (B,)).
 
     Sampling distribution: `sampling_logp` (the repetition penalty needs `seen` (B, V) bool: the tokens

@@ -40,13 +40,22 @@ def pad_id_of(tokenizer) -> int:
 
 
 @contextlib.contextmanager
-def decode_session(model, tokenizer, prompt_ids: list[list[int]], *, autocast_dtype: torch.dtype | None,
-                   capacity: int, lean: bool, eos_ids: set[int] | None) -> Iterator[Session]:
+def decode_session(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    *,
+    autocast_dtype: torch.dtype | None,
+    capacity: int,
+    lean: bool,
+    eos_ids: set[int] | None,
+) -> Iterator[Session]:
     """Set up one decode (see the module docstring); `capacity`: the KV cache slots after the prompt."""
     device = next(model.parameters()).device
     pad_id = pad_id_of(tokenizer)
-    eos = torch.tensor(sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long,
-                       device=device)
+    eos = torch.tensor(
+        sorted(eos_ids if eos_ids is not None else {tokenizer.eos_token_id}), dtype=torch.long, device=device
+    )
     ids, mask = left_pad(prompt_ids, pad_id)
     was_training = model.training
     model.eval()

@@ -33,8 +33,13 @@ class HFStepper:
         waiting for the others to end their turn), which no later token attends to."""
         new = torch.ones_like(self.attn[:, :1]) if valid is None else valid[:, None].to(self.attn.dtype)
         self.attn = torch.cat([self.attn, new], dim=1)
-        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos[:, None],
-                         use_cache=True, **with_cache(self.model, self.cache))
+        out = self.model(
+            input_ids=tok[:, None],
+            attention_mask=self.attn,
+            position_ids=pos[:, None],
+            use_cache=True,
+            **with_cache(self.model, self.cache),
+        )
         self.cache = cache_of(out)
         return out.logits[:, -1]
 
@@ -42,8 +47,14 @@ class HFStepper:
         """Append L tokens per row onto the cache (environment tokens between turns), left-padded:
         ids/mask/pos (n, L). Returns the logits after each row's last token (n, V)."""
         self.attn = torch.cat([self.attn, mask.to(self.attn.dtype)], dim=1)
-        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, use_cache=True,
-                         logits_to_keep=1, **with_cache(self.model, self.cache))
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.attn,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **with_cache(self.model, self.cache),
+        )
         self.cache = cache_of(out)
         return out.logits[:, -1]
 

@@ -16,8 +16,8 @@ This module knows nothing of tools or environments: `respond` is a plain functio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -49,11 +49,26 @@ assistant header included), or None when that trajectory ends. Rows index the N 
 
 
 @torch.no_grad()
-def generate_turns(model, tokenizer, prompt_ids: list[list[int]], respond: Respond, *, G: int, max_turn_tokens: int,
-                   max_model_tokens: int, max_env_tokens: int, max_turns: int, temperature: float = 1.0,
-                   top_p: float = 1.0, greedy: bool = False, autocast_dtype: torch.dtype | None = None,
-                   generator: torch.Generator | None = None, eos_ids: set[int] | None = None,
-                   lean: bool = True, filters: Filters = PLAIN) -> tuple[Rollout, list[Trajectory]]:
+def generate_turns(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    respond: Respond,
+    *,
+    G: int,
+    max_turn_tokens: int,
+    max_model_tokens: int,
+    max_env_tokens: int,
+    max_turns: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+    generator: torch.Generator | None = None,
+    eos_ids: set[int] | None = None,
+    lean: bool = True,
+    filters: Filters = PLAIN,
+) -> tuple[Rollout, list[Trajectory]]:
     """Sample G multi-turn trajectories per prompt (token ids, chat-templated).
 
     max_turn_tokens: the most tokens one model turn may write; max_model_tokens: the trajectory's budget,
@@ -63,16 +78,49 @@ def generate_turns(model, tokenizer, prompt_ids: list[list[int]], respond: Respo
     # cache slots: each turn takes max_turn_tokens (a row that ended its turn early waits as holes), and
     # each reply, left-padded to the batch's longest, at most max_env_tokens plus the turn's EOS
     capacity = max_turns * (max_turn_tokens + max_env_tokens + 1)
-    with decode_session(model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=capacity, lean=lean,
-                        eos_ids=eos_ids) as sess:
+    with decode_session(
+        model, tokenizer, prompt_ids, autocast_dtype=autocast_dtype, capacity=capacity, lean=lean, eos_ids=eos_ids
+    ) as sess:
         ids, mask, pad_id = sess.ids, sess.mask, sess.pad_id
-        trajs = _decode_turns(sess.stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens,
-                              max_turns, temperature, top_p, greedy, generator, sess.eos, pad_id, filters)
+        trajs = _decode_turns(
+            sess.stepper,
+            ids,
+            mask,
+            G,
+            respond,
+            max_turn_tokens,
+            max_model_tokens,
+            max_env_tokens,
+            max_turns,
+            temperature,
+            top_p,
+            greedy,
+            generator,
+            sess.eos,
+            pad_id,
+            filters,
+        )
     return as_rollout(trajs, tokenizer, ids, mask, G, pad_id), trajs
 
 
-def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tokens, max_env_tokens, max_turns,
-                  temperature, top_p, greedy, generator, eos, pad_id, filters: Filters = PLAIN) -> list[Trajectory]:
+def _decode_turns(
+    stepper,
+    ids,
+    mask,
+    G,
+    respond,
+    max_turn_tokens,
+    max_model_tokens,
+    max_env_tokens,
+    max_turns,
+    temperature,
+    top_p,
+    greedy,
+    generator,
+    eos,
+    pad_id,
+    filters: Filters = PLAIN,
+) -> list[Trajectory]:
     device = ids.device
     N = ids.shape[0] * G
     logits = stepper.prefill(ids, mask, positions(mask))  # (B, V)
@@ -95,8 +143,9 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
         writing = limit > 0  # (n,) rows still in their turn
         ended_eos = torch.zeros(n, dtype=torch.bool, device=device)
         for t in range(max_turn_tokens):
-            tok, lp = sample_token(logits, temperature, top_p, greedy, generator, filters,
-                                   None if seen is None else seen[rows])  # (n,) each
+            tok, lp = sample_token(
+                logits, temperature, top_p, greedy, generator, filters, None if seen is None else seen[rows]
+            )  # (n,) each
             if seen is not None:
                 seen[rows[writing], tok[writing]] = True
             tok_hist[writing, t], lp_hist[writing, t] = tok[writing], lp[writing]
@@ -111,17 +160,24 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
             logits = stepper.step(torch.where(feed, tok, torch.full_like(tok, pad_id)), pos, valid=feed)
         model_used[rows] += length
         row_list = rows.tolist()
-        turn_ids = [tok_hist[i, :int(length[i])].tolist() for i in range(n)]
+        turn_ids = [tok_hist[i, : int(length[i])].tolist() for i in range(n)]
         for i, r in enumerate(row_list):
-            trajs[r].add(turn_ids[i], lp_hist[i, :int(length[i])].float().tolist(), model=True)
+            trajs[r].add(turn_ids[i], lp_hist[i, : int(length[i])].float().tolist(), model=True)
             trajs[r].turns.append(turn_ids[i])
         eos_list = ended_eos.tolist()
         replies = respond(row_list, turn_ids, eos_list)  # every turn is shown (an environment may score it)
         go_on, additions = [], []
         for i, r in enumerate(row_list):
-            stop = turn_stop(replies[i], eos_list[i], turn=turn, max_turns=max_turns,
-                             env_used=env_used[r], max_env_tokens=max_env_tokens,
-                             model_used=int(model_used[r]), max_model_tokens=max_model_tokens)
+            stop = turn_stop(
+                replies[i],
+                eos_list[i],
+                turn=turn,
+                max_turns=max_turns,
+                env_used=env_used[r],
+                max_env_tokens=max_env_tokens,
+                model_used=int(model_used[r]),
+                max_model_tokens=max_model_tokens,
+            )
             if stop is not None:
                 trajs[r].stop = stop
                 continue
@@ -146,8 +202,17 @@ def _decode_turns(stepper, ids, mask, G, respond, max_turn_tokens, max_model_tok
     return trajs  # every trajectory has its stop: the last turn gives each live row one
 
 
-def turn_stop(reply: list[int] | None, ended_with_eos: bool, *, turn: int, max_turns: int, env_used: int,
-              max_env_tokens: int, model_used: int, max_model_tokens: int) -> Stop | None:
+def turn_stop(
+    reply: list[int] | None,
+    ended_with_eos: bool,
+    *,
+    turn: int,
+    max_turns: int,
+    env_used: int,
+    max_env_tokens: int,
+    model_used: int,
+    max_model_tokens: int,
+) -> Stop | None:
     """Whether a trajectory ends after this turn, and why (None: it goes on with `reply`). Every engine's
     multi-turn loop asks this, in this order: a turn cut by its token limit, the environment closing it,
     the turn limit, a reply over the environment-token budget, the model-token budget spent."""
@@ -180,6 +245,15 @@ def as_rollout(trajs: list[Trajectory], tokenizer, ids, mask, G, pad_id) -> Roll
         lps[i, :L] = torch.tensor(t.logp)
     texts = tokenizer.batch_decode([t.turns[-1] if t.turns else [] for t in trajs], skip_special_tokens=True)
     truncated = torch.tensor([Stop(t.stop).truncated for t in trajs])
-    return Rollout(prompt_ids=ids.repeat_interleave(G, 0).cpu(), prompt_mask=mask.repeat_interleave(G, 0).cpu(),
-                   completion_ids=comp, completion_mask=cmask, sample_logp=lps, truncated=truncated, texts=texts,
-                   G=G, env_mask=emask, stops=[Stop(t.stop) for t in trajs])
+    return Rollout(
+        prompt_ids=ids.repeat_interleave(G, 0).cpu(),
+        prompt_mask=mask.repeat_interleave(G, 0).cpu(),
+        completion_ids=comp,
+        completion_mask=cmask,
+        sample_logp=lps,
+        truncated=truncated,
+        texts=texts,
+        G=G,
+        env_mask=emask,
+        stops=[Stop(t.stop) for t in trajs],
+    )

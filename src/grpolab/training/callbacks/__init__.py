@@ -113,8 +113,10 @@ def as_callbacks(items) -> list:
 
 
 def _not_a_callback(i: int, item) -> str:
-    return (f"callbacks[{i}]: {item!r} has none of the hooks {', '.join(HOOKS)}; give an object with some of "
-            f"them (subclass grpolab.Callback) or a transformers TrainerCallback")
+    return (
+        f"callbacks[{i}]: {item!r} has none of the hooks {', '.join(HOOKS)}; give an object with some of "
+        f"them (subclass grpolab.Callback) or a transformers TrainerCallback"
+    )
 
 
 class Callbacks:

@@ -27,8 +27,7 @@ def is_trainer_callback(obj) -> bool:
     """Whether `obj` (an instance or a class) is a transformers TrainerCallback, without importing
     transformers when it is not."""
     cls = obj if isinstance(obj, type) else type(obj)
-    return any(c.__name__ == "TrainerCallback" and c.__module__.startswith("transformers")
-               for c in cls.__mro__)
+    return any(c.__name__ == "TrainerCallback" and c.__module__.startswith("transformers") for c in cls.__mro__)
 
 
 def training_arguments(cfg, out: Path):
@@ -36,11 +35,22 @@ def training_arguments(cfg, out: Path):
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        output_dir=str(out), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_betas[0],
-        adam_beta2=cfg.adam_betas[1], max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps,
-        seed=cfg.seed, logging_steps=1, save_steps=cfg.save_every or cfg.steps, save_strategy="steps",
-        report_to="none", run_name=cfg.run_name or out.resolve().name)
+        output_dir=str(out),
+        max_steps=cfg.steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_betas[0],
+        adam_beta2=cfg.adam_betas[1],
+        max_grad_norm=cfg.max_grad_norm,
+        warmup_steps=cfg.warmup_steps,
+        seed=cfg.seed,
+        logging_steps=1,
+        save_steps=cfg.save_every or cfg.steps,
+        save_strategy="steps",
+        report_to="none",
+        run_name=cfg.run_name or out.resolve().name,
+    )
 
 
 class TrainerCallbackAdapter:
@@ -60,10 +70,16 @@ class TrainerCallbackAdapter:
 
         cfg = run_state.config
         self.args = training_arguments(cfg, run_state.out)
-        self.state = TrainerState(global_step=run_state.step, max_steps=cfg.steps, logging_steps=1,
-                                  save_steps=cfg.save_every or cfg.steps, train_batch_size=cfg.batch_size,
-                                  num_train_epochs=1, is_world_process_zero=run_state.is_main,
-                                  is_local_process_zero=run_state.is_main)
+        self.state = TrainerState(
+            global_step=run_state.step,
+            max_steps=cfg.steps,
+            logging_steps=1,
+            save_steps=cfg.save_every or cfg.steps,
+            train_batch_size=cfg.batch_size,
+            num_train_epochs=1,
+            is_world_process_zero=run_state.is_main,
+            is_local_process_zero=run_state.is_main,
+        )
         self.state.epoch = run_state.step / max(1, cfg.steps)
         self.kwargs = dict(objects)
 
@@ -98,7 +114,7 @@ class TrainerCallbackAdapter:
 
     def on_evaluate(self, run_state, metrics: dict) -> None:
         got = {k: v for k, v in metrics.items() if k != "step"}
-        got.update({"eval_" + k[len("eval/"):]: v for k, v in metrics.items() if k.startswith("eval/")})
+        got.update({"eval_" + k[len("eval/") :]: v for k, v in metrics.items() if k.startswith("eval/")})
         self._fire("on_evaluate", run_state, metrics=got)
 
     def on_save(self, run_state, checkpoint) -> None:

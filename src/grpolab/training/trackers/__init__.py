@@ -37,15 +37,21 @@ class TrackerSpec:
 TRACKERS: dict[str, TrackerSpec] = {
     "tensorboard": TrackerSpec("grpolab.training.trackers.tensorboard_events", ("tensorboard",), None, "tb/"),
     "wandb": TrackerSpec("grpolab.training.trackers.wandb_offline", ("wandb",), "wandb", "wandb/"),
-    "mlflow": TrackerSpec("grpolab.training.trackers.mlflow_store", ("mlflow", "sqlalchemy", "alembic"),
-                          "mlflow", "mlflow.db"),
+    "mlflow": TrackerSpec(
+        "grpolab.training.trackers.mlflow_store", ("mlflow", "sqlalchemy", "alembic"), "mlflow", "mlflow.db"
+    ),
     "trackio": TrackerSpec("grpolab.training.trackers.trackio_store", ("trackio",), "trackio", "trackio/"),
 }
 """Tracker name -> its spec. A new tracker is a module with a `Tracker` subclass named TRACKER, and one line here."""
 
 # Each library's own switch for the usage reports it would otherwise send (set unless the user set them).
-QUIET_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1", "WANDB_DISABLE_CODE": "true",
-             "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
+QUIET_ENV = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "WANDB_DISABLE_CODE": "true",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
 
 
 def resolve_report_to(value, tensorboard: bool | None = None) -> list[str]:
@@ -57,8 +63,9 @@ def resolve_report_to(value, tensorboard: bool | None = None) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"report_to: expected a tracker name or a list of them ({', '.join(TRACKERS)}, none, all), "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"report_to: expected a tracker name or a list of them ({', '.join(TRACKERS)}, none, all), got {value!r}"
+        )
     names = [v.strip().lower() for v in value]
     if "none" in names and len(names) > 1:
         raise ConfigError(f"report_to: `none` means no tracker and cannot be listed with others ({value!r})")
@@ -83,6 +90,7 @@ def resolve_report_to(value, tensorboard: bool | None = None) -> list[str]:
 
 def missing(name: str) -> list[str]:
     """The packages tracker `name` needs that cannot be found (looked up, not imported)."""
+
     def found(package: str) -> bool:
         try:
             return importlib.util.find_spec(package) is not None
@@ -103,8 +111,10 @@ def missing_message(name: str, error: BaseException | None = None) -> str:
     how = f"pip install 'grpolab[{spec.extra}]'" if spec.extra else f"pip install {' '.join(gone)}"
     why = f" ({type(error).__name__}: {error})" if error is not None else ""
     what = " and ".join(f"`{p}`" for p in gone)
-    return (f"report_to: {name} needs {what}, not installed{why}; install the `{spec.extra or spec.packages[0]}` "
-            f"extra: {how}, or leave {name} out of report_to")
+    return (
+        f"report_to: {name} needs {what}, not installed{why}; install the `{spec.extra or spec.packages[0]}` "
+        f"extra: {how}, or leave {name} out of report_to"
+    )
 
 
 def check_installed(names: list[str]) -> None:
@@ -132,5 +142,16 @@ def build_tracker(name: str) -> Tracker:
     return module.TRACKER()
 
 
-__all__ = ["TRACKERS", "Tracker", "TrackerContext", "TrackerSpec", "build_tracker", "check_installed",
-           "installed", "missing", "missing_message", "quiet_environment", "resolve_report_to"]
+__all__ = [
+    "TRACKERS",
+    "Tracker",
+    "TrackerContext",
+    "TrackerSpec",
+    "build_tracker",
+    "check_installed",
+    "installed",
+    "missing",
+    "missing_message",
+    "quiet_environment",
+    "resolve_report_to",
+]

@@ -59,8 +59,11 @@ class Tracker:
 def scalars(record: dict) -> dict[str, float]:
     """The finite numbers of a metrics row, without `step` (booleans, strings, None, NaN and inf are left out:
     a tracker plots numbers, and a number we do not have is not plotted as one)."""
-    return {k: v for k, v in record.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: v
+        for k, v in record.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def table_columns(rows: list[dict]) -> list[str]:

@@ -37,8 +37,11 @@ class MlflowTracker(Tracker):
     def start(self, ctx: TrackerContext) -> dict:
         out = ctx.out.resolve()
         resuming = ctx.resume_step is not None
-        uri = (os.environ.get("MLFLOW_TRACKING_URI") or (ctx.saved.get("tracking_uri") if resuming else None)
-               or f"sqlite:///{out / 'mlflow.db'}")
+        uri = (
+            os.environ.get("MLFLOW_TRACKING_URI")
+            or (ctx.saved.get("tracking_uri") if resuming else None)
+            or f"sqlite:///{out / 'mlflow.db'}"
+        )
         for name in ("alembic", "mlflow.store.db.utils"):  # creating the database's tables: not news
             logging.getLogger(name).setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=uri)
@@ -47,12 +50,15 @@ class MlflowTracker(Tracker):
             self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         else:
             exp = self.client.get_experiment_by_name(ctx.project)
-            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
-                ctx.project, artifact_location=(out / "mlartifacts").as_uri())
+            exp_id = (
+                exp.experiment_id
+                if exp is not None
+                else self.client.create_experiment(ctx.project, artifact_location=(out / "mlartifacts").as_uri())
+            )
             run_id = self.client.create_run(exp_id, run_name=ctx.run_name).info.run_id
             params = [Param(mlflow_name(k), str(v)[:PARAM_VALUE_MAX]) for k, v in flat_config(ctx.config).items()]
             for i in range(0, len(params), BATCH):
-                self.client.log_batch(run_id, params=params[i:i + BATCH])
+                self.client.log_batch(run_id, params=params[i : i + BATCH])
             self.client.log_dict(run_id, ctx.config, "config.json")
         self.run_id = run_id
         return {"run_id": run_id, "tracking_uri": uri}
@@ -61,13 +67,14 @@ class MlflowTracker(Tracker):
         now = int(time.time() * 1000)
         batch = [Metric(mlflow_name(k), float(v), now, step) for k, v in scalars(metrics).items()]
         for i in range(0, len(batch), 1000):  # MLflow's limit on metrics per batch
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
 
     def log_table(self, name: str, rows: list[dict], step: int) -> None:
         if rows:
             cols, data = table_data(rows)
-            self.client.log_dict(self.run_id, {"columns": cols, "data": data},
-                                 f"tables/{mlflow_name(name)}/step-{step:06d}.json")
+            self.client.log_dict(
+                self.run_id, {"columns": cols, "data": data}, f"tables/{mlflow_name(name)}/step-{step:06d}.json"
+            )
 
     def finish(self) -> None:
         self.client.set_terminated(self.run_id)

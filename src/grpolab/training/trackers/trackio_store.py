@@ -40,8 +40,13 @@ class TrackioTracker(Tracker):
         options = dict(embed=False, auto_log_cpu=False, auto_log_gpu=False)  # no dashboard, no system sampler
         known = inspect.signature(trackio.init).parameters
         with contextlib.redirect_stdout(io.StringIO()):  # its dashboard hints assume the default store
-            self.run = trackio.init(project=ctx.project, name=name, config=ctx.config, resume=resume,
-                                    **{k: v for k, v in options.items() if k in known})
+            self.run = trackio.init(
+                project=ctx.project,
+                name=name,
+                config=ctx.config,
+                resume=resume,
+                **{k: v for k, v in options.items() if k in known},
+            )
         return {"name": name, "store": str(TRACKIO_DIR)}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

@@ -21,13 +21,29 @@ class WandbTracker(Tracker):
 
     def start(self, ctx: TrackerContext) -> dict:
         mode = os.environ.get("WANDB_MODE") or "offline"
-        wanted = dict(mode=mode, console="off", silent=True, disable_git=True, save_code=False, disable_code=True,
-                      x_disable_stats=True, x_disable_meta=True, x_save_requirements=False)
+        wanted = dict(
+            mode=mode,
+            console="off",
+            silent=True,
+            disable_git=True,
+            save_code=False,
+            disable_code=True,
+            x_disable_stats=True,
+            x_disable_meta=True,
+            x_save_requirements=False,
+        )
         known = getattr(wandb.Settings, "model_fields", wanted)  # the settings this wandb version has
         settings = wandb.Settings(**{k: v for k, v in wanted.items() if k in known})
         run_id = ctx.saved.get("id") if ctx.resume_step is not None else None
-        self.run = wandb.init(project=ctx.project, name=ctx.run_name, dir=str(ctx.out), config=ctx.config,
-                              id=run_id, resume="allow" if run_id else None, settings=settings)
+        self.run = wandb.init(
+            project=ctx.project,
+            name=ctx.run_name,
+            dir=str(ctx.out),
+            config=ctx.config,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=settings,
+        )
         return {"id": self.run.id}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

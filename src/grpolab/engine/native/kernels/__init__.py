@@ -34,8 +34,18 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 # loaded, and every subnormal float of the process (numpy's, torch's) became zero from then on. The
 # flags below are the parts of -ffast-math the kernel's loops gain from (vectorised reductions and
 # expf without errno), none of which changes the floating-point environment.
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-         "-freciprocal-math", "-fopenmp", "-shared", "-fPIC")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-freciprocal-math",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+)
 DISABLE_ENV = "GRPOLAB_NO_C_KERNELS"
 _state: dict = {}
 
@@ -67,7 +77,9 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120, check=False
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)  # atomic: a concurrent build never leaves a half-written library in place
@@ -100,13 +112,33 @@ def _load():
 
 
 def _call(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int, scale: float):
-    if not (q.dtype == k.dtype == v.dtype == torch.float32 and valid.dtype == torch.bool and valid.stride(-1) == 1
-            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and q.device.type == "cpu"):
+    if not (
+        q.dtype == k.dtype == v.dtype == torch.float32
+        and valid.dtype == torch.bool
+        and valid.stride(-1) == 1
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+        and q.device.type == "cpu"
+    ):
         return None  # the C side reads raw fp32 rows and one byte per slot
     N, nh, d = q.shape
     out = torch.empty_like(q)
-    rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), valid.data_ptr(), out.data_ptr(), N, nh, k.shape[1], d, S,
-            k.shape[2], valid.stride(0), scale)
+    rc = fn(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        valid.data_ptr(),
+        out.data_ptr(),
+        N,
+        nh,
+        k.shape[1],
+        d,
+        S,
+        k.shape[2],
+        valid.stride(0),
+        scale,
+    )
     return out if rc == 0 else None
 
 
@@ -119,7 +151,7 @@ def _self_check(fn) -> str | None:
     q, k, v = (torch.randn(shape, generator=g) for shape in ((N, nh, d), (N, nkv, cap, d), (N, nkv, cap, d)))
     valid = torch.ones((N, cap), dtype=torch.bool)
     valid[0, :3] = False
-    got = _call(fn, q, k, v, valid, S, d ** -0.5)
+    got = _call(fn, q, k, v, valid, S, d**-0.5)
     want, _ = grouped_query_attention(None, q[:, :, None], k[:, :, :S], v[:, :, :S], valid[:, None, None, :S])
     if got is None or not torch.allclose(got, want.view(N, nh, d), atol=1e-5, rtol=1e-4):
         return "the decode-attention kernel disagreed with the torch path on its self-check"
