@@ -48,6 +48,7 @@ test: $(STAMP)
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
 	  echo "chromium could not be installed: the report's browser tests will skip"
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -55,6 +56,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 clean-venv:
 	rm -rf $(VENV)
