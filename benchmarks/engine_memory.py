@@ -111,7 +111,8 @@ def main() -> None:
             results.record(ns.json, [results.entry("engine-memory", setting, peaks["vllm"], peaks["native"])])
         return
 
-    from grpolab.app.bench.spec import SETTINGS, Spec, bench_model_dir
+    from grpolab.app.bench.agent import bench_model_dir
+    from grpolab.app.bench.spec import SETTINGS, Spec
 
     spec = Spec(setting=ns.setting, steps=ns.steps, against="none", **SETTINGS[ns.setting])
     phases = Phases()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpolab.app.bench import agent as bench_agent
 from grpolab.app.bench import spec as bench_spec
 from grpolab.app.bench import worker
 from grpolab.app.cli import main as cli_main
@@ -230,15 +231,15 @@ def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and
         ]
     )
     assert spec.agent and (spec.new_tokens, spec.max_turns, spec.beta, spec.lora_r) == (8, 3, 0.0, 0)
-    lim = bench_spec.agent_limits(spec)
-    model = bench_spec.bench_model_dir(spec, str(tmp_path))
+    lim = bench_agent.agent_limits(spec)
+    model = bench_agent.bench_model_dir(spec, str(tmp_path))
     cfg = bench_spec.grpolab_config(spec, str(tmp_path / "run"), model=model)
-    assert (cfg.env.name, cfg.env.max_turns, cfg.env.max_turn_tokens) == (bench_spec.ENV_NAME, 3, 8)
+    assert (cfg.env.name, cfg.env.max_turns, cfg.env.max_turn_tokens) == (bench_agent.ENV_NAME, 3, 8)
     assert cfg.env.max_model_tokens == 3 * 8 and cfg.env.max_env_tokens == lim["env_tokens"] == 2 * 64
     assert (cfg.G, cfg.batch_size, cfg.temperature, cfg.top_p, cfg.model) == (2, 4, 1.0, 1.0, model)
 
     tok = load_tokenizer(model)
-    assert tok.chat_template == bench_spec.BENCH_CHAT_TEMPLATE  # both sides load this directory
+    assert tok.chat_template == bench_agent.BENCH_CHAT_TEMPLATE  # both sides load this directory
     prompts = bench_spec.step_prompts(spec, bench_spec.bench_task(spec), 1)
     trainer = make_trainer(spec, model, "fp32", prompts, str(tmp_path / "trl"), 1)
     assert (trainer.num_generations, trainer.args.per_device_train_batch_size) == (2, 4)
@@ -247,8 +248,8 @@ def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and
     assert trainer.max_tool_calling_iterations == 3 - 1
     assert trainer.max_completion_length == 3 * 8 + 2 * 64  # TRL's budget also counts the tool replies
     assert [t.__name__ for t in trainer.tools] == ["add"] and trainer.chat_template is None  # prefix-preserving
-    assert trainer.processing_class.chat_template == bench_spec.BENCH_CHAT_TEMPLATE
-    assert bench_spec.BenchCalculator().add(a=2, b=3) == "5"
+    assert trainer.processing_class.chat_template == bench_agent.BENCH_CHAT_TEMPLATE
+    assert bench_agent.BenchCalculator().add(a=2, b=3) == "5"
 
     # the few-shot prompt is, token for token, the template's rendering of a real two-shot tool conversation
     def shot(a, b):
@@ -260,10 +261,10 @@ def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and
             {"role": "assistant", "content": f"The answer is {a + b}."},
         ]
 
-    system = [{"role": "system", "content": bench_spec.AGENT_TASK_ARGS["system_prompt"]}]
+    system = [{"role": "system", "content": bench_agent.AGENT_TASK_ARGS["system_prompt"]}]
     real = system + shot(12, 30) + shot(57, 16) + [{"role": "user", "content": "What is 1 + 2?"}]
-    ours = system + [{"role": "user", "content": bench_spec.AGENT_TASK_ARGS["template"].format(question="1 + 2")}]
-    tools = [bench_spec.BenchCalculator().add]
+    ours = system + [{"role": "user", "content": bench_agent.AGENT_TASK_ARGS["template"].format(question="1 + 2")}]
+    tools = [bench_agent.BenchCalculator().add]
     assert render(tok, ours, add_generation_prompt=True, tools=tools) == render(
         tok, real, add_generation_prompt=True, tools=tools
     )

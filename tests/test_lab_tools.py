@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpolab.app.lab import tools
+from grpolab.app.lab import tools, tools_results
 from grpolab.batch import Rollout
 from grpolab.env import load_environment, parse_tool_calls
 from grpolab.env.calls import ToolCall
@@ -86,14 +86,18 @@ def test_calculators_through_the_environment_loader():
 def test_classify_trajectories():
     tool = {"role": "tool", "name": "add", "content": "936"}
     call = {"role": "assistant", "content": tools.call_text(347, 589)}
-    assert tools.classify([call, tool, {"role": "assistant", "content": "936"}]) == {
+    assert tools_results.classify([call, tool, {"role": "assistant", "content": "936"}]) == {
         "called": True,
         "uses": True,
         "turns": 2,
     }
-    assert tools.classify([call, tool, {"role": "assistant", "content": "935"}])["uses"] is False
-    assert tools.classify([{"role": "assistant", "content": "936"}]) == {"called": False, "uses": False, "turns": 1}
-    assert tools.classify([call, tool, call, tool, call])["uses"] is False  # cut while calling: no answer
+    assert tools_results.classify([call, tool, {"role": "assistant", "content": "935"}])["uses"] is False
+    assert tools_results.classify([{"role": "assistant", "content": "936"}]) == {
+        "called": False,
+        "uses": False,
+        "turns": 1,
+    }
+    assert tools_results.classify([call, tool, call, tool, call])["uses"] is False  # cut while calling: no answer
 
 
 def _trace_rollout(tok, G=2):

@@ -57,7 +57,7 @@ def setup_run(spec: Spec, out: str, model: str | None = None, engine: str = "nat
 
 def measure(spec: Spec, engine: str = "native") -> dict:
     """One warm-up step, then spec.steps timed steps; per-step times, phases, tokens and peak memory."""
-    from grpolab.app.bench.spec import bench_model_dir
+    from grpolab.app.bench.agent import bench_model_dir
     from grpolab.training.step import peak_memory_mb, train_step
 
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-") as tmp:

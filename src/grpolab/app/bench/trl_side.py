@@ -11,7 +11,7 @@ same adapter as grpolab's lora.r=r lora.alpha=2r (every linear layer but the LM 
 
 The agent setting: environment_factory=BenchCalculator, the tokenizer of bench_model_dir (Qwen2.5's template,
 TRL's response parser for it), generation_kwargs={"max_new_tokens": T} (one generate call is one turn),
-max_tool_calling_iterations = K - 1 and max_completion_length = K T + (K - 1) ENV_REPLY_TOKENS (spec.agent_limits);
+max_tool_calling_iterations = K - 1 and max_completion_length = K T + (K - 1) ENV_REPLY_TOKENS (agent.agent_limits);
 no min_new_tokens: a turn ends at EOS, as grpolab's does.
 """
 
@@ -94,7 +94,7 @@ def make_trainer(
     if spec.agent:
         import os
 
-        from grpolab.app.bench.spec import BenchCalculator
+        from grpolab.app.bench.agent import BenchCalculator
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         agent = {"environment_factory": BenchCalculator, "processing_class": agent_tokenizer(model_path)}
@@ -119,7 +119,7 @@ def trl_shape_args(spec: Spec) -> dict:
     """GRPOConfig's length arguments: forced length (single-turn), or the agent setting's limits."""
     if not spec.agent:
         return {"max_completion_length": spec.new_tokens, "generation_kwargs": {"min_new_tokens": spec.new_tokens}}
-    from grpolab.app.bench.spec import agent_limits
+    from grpolab.app.bench.agent import agent_limits
 
     lim = agent_limits(spec)
     return {

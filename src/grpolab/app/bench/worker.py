@@ -22,7 +22,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from grpolab.app.bench.spec import ENV_NAME, LOGP_TOL, Spec, bench_model_dir, bench_task, step_prompts
+from grpolab.app.bench.agent import ENV_NAME, bench_model_dir
+from grpolab.app.bench.spec import LOGP_TOL, Spec, bench_task, step_prompts
 from grpolab.util.fields import ConfigError
 
 
