@@ -299,8 +299,8 @@ def instrumented(env_tokens_in_loss: bool):
 
     original = step_module.agent_rollout
 
-    def measured(run, examples, *, G, greedy=False, generator=None):
-        rollout, rewards, info = original(run, examples, G=G, greedy=greedy, generator=generator)
+    def measured(run, examples, *, G, greedy=False, generator=None, sampling=None):
+        rollout, rewards, info = original(run, examples, G=G, greedy=greedy, generator=generator, sampling=sampling)
         if greedy or rollout.env_mask is None:  # held-out evaluation: left alone
             return rollout, rewards, info
         env = rollout.env_mask.bool()
