@@ -8,17 +8,8 @@ import pytest
 import yaml
 
 from grpolab.algo.presets import AlgoConfig
-from grpolab.training.config import (
-    Config,
-    build_config,
-    config_from_run,
-    field_docs,
-    help_text,
-    load_recipe,
-    parse_overrides,
-    save_config,
-    to_dict,
-)
+from grpolab.training.config import Config, build_config, config_from_run, field_docs, help_text, save_config, to_dict
+from grpolab.training.recipe import load_recipe, parse_overrides
 from grpolab.util.fields import ConfigError
 
 

@@ -26,8 +26,8 @@ from scripted_envs import chatty_copy
 
 from grpolab.env import FunctionTools, run_turns, stuck_calls
 from grpolab.env.budget import ToolBudget
-from grpolab.env.runner import DEFAULT_MAX_STUCK, limit_stuck_calls
 from grpolab.env.settings import EnvConfig
+from grpolab.env.timeouts import DEFAULT_MAX_STUCK, limit_stuck_calls
 from grpolab.training.agents import start_environment
 from grpolab.util.fields import ConfigError
 

@@ -284,7 +284,7 @@ def test_a_tool_that_never_returns_does_not_keep_the_process_alive():
 
     code = (
         "import threading, time\n"
-        "from grpolab.env.runner import call_with_timeout, stuck_calls\n"
+        "from grpolab.env.timeouts import call_with_timeout, stuck_calls\n"
         "forever = threading.Event()\n"
         "assert call_with_timeout(lambda: forever.wait(), {}, 0.2) is None\n"
         "print('stuck', stuck_calls())\n"

@@ -60,7 +60,8 @@ ConfigLike = Any  # Config | dict | str | Path | None
 
 
 def _recipe_of(config: ConfigLike) -> dict:
-    from grpolab.training.config import Config, load_recipe, to_dict
+    from grpolab.training.config import Config, to_dict
+    from grpolab.training.recipe import load_recipe
 
     if config is None:
         return {}
@@ -226,7 +227,8 @@ def build(
     trl_env: env.* settings from TRL's environment_factory= / tools= (see _environments); env_task (an
     environment_factory was given): with no dataset, task or recipe task, the task is `env`. Returns (cfg, rows or None). Raises ConfigError exactly as
     the CLI does."""
-    from grpolab.training.config import _deep_update, build_config, config_from_run
+    from grpolab.training.config import build_config, config_from_run
+    from grpolab.training.recipe import deep_update
 
     if resume is not None:
         if config is not None:
@@ -235,7 +237,7 @@ def build(
         recipe["out"] = str(resume)
     else:
         recipe = _recipe_of(config)
-    _deep_update(recipe, copy.deepcopy(settings))
+    deep_update(recipe, copy.deepcopy(settings))
     env = trl_env
     if env:
         given = recipe.get("env") if isinstance(recipe.get("env"), dict) else {}

@@ -269,7 +269,8 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from grpolab.training.config import build_config, load_recipe
+    from grpolab.training.config import build_config
+    from grpolab.training.recipe import load_recipe
 
     ap = argparse.ArgumentParser(
         prog="grpolab audit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -216,7 +216,8 @@ def chat_main(argv: list[str]) -> int:
 
 
 def sample_main(argv: list[str]) -> int:
-    from grpolab.training.config import build_config, load_recipe
+    from grpolab.training.config import build_config
+    from grpolab.training.recipe import load_recipe
 
     ap = argparse.ArgumentParser(
         prog="grpolab sample",

@@ -33,7 +33,8 @@ Examples:
 
 
 def _train(argv: list[str]) -> int:
-    from grpolab.training.config import build_config, config_from_run, help_text, load_recipe, thread_wait_of
+    from grpolab.training.config import build_config, config_from_run, help_text, thread_wait_of
+    from grpolab.training.recipe import load_recipe
     from grpolab.util.threads import prepare
 
     ap = argparse.ArgumentParser(
@@ -88,7 +89,7 @@ def _trl_names(args: list[str]) -> tuple[list[str], list[str]]:
     import yaml
 
     from grpolab.app.trl_compat.config import trl_overrides
-    from grpolab.training.config import parse_overrides
+    from grpolab.training.recipe import parse_overrides
 
     top = [a for a in args if "." not in a.split("=", 1)[0]]
     parsed = parse_overrides(top)

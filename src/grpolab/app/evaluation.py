@@ -38,7 +38,8 @@ def _err(msg: str) -> None:
 
 def resolve_target(target: str) -> tuple[dict, str]:
     """(recipe dict with `model` set where the target names one, what it is) for one eval target."""
-    from grpolab.training.config import RECIPES_DIR, config_from_run, load_recipe
+    from grpolab.training.config import config_from_run
+    from grpolab.training.recipe import RECIPES_DIR, load_recipe
 
     p = Path(target)
     if (p / "config.yaml").exists():

@@ -174,7 +174,8 @@ def _prompt_tokens(cfg, given: int | None) -> tuple[int, str]:
 
 def main(argv: list[str]) -> int:
     from grpolab.model.shapes import SHAPES
-    from grpolab.training.config import build_config, load_recipe
+    from grpolab.training.config import build_config
+    from grpolab.training.recipe import load_recipe
 
     ap = argparse.ArgumentParser(
         prog="grpolab plan",

@@ -7,6 +7,7 @@ Environment, passes it the model's turns as text, and appends the chat messages 
 - `calls`     parse Hermes/Qwen `<tool_call>{json}</tool_call>` blocks: ToolCall / ParseError.
 - `schema`    OpenAI function schemas from type hints and docstrings; argument checking.
 - `runner`    run a turn's calls (timeouts, errors as messages, counted events); run_turns for a batch.
+- `timeouts`  one call under its time limit (a thread, the calling thread, a child process); stuck calls.
 - `budget`    tool time: a budget per trajectory and per step; a call's deadline and events, seen by its tool.
 - `adapters`  FunctionTools (TRL tools=), FactoryEnvironment (TRL environment_factory=), GymAdapter.
 - `openenv`   OpenEnvAdapter: OpenEnv-style environments (pydantic actions, observation objects).
@@ -29,8 +30,9 @@ from grpolab.env.base import (
 )
 from grpolab.env.calls import MAX_BLOCK_CHARS, MAX_CALLS, ParseError, ToolCall, parse_tool_calls
 from grpolab.env.loading import EnvironmentFactory, EnvironmentNotFound, environment_factory, load_environment
-from grpolab.env.runner import ToolRunner, run_turns, stuck_calls
+from grpolab.env.runner import ToolRunner, run_turns
 from grpolab.env.schema import SchemaError, check_arguments, function_schema, prepare_arguments
+from grpolab.env.timeouts import stuck_calls
 
 __all__ = [
     "ERROR_KINDS",

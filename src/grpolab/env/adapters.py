@@ -29,7 +29,7 @@ Deliberate differences from TRL:
 - a non-string result is `json.dumps`-ed when possible (TRL uses `str()`: `True`, `{'a': 1}`),
   so the model reads JSON; results longer than `max_result_chars` are cut with a marker. A list
   result (TRL passes it through as multimodal content blocks) is JSON text for the model (no
-  images); reward functions receive the list itself, as in TRL (runner.ToolText, Reply.values).
+  images); reward functions receive the list itself, as in TRL (timeouts.ToolText, Reply.values).
 - a failing call's content is "Error: ..." in words (TRL's is `str({"error": "..."})`), and
   arguments are checked against the schema before the tool runs (TRL calls `fn(**arguments)`
   and reports whatever TypeError results).
@@ -51,17 +51,9 @@ from typing import Any
 
 from grpolab.env.base import EnvironmentShapeError, Reply
 from grpolab.env.calls import parse_tool_calls
-from grpolab.env.runner import (
-    DEFAULT_MAX_RESULT_CHARS,
-    DEFAULT_TIMEOUT_S,
-    Raised,
-    ToolRunner,
-    call_with_timeout,
-    cut,
-    short_error,
-    to_text,
-)
+from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S, ToolRunner, cut
 from grpolab.env.schema import function_schema
+from grpolab.env.timeouts import Raised, call_with_timeout, short_error, to_text
 
 RESERVED = ("reset", "get_reward")
 """Public methods of an environment class that are not tools (as in TRL)."""

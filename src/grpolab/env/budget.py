@@ -17,7 +17,7 @@ for a shared resource can give up its place then: the `python` tool of grpolab.e
 sandbox slot only until that deadline and its program is killed at it, so a call the runner has
 abandoned no longer holds a slot, nor waits for one, nor starts later. `note_event(kind)` lets a tool
 count an event of its own (the python tool: its program's own timeout, its output cut) into the Reply
-of the call. Both read context variables that grpolab.env.runner sets for each call; outside a call
+of the call. Both read context variables that grpolab.env.timeouts sets for each call; outside a call
 they are no-ops (None, nothing counted).
 """
 

@@ -55,15 +55,8 @@ from typing import Any
 from grpolab.env.adapters import InstancePool, _accepted, _resolve
 from grpolab.env.base import EnvironmentShapeError, Reply, example_seed
 from grpolab.env.calls import ParseError, parse_tool_calls
-from grpolab.env.runner import (
-    DEFAULT_MAX_RESULT_CHARS,
-    DEFAULT_TIMEOUT_S,
-    Raised,
-    ToolRunner,
-    call_with_timeout,
-    cut,
-    short_error,
-)
+from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S, ToolRunner, cut
+from grpolab.env.timeouts import Raised, call_with_timeout, short_error
 
 OBSERVATION_BASE_FIELDS = ("done", "reward", "metadata")
 """Fields every OpenEnv observation has; the rest are the environment's own."""

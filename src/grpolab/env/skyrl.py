@@ -33,15 +33,8 @@ from collections import Counter
 from typing import Any
 
 from grpolab.env.base import EnvironmentShapeError, Reply
-from grpolab.env.runner import (
-    DEFAULT_MAX_RESULT_CHARS,
-    DEFAULT_TIMEOUT_S,
-    Raised,
-    call_with_timeout,
-    cut,
-    short_error,
-    to_text,
-)
+from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S, cut
+from grpolab.env.timeouts import Raised, call_with_timeout, short_error, to_text
 from grpolab.util.text import safe_data
 
 

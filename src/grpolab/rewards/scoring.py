@@ -48,8 +48,6 @@ The verifiers shipped here bound their own time (worker processes, sandbox), so 
 from __future__ import annotations
 
 import copy
-import inspect
-import itertools
 import logging
 import math
 import threading
@@ -59,6 +57,7 @@ from dataclasses import dataclass, field
 
 from grpolab.batch import Example
 from grpolab.rewards.contract import ERROR, OK, TIMEOUT, CallLog, placement, run_async, run_here
+from grpolab.rewards.values import BadScore, batched, scored
 
 log = logging.getLogger(__name__)
 
@@ -213,10 +212,6 @@ MAX_MESSAGES = 20
 _warned_lock = threading.Lock()
 
 
-class BadScore(ValueError):
-    """A reward function returned something that is not a finite number."""
-
-
 def _safe_text(x: object, limit: int = 200) -> str:
     """str(x), at most `limit` characters, whatever x's __str__ does (raises, or is huge)."""
     try:
@@ -228,36 +223,6 @@ def _safe_text(x: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _to_score(value: object) -> float:
-    """A reward function's return value as a finite float (else BadScore saying what it was).
-
-    Runs in the scoring thread, under the call's timeout: a `__float__` that raises (RuntimeError,
-    MemoryError) fails this call like a raise in the function; one that never returns is a timeout.
-    """
-    if isinstance(value, bool):
-        return float(value)
-    if value is None:
-        raise BadScore("returned None")
-    if isinstance(value, (str, bytes, list, tuple, dict, set)):
-        raise BadScore(f"returned a {type(value).__name__}, not a number")
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except OverflowError:
-        raise BadScore(f"returned a {type(value).__name__} too large for a float") from None
-    except (TypeError, ValueError):
-        raise BadScore(f"returned a {type(value).__name__}, not a number") from None
-    if math.isnan(x):
-        raise BadScore("returned NaN")
-    if math.isinf(x):
-        raise BadScore(f"returned {x}")
-    return x
-
-
-def _scored(f: Callable[[], object]) -> Callable[[], float]:
-    """A per-sample call whose value is converted to a score in the scoring thread."""
-    return _converting(f, _to_score)
-
-
 def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
     """[(start, end)] runs of consecutive completions that share one example (the same object)."""
     runs: list[tuple[int, int]] = []
@@ -267,51 +232,6 @@ def _group_runs(examples: list[Example]) -> list[tuple[int, int]]:
             runs.append((start, j))
             start = j
     return runs
-
-
-def _batch_results(value: object, n: int) -> list[tuple[str, object]]:
-    """Split one batch call's return value into n per-completion results: (ok, float), (ok, None)
-    for "does not apply", or (error, BadScore). At most n + 1 items are ever read, so an endless
-    iterable is a wrong length, not an endless list. Runs in the scoring thread (see _batched)."""
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
-        err = BadScore(f"returned a {type(value).__name__}, not a list of {n} scores")
-        return [(_ERROR, err)] * n
-    items = list(itertools.islice(iter(value), n + 1))  # type: ignore[call-overload]
-    if len(items) != n:
-        err = BadScore(f"returned {'more than ' + str(n) if len(items) > n else len(items)} scores for {n} completions")
-        return [(_ERROR, err)] * n
-    out: list[tuple[str, object]] = []
-    for v in items:
-        if v is None:
-            out.append((_OK, None))
-            continue
-        try:
-            out.append((_OK, _to_score(v)))
-        except BadScore as e:
-            out.append((_ERROR, e))
-    return out
-
-
-def _batched(f: Callable[[], object], n: int) -> Callable[[], object]:
-    """A batch call whose value is split and converted in the scoring thread, under its timeout (an async
-    function's coroutine is converted once awaited, on the event loop)."""
-    return _converting(f, lambda value: _batch_results(value, n))
-
-
-def _converting(f: Callable[[], object], convert: Callable[[object], object]) -> Callable[[], object]:
-    """f, its value passed through convert: at once, or after the await when f returns a coroutine."""
-
-    def call() -> object:
-        value = f()
-        if inspect.isawaitable(value):
-
-            async def converted() -> object:
-                return convert(await value)
-
-            return converted()
-        return convert(value)
-
-    return call
 
 
 def _describe(name: str, j: int, status: str, value: object) -> tuple[str, str]:
@@ -437,12 +357,12 @@ def score_completions(
                 kwargs = {k: list(v[a:b]) for k, v in (context or {}).items()}
                 kwargs.update(shared or {})
                 kwargs.update(log_extra=log.log_extra_for(a, b), log_metric=log.log_metric)
-                calls.append(_batched(_batch_call(rf.fn, texts, list(examples[a:b]), kwargs), b - a))
+                calls.append(batched(_batch_call(rf.fn, texts, list(examples[a:b]), kwargs), b - a))
                 groups.append(k)
                 spans.append((k, a, b))
         else:
             for j, (c, ex) in enumerate(zip(completions, examples, strict=True)):
-                calls.append(_scored(lambda f=rf.fn, c=c, ex=ex: f(c, ex)))
+                calls.append(scored(lambda f=rf.fn, c=c, ex=ex: f(c, ex)))
                 groups.append(k)
                 spans.append((k, j, j + 1))
     raw = _dispatch(calls, fns, groups, limits, workers, timeout_s, thread) if calls else []

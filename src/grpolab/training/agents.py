@@ -32,8 +32,8 @@ from grpolab.env import close_environment, load_environment, run_turns
 from grpolab.env.base import EnvConfigError, Reply, example_seed, seeded
 from grpolab.env.budget import ToolBudget
 from grpolab.env.calls import ToolCall
-from grpolab.env.runner import Raised, call_with_timeout, limit_stuck_calls, short_error
 from grpolab.env.settings import EnvConfig
+from grpolab.env.timeouts import Raised, call_with_timeout, limit_stuck_calls, short_error
 from grpolab.model.template import TemplateError, addition_ids, append_only_problem, render
 from grpolab.rewards.scoring import RewardFn, Scores
 from grpolab.util.fields import ConfigError

@@ -1,4 +1,5 @@
-"""One typed config: defaults here, a YAML recipe on top, then dotted KEY=VALUE overrides.
+"""One typed config: defaults here, a YAML recipe on top, then dotted KEY=VALUE overrides (read and merged
+by grpolab.training.recipe).
 
 Every field carries its documentation as a string literal right under it; `grpolab train --help`
 reads those strings (`field_docs`), so the help and the code cannot drift apart.
@@ -8,12 +9,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import textwrap
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -23,11 +21,10 @@ from grpolab.engine.settings import RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
 from grpolab.training.options import check_sampling_kwargs, eval_checks
-from grpolab.util.fields import ConfigError, coerce_field, field_docs
+from grpolab.training.recipe import deep_update, merge_into, parse_overrides
+from grpolab.util.fields import ConfigError, field_docs
 from grpolab.util.fileio import atomic_write
 from grpolab.util.threads import WAIT_SETTINGS
-
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package; ./recipes links here
 
 
 @dataclass
@@ -211,99 +208,12 @@ def algo_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _type_of(cls: type, name: str):
-    hints = typing.get_type_hints(cls)
-    return hints[name]
-
-
-def _merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:
-    """Return a copy of dataclass `current` with `updates` applied (nested dataclasses merge recursively)."""
-    if not isinstance(updates, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {updates!r}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {n: getattr(current, n) for n in names}
-    for k, v in updates.items():
-        key = f"{prefix}{k}"
-        if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"{key}: unknown key.{hint} Known keys: {', '.join(names)}")
-        typ = _type_of(cls, k)
-        if k == "algo":
-            kwargs[k] = v  # handled by the caller (presets: resolve_algo)
-        elif dataclasses.is_dataclass(typ):
-            kwargs[k] = _merge_into(typ, getattr(current, k), v, f"{key}.")  # lora.*
-        else:
-            kwargs[k] = coerce_field(key, v, typ)
-    return cls(**kwargs)
-
-
-def _apply(cfg_dict: dict, key: str, value: Any) -> None:
-    """Set a dotted `key` in a nested dict, creating levels as needed."""
-    parts = key.split(".")
-    d = cfg_dict
-    for p in parts[:-1]:
-        if not isinstance(d.get(p), dict):
-            d[p] = {} if p not in d or d[p] is None else ({"name": d[p]} if isinstance(d[p], str) else d[p])
-        d = d[p]
-    last = parts[-1]
-    if isinstance(d.get(last), dict) and isinstance(value, str) and key == "algo":
-        d[last]["name"] = value  # `algo.beta=0.1 algo=dapo`: the preset name must not drop algo.beta
-    else:
-        d[last] = value
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """`["steps=5", "algo.beta=0.04"]` -> nested dict; values are parsed as YAML scalars."""
-    out: dict = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"{item!r}: overrides are KEY=VALUE (for example steps=10 or algo.beta=0.04)")
-        k, v = item.split("=", 1)
-        if not k:
-            raise ConfigError(f"{item!r}: empty key")
-        try:
-            val = yaml.safe_load(v) if v != "" else ""
-        except yaml.YAMLError:
-            val = v
-        _apply(out, k.strip(), val)
-    return out
-
-
-def load_recipe(path: str | Path) -> dict:
-    """Read a YAML recipe: a file path, or the name of a file in recipes/ (`dapo` -> recipes/dapo.yaml)."""
-    p = Path(path)
-    if not p.exists() and (RECIPES_DIR / f"{path}.yaml").exists():
-        p = RECIPES_DIR / f"{path}.yaml"
-    if not p.exists():
-        known = sorted(x.stem for x in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []
-        raise ConfigError(f"recipe {str(path)!r} not found; give a YAML file path or one of: {', '.join(known)}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {p}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"recipe {p}: expected a mapping of keys to values at the top level")
-    return data
-
-
-def _deep_update(base: dict, upd: dict) -> dict:
-    for k, v in upd.items():
-        if k == "algo" and isinstance(v, str):
-            v = {"name": v}
-        if isinstance(v, dict) and isinstance(base.get(k), dict) and k != "rewards":
-            _deep_update(base[k], v)
-        else:
-            base[k] = v
-    return base
-
-
 def thread_wait_of(recipe: dict | None, overrides: list[str] | None) -> str:
     """The `thread_wait` that recipe <- overrides give, read before torch is imported (build_config imports
     it, and OpenMP reads its wait policy once, at that import); an invalid value is ConfigError."""
     merged: dict = {}
-    _deep_update(merged, copy.deepcopy(recipe or {}))
-    _deep_update(merged, parse_overrides(overrides or []))
+    deep_update(merged, copy.deepcopy(recipe or {}))
+    deep_update(merged, parse_overrides(overrides or []))
     value = merged.get("thread_wait", Config.thread_wait)
     if value not in WAIT_SETTINGS:
         raise ConfigError(f"thread_wait: must be one of {', '.join(WAIT_SETTINGS)}, got {value!r}")
@@ -313,14 +223,14 @@ def thread_wait_of(recipe: dict | None, overrides: list[str] | None) -> str:
 def build_config(recipe: dict | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- recipe <- overrides, validated. Raises ConfigError (exit code 2) on any problem."""
     merged: dict = {}
-    _deep_update(merged, copy.deepcopy(recipe or {}))  # never mutate the caller's recipe
-    _deep_update(merged, parse_overrides(overrides or []))
+    deep_update(merged, copy.deepcopy(recipe or {}))  # never mutate the caller's recipe
+    deep_update(merged, parse_overrides(overrides or []))
     algo_raw = merged.pop("algo", {}) or {}
     if isinstance(algo_raw, str):
         algo_raw = {"name": algo_raw}
     if not isinstance(algo_raw, dict):
         raise ConfigError(f"algo: expected a name or a mapping, got {algo_raw!r}")
-    cfg = _merge_into(Config, Config(), merged, "")
+    cfg = merge_into(Config, Config(), merged, "")
     algo_over = dict(algo_raw)
     name = algo_over.pop("name", "grpo")
     cfg.algo = resolve_algo(name, algo_over, choices=algo_choices())

@@ -23,7 +23,8 @@ CLAIM = "RL raises pass@1 more than pass@k at large k (Yue et al. 2025)"
 def _config(ns, run_dir: Path | None, overrides: list[str]):
     """The evaluation settings: the run's config (RUN_DIR) or the demo recipe, with --quick's small sizes
     and the KEY=VALUE overrides on top."""
-    from grpolab.training.config import build_config, config_from_run, load_recipe
+    from grpolab.training.config import build_config, config_from_run
+    from grpolab.training.recipe import load_recipe
 
     recipe = config_from_run(run_dir) if run_dir is not None else load_recipe("demo")
     quick = ["batch_size=8", "G=4", "micro_batch=4", "max_new_tokens=8", "eval_batch=8"] if ns.quick else []
