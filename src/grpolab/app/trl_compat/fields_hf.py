@@ -299,7 +299,14 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("include_num_input_tokens_seen", "no", LOGS + " (tokens/generated is logged every step)"),
     ignore("log_level", "passive", LOGS),
     ignore("log_level_replica", "warning", LOGS),
-    Entry("disable_tqdm", None, "map", "progress", to("progress", lambda v: not v), "True: no progress bar."),
+    Entry(
+        "disable_tqdm",
+        None,
+        "map",
+        "progress",
+        to("progress", lambda v: not (tqdm_disabled_by_logging() if v is None else v)),
+        "True: no progress bar; None (TRL's default): off when transformers' logging is quieter than warnings.",
+    ),
     Entry(
         "report_to",
         "none",
@@ -452,3 +459,11 @@ TRAINING_ARGUMENTS: list[Entry] = [
 ]
 
 __all__ = ["BEST", "TRAINING_ARGUMENTS", "generation_split", "to_steps", "updates_per_step"]
+
+
+def tqdm_disabled_by_logging() -> bool:
+    """transformers' TrainingArguments.disable_tqdm when left None: logger.getEffectiveLevel() > logging.WARN,
+    read from the transformers.training_args logger (the standard library's, so transformers need not be loaded)."""
+    import logging
+
+    return logging.getLogger("transformers.training_args").getEffectiveLevel() > logging.WARN
