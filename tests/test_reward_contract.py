@@ -255,8 +255,9 @@ def test_open_r1_accuracy_reward_with_math_verify_scores_in_the_calling_thread()
 
 
 def test_auto_keeps_pool_functions_on_the_workers():
-    """reward_thread=auto: a function with max_concurrency (the built-in math and code rewards) runs on the
-    worker threads, with its timeout; the others in the calling thread."""
+    """reward_thread=auto: a function with max_concurrency (the built-in math and code rewards) and grpolab's
+    per-sample fn(completion, example) run on the worker threads, with their timeout; TRL-form functions in
+    the calling thread, as TRL runs them."""
     where = {}
 
     def pooled(completion, example):
@@ -269,6 +270,11 @@ def test_auto_keeps_pool_functions_on_the_workers():
         where["plain"] = threading.current_thread() is threading.main_thread()
         return 1.0
 
+    def trl_form(completions, examples):
+        where["trl_form"] = threading.current_thread() is threading.main_thread()
+        return [1.0 for _ in completions]
+
     e = Example(prompt="p", answer="", id="p")
-    score_completions([RewardFn("pooled", 1.0, pooled), RewardFn("plain", 1.0, plain)], ["x"], [e], thread="auto")
-    assert where == {"pooled": False, "plain": True}
+    fns = [RewardFn("pooled", 1.0, pooled), RewardFn("plain", 1.0, plain), RewardFn("trl", 1.0, trl_form, batch=True)]
+    score_completions(fns, ["x"], [e], thread="auto")
+    assert where == {"pooled": False, "plain": False, "trl_form": True}

@@ -52,19 +52,21 @@ def is_async_callable(fn: Callable) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 (its __call__ method)
 
 
-def placement(fn: Callable, thread: str) -> str:
+def placement(fn: Callable, thread: str, batch: bool = True) -> str:
     """Where one function's calls run: "async" (an async function, always awaited on the event loop),
     "main" (the calling thread) or "workers" (the worker threads, with a timeout).
 
-    thread="auto": a function with a `max_concurrency` attribute was written for a pool (the built-in
-    math and code rewards, a sandboxed reward of your own) and runs on the workers; every other one in
-    the calling thread, as TRL runs them. "main" and "workers" put every synchronous function there."""
+    thread="auto": a TRL-form function (`batch`: completions in, one score each out) runs in the calling
+    thread, as TRL runs them; one with a `max_concurrency` attribute was written for a pool (the built-in
+    math and code rewards, a sandboxed reward of your own) and grpolab's per-sample `fn(completion,
+    example)` keeps its timeout: both run on the workers. "main" and "workers" put every synchronous
+    function there."""
     if thread not in THREADS:
         raise ValueError(f"reward_thread must be one of {', '.join(THREADS)}, got {thread!r}")
     if getattr(fn, "is_async", False) or is_async_callable(fn):
         return "async"
     if thread == "auto":
-        return "workers" if getattr(fn, "max_concurrency", None) is not None else "main"
+        return "main" if batch and getattr(fn, "max_concurrency", None) is None else "workers"
     return thread
 
 

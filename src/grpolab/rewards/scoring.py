@@ -269,7 +269,7 @@ def _dispatch(
 ) -> list[tuple[str, object]]:
     """Run every call where its function belongs (grpolab.rewards.contract.placement): async ones awaited
     together on an event loop, the worker threads' with a timeout, the rest in this thread, one by one."""
-    where = [placement(fns[k].fn, thread) for k in groups]
+    where = [placement(fns[k].fn, thread, fns[k].batch) for k in groups]
     results: list = [None] * len(calls)
 
     def part(kind: str) -> list[int]:

@@ -141,7 +141,7 @@ class Config:
     """Threads scoring completions in parallel."""
     # --- reward calls: where they run, and when failing ones stop the run (docs/rewards.md) ---
     reward_thread: str = "auto"
-    """Where synchronous reward functions run. auto: in the training thread, one call after another, as TRL runs them (so signal.alarm works, as math-verify's timeouts need; reward_timeout_s does not apply there), except functions with a `max_concurrency` attribute (the built-in math and code rewards), which run on reward_workers threads with the timeout. main: every one in the training thread. workers: every one on the threads, with the timeout. `async def` functions are always awaited together on an event loop, each within reward_timeout_s."""
+    """Where synchronous reward functions run. auto: TRL-form functions (completions in, a list of scores out) in the training thread, one call after another, as TRL runs them (so signal.alarm works, as math-verify's timeouts need; reward_timeout_s does not apply there); functions with a `max_concurrency` attribute (the built-in math and code rewards) and grpolab's per-sample fn(completion, example) on reward_workers threads with the timeout. main: every one in the training thread. workers: every one on the threads, with the timeout. `async def` functions are always awaited together on an event loop, each within reward_timeout_s."""
     max_reward_error_steps: int = 3
     """A reward function that fails on every completion of a step is named with its first error (console, and reward/<name>/error_frac = 1 in metrics.jsonl); this many such steps in a row stop the run (exit 1) after writing a checkpoint. 0: never stop for it."""
     tensorboard: bool | None = None
