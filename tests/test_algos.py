@@ -188,6 +188,7 @@ def test_docs_map_every_registered_function():
             "model.critic",
             "algo.shaping",
             "training.step",
+            "training.update",
             "model.passes",
             "batch",
             "algo.presets",

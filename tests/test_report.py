@@ -179,7 +179,7 @@ def test_dual_clip_is_marked():
 
 
 def test_a_component_that_needs_every_group_marks_every_row_computed():
-    """The rows come from the step's own rule (grpolab.training.step.computed_groups): a critic computes
+    """The rows come from the step's own rule (grpolab.training.update.computed_groups): a critic computes
     every group, also those whose advantages are all 0."""
     batch = toy_batch([1.0, -1.0, 0.0, 0.0], ref=False)
     recs = token_credit(batch, [0, 2], TOK, algo(), max_tokens=10, computes_every_group=True)

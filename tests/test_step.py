@@ -8,6 +8,7 @@ import torch
 
 from grpolab.batch import Batch, Rollout
 from grpolab.training import step as step_mod
+from grpolab.training import update as update_mod
 from grpolab.training.run import step_rng
 
 
@@ -91,14 +92,14 @@ def test_computed_groups_is_the_one_rule_for_which_rows_update_runs():
     batch = toy_batch()
     grpo, rloo = resolve_algo("grpo"), resolve_algo("rloo")  # KL in the loss / in the reward
     batch.adv = torch.tensor([0.5, -0.5, 0.0, 0.0])  # (N,)
-    assert step_mod.computed_groups(batch, grpo, False).tolist() == [True, False]  # no reference: no KL term
-    assert step_mod.computed_groups(batch, grpo, True).tolist() == [True, True]  # a critic needs every group
+    assert update_mod.computed_groups(batch, grpo, False).tolist() == [True, False]  # no reference: no KL term
+    assert update_mod.computed_groups(batch, grpo, True).tolist() == [True, True]  # a critic needs every group
     batch.ref_logp = torch.zeros(4, 3)
-    assert step_mod.computed_groups(batch, grpo, False).tolist() == [True, True]  # the KL term in the loss
-    assert step_mod.computed_groups(batch, rloo, False).tolist() == [True, False]  # the KL is in the reward
+    assert update_mod.computed_groups(batch, grpo, False).tolist() == [True, True]  # the KL term in the loss
+    assert update_mod.computed_groups(batch, rloo, False).tolist() == [True, False]  # the KL is in the reward
     batch.adv = torch.zeros(4, 3)
     batch.adv[3, 2] = 1.0  # (N, C): one token of group 1
-    assert step_mod.computed_groups(batch, rloo, False).tolist() == [False, True]
+    assert update_mod.computed_groups(batch, rloo, False).tolist() == [False, True]
 
 
 def test_the_run_hands_its_passes_a_spec_and_names_its_ranks_and_main_reward():

@@ -158,9 +158,9 @@ def train_in_process(model: Path, out: Path, *args: str) -> int:
 
 
 def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path, monkeypatch):
-    from grpolab.training import step as step_mod
+    from grpolab.training import update as update_mod
 
-    real = step_mod.policy_logp
+    real = update_mod.policy_logp
     calls = [0]
 
     def poisoned(spec, policy, part, **kw):
@@ -170,7 +170,7 @@ def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path,
             logp = logp + float("nan")
         return logp, ent
 
-    monkeypatch.setattr(step_mod, "policy_logp", poisoned)
+    monkeypatch.setattr(update_mod, "policy_logp", poisoned)
     out = tmp_path / "nan"
     assert train_in_process(tiny_model_dir, out, "steps=2", "save_every=1") == 0
     m1, m2 = read_jsonl(out / "metrics.jsonl")

@@ -16,7 +16,7 @@ import torch
 from grpolab.algo.losses import policy_loss, vespo_weight
 from grpolab.algo.presets import AlgoConfig, resolve_algo
 from grpolab.batch import Rollout
-from grpolab.training.step import generation_parts, loss_mask
+from grpolab.training.update import generation_parts, loss_mask
 
 
 def sig(x: float) -> float:

@@ -27,7 +27,7 @@ from grpolab.model.optim import SCHEDULES, build_scheduler
 from grpolab.model.reference import FrozenCopy, mix_into
 from grpolab.training.config import build_config
 from grpolab.training.options import check_engine_kwargs, extra_generation_kwargs, lr_updates, sampling_values
-from grpolab.training.step import sync_reference
+from grpolab.training.update import sync_reference
 from grpolab.util.fields import ConfigError
 
 

@@ -98,6 +98,7 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
     from grpolab.batch import Rollout
     from grpolab.training import step as step_mod
     from grpolab.training import trainer
+    from grpolab.training import update as update_mod
     from grpolab.training.config import build_config
 
     monkeypatch.setitem(rewards_mod.REWARDS, "parity_reward", rewards_mod.as_factory(reward))
@@ -139,14 +140,14 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
 
     monkeypatch.setattr(run.engine, "generate", generate)
     losses = []
-    real = step_mod.policy_loss
+    real = update_mod.policy_loss
 
     def recording(*a, **k):
         loss, info = real(*a, **k)
         losses.append(float(loss.detach()))
         return loss, info
 
-    monkeypatch.setattr(step_mod, "policy_loss", recording)
+    monkeypatch.setattr(update_mod, "policy_loss", recording)
     used = run.optimizer.param_groups[0]["lr"]
     metrics, _ = step_mod.train_step(run, 1)
     return sum(losses), metrics["grad_norm"], (used, metrics["lr"])  # metrics' lr: the next update's

@@ -86,7 +86,7 @@ class Regime:
     engine_share: int = 0
     """Bytes an inference engine reserves for generation (0: grpolab's own rollout)."""
     entropy: bool = True
-    """The first epoch's update pass computes entropies (grpolab.training.step.update does)."""
+    """The first epoch's update pass computes entropies (grpolab.training.update.update does)."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ environment token is context, never a sample: its adv, logp, ratio, entropy, kl 
 single-turn record has neither `env` nor `n_env`.
 
 The ratio is the objective's (grpolab.algo.losses.shown_ratio: per token, or GSPO's one per sequence).
-A row of a group that the update skipped (grpolab.training.step.computed_groups: all advantages 0, no
+A row of a group that the update skipped (grpolab.training.update.computed_groups: all advantages 0, no
 KL term in the loss, an advantage component that does not need every group) was never computed:
 `computed` is false and logp, ratio, entropy, kl and clip are null, never zeros.
 """
@@ -38,7 +38,7 @@ from grpolab.algo.kl import kl_per_token
 from grpolab.algo.losses import SEQUENCE_RATIO, clip_decision, shown_ratio
 from grpolab.algo.presets import AlgoConfig
 from grpolab.batch import Batch
-from grpolab.training.step import computed_groups
+from grpolab.training.update import computed_groups
 
 if TYPE_CHECKING:
     from grpolab.training.run import Run

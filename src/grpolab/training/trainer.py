@@ -10,14 +10,14 @@
         log metrics, samples; checkpoint every save_every steps
     evaluate(run, held_out); summary.json     with the paired before/after change and its interval
 
-The step itself is grpolab.training.step; this file owns everything a step does not.
+The step itself is grpolab.training.step; this file owns everything a step does not, with what the loop
+writes after a step and at its end (checkpoints, stops, summary, report) in grpolab.training.finish.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +45,15 @@ from grpolab.training.components import GroupBaseline
 from grpolab.training.config import Config, fold_report_to, save_config, to_dict
 from grpolab.training.diagnostics import CollapseWatcher
 from grpolab.training.evaluation import Evaluator, summary_fields
+from grpolab.training.finish import (
+    ReportWriter,
+    check_nonfinite,
+    resume_command,
+    save_or_stop,
+    summarise,
+    write_run_report,
+    write_summary,
+)
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.plan import check_run
@@ -56,9 +65,6 @@ from grpolab.training.trackers import check_installed
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
 from grpolab.util.threads import current, describe_threads
-
-ReportWriter = Callable[[Path, torch.device], None]
-"""Writes a run's report: (OUT, the device it ran on) -> OUT/report.html."""
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:
@@ -223,27 +229,6 @@ def choose_engine(cfg: Config, path: Path, device: torch.device, dist) -> tuple[
         raise ConfigError(str(e)) from None
 
 
-def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
-    """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt).
-    `policy`/`optimizer`: stand-ins holding the gathered full states of a sharded run (grpolab.parallel.fsdp)."""
-    from grpolab.training.checkpoint import save_checkpoint
-
-    state = {"step": step, "world_size": run.ranks.world}
-    if run.kl.adaptive:
-        state["kl_beta"] = run.kl.value
-    return save_checkpoint(
-        run.out,
-        step,
-        run.policy if policy is None else policy,
-        run.tokenizer,
-        run.optimizer if optimizer is None else optimizer,
-        run.scheduler,
-        state,
-        keep_last=run.cfg.keep_checkpoints,
-        components=run.components,
-    )
-
-
 def resume_state(run: Run, how: str = "--resume") -> int:
     """Load the newest checkpoint of run.out that verifies against its manifest (components included;
     a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none).
@@ -343,7 +328,7 @@ def train(
     prior_before = prior.get("eval_before") if resume else None
     before = evaluator.at_start(prior_before)
     if main and before is not None and prior_before is None:
-        _write_summary(summary_path, {"eval_before": before})
+        write_summary(summary_path, {"eval_before": before})
     distributed.barrier(d)
     progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
     watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
@@ -413,7 +398,7 @@ def train(
     summary = summarise(history, before, after, run.out, report=cfg.report)
     summary.update(summary_fields(before, after, evaluator, cfg.seed))
     summary["stopped"] = stopped  # None, or the step and reason of a callback's stop
-    _write_summary(summary_path, summary)
+    write_summary(summary_path, summary)
     write_run_report(run, log, report)
     print_summary(summary, console=console)
     hooks.end(summary)
@@ -451,103 +436,3 @@ class _NoFile:
 
     def close(self) -> None:
         pass
-
-
-def write_run_report(run: Run, log, report: ReportWriter | None) -> None:
-    """OUT/report.html (cfg.report), at the end and on a graceful stop, by the writer the application
-    passed (grpolab.app.report.write_run_report; the training layer draws nothing itself); a report that
-    fails costs a warning, never the run."""
-    if not run.cfg.report or report is None:
-        return
-    try:
-        report(run.out, run.device)
-    except Exception as e:  # noqa: BLE001 (matplotlib missing, a plotting bug, a full disk...)
-        log(f"warning: report.html not written: {e}")
-
-
-def resume_command(run: Run) -> str:
-    return f"grpolab train --resume {run.out}"
-
-
-def check_nonfinite(run: Run, step: int) -> None:
-    """Stop (RunStopped, exit 1) after cfg.max_nonfinite_updates non-finite updates in a row."""
-    from grpolab.training.checkpoint import latest_checkpoint
-
-    if run.nonfinite_streak >= run.cfg.max_nonfinite_updates:
-        last = latest_checkpoint(run.out)
-        kept = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-        raise RunStopped(
-            f"step {step}: {run.nonfinite_streak} optimizer updates in a row had a non-finite loss or "
-            f"gradient norm (each was skipped, update/nonfinite_skipped); stopping. The weights were "
-            f"never updated with them and {kept}. Check the rewards and log-probs for NaN/inf, or "
-            f"lower lr; continue with: {resume_command(run)}",
-            1,
-        )
-
-
-def save_or_stop(run: Run, step: int) -> Path | None:
-    """save() on rank 0 (returns the checkpoint's directory there, None elsewhere), or RunStopped (exit 1,
-    on every rank) naming the intact previous checkpoint when the disk refuses it."""
-    from grpolab.training.checkpoint import is_write_failure, latest_checkpoint
-
-    d = run.ranks
-    error = path = None
-    policy, optimizer = sharding.full_views(run)  # FSDP: every rank gathers the full states for rank 0
-    if d.main:
-        try:
-            path = save(run, step, policy, optimizer)
-        except Exception as e:
-            if not is_write_failure(e):
-                raise
-            error = e
-    if distributed.global_counts(d, 1.0 if error is not None else 0.0)[0]:
-        last = latest_checkpoint(run.out)
-        kept = f"the previous checkpoint {last} is intact" if last else "no earlier checkpoint exists"
-        reason = (getattr(error, "strerror", None) or str(error).strip().splitlines()[-1]) if error else "on rank 0"
-        raise RunStopped(
-            f"could not write the checkpoint of step {step} ({reason}; is the disk full?): "
-            f"nothing partial was left and {kept}. Free space, then continue with: "
-            f"{resume_command(run)}",
-            1,
-        ) from error
-    return path
-
-
-def _write_summary(path: Path, data: dict) -> None:
-    atomic_write(path, json.dumps(data, indent=2))
-
-
-def _mean(xs: list[float]) -> float:
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def summarise(
-    history: list[dict], before: dict | None, after: dict | None, out: Path, k: int = 5, report: bool = False
-) -> dict:
-    """Start vs end: mean reward and length over the first and last k steps, held-out accuracy. A row
-    of step 0 (the evaluation before training, eval_steps > 0) is not a step."""
-    history = [h for h in history if h.get("step", 0) >= 1]
-    first, last = history[:k], history[-k:]
-    return {
-        "steps": len(history),
-        "reward_first": _mean([h.get("reward/mean") for h in first]),
-        "reward_last": _mean([h.get("reward/mean") for h in last]),
-        "length_first": _mean([h.get("completion/length_mean") for h in first]),
-        "length_last": _mean([h.get("completion/length_mean") for h in last]),
-        "eval_before": before,
-        "eval_after": after,
-        "time_s": sum(h.get("time/step_s", 0.0) for h in history),
-        "out": str(out),
-        "files": {
-            n: str(out / n)
-            for n in (
-                "metrics.jsonl",
-                "samples.jsonl",
-                "config.yaml",
-                "tb",
-                "checkpoints",
-                *(("report.html",) if report else ()),
-            )
-        },
-    }

@@ -1,0 +1,292 @@
+"""The step's last stage, update(run, batch): `algo.mu` epochs of AdamW updates of the policy objective
+over one Batch whose advantages are set (grpolab.training.step runs it after collect -> reference ->
+shape -> advantages).
+
+    u = plan_update(run, batch)               the parts (steps_per_generation), their micro-batches of
+                                              whole computed groups (computed_groups), the loss mask
+    for each epoch, each part:
+        micro_batch_pass -> record_first_pass (first epoch: log pi_old, correction weights, entropy)
+                         -> micro_batch_loss  (policy_loss + a critic's value loss, backpropagated)
+        optimizer_step                        clip, AdamW, schedule, critic, reference sync; a
+                                              non-finite update is skipped and counted
+    update_metrics(run, batch, u)             the update's report
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from grpolab.algo.advantages import per_token
+from grpolab.algo.losses import policy_loss
+from grpolab.algo.presets import AlgoConfig
+from grpolab.algo.sampler import correction_weights, mismatch_metrics
+from grpolab.batch import Batch, Rollout
+from grpolab.model.passes import PassSpec, idle_pass, micro_batches, policy_logp, sampled_token_logp, slice_groups
+from grpolab.parallel.distributed import global_counts, sum_gradients
+from grpolab.parallel.fsdp import gathered, is_sharded, passes
+from grpolab.training.metrics import weighted_mean
+from grpolab.training.run import Run
+
+
+def computed_groups(batch: Batch, algo: AlgoConfig, computes_every_group: bool) -> Tensor:
+    """(B,) bool: the prompt groups update() runs through the policy. A group whose sequences all have
+    zero advantage adds nothing to the policy gradient and is skipped, unless a KL term in the loss
+    (with a reference) or the advantage component (a critic's value loss) needs every group.
+    grpolab.training.token_credit asks this too, to mark the rows never computed."""
+    rollout = batch.rollout
+    adv_tok = per_token(batch.adv, rollout.completion_ids.shape)  # (N, C)
+    has_signal = (adv_tok.abs() * rollout.completion_mask).sum(-1) > 0  # (N,)
+    every = (batch.ref_logp is not None and algo.kl_in_loss) or computes_every_group
+    return has_signal.view(-1, rollout.G).any(-1) | every  # (B,)
+
+
+def loss_mask(rollout: Rollout, algo: AlgoConfig) -> Tensor:
+    """(N, C) the tokens the loss reads: the completion mask, with every truncated completion's row zeroed
+    when algo.mask_truncated_completions (DAPO's overlong filtering; TRL's mask_truncated_completions)."""
+    mask = rollout.completion_mask
+    if algo.mask_truncated_completions:
+        mask = mask * (~rollout.truncated).to(mask.dtype)[:, None]  # (N, C)
+    return mask
+
+
+def generation_parts(n_groups: int, parts: int) -> list[Tensor]:
+    """The prompt groups 0..n_groups-1 split into `parts` contiguous runs (algo.steps_per_generation), one
+    optimizer update each; sizes differ by at most one (a DAPO batch may hold fewer groups)."""
+    return list(torch.arange(n_groups).tensor_split(parts))
+
+
+@dataclass
+class Update:
+    """One batch's update: its plan, the (N, C) tensors its passes fill (the first: log pi_old, entropy,
+    the sampler's correction weights; the last: log pi_theta) and the report's accumulators."""
+
+    spec: PassSpec
+    adv_tok: Tensor  # (N, C)
+    lmask: Tensor  # (N, C) the loss's token mask
+    parts: list[Tensor]  # prompt groups of each optimizer update
+    plan: list[list[Tensor]]  # each part's micro-batches (rows), groups that add nothing left out
+    old_logp: Tensor
+    last_logp: Tensor
+    entropy_tok: Tensor
+    is_weight: Tensor
+    is_clipped: Tensor
+    correct: bool  # weight each token by rollout.correction (the sampler is not the trainer)
+    loss_infos: list = field(default_factory=list)  # ({metric: value}, weight) per micro-batch, as entropy_infos
+    entropy_infos: list = field(default_factory=list)
+    grad_norms: list = field(default_factory=list)
+    n_nonfinite: int = 0
+    n_idle: int = 0
+    n_synced: int = 0
+
+
+def plan_update(run: Run, batch: Batch) -> Update:
+    """Micro-batches of whole computed groups per part; log pi_old taken now when there are several parts."""
+    algo, rollout = run.cfg.algo, batch.rollout
+    N, C = rollout.completion_ids.shape
+    spec = run.pass_spec()
+    computed = computed_groups(batch, algo, run.advantage.computes_every_group)  # (B,)
+    parts = generation_parts(N // rollout.G, algo.steps_per_generation)
+    old_logp = torch.zeros((N, C))
+    exact = run.engine.samples_from_trainer
+    if len(parts) > 1:
+        with gathered(run.policy, not (run.plain_sampling and exact)):
+            old_logp = sampled_token_logp(
+                spec, run.policy, rollout, plain=run.plain_sampling, sampler_is_policy=exact
+            ).clone()
+    return Update(
+        spec,
+        per_token(batch.adv, (N, C)),
+        loss_mask(rollout, algo),
+        parts,
+        [micro_batches(rollout, part[computed[part]], spec.micro_batch) for part in parts],
+        old_logp,
+        torch.zeros((N, C)),
+        torch.zeros((N, C)),
+        torch.ones((N, C)),
+        torch.zeros((N, C), dtype=torch.bool),
+        not exact and run.cfg.rollout.correction != "none",
+    )
+
+
+def micro_batch_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor | None, entropy: bool):
+    """The policy's pass over one micro-batch: (slice, log pi_theta (b, C'), entropy), its log-probs kept
+    as the last pass's; None for FSDP's idle pass (a rank without a micro-batch joins its all-gathers)."""
+    if rows is None:
+        idle_pass(u.spec, run.policy, rollout)
+        u.n_idle += 1
+        return None
+    sl = slice_groups(rollout, rows, u.spec.device)
+    logp, ent = policy_logp(u.spec, run.policy, sl, with_entropy=entropy)  # (b, C')
+    u.last_logp[rows, : sl.width] = logp.detach().cpu()
+    return sl, logp, ent
+
+
+def record_first_pass(
+    run: Run, u: Update, rollout: Rollout, rows: Tensor, sl, logp: Tensor, entropy: Tensor, first_part: bool
+) -> None:
+    """The first epoch's pass: log pi_old (the weights have not moved yet), the sampler's correction
+    weights against it (grpolab.algo.sampler), and the entropy for the report."""
+    width, mask = sl.width, sl.completion_mask
+    if first_part:
+        u.old_logp[rows, :width] = logp.detach().cpu()
+    if u.correct:
+        u.is_weight[rows, :width], u.is_clipped[rows, :width] = correction_weights(
+            u.old_logp[rows, :width],
+            rollout.sample_logp[rows, :width],
+            mask.cpu(),
+            run.cfg.rollout.correction,
+            run.cfg.rollout.correction_clip,
+        )
+    ent = entropy.detach()
+    u.entropy_tok[rows, :width] = (ent * mask).cpu()
+    u.entropy_infos.append(({"entropy": float((ent * mask).sum() / mask.sum().clamp(min=1))}, float(mask.sum())))
+
+
+def micro_batch_loss(
+    run: Run, batch: Batch, u: Update, rows: Tensor, sl, logp: Tensor, entropy: Tensor, n_seq: int, n_tok: int
+) -> float:
+    """The policy objective (and a critic's value loss) of one micro-batch, backpropagated; its value."""
+    algo, width, dev = run.cfg.algo, sl.width, run.device
+    kl_in_loss = batch.ref_logp is not None and algo.kl_in_loss
+    loss, info = policy_loss(
+        logp,
+        u.old_logp[rows, :width].to(dev),
+        u.adv_tok[rows, :width].to(dev),
+        u.lmask[rows, :width].to(dev),
+        algo,
+        beta=run.kl.value,
+        ref_logp=batch.ref_logp[rows, :width].to(dev) if kl_in_loss else None,
+        n_seq=n_seq,
+        n_tok=n_tok,
+        max_len=run.cfg.max_completion_tokens,
+        token_weight=u.is_weight[rows, :width].to(dev) if u.correct else None,
+        entropy=entropy if algo.entropy_coef != 0.0 else None,
+    )
+    loss, value_info = run.advantage.add_loss(loss, u.spec, sl, batch)
+    loss.backward()
+    u.loss_infos.append(({**info, **value_info}, float(sl.completion_mask.sum())))
+    return float(loss.detach())
+
+
+def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
+    """The global-batch gradient, clipped (its norm recorded), then AdamW, the schedule, the critic and
+    the reference's sync; an update whose loss or gradient norm is not finite is skipped instead (the
+    weights stay as they were) and counted."""
+    cfg, d = run.cfg, run.ranks
+    sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
+    loss_sum = global_counts(d, loss_sum)[0]
+    # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
+    norm = float(
+        torch.nn.utils.clip_grad_norm_(
+            run.policy.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        )
+    )
+    if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+        run.optimizer.zero_grad(set_to_none=True)
+        run.advantage.discard()
+        u.n_nonfinite += 1
+        run.nonfinite_streak += 1
+        return
+    if cfg.max_grad_norm > 0:
+        u.grad_norms.append(norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()  # warm-up counts optimizer updates actually made
+    run.advantage.step(cfg.max_grad_norm)
+    run.nonfinite_streak = 0
+    u.n_synced += sync_reference(run)
+
+
+def update(run: Run, batch: Batch) -> dict:
+    """`algo.mu` epochs over the batch, each `algo.steps_per_generation` AdamW updates (one per part of
+    the batch's prompt groups, `generation_parts`). batch.adv: (N,) or (N, C).
+
+    log pi_old is the policy that sampled. The first pass of the first update records it as log pi_theta
+    (detached): the weights have not moved yet, so no separate old-log-prob pass is needed; with
+    steps_per_generation > 1 the later parts' log pi_old is taken before any update (the rollout's own
+    log-probs where they are the policy's, else one no-grad pass). An update whose loss or gradient norm
+    is not finite is skipped (the weights stay as they were) and counted: update/nonfinite_skipped, and
+    run.nonfinite_streak for the loop's stop rule. Micro-batches hold whole groups (the
+    prompt is computed once per group). A group whose sequences all have zero advantage adds nothing to
+    the policy gradient and is not computed at all (`computed_groups`); the normalisers n_seq / n_tok
+    still count it, so the loss is unchanged. When the engine that sampled is not the trainer (vLLM),
+    each token's policy term is weighted by the rollout.correction weight of log pi_old against the
+    sampler's log-probs (grpolab.algo.sampler), computed in the first pass and kept for every epoch.
+    The loss reads `loss_mask` (truncated completions left out on request); algo.entropy_coef adds the
+    entropy bonus; algo.sync_ref_model updates the reference every sync_ref_model_steps updates.
+    """
+    algo, rollout, d = run.cfg.algo, batch.rollout, run.ranks
+    u = plan_update(run, batch)
+    for epoch in range(algo.mu):
+        for p, (part, part_batches) in enumerate(zip(u.parts, u.plan)):
+            part_rows = (part[:, None] * rollout.G + torch.arange(rollout.G)).reshape(-1)  # (n,)
+            n_seq, n_tok, n_batches = (
+                int(x) for x in global_counts(d, len(part_rows), float(u.lmask[part_rows].sum()), len(part_batches))
+            )  # this update's batch
+            if not n_batches:  # every rank runs the same updates
+                continue
+            loss_sum = 0.0
+            for rows in passes(d, part_batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
+                out = micro_batch_pass(run, u, rollout, rows, entropy=epoch == 0 or algo.entropy_coef != 0.0)
+                if out is None:
+                    continue
+                if epoch == 0:
+                    record_first_pass(run, u, rollout, rows, *out, first_part=p == 0)
+                loss_sum += micro_batch_loss(run, batch, u, rows, *out, n_seq, n_tok)
+            optimizer_step(run, u, loss_sum)
+    batch.old_logp, batch.last_logp, batch.entropy = u.old_logp, u.last_logp, u.entropy_tok  # not computed: 0
+    return update_metrics(run, batch, u)
+
+
+def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
+    """The update's report: the weighted losses and entropy, the rows computed, skips, the learning rate,
+    beta, the gradient norm, the sampler's mismatch where it is not the trainer, FSDP's idle passes."""
+    algo, rollout = run.cfg.algo, batch.rollout
+    batches = [rows for part in u.plan for rows in part]
+    metrics = weighted_mean(u.loss_infos)
+    metrics.update(weighted_mean(u.entropy_infos))
+    n_rows = sum(len(b) for b in batches)
+    metrics.update(
+        {
+            "update/seqs_computed": float(n_rows),
+            "update/skipped": float(n_rows == 0),
+            "update/nonfinite_skipped": float(u.n_nonfinite),
+            "lr": run.scheduler.get_last_lr()[0],
+            "kl/beta": run.kl.value,
+        }
+    )
+    if algo.sync_ref_model:
+        metrics["ref/synced"] = float(u.n_synced)
+    if algo.mask_truncated_completions:
+        metrics["update/masked_truncated"] = float(rollout.truncated.sum())
+    if u.grad_norms:
+        metrics["grad_norm"] = sum(u.grad_norms) / len(u.grad_norms)
+    if not run.engine.samples_from_trainer and n_rows:  # over the computed rows: their log pi_old exists
+        rows_done = torch.cat(batches) if batches else torch.zeros(0, dtype=torch.long)
+        metrics.update(
+            mismatch_metrics(
+                u.old_logp[rows_done],
+                rollout.sample_logp[rows_done],
+                rollout.completion_mask[rows_done],
+                u.is_weight[rows_done],
+                u.is_clipped[rows_done],
+            )
+        )
+    if is_sharded(run.policy):
+        metrics["update/idle_passes"] = float(u.n_idle)
+    return metrics
+
+
+def sync_reference(run: Run) -> int:
+    """After an optimizer update: with algo.sync_ref_model, every sync_ref_model_steps-th update (counted by
+    the scheduler, so a resumed run keeps the count) mixes the policy into the reference,
+    pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (grpolab.model.reference.mix_into). Returns 1 if it did."""
+    algo = run.cfg.algo
+    if not algo.sync_ref_model or run.ref is None or run.scheduler.last_epoch % algo.sync_ref_model_steps:
+        return 0
+    run.ref.sync(run.policy, algo.sync_ref_model_alpha)
+    return 1
