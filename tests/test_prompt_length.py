@@ -51,5 +51,5 @@ def test_a_prompt_past_the_context_is_a_usage_error_naming_the_row(tmp_path, tin
         timeout=600,
     )
     assert res.returncode == 2, res.stderr[-3000:]
-    assert "prompt of example 'huge' has" in res.stderr and "context of 512 tokens" in res.stderr
+    assert "prompt of example 'huge' has" in res.stderr and "context of 2048 tokens" in res.stderr
     assert "Traceback" not in res.stderr
