@@ -139,7 +139,13 @@ def test_openmp_reads_what_prepare_wrote_before_torch():
     ):
         res = subprocess.run(
             [sys.executable, "-c", code, setting],
-            env={**_env(), "OMP_DISPLAY_ENV": "VERBOSE"},
+            # a clean environment: nothing an earlier test left in os.environ reaches OpenMP
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "HOME": os.environ.get("HOME", "/root"),
+                "PYTHONPATH": str(SRC),
+                "OMP_DISPLAY_ENV": "VERBOSE",
+            },
             capture_output=True,
             text=True,
             timeout=300,
