@@ -39,6 +39,13 @@ REGRESSION = 0.05  # a ratio more than 5% worse than the previous entry's is fla
 CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
     "bench-step": ("Step time against TRL's GRPOTrainer", "grpolab", "TRL", "s/step", "lower"),
     "bench-memory": ("Peak memory against TRL's GRPOTrainer", "grpolab", "TRL", "MB", "lower"),
+    "busy-step": (
+        "The demo's step beside busy processes against alone (benchmarks/busy_machine.py; target: at most 2.5x)",
+        "beside busy",
+        "alone",
+        "s/step (median)",
+        "lower",
+    ),
     "rollout-hf": (
         "Rollout throughput against transformers' generate",
         "grpolab generate",
