@@ -1,17 +1,21 @@
-"""The demo's step alone and beside busy processes, for two thread wait policies side by side.
+"""The demo's step alone and beside busy processes, for thread settings side by side.
 
-    .venv/bin/python benchmarks/busy_machine.py --steps 3 --busy 2 --json busy.json
-    .venv/bin/python benchmarks/busy_machine.py --policies openmp,auto,passive --rounds 2 steps... KEY=VALUE
+    .venv/bin/python benchmarks/busy_machine.py --steps 4 --skip 1 --busy 2 --json busy.json
+    .venv/bin/python benchmarks/busy_machine.py --variants "before:thread_wait=openmp,threads=CORES default:"
+    .venv/bin/python benchmarks/busy_machine.py --policies openmp,auto,passive --rounds 2 KEY=VALUE ...
 
-Runs `grpolab train RECIPE steps=N eval_size=0` (default recipes/demo.yaml) once per policy (the config
-key thread_wait; `openmp` is OpenMP's own default, what grpolab did before thread_wait existed) alone and
+Runs `grpolab train RECIPE steps=N eval_size=0` (default recipes/demo.yaml) once per variant alone and
 once beside --busy single-threaded processes spinning (`python -c "while True: pass"`, started before
-the run and killed after it), interleaved: every policy alone, then every policy loaded, per round.
-Each run is a fresh process (the wait policy is read once, when torch starts), with OMP_WAIT_POLICY,
-GOMP_SPINCOUNT and KMP_BLOCKTIME removed from its environment so that the config key alone decides.
-Prints per policy the median of time/step_s over steps --skip+1..N (the same steps for every run),
-loaded / alone, and each policy against the first one (alone and loaded), and writes all of it,
-with every step's time and the load average before each run, to --json.
+the run and killed after it), interleaved: every variant alone, then every variant loaded, per round.
+A variant is NAME:KEY=VALUE,... (config overrides; CORES stands for this machine's core count); the
+default pair is `before` (thread_wait=openmp, OpenMP's own wait, and threads=CORES: what grpolab did before
+either key decided anything) against `default` (no override: what a run gets now). --policies P,Q is
+short for variants that set only thread_wait. Each run is a fresh process (the wait policy is read once,
+when torch starts), with OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME and OMP_NUM_THREADS removed from
+its environment so that the config alone decides. Prints per variant the median of time/step_s over steps
+--skip+1..N (the same steps for every run), loaded / alone, and each variant against the first one
+(alone and loaded), and writes all of it, with every step's time, the run's first line and the load
+average before each run, to --json.
 
 precision=bf16 by default (an override like any other): precision=auto measures at start, and on a
 loaded machine its choice could differ between the runs being compared.
@@ -43,9 +47,9 @@ def load_average() -> float | None:
         return None
 
 
-def run_once(recipe: str, steps: int, policy: str, overrides: list[str], out: Path, busy: int) -> dict:
+def run_once(recipe: str, steps: int, variant: str, overrides: list[str], out: Path, busy: int) -> dict:
     """One `grpolab train` process; its step times (time/step_s) and its first line."""
-    env = {k: v for k, v in os.environ.items() if k not in USER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in (*USER_VARS, "OMP_NUM_THREADS")}
     env["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [
         sys.executable,
@@ -56,7 +60,6 @@ def run_once(recipe: str, steps: int, policy: str, overrides: list[str], out: Pa
         f"steps={steps}",
         "eval_size=0",
         f"out={out}",
-        f"thread_wait={policy}",
         "progress=false",
         "report=false",
         "tensorboard=false",
@@ -71,11 +74,20 @@ def run_once(recipe: str, steps: int, policy: str, overrides: list[str], out: Pa
         raise SystemExit(f"busy_machine: {' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     times = [json.loads(line)["time/step_s"] for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     first = next((ln for ln in proc.stdout.splitlines() if ln.startswith("threads:")), "")
-    return {"policy": policy, "busy": busy, "step_s": times, "wall_s": wall, "load_before": load, "first_line": first}
+    return {"variant": variant, "busy": busy, "step_s": times, "wall_s": wall, "load_before": load, "first_line": first}
 
 
 def median_of(runs: list[dict], skip: int) -> float:
     return statistics.median(t for r in runs for t in r["step_s"][skip:])
+
+
+def parse_variants(text: str) -> dict[str, list[str]]:
+    """NAME:KEY=VALUE,KEY=VALUE ... (space-separated) -> {NAME: overrides}; CORES becomes the core count."""
+    out = {}
+    for item in text.split():
+        name, _, over = item.partition(":")
+        out[name] = [o.replace("CORES", str(os.cpu_count() or 1)) for o in over.split(",") if o]
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -84,24 +96,36 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=3, help="steps per run (default 3)")
     ap.add_argument("--skip", type=int, default=0, help="first steps of each run left out of the medians")
     ap.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded runs (default 2)")
-    ap.add_argument("--policies", default="openmp,auto", help="thread_wait values, the first is the baseline")
+    ap.add_argument(
+        "--variants",
+        default="before:thread_wait=openmp,threads=CORES default:",
+        help="NAME:KEY=VALUE,... per variant, space-separated; the first is the baseline",
+    )
+    ap.add_argument("--policies", help="P,Q,...: variants that set only thread_wait (replaces --variants)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    ap.add_argument(
+        "--results",
+        metavar="FILE",
+        help="append entries for docs/results.md (benchmarks/results/entries.jsonl): each variant loaded "
+        "against alone, and each variant alone against the first",
+    )
     ap.add_argument("overrides", nargs="*", default=["precision=bf16"], help="KEY=VALUE for every run")
     ns = ap.parse_args(argv)
     if ns.steps <= ns.skip:
         ap.error("--steps must exceed --skip")
-    policies = ns.policies.split(",")
+    variants = {p: [f"thread_wait={p}"] for p in ns.policies.split(",")} if ns.policies else parse_variants(ns.variants)
+    policies = list(variants)
     runs: dict[tuple[str, int], list[dict]] = {(p, b): [] for p in policies for b in (0, ns.busy)}
     with tempfile.TemporaryDirectory(prefix="busy-machine-") as tmp:
         for r in range(ns.rounds):
             for busy in (0, ns.busy):
                 for p in policies:
                     out = Path(tmp) / f"{p}-{busy}-{r}"
-                    res = run_once(ns.recipe, ns.steps, p, ns.overrides, out, busy)
+                    res = run_once(ns.recipe, ns.steps, p, [*ns.overrides, *variants[p]], out, busy)
                     runs[(p, busy)].append(res)
                     print(
-                        f"round {r + 1} thread_wait={p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
+                        f"round {r + 1} {p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
                         f"(load before {res['load_before']})",
                         file=sys.stderr,
                         flush=True,
@@ -112,7 +136,7 @@ def main(argv: list[str]) -> int:
         f"median s/step over steps {ns.skip + 1}..{ns.steps}, {ns.rounds} round(s); loaded = beside {ns.busy} busy "
         f"processes; {os.cpu_count()} cores"
     )
-    print(f"{'thread_wait':12}{'alone':>9}{'loaded':>9}{'loaded/alone':>14}{'alone/' + base:>16}{'loaded/' + base:>16}")
+    print(f"{'variant':12}{'alone':>9}{'loaded':>9}{'loaded/alone':>14}{'alone/' + base:>16}{'loaded/' + base:>16}")
     rows = {}
     for p in policies:
         a, b = med[(p, 0)], med[(p, ns.busy)]
@@ -133,12 +157,31 @@ def main(argv: list[str]) -> int:
         "busy": ns.busy,
         "rounds": ns.rounds,
         "overrides": ns.overrides,
+        "variants": variants,
         "cores": os.cpu_count(),
         "summary": rows,
         "runs": [r for v in runs.values() for r in v],
     }
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
+    if ns.results:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import results
+
+        steps = f"demo, steps {ns.skip + 1}-{ns.steps}"
+        entries = []
+        for p, row in rows.items():
+            how = f"{p} ({' '.join(variants[p]) or 'no override'})"
+            entries.append(
+                results.entry("busy-step", f"{steps}, {ns.busy} busy processes, {how}", row["loaded_s"], row["alone_s"])
+            )
+            if p != base:
+                entries.append(
+                    results.entry(
+                        "threads-alone", f"{steps}, alone, {how} against {base}", row["alone_s"], med[(base, 0)]
+                    )
+                )
+        results.record(ns.results, entries)
     return 0
 
 

@@ -46,6 +46,13 @@ CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
         "s/step (median)",
         "lower",
     ),
+    "threads-alone": (
+        "The demo's step alone: today's thread settings against the ones before (target: at most 1.05x)",
+        "now",
+        "before",
+        "s/step (median)",
+        "lower",
+    ),
     "rollout-hf": (
         "Rollout throughput against transformers' generate",
         "grpolab generate",

@@ -21,6 +21,10 @@ if str(SRC) not in sys.path:
 # No hub, ever, from the test suite.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# threads=0 takes OMP_NUM_THREADS where it is set, before it measures the machine's load: every run of the
+# suite computes with the same thread count whatever else runs beside it, so runs compared bit for bit
+# cannot differ by it (tests/test_threads.py clears it to test the measurement).
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(scope="session")

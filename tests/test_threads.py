@@ -1,13 +1,17 @@
 """The CPU threads' wait policy (grpolab.util.threads): what each thread_wait setting writes into the
 environment, that the user's own variables win under auto, that a plan made after torch started says
 it was not applied, that OpenMP really reads it when it is made first, that the run's first line names it,
-and that the processes beside the trainer (busy load, verifiers, sandboxed candidates) are set up for one core."""
+and that the processes beside the trainer (busy load, verifiers, sandboxed candidates) are set up for one core;
+and the thread count of threads=0: the load other processes put on the machine, measured from /proc/stat
+(worked examples), the count that leaves them their cores, and its record for a resumed run."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -226,3 +230,98 @@ def test_bench_takes_a_busy_count():
     assert bench_spec.parse_spec(["--setting", "a"]).busy == 0
     with pytest.raises(ConfigError, match="--busy"):
         bench_spec.parse_spec(["--busy", "-1"])
+
+
+# --- how many threads: threads=0 takes the cores other processes leave idle --------------------------
+
+STAT_BEFORE = "cpu  100 0 50 1000 10 0 0 0 0 0\ncpu0 50 0 25 500 5 0 0 0 0 0\ncpu1 50 0 25 500 5 0 0 0 0 0\nintr 1\n"
+STAT_AFTER = "cpu  200 0 90 1080 10 5 5 0 0 0\ncpu0 1 0 0 0 0 0 0 0 0 0\ncpu1 1 0 0 0 0 0 0 0 0 0\n"
+
+
+def test_cpu_times_and_others_busy_worked_example():
+    """/proc/stat: busy = user + nice + system + irq + softirq + steal; over the interval the machine's two
+    cores did 100 + 40 + 5 + 5 = 150 busy jiffies of 230 (d_total / cpus = 115 jiffies of wall time), and
+    this process 35 of them: B = (150 - 35) / 115 = 1.0 core."""
+    before, after = threads.cpu_times(STAT_BEFORE), threads.cpu_times(STAT_AFTER)
+    assert before == (150, 1160, 2)
+    assert after == (300, 1390, 2)
+    assert threads.others_busy(before, after, own=35) == pytest.approx(115 / 115)
+    assert threads.others_busy(before, after, own=200) == 0.0  # clamped: never below 0
+    assert threads.others_busy(before, before, own=0) == 0.0  # no time passed
+
+
+def test_own_ticks_reads_utime_and_stime_past_a_name_with_spaces():
+    line = "4242 (python -c x) S 1 2 3 4 5 6 7 8 9 10 17 3 0 0 20 0 4 0 99"
+    assert threads.own_ticks(line) == 17 + 3
+
+
+@pytest.mark.parametrize(
+    ("cores", "busy", "cpus", "expected"),
+    [
+        (2, 0.0, None, 2),  # idle: every core
+        (2, 0.3, None, 2),  # an editor's flicker rounds to nothing
+        (2, 1.0, None, 1),  # one busy process: the idle core
+        (2, 2.0, None, 1),  # two: at least one thread
+        (8, 1.6, None, 6),  # 8 - round(1.6)
+        (2, 10.0, 64, 2),  # a 64-core machine with 10 busy: this process's 2 cores are its limit
+        (4, None, None, 4),  # not measured: every core
+    ],
+)
+def test_fair_threads(cores, busy, cpus, expected):
+    assert threads.fair_threads(cores, busy, cpus) == expected
+
+
+def test_choose_threads_precedence(monkeypatch):
+    monkeypatch.setattr(threads, "busy_cores", lambda *a, **k: (1.0, 2))
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    assert threads.choose_threads(3, recorded=1, environ={"OMP_NUM_THREADS": "4"}) == (3, "threads=3")
+    n, why = threads.choose_threads(0, recorded=2, environ={"OMP_NUM_THREADS": "4"})
+    assert (n, threads.FILE in why) == (2, True)  # a resumed run keeps its count
+    assert threads.choose_threads(0, environ={"OMP_NUM_THREADS": "4"})[0] == 4  # the user's (torchrun's) variable
+    n, why = threads.choose_threads(0, environ={"OMP_NUM_THREADS": "zero"})
+    assert (n, why) == (1, "threads=0: other processes kept 1.0 of 2 cores busy at start")
+
+
+def test_recorded_threads(tmp_path):
+    assert threads.recorded_threads(tmp_path) is None
+    (tmp_path / threads.FILE).write_text('{"threads": 3}\n')
+    assert threads.recorded_threads(tmp_path) == 3
+    (tmp_path / threads.FILE).write_text('{"threads": "3"}\n')
+    assert threads.recorded_threads(tmp_path) is None  # not a count grpolab wrote
+
+
+def test_busy_cores_sees_two_spinning_processes():
+    """Beside two processes spinning at 100% of a core, the other processes' load measured over half a
+    second is at least 1.5 cores on a machine of 2 or more (the spinners can only add to whatever else
+    runs; 0.5 core of slack for scheduling), and the count then leaves them their cores."""
+    if not Path("/proc/stat").exists() or threads.cores() < 2:
+        pytest.skip("needs Linux's /proc/stat and at least 2 cores")
+    with busy_processes(2):
+        time.sleep(0.3)  # let them start spinning
+        busy, cpus = threads.busy_cores(0.5)
+    assert 1.5 <= busy <= cpus
+    assert threads.fair_threads(threads.cores(), busy, cpus) <= max(1, cpus - 1)
+
+
+def test_the_train_command_records_its_thread_count_and_resume_keeps_it(tmp_path, tiny_model_dir):
+    """The real CLI on a tiny model with OMP_NUM_THREADS unset: threads=0 measures, says so on its first
+    line and writes threads.json; --resume reuses the count recorded there."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"}
+    base = [sys.executable, "-m", "grpolab.app.cli", "train"]
+    args = [f"model={tiny_model_dir}", "eval_size=0", "G=2", "batch_size=2", "max_new_tokens=4", "report=false"]
+    res = subprocess.run(
+        [*base, *args, "steps=1", f"out={out}", "progress=false"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    first = next(ln for ln in res.stdout.splitlines() if ln.startswith("threads:"))
+    assert "threads=0: other processes kept" in first, first
+    recorded = json.loads((out / threads.FILE).read_text())["threads"]
+    assert 1 <= recorded <= threads.cores()
+    (out / threads.FILE).write_text(json.dumps({"threads": 1}) + "\n")  # as if it had started on a busy machine
+    res = subprocess.run(
+        [*base, "--resume", str(out), "steps=2", "progress=false"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    first = next(ln for ln in res.stdout.splitlines() if ln.startswith("threads:"))
+    assert first.startswith("threads: 1 compute thread on") and threads.FILE in first, first

@@ -104,7 +104,7 @@ class Config:
     decoder: str = "auto"
     """How rollouts run the model: auto (grpolab.engine.native.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
     threads: int = 0
-    """CPU threads for PyTorch; 0 = all cores."""
+    """CPU threads for PyTorch. 0: the cores other processes leave idle, measured for a quarter of a second at start (every core on an idle machine, one fewer per busy core, at least 1), or OMP_NUM_THREADS where the environment sets it (torchrun does),, recorded in OUT/threads.json and kept on resume; N: exactly N. Printed on the run's first line; docs/performance.md, "A machine doing something else"."""
     # --- how the CPU threads wait (grpolab.util.threads)
     thread_wait: str = "auto"
     """How PyTorch's CPU threads wait for each other between parallel pieces of work (OpenMP's wait policy, set before torch starts): auto (a short spin, then sleep, so that a machine running something else costs a fair share rather than many times the step; the user's own OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME win where set), short (the same, ignoring those variables), passive (sleep at once), active (spin) or openmp (the runtime's own default: libgomp spins 300,000 rounds). Printed on the run's first line; docs/performance.md, "A machine doing something else"."""

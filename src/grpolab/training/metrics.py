@@ -181,6 +181,7 @@ RUN_ENTRIES = (
     "summary.json",
     "restarts.jsonl",
     "precision.json",
+    "threads.json",
     "machine.json",
     "report.html",
     "report_plots",

@@ -64,7 +64,8 @@ from grpolab.training.token_credit import sample_records
 from grpolab.training.trackers import check_installed
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
-from grpolab.util.threads import current, describe_threads
+from grpolab.util.threads import FILE as THREADS_FILE
+from grpolab.util.threads import choose_threads, current, describe_threads, recorded_threads
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:
@@ -102,9 +103,9 @@ def setup(
     check_epochs(cfg, task, log)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    log(describe_threads(torch.get_num_threads(), current(cfg.thread_wait)))  # the first line (util.threads)
+    threads, why = choose_threads(cfg.threads, recorded_threads(out) if resume else None)
+    torch.set_num_threads(threads)
+    log(describe_threads(threads, current(cfg.thread_wait), why=why))  # the first line (util.threads)
     if device.type == "cpu" and cfg.cpu_malloc == "keep":
         keep_freed_memory()
     path = model_dir(cfg.model, log=log)
@@ -285,6 +286,7 @@ def train(
     if main and (not resume or start < cfg.steps):  # a resumed run records its new steps= (and other overrides)
         save_config(cfg, run.out / "config.yaml")
         atomic_write(run.out / precision.FILE, json.dumps(run.precision.to_json(), indent=2) + "\n")
+        atomic_write(run.out / THREADS_FILE, json.dumps({"threads": torch.get_num_threads()}) + "\n")
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
     logger = (

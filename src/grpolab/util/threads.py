@@ -181,13 +181,126 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def describe_threads(threads: int, plan: WaitPlan, n_cores: int | None = None) -> str:
-    """The run's first line: compute threads and how they wait."""
+def describe_threads(threads: int, plan: WaitPlan, n_cores: int | None = None, why: str = "") -> str:
+    """The run's first line: compute threads (and why that many) and how they wait."""
     n = cores() if n_cores is None else n_cores
+    reason = f" ({why})" if why else ""
     return (
-        f"threads: {threads} compute thread{'s' if threads != 1 else ''} on {n} core{'s' if n != 1 else ''}; "
-        f"{plan.describe()}"
+        f"threads: {threads} compute thread{'s' if threads != 1 else ''} on {n} core{'s' if n != 1 else ''}"
+        f"{reason}; {plan.describe()}"
     )
+
+
+# --- how many threads: the cores other processes leave idle -------------------------------------------
+
+BUSY_PROBE_S = 0.25
+"""Seconds over which `busy_cores` watches the machine at start (a sleep: the trainer computes nothing then)."""
+FILE = "threads.json"
+"""The thread count a run chose (threads=0), in its directory: a resumed run reuses it (the sums of a
+parallel reduction depend on how many threads share them, so the same count gives the same numbers)."""
+
+
+def cpu_times(stat_text: str) -> tuple[int, int, int]:
+    """(busy, total, cpus) from the text of /proc/stat: the aggregate `cpu` line's jiffies, busy = user +
+    nice + system + irq + softirq + steal (idle and iowait are not busy; guest time is inside user), and
+    the number of `cpuN` lines."""
+    lines = stat_text.splitlines()
+    head = next(ln for ln in lines if ln.startswith("cpu "))
+    v = [int(x) for x in head.split()[1:9]]  # user nice system idle iowait irq softirq steal
+    total = sum(v)
+    busy = total - v[3] - v[4]
+    cpus = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    return busy, total, cpus
+
+
+def own_ticks(self_stat_text: str) -> int:
+    """utime + stime of this process (every thread), in jiffies, from the text of /proc/self/stat."""
+    fields = self_stat_text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted from 1 before the name
+
+
+def others_busy(before: tuple[int, int, int], after: tuple[int, int, int], own: int) -> float:
+    """Cores' worth of CPU time the other processes used between two /proc/stat readings:
+
+        B = (d_busy - d_own) / (d_total / cpus)
+
+    d_total / cpus is the interval in jiffies; d_own this process's share of d_busy. Clamped to [0, cpus]."""
+    d_busy, d_total, cpus = after[0] - before[0], after[1] - before[1], after[2] or 1
+    if d_total <= 0:
+        return 0.0
+    return min(float(cpus), max(0.0, (d_busy - own) / (d_total / cpus)))
+
+
+def fair_threads(n_cores: int, busy: float | None, cpus: int | None = None) -> int:
+    """The compute threads that take the cores other processes leave idle:
+
+        T = max(1, min(C, M - round(B)))
+
+    C the cores this process may use, M the machine's (default C), B what `busy_cores` measured (None:
+    not measured, T = C).
+
+    On an idle machine T = C. Beside k busy single-threaded processes T = C - k (at least 1): a thread of
+    a team that waits at every barrier for its peers makes the whole step wait whenever the kernel gives
+    its core to another process, so a team larger than the idle cores runs far below its share
+    (docs/performance.md, "A machine doing something else")."""
+    if busy is None:
+        return n_cores
+    return max(1, min(n_cores, (cpus or n_cores) - round(busy)))
+
+
+def busy_cores(interval_s: float = BUSY_PROBE_S, proc: str = "/proc") -> tuple[float, int] | None:
+    """(B, M): cores' worth of CPU the other processes used over `interval_s` (`others_busy`) and the
+    machine's cores; None where the platform has no /proc/stat."""
+    import time
+
+    try:
+        stat, self_stat = f"{proc}/stat", f"{proc}/self/stat"
+        with open(stat) as f:
+            before = cpu_times(f.read())
+        with open(self_stat) as f:
+            own0 = own_ticks(f.read())
+        time.sleep(interval_s)
+        with open(stat) as f:
+            after = cpu_times(f.read())
+        with open(self_stat) as f:
+            own1 = own_ticks(f.read())
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return others_busy(before, after, own1 - own0), after[2]
+
+
+def recorded_threads(out) -> int | None:
+    """The thread count recorded in a run directory's threads.json, None where there is none (a run from
+    before it was recorded) or it cannot be read."""
+    import json
+    from pathlib import Path
+
+    try:
+        n = json.loads((Path(out) / FILE).read_text())["threads"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def choose_threads(setting: int, recorded: int | None = None, environ=None) -> tuple[int, str]:
+    """(threads, why) for the config key `threads`: N > 0 as given; 0 the run's recorded choice when
+    resuming, else OMP_NUM_THREADS where the environment sets it (torchrun does, for a job of several
+    processes sharing a machine), else `fair_threads` of a `busy_cores` measurement."""
+    n = cores()
+    environ = os.environ if environ is None else environ
+    if setting > 0:
+        return setting, "threads=" + str(setting)
+    if recorded:
+        return recorded, f"as recorded in {FILE} when the run started"
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given), f"OMP_NUM_THREADS={given} in the environment"
+    measured = busy_cores()
+    if measured is None:
+        return n, "every core (no /proc/stat to measure the machine's load)"
+    busy, cpus = measured
+    t = fair_threads(n, busy, cpus)
+    return t, f"threads=0: other processes kept {busy:.1f} of {cpus} cores busy at start"
 
 
 __all__ = [
@@ -203,6 +316,10 @@ __all__ = [
     "prepare",
     "current",
     "describe_threads",
+    "busy_cores",
+    "choose_threads",
+    "recorded_threads",
+    "fair_threads",
     "check_setting",
     "runtime_started",
 ]
