@@ -101,6 +101,11 @@ def main(argv: list[str]) -> int:
         default="before:thread_wait=openmp,threads=CORES default:",
         help="NAME:KEY=VALUE,... per variant, space-separated; the first is the baseline",
     )
+    ap.add_argument(
+        "--loaded-only-for",
+        metavar="NAMES",
+        help="NAME,...: run only these variants beside the busy processes (the others alone only)",
+    )
     ap.add_argument("--policies", help="P,Q,...: variants that set only thread_wait (replaces --variants)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", metavar="FILE", help="write the result as JSON")
@@ -116,11 +121,14 @@ def main(argv: list[str]) -> int:
         ap.error("--steps must exceed --skip")
     variants = {p: [f"thread_wait={p}"] for p in ns.policies.split(",")} if ns.policies else parse_variants(ns.variants)
     policies = list(variants)
-    runs: dict[tuple[str, int], list[dict]] = {(p, b): [] for p in policies for b in (0, ns.busy)}
+    loaded = ns.loaded_only_for.split(",") if ns.loaded_only_for else policies
+    runs: dict[tuple[str, int], list[dict]] = {
+        (p, b): [] for p in policies for b in (0, ns.busy) if b == 0 or p in loaded
+    }
     with tempfile.TemporaryDirectory(prefix="busy-machine-") as tmp:
         for r in range(ns.rounds):
             for busy in (0, ns.busy):
-                for p in policies:
+                for p in policies if busy == 0 else loaded:
                     out = Path(tmp) / f"{p}-{busy}-{r}"
                     res = run_once(ns.recipe, ns.steps, p, [*ns.overrides, *variants[p]], out, busy)
                     runs[(p, busy)].append(res)
@@ -138,14 +146,15 @@ def main(argv: list[str]) -> int:
     )
     print(f"{'variant':12}{'alone':>9}{'loaded':>9}{'loaded/alone':>14}{'alone/' + base:>16}{'loaded/' + base:>16}")
     rows = {}
+    nan = float("nan")
     for p in policies:
-        a, b = med[(p, 0)], med[(p, ns.busy)]
+        a, b = med[(p, 0)], med.get((p, ns.busy), nan)
         rows[p] = {
             "alone_s": a,
             "loaded_s": b,
             "loaded_over_alone": b / a,
             "alone_over_base": a / med[(base, 0)],
-            "loaded_over_base": b / med[(base, ns.busy)],
+            "loaded_over_base": b / med.get((base, ns.busy), nan),
         }
         print(
             f"{p:12}{a:9.2f}{b:9.2f}{b / a:14.2f}{rows[p]['alone_over_base']:16.3f}{rows[p]['loaded_over_base']:16.3f}"
@@ -172,9 +181,12 @@ def main(argv: list[str]) -> int:
         entries = []
         for p, row in rows.items():
             how = f"{p} ({' '.join(variants[p]) or 'no override'})"
-            entries.append(
-                results.entry("busy-step", f"{steps}, {ns.busy} busy processes, {how}", row["loaded_s"], row["alone_s"])
-            )
+            if p in loaded:
+                entries.append(
+                    results.entry(
+                        "busy-step", f"{steps}, {ns.busy} busy processes, {how}", row["loaded_s"], row["alone_s"]
+                    )
+                )
             if p != base:
                 entries.append(
                     results.entry(
