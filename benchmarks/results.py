@@ -115,6 +115,13 @@ CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
         "candidates/s",
         "higher",
     ),
+    "wall-time": (
+        "Wall time of long commands (the lab's claims, test files); the load of the shared machine in the setting",
+        "wall",
+        "",
+        "s",
+        "lower",
+    ),
     "humaneval": (
         "HumanEval canonical solutions graded 1.0 by the code reward",
         "canonical = 1.0",
