@@ -313,9 +313,7 @@ def decode(
 
     record("hf_static_eager", hf(cache_implementation="static", disable_compile=True))
     if compile and dev.type == "cuda":
-        from transformers import (
-            CompileConfig,  # generate compiles the forward itself on a static cache
-        )
+        from transformers import CompileConfig  # generate compiles the forward itself on a static cache
 
         record(
             "hf_static_compiled",
