@@ -189,3 +189,36 @@ def test_math_and_countdown_say_whether_an_answer_was_found():
     assert countdown.fn.answer_found("(1 + 2) * 3", ex) and countdown.fn("(1 + 2) * 3", ex) == 1
     assert countdown.fn.answer_found("1 + 2 + 3", ex) and countdown.fn("1 + 2 + 3", ex) == 0  # wrong
     assert not countdown.fn.answer_found("I cannot do this one", ex)
+
+
+def test_accuracy_is_the_per_prompt_mean_its_interval_is_about(tiny_model_dir, tmp_path):
+    """A TRL-form main reward that returns None for some completions (and for every completion of one
+    prompt): the accuracy is the mean of the per-prompt scores over the prompts with a scored completion,
+    that prompt's score is null, and the accuracy lies inside its interval."""
+    fn = tmp_path / "skipping.py"
+    fn.write_text(
+        "calls = []\n"
+        "def skipping(completions, **kwargs):\n"  # called once per held-out prompt: its 4 completions
+        "    calls.append(1)\n"
+        "    if len(calls) == 1:\n"
+        "        return [None] * len(completions)\n"
+        "    texts = [c if isinstance(c, str) else c[-1]['content'] for c in completions]\n"
+        "    return [None] + [float(len(t) % 2) for t in texts[1:]]\n"
+    )
+    out = train(
+        tiny_model_dir,
+        tmp_path / "run",
+        "steps=1",
+        "eval_num_generations=4",
+        "eval_batch=16",
+        "reward_thread=main",
+        f"rewards=[{{name: '{fn}:skipping'}}]",
+    )
+    before = json.loads((out / "summary.json").read_text())["eval_before"]
+    scores = before["per_prompt"]["score"]
+    assert scores[0] is None  # the first prompt's four completions were all skipped
+    scored = [s for s in scores if s is not None]
+    assert len(scored) == 3
+    assert before["accuracy"] == pytest.approx(sum(scored) / 3)
+    lo, hi = before["accuracy_ci"]
+    assert lo <= before["accuracy"] <= hi

@@ -53,7 +53,8 @@ def evaluate(
     """Score `examples` through run.engine: one greedy completion per prompt (num_generations 0, the
     default of cfg.eval_num_generations) or n sampled ones at `temperature` (cfg.eval_temperature).
 
-    Returns {"accuracy": mean main reward, "reward": mean weighted total, "length": mean tokens,
+    Returns {"accuracy": the mean over prompts of each prompt's mean main reward (a main reward that skips a
+    completion, None, leaves it out; a prompt with none scored is left out, its score None), "reward": mean weighted total, "length": mean tokens,
     "n": prompts, "main_reward", "samples_per_prompt", "temperature" (0 = greedy), "accuracy_ci",
     "accuracy_ci_method" (wilson: greedy 0/1 scores; bootstrap: over prompts), "pass@k" {k: {"estimate",
     "ci"}} (unbiased, Chen et al. 2021; ks default 1, 2, 4, ..., n), "extraction" {verifier: shares of
@@ -76,7 +77,7 @@ def evaluate(
     main, threshold = run.main_reward, cfg.eval_pass_threshold
     checks = {f.name: f.fn.answer_found for f in run.reward_fns if callable(getattr(f.fn, "answer_found", None))}
     chunk_size = cfg.eval_batch if greedy else max(1, cfg.eval_batch // G)
-    totals, mains, lengths, turns = [], [], [], []
+    totals, lengths, turns = [], [], []
     correct, score = [], []
     shares = {name: [0, 0, 0] for name in checks}  # no_answer, wrong, right
     for s in range(0, len(examples), chunk_size):
@@ -89,18 +90,18 @@ def evaluate(
         totals += scores.total
         skipped = set(scores.none.get(main, ()))  # a TRL-form main reward that does not apply: left out
         per = scores.per_fn[main]
-        mains += [x for i, x in enumerate(per) if i not in skipped]
         lengths += rollout.lengths.tolist()
         for j in range(len(chunk)):
             rows = [i for i in range(j * G, (j + 1) * G) if i not in skipped]
             correct.append(sum(1 for i in rows if per[i] >= threshold))
-            score.append(sum(per[i] for i in rows) / len(rows) if rows else 0.0)
+            score.append(sum(per[i] for i in rows) / len(rows) if rows else None)  # None: nothing scored
         for name, found in checks.items():
             for i, text in enumerate(rollout.texts):
                 ok = scores.per_fn[name][i] >= threshold
                 shares[name][2 if ok else 1 if found(text, chunk[i // G]) else 0] += 1
+    scored = [x for x in score if x is not None]  # the prompts with a scored completion
     out = {
-        "accuracy": sum(mains) / max(1, len(mains)),
+        "accuracy": sum(scored) / len(scored) if scored else None,  # per-prompt mean: what its interval is of
         "reward": sum(totals) / len(totals),
         "length": sum(lengths) / len(lengths),
         "n": len(examples),
@@ -111,11 +112,13 @@ def evaluate(
     out["samples_per_prompt"] = G
     out["temperature"] = 0.0 if greedy else float(temp)
     c = np.asarray(correct)
-    binary = greedy and all(x in (0.0, 1.0) for x in score)
-    if binary:
-        out["accuracy_ci"], out["accuracy_ci_method"] = list(wilson_interval(sum(score), len(score))), "wilson"
+    binary = greedy and all(x in (0.0, 1.0) for x in scored)
+    if not scored:  # the main reward skipped every completion: no accuracy to estimate
+        out["accuracy_ci"], out["accuracy_ci_method"] = None, None
+    elif binary:
+        out["accuracy_ci"], out["accuracy_ci_method"] = list(wilson_interval(sum(scored), len(scored))), "wilson"
     else:
-        out["accuracy_ci"] = list(bootstrap_interval(score, resamples=BOOTSTRAP_RESAMPLES, seed=cfg.seed))
+        out["accuracy_ci"] = list(bootstrap_interval(scored, resamples=BOOTSTRAP_RESAMPLES, seed=cfg.seed))
         out["accuracy_ci_method"] = "bootstrap"
     out["pass@k"] = {}
     for k in ks:
@@ -143,8 +146,8 @@ def eval_metrics(res: dict) -> dict:
         return {}
     m = {
         "eval/accuracy": res["accuracy"],
-        "eval/accuracy_lo": res["accuracy_ci"][0],
-        "eval/accuracy_hi": res["accuracy_ci"][1],
+        "eval/accuracy_lo": (res["accuracy_ci"] or [None])[0],
+        "eval/accuracy_hi": (res["accuracy_ci"] or [None, None])[1],
         "eval/reward": res["reward"],
         "eval/length": res["length"],
         "eval/prompts": res["n"],
@@ -170,7 +173,12 @@ def compare(before: dict | None, after: dict | None, seed: int = 0) -> dict | No
     pb, pa = before["per_prompt"], after["per_prompt"]
     if pb["id"] != pa["id"]:
         return None
-    out = {"accuracy": paired_comparison(pb["score"], pa["score"], resamples=BOOTSTRAP_RESAMPLES, seed=seed)}
+    both = [(b, a) for b, a in zip(pb["score"], pa["score"]) if b is not None and a is not None]
+    out = {
+        "accuracy": paired_comparison(
+            [b for b, _ in both], [a for _, a in both], resamples=BOOTSTRAP_RESAMPLES, seed=seed
+        )
+    }
     out["accuracy"]["sentence"] = describe_change(f"held-out accuracy ({before['main_reward']})", out["accuracy"])
     nb, na = before["samples_per_prompt"], after["samples_per_prompt"]
     for k in sorted(set(before.get("pass@k", {})) & set(after.get("pass@k", {})), key=int):

@@ -309,8 +309,8 @@ def eval_panel(runs: list[RunData]) -> Plot:
         vals = [(b if when == "before" else a).get("accuracy") for _, b, a in have]
         cis = [(b if when == "before" else a).get("accuracy_ci") for _, b, a in have]
         err = [
-            # the interval is over per-prompt scores; with rewards that skip completions (None) the
-            # per-completion accuracy can sit just outside it: no negative bar then
+            # a summary.json whose accuracy was a per-completion mean (rewards that skip completions)
+            # can hold one just outside its per-prompt interval: no negative bar then
             [max(0.0, v - ci[0]) if v is not None and ci else 0.0 for v, ci in zip(vals, cis)],
             [max(0.0, ci[1] - v) if v is not None and ci else 0.0 for v, ci in zip(vals, cis)],
         ]
