@@ -8,7 +8,7 @@ bundled SmolLM2-135M, or a random-weight Qwen2.5-0.5B / 1.5B built once from ben
 the shipped tokenizer: nothing is downloaded), every completion is forced to max_new_tokens (no EOS,
 as grpolab bench does), AdamW's state is created first (what a first step leaves), then one step is
 measured phase by phase (grpolab.training.step's collect, reference, shape, update; the optimizer step inside
-update). The prediction is grpolab.training.plan.plan for the same config, the step's prompt width
+update). The prediction is grpolab.training.plan.estimate.plan for the same config, the step's prompt width
 and the precision the run chose.
 
 What is measured: on a CPU, the bytes torch's CPU allocator has live, from the profiler's memory
@@ -362,11 +362,12 @@ def measure(name: str, model: str, overrides: list[str], device: str) -> dict:
 
 
 def predict(res: dict) -> dict:
-    """grpolab.training.plan's prediction for a measured row (its config, prompt width and precision),
+    """grpolab.training.plan.estimate's prediction for a measured row (its config, prompt width and precision),
     every row leaving no early finisher (as measured: no EOS)."""
-    from grpolab.model.shapes import SHAPES, Shape
     from grpolab.training.config import build_config
-    from grpolab.training.plan import Device, plan
+    from grpolab.training.plan.devices import Device
+    from grpolab.training.plan.estimate import plan
+    from grpolab.training.plan.shapes import SHAPES, Shape
 
     cfg = build_config({}, [f"model={res['model']}", "out=unused", f"device={res['device']}", *BASE, *res["overrides"]])
     shape = SHAPES[res["model"]] if res["model"] in SHAPES else Shape.from_dir(Path(res["model"]))

@@ -103,7 +103,7 @@ def _saved_bytes(model, batch, ckpt: bool) -> int:
 
 def test_checkpointing_keeps_far_fewer_tensors_for_the_backward():
     # a small vocabulary, so that the LM head's kept logits (which checkpointing leaves as they are)
-    # do not hide the layers; the layers are what grpolab.model.memory counts, so the counts are checked too
+    # do not hide the layers; the layers are what grpolab.training.plan.memory counts, so the counts are checked too
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from grpolab.model.attention import install

@@ -207,11 +207,37 @@ def test_decoder_key_is_validated():
 
 
 def test_auto_uses_the_lean_step_where_it_was_measured_faster():
-    from grpolab.engine.native.steppers import use_lean
+    """The one rule of the lean decode step: auto picks it for bf16 on a CPU only, lean always, hf
+    never, and none of them for a model type outside the Llama family."""
+    from grpolab.engine.native.decoder import lean_decodes
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert use_lean("auto", torch.bfloat16, cpu)
-    assert not use_lean("auto", None, cpu)  # fp32: the HF forward was faster here
-    assert not use_lean("auto", torch.bfloat16, cuda)  # not measured on a GPU yet
-    assert use_lean("lean", None, cpu) and use_lean("lean", torch.bfloat16, cuda)
-    assert not use_lean("hf", torch.bfloat16, cpu)
+    assert lean_decodes("auto", "llama", torch.bfloat16, "cpu")
+    assert not lean_decodes("auto", "llama", None, "cpu")  # fp32: the HF forward was faster here
+    assert not lean_decodes("auto", "qwen2", torch.bfloat16, "cuda")  # not measured on a GPU yet
+    assert lean_decodes("lean", "mistral", None, "cpu") and lean_decodes("lean", "qwen2", torch.bfloat16, "cuda")
+    assert not lean_decodes("hf", "llama", torch.bfloat16, "cpu")
+    assert not lean_decodes("lean", "gpt2", torch.bfloat16, "cpu") and not lean_decodes(
+        "auto", None, torch.bfloat16, "cpu"
+    )
+
+
+def test_the_native_engine_and_the_plan_take_the_lean_step_for_the_same_settings():
+    """The native engine's choice (from the loaded model) and grpolab plan's (from the model's shape)
+    agree for every decoder setting, precision and device of a tiny Qwen2."""
+    from grpolab.engine.native.engine import NativeEngine
+    from grpolab.training.config import build_config
+    from grpolab.training.plan.estimate import regime_of
+    from grpolab.training.plan.shapes import Shape
+
+    model = tiny("qwen2")
+    shape = Shape.from_config(model.config.to_dict(), "tiny")
+    assert shape.model_type == "qwen2"
+    seen = set()
+    for setting in ("auto", "lean", "hf"):
+        for dtype, precision in ((None, "fp32"), (torch.bfloat16, "bf16")):
+            for kind in ("cpu", "cuda"):
+                engine = NativeEngine(model, None, device=torch.device(kind), dtype=dtype, decoder=setting, eos_ids={0})
+                cfg = build_config({}, [f"decoder={setting}", f"precision={precision}"])
+                assert regime_of(cfg, shape, kind).lean == engine.lean, (setting, precision, kind)
+                seen.add(engine.lean)
+    assert seen == {True, False}

@@ -204,7 +204,17 @@ def test_layout_page_names_every_module():
             continue
         name = p.name if p.suffix == ".py" else p.name + "/"
         assert name in words, f"docs/layout.md does not mention src/grpolab/{name}"
-    for folder in ("util", "algo", "model", "parallel", "engine", "engine/native", "training"):  # each named
+    folders = ("util", "algo", "model", "parallel", "engine", "engine/native", "training", "training/plan")
+    for folder in folders:  # each module named
         for p in sorted((SRC / folder).glob("*.py")):
             if p.name != "__init__.py":
                 assert p.name in words, f"docs/layout.md does not mention src/grpolab/{folder}/{p.name}"
+
+
+def test_the_llama_family_is_written_once():
+    """The model types grpolab's own attention and lean decode step take live in one tuple
+    (grpolab.model.attention.LLAMA_FAMILY); grpolab plan and the native engine decide by
+    grpolab.engine.native.decoder.lean_decodes instead of a copy of it."""
+    spelled = re.compile(r"""["']llama["']\s*,\s*["']qwen2["']""")
+    where = sorted(str(p.relative_to(ROOT)) for p in SRC.rglob("*.py") if spelled.search(p.read_text()))
+    assert where == ["src/grpolab/model/attention.py"], where

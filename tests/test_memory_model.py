@@ -1,5 +1,5 @@
-"""grpolab.model.shapes and grpolab.model.memory: parameter counts against real models, the saved-activation
-model against what autograd actually keeps, and the resident bytes worked out by hand. Whole steps
+"""grpolab.training.plan.shapes and grpolab.training.plan.memory: parameter counts against real models,
+the saved-activation model against what autograd actually keeps, and the resident bytes worked out by hand. Whole steps
 against the allocator: benchmarks/memory_plan.py (docs/performance.md, "Memory plan")."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.model.memory import Regime, Workload, pass_activations, phases, resident
-from grpolab.model.shapes import SHAPES, Shape
+from grpolab.training.plan.memory import Regime, Workload, pass_activations, phases, resident
+from grpolab.training.plan.shapes import SHAPES, Shape
 
 VOCAB = 512
 

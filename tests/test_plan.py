@@ -1,4 +1,4 @@
-"""`grpolab plan` (grpolab.app.plan, grpolab.training.plan) end to end, the settings it proposes, the
+"""`grpolab plan` (grpolab.app.plan, the grpolab.training.plan package) end to end, the settings it proposes, the
 warning `grpolab train` gives before step 1, and grad_checkpointing in a real run."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from e2e_helpers import read_jsonl, varied_score, weights
 
 from grpolab import rewards as rewards_mod
 from grpolab.app.cli import main
-from grpolab.app.plan import CARDS, parse_memory
-from grpolab.model.shapes import SHAPES
-from grpolab.training import plan as plan_mod
+from grpolab.model.reference import reference_kind
 from grpolab.training.config import build_config
+from grpolab.training.plan import check, devices, estimate
+from grpolab.training.plan.devices import CARDS, parse_memory
+from grpolab.training.plan.shapes import SHAPES
 
 GB = 1 << 30
 BIG = ["model=qwen2.5-7b", "G=8", "batch_size=64", "max_new_tokens=1024", "--prompt-tokens", "256"]
@@ -72,7 +73,7 @@ def test_what_does_not_fit_comes_with_settings_that_do(capsys):
     # the changes are real settings: each rebuilds into a config the plan agrees fits
     first = out["fitting"][0]
     cfg = build_config({}, ["model=qwen2.5-1.5b", "G=8", "batch_size=64", "max_new_tokens=1024", *first["changes"]])
-    assert plan_mod.plan(cfg, CARDS["a100-80gb"], prompt_tokens=256).fits
+    assert estimate.plan(cfg, CARDS["a100-80gb"], prompt_tokens=256).fits
 
 
 def test_the_text_names_the_peak_phase_and_the_time(capsys):
@@ -124,13 +125,33 @@ def test_the_bundled_model_counts_its_prompts_with_its_tokenizer(capsys):
 
 def test_step_flops_worked_out():
     s = SHAPES["smollm2-135m"]
-    w = plan_mod.workload_of(build_config({}, ["G=2", "batch_size=2", "max_new_tokens=4"]), prompt_tokens=10)
-    r = plan_mod.regime_of(build_config({}, ["algo.beta=0"]), s, "cuda")
-    flops = plan_mod.step_flops(s, w, r)
+    w = estimate.workload_of(build_config({}, ["G=2", "batch_size=2", "max_new_tokens=4"]), prompt_tokens=10)
+    r = estimate.regime_of(build_config({}, ["algo.beta=0"]), s, "cuda")
+    flops = estimate.step_flops(s, w, r)
     # one prompt of 10 positions + 2 completions of 4: 18 positions through the body, 8 through the head
     fwd = 2 * 30 * 3_538_944 * 18 + 4 * 30 * 576 * 18 * (10 / 2 + 4 / 2) + 2 * 49152 * 576 * 8
     assert flops["update"] == pytest.approx(3 * fwd)
     assert "reference" not in flops  # beta = 0: no reference pass
+
+
+def test_the_reference_is_none_a_copy_or_the_adapter_off_and_the_plan_counts_that_one():
+    """reference_kind decides for the trainer and the plan alike: none without a KL term, a frozen copy
+    under full fine-tuning, the adapter switched off under LoRA; only the copy costs resident bytes."""
+    assert reference_kind(0.0, False, 0) == "none" and reference_kind(0.0, False, 16) == "none"
+    assert reference_kind(0.04, False, 0) == "copy" and reference_kind(0.04, True, 0) == "copy"
+    assert reference_kind(0.04, False, 16) == "adapter_off" and reference_kind(0.04, True, 8) == "adapter_off"
+    s = SHAPES["smollm2-135m"]
+    for keys, kind in (
+        (["algo.beta=0"], "none"),
+        (["algo.beta=0.04"], "copy"),
+        (["algo.beta=0.04", "algo.adaptive_kl=true"], "copy"),
+        (["algo.beta=0.04", "lora.r=16"], "adapter_off"),
+    ):
+        p = estimate.plan(build_config({}, keys), CARDS["rtx4090"], prompt_tokens=32, shape=s)
+        assert p.regime.reference == kind, keys
+        resident = p.phases[0].parts
+        assert (resident.get("reference copy", 0) > 0) == (kind == "copy"), (keys, resident)
+        assert ("reference" in p.seconds) == (kind != "none"), keys
 
 
 @pytest.fixture()
@@ -158,12 +179,12 @@ RUN = [
 def test_train_warns_before_step_1_when_the_plan_is_over_the_device(
     tiny_model_dir, tmp_path, monkeypatch, capsys, varied_reward
 ):
-    monkeypatch.setattr(plan_mod, "_available_cpu_bytes", lambda: 1 << 20)  # a 1 MB machine
+    monkeypatch.setattr(devices, "_available_cpu_bytes", lambda: 1 << 20)  # a 1 MB machine
     assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'small'}", *RUN, "steps=1"]) == 0
     out = capsys.readouterr().out
     assert "warning: grpolab plan puts this run's peak at" in out and "this CPU has 0.0 GB" in out
     assert out.index("warning: grpolab plan") < out.index("step")  # before the first step's line
-    monkeypatch.setattr(plan_mod, "_available_cpu_bytes", lambda: 64 * GB)
+    monkeypatch.setattr(devices, "_available_cpu_bytes", lambda: 64 * GB)
     assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'big'}", *RUN, "steps=1"]) == 0
     assert "warning: grpolab plan" not in capsys.readouterr().out
 
@@ -186,6 +207,6 @@ def test_a_plan_that_fails_costs_one_line_not_the_run(tiny_model_dir, tmp_path, 
     def broken(*a, **k):
         raise RuntimeError("no prompts today")
 
-    monkeypatch.setattr(plan_mod, "prompt_tokens_of", broken)
+    monkeypatch.setattr(check, "prompt_tokens_of", broken)
     assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", *RUN, "steps=1"]) == 0
     assert "note: grpolab plan could not plan this run (RuntimeError: no prompts today)" in capsys.readouterr().out

@@ -3,11 +3,12 @@ dtype gives the same log-probs, bit for bit, as the fp32 copy under autocast, in
 
 from __future__ import annotations
 
+import pytest
 import torch
 from e2e_helpers import padded_sequences
 
 from grpolab.model.logprobs import grouped_completion_logp
-from grpolab.model.reference import FrozenCopy
+from grpolab.model.reference import FrozenCopy, reference_for
 from grpolab.training.config import build_config
 
 
@@ -50,3 +51,14 @@ def test_setup_stores_the_reference_in_the_update_dtype(tiny_model_dir, tmp_path
     assert run.ref.frozen.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
     run = setup(build_config(None, [*args, "precision=fp32", f"out={tmp_path / 'run32'}"]), log=lambda *_: None)
     assert run.ref.frozen.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+
+
+def test_reference_for_builds_the_kind_it_is_given(tiny_model):
+    """None for "none", a frozen copy for "copy"; "adapter_off" of a model without an adapter is refused
+    (it would be the policy itself, not pi_ref)."""
+    assert reference_for(tiny_model, "none") is None
+    ref = reference_for(tiny_model, "copy")
+    assert isinstance(ref, FrozenCopy) and ref.frozen is not tiny_model
+    assert all(not p.requires_grad for p in ref.frozen.parameters())
+    with pytest.raises(ValueError, match="adapter_off needs the LoRA"):
+        reference_for(tiny_model, "adapter_off")

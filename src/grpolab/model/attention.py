@@ -8,8 +8,9 @@ kernel on bf16 scores under autocast); masked positions get the dtype's most neg
 of -inf (a query that may look nowhere, a left-padding position, then gets a finite uniform row
 instead of NaN, and its gradient stays 0). On a CPU the update's forward+backward runs faster this
 way than with PyTorch's scaled_dot_product_attention, whose CPU flash kernel is slow for these short
-masked sequences (docs/performance.md, "The update on a CPU"). It is installed (`install`) for Llama, Qwen2 and Mistral models on a CPU; on a
-GPU, sdpa's fused kernels stay. tests/test_attention.py checks it against sdpa and eager attention.
+masked sequences (docs/performance.md, "The update on a CPU"). It is installed (`install`) for the
+LLAMA_FAMILY model types (Llama, Qwen2, Mistral) on a CPU; on a GPU, sdpa's fused kernels stay.
+tests/test_attention.py checks it against sdpa and eager attention.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 NAME = "grpolab_gqa"
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+"""The model types whose forward is the Llama network: this attention installs on them, and the lean
+decode step (grpolab.engine.native.decoder) runs them. The one list of them in grpolab."""
 
 
 def grouped_query_attention(
@@ -78,7 +81,7 @@ def install(model, device: torch.device) -> bool:
     """Use grouped_query_attention in `model`'s forward when it is a supported type on a CPU running
     sdpa (an explicit other choice stays). Returns whether it did."""
     cfg = getattr(model, "config", None)
-    if device.type != "cpu" or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
+    if device.type != "cpu" or getattr(cfg, "model_type", None) not in LLAMA_FAMILY:
         return False
     if getattr(cfg, "_attn_implementation", None) != "sdpa":
         return False

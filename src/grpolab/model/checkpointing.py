@@ -2,7 +2,7 @@
 
 Without it, the update's forward keeps every layer's intermediate tensors for the backward: for a
 decoder layer over T positions that is about T (8 H + 4 I) values plus the attention's
-probabilities (grpolab.model.memory, `layer_saved`), for every layer of every micro-batch. With it,
+probabilities (grpolab.training.plan.memory, `layer_saved`), for every layer of every micro-batch. With it,
 each layer keeps only its input; the backward runs the layer's forward again (one layer at a time)
 to rebuild what its own backward needs, so the activations of a micro-batch shrink to about one
 (T, H) tensor per layer, for one more forward pass of the layers (about a third more arithmetic in

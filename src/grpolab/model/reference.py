@@ -3,7 +3,8 @@
     with run.ref.model() as ref:          # a model to run without gradients
         ref_logp = logp_without_grad(run.pass_spec(), ref, rollout)   # grpolab.model.passes
 
-Two kinds, chosen by `reference_for(policy)`:
+Whether there is one and which kind is `reference_kind(beta, adaptive_kl, lora_r)` (the trainer builds
+it with `reference_for`, grpolab plan counts its bytes):
 
   * FrozenCopy: a deep copy of the policy at the start of training, frozen (full fine-tuning). It
     costs a second copy of the weights. When its passes run under autocast, its linear layers keep
@@ -106,9 +107,26 @@ def synced_reference(ref, sharded: bool = False) -> FrozenCopy:
     return ref
 
 
-def reference_for(policy) -> FrozenCopy | AdapterOff:
-    """The reference of a run that trains `policy`: its base with the adapter off under LoRA, else a frozen copy."""
-    return AdapterOff(policy) if is_peft(policy) else FrozenCopy(policy)
+def reference_kind(beta: float, adaptive_kl: bool, lora_r: int) -> str:
+    """The reference a run needs: "none" without a KL term (beta = 0 and beta not adapted), else
+    "adapter_off" under LoRA (lora_r > 0: the base weights never change) or "copy" (full fine-tuning)."""
+    if not (beta > 0 or adaptive_kl):
+        return "none"
+    return "adapter_off" if lora_r > 0 else "copy"
 
 
-__all__ = ["AdapterOff", "FrozenCopy", "mix_into", "reference_for", "synced_reference"]
+REFERENCES = {"copy": FrozenCopy, "adapter_off": AdapterOff}
+"""Each kind of reference_kind but "none", and the class that holds it."""
+
+
+def reference_for(policy, kind: str) -> FrozenCopy | AdapterOff | None:
+    """The reference of `kind` (reference_kind) for a run that trains `policy`: None, a frozen copy, or
+    the policy with its adapter off (a peft policy)."""
+    if kind == "none":
+        return None
+    if kind == "adapter_off" and not is_peft(policy):
+        raise ValueError("reference_for: adapter_off needs the LoRA (peft) policy; this one has no adapter")
+    return REFERENCES[kind](policy)
+
+
+__all__ = ["AdapterOff", "FrozenCopy", "mix_into", "reference_for", "reference_kind", "synced_reference"]

@@ -31,7 +31,7 @@ from grpolab.model import precision
 from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
 from grpolab.model.lora import attach, trainable_parameters
 from grpolab.model.optim import adamw, build_scheduler
-from grpolab.model.reference import FrozenCopy, reference_for, synced_reference
+from grpolab.model.reference import FrozenCopy, reference_for, reference_kind, synced_reference
 from grpolab.model.template import set_template_kwargs
 from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
@@ -56,7 +56,7 @@ from grpolab.training.finish import (
 )
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
 from grpolab.training.options import check_engine_kwargs, lr_updates
-from grpolab.training.plan import check_run
+from grpolab.training.plan.check import check_run
 from grpolab.training.run import Run, check_epochs
 from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals, check_reward_failures
@@ -143,7 +143,7 @@ def setup(
         )
     if training:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
-    ref = reference_for(policy) if training and (algo.beta > 0 or algo.adaptive_kl) else None
+    ref = reference_for(policy, reference_kind(algo.beta, algo.adaptive_kl, cfg.lora.r)) if training else None
     if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
         components["reference"] = synced_reference(ref, fsdp)
     if fsdp:

@@ -34,9 +34,26 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from grpolab.engine.native import kernels
-from grpolab.model.attention import grouped_query_attention
+from grpolab.model.attention import LLAMA_FAMILY, grouped_query_attention
 
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+
+def lean_decodes(decoder: str, model_type: str | None, dtype: torch.dtype | None, device_type: str) -> bool:
+    """Whether a rollout of a `model_type` model in `dtype` (None: fp32) on a `device_type` device ("cpu",
+    "cuda") runs the lean step, for the `decoder` setting: only for a LLAMA_FAMILY model type; then lean
+    always; auto where it was measured faster than the HF forward: bf16 on a CPU (in fp32 its fused
+    products gain nothing and it copies the weights per rollout, so there it was slower; on a GPU it is
+    not yet measured); hf never (docs/performance.md, "The lean decode step"). The native engine and
+    grpolab plan both decide by it; `weights_of` may still fall back for what the model type does not
+    show (unsupported_reason)."""
+    if model_type not in LLAMA_FAMILY:
+        return False
+    return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device_type == "cpu")
+
+
+def model_type_of(model) -> str | None:
+    """The Hugging Face model_type of `model` (a peft model: its base's), None without a config."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(getattr(inner, "config", None), "model_type", None)
 
 
 @dataclass
@@ -99,8 +116,8 @@ def unsupported_reason(model) -> str | None:
     """Why the lean step cannot run this model (None: it can)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = getattr(inner, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
-        return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(SUPPORTED_TYPES)}"
+    if model_type_of(model) not in LLAMA_FAMILY:
+        return f"model type {model_type_of(model)!r} is not one of {', '.join(LLAMA_FAMILY)}"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r} (only silu)"
     if (

@@ -3,7 +3,7 @@ nothing to sync and its sampling log-probs are the trainer's (up to float roundi
 cached decoding and a full pass).
 
 It owns what its callers used to decide: the lean decode step or the model's own forward
-(grpolab.engine.native.generate.use_lean), the rollout's autocast dtype, and FSDP's unsharding of the policy
+(grpolab.engine.native.decoder.lean_decodes), the rollout's autocast dtype, and FSDP's unsharding of the policy
 for the whole rollout (grpolab.parallel.fsdp.gathered)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from torch import nn
 
 from grpolab.batch import Rollout
 from grpolab.engine.base import Sampling, TurnLimits
+from grpolab.engine.native.decoder import lean_decodes, model_type_of
 from grpolab.engine.native.generate import generate
-from grpolab.engine.native.steppers import use_lean
 from grpolab.engine.native.turns import Respond, Trajectory, generate_turns
 from grpolab.parallel.fsdp import gathered
 
@@ -34,7 +34,7 @@ class NativeEngine:
         eos_ids: set[int],
     ):
         self.policy, self.tokenizer, self.dtype, self.eos_ids = policy, tokenizer, dtype, eos_ids
-        self.lean = use_lean(decoder, dtype, device)
+        self.lean = lean_decodes(decoder, model_type_of(policy), dtype, device.type)
         self.version = 0
 
     def describe(self) -> str:

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from grpolab.engine.native.steppers import HFStepper, stepper_for, use_lean
+from grpolab.engine.native.decoder import lean_decodes, model_type_of
+from grpolab.engine.native.steppers import HFStepper, stepper_for
 from grpolab.model.precision import PROBE_STEPS, probe_ids, sync
 
 
@@ -16,7 +17,7 @@ def decode_seconds(
 ) -> float:
     """Seconds one rollout of `rows` sequences writing `tokens` tokens in `dtype` (None: fp32) takes, as
     grpolab.engine.native.generate.generate runs it for the `decoder` setting: the lean step where it
-    applies (grpolab.engine.native.steppers.use_lean), else the model's forward under one autocast context.
+    applies (grpolab.engine.native.decoder.lean_decodes), else the model's forward under one autocast context.
     What a rollout pays once (the lean step's weight layout, the prefill) is timed once; PROBE_STEPS cached decode steps
     are timed and scaled to the rollout's length, so a short probe weighs the set-up as a long rollout does:
 
@@ -27,7 +28,8 @@ def decode_seconds(
     pos = torch.arange(prompt, device=device).expand(rows, prompt)
     sync(device)
     t0 = time.perf_counter()
-    stepper = stepper_for(model, dtype or torch.float32, PROBE_STEPS, use_lean(decoder, dtype, device))
+    lean = lean_decodes(decoder, model_type_of(model), dtype, device.type)
+    stepper = stepper_for(model, dtype or torch.float32, PROBE_STEPS, lean)
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and isinstance(stepper, HFStepper))
     with torch.no_grad(), amp:
         tok = stepper.prefill(ids, torch.ones_like(ids), pos).argmax(-1)

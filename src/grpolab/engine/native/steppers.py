@@ -1,6 +1,6 @@
 """The two ways a decode loop runs the model one step: the model's own forward with its KV cache
-(HFStepper, any causal LM), or grpolab's lean decode step (grpolab.engine.native.decoder.LeanStepper), and the
-rule that picks one (use_lean, stepper_for)."""
+(HFStepper, any causal LM), or grpolab's lean decode step (grpolab.engine.native.decoder.LeanStepper), and
+stepper_for, which builds the one that grpolab.engine.native.decoder.lean_decodes picked."""
 
 from __future__ import annotations
 
@@ -57,14 +57,6 @@ class HFStepper:
         )
         self.cache = cache_of(out)
         return out.logits[:, -1]
-
-
-def use_lean(decoder: str, dtype: torch.dtype | None, device: torch.device) -> bool:
-    """Whether a rollout in `dtype` (None: fp32) on `device` runs the lean step, for the `decoder` setting:
-    lean always; auto where it was measured faster than the HF forward: bf16 on a CPU (in fp32 its fused
-    products gain nothing and it copies the weights per rollout, so there it was slower; on a GPU it is
-    not yet measured); hf never (docs/performance.md, "The lean decode step")."""
-    return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device.type == "cpu")
 
 
 def stepper_for(model, dtype: torch.dtype, max_new_tokens: int, lean: bool):

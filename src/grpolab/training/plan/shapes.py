@@ -30,7 +30,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass(frozen=True)
 class Shape:
-    """A decoder-only transformer's architecture (what grpolab.model.memory needs of a model)."""
+    """A decoder-only transformer's architecture (what grpolab.training.plan.memory needs of a model)."""
 
     name: str
     layers: int

@@ -1,17 +1,17 @@
-"""The plan of a run: what its config makes one step hold (grpolab.model.memory) and cost in FLOPs, on
-a device with a given memory and rate, before anything is loaded; and the check `grpolab train` makes
-before step 1.
+"""The estimate of a run: what its config makes one step hold (grpolab.training.plan.memory) and cost in
+FLOPs, on a device with a given memory and rate (grpolab.training.plan.devices), before anything is loaded.
 
-    plan = plan_config(cfg, device=Device("RTX 5090", 32 GB, ...), prompt_tokens=256)
-    plan.peak                      the phase with the most bytes (grpolab.model.memory.Phase)
-    plan.seconds                   seconds per phase: FLOPs / (rate x MATMUL_EFFICIENCY), generation
+    p = plan(cfg, device=Device("RTX 5090", 32 GB, ...), prompt_tokens=256)
+    p.peak                         the phase with the most bytes (grpolab.training.plan.memory.Phase)
+    p.seconds                      seconds per phase: FLOPs / (rate x MATMUL_EFFICIENCY), generation
                                    also bounded by the bytes each decode step reads
     fitting(cfg, device, ...)      overrides (grad_checkpointing, micro_batch, lora.r, precision,
                                    max_new_tokens) whose plan fits, fewest changes first
 
-The decisions mirror grpolab.training.trainer.setup and grpolab.training.step: a reference only with
-beta > 0 (a frozen copy, or the adapter switched off under LoRA), a critic for PPO, the lean decoder
-where grpolab.engine.native.generate.use_lean picks it, micro-batches of whole groups, every group computed
+The decisions are the run's own, by the functions the run calls: the reference of
+grpolab.model.reference.reference_kind (none, a frozen copy, or the adapter switched off under LoRA),
+the lean decoder where grpolab.engine.native.decoder.lean_decodes picks it; and as
+grpolab.training.step computes: a critic for PPO, micro-batches of whole groups, every group computed
 (the worst case: none has zero advantage), every completion as long as max_new_tokens.
 """
 
@@ -21,9 +21,14 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpolab.model.memory import Phase, Regime, Workload, phases
-from grpolab.model.shapes import LORA_TARGETS, SHAPES, Shape
+import torch
+
+from grpolab.engine.native.decoder import lean_decodes
+from grpolab.model.reference import reference_kind
 from grpolab.training.config import Config, build_config
+from grpolab.training.plan.devices import Device
+from grpolab.training.plan.memory import Phase, Regime, Workload, phases
+from grpolab.training.plan.shapes import LORA_TARGETS, SHAPES, Shape
 from grpolab.util.fields import ConfigError
 
 MATMUL_EFFICIENCY = 0.4
@@ -34,26 +39,6 @@ BANDWIDTH_EFFICIENCY = 0.7
 DECODE_LAYER_OVERHEAD_S = 4e-4
 """Seconds of kernel launches and Python per decoder layer per decode step on a GPU (an assumption, not
 yet measured: benchmarks/gpu.sh measures decode tokens/s)."""
-USABLE = 0.92
-"""Share of a GPU's memory a run can use: the CUDA context and the caching allocator's fragmentation
-take the rest (the plan counts allocated bytes, as torch.cuda.max_memory_allocated does)."""
-LEAN_TYPES = ("llama", "qwen2", "mistral")
-
-
-@dataclass(frozen=True)
-class Device:
-    """A device to plan for: its memory, matmul rates and memory bandwidth."""
-
-    name: str
-    memory: int
-    bf16_flops: float
-    fp32_flops: float
-    bandwidth: float
-    kind: str = "cuda"
-
-    @property
-    def usable(self) -> int:
-        return int(self.memory * (USABLE if self.kind == "cuda" else 1.0))
 
 
 @dataclass
@@ -83,7 +68,7 @@ class Plan:
 
 
 def shape_of(model: str) -> Shape:
-    """The architecture of `model=`: a name of grpolab.model.shapes.SHAPES (the bundled smollm2-135m
+    """The architecture of `model=`: a name of grpolab.training.plan.shapes.SHAPES (the bundled smollm2-135m
     included), or a local model directory's config.json (a LoRA checkpoint: its base's)."""
     if model in SHAPES:
         return SHAPES[model]
@@ -134,10 +119,7 @@ def regime_of(
     """How `cfg` computes on a device of `device_kind` (see the module docstring)."""
     u, ro = update_bytes_of(cfg, device_kind)
     u, ro = update_bytes or u, rollout_bytes or ro
-    lean = shape.model_type in LEAN_TYPES and (
-        cfg.decoder == "lean" or (cfg.decoder == "auto" and ro == 2 and device_kind == "cpu")
-    )
-    has_ref = cfg.algo.beta > 0 or cfg.algo.adaptive_kl
+    lean = lean_decodes(cfg.decoder, shape.model_type, torch.bfloat16 if ro == 2 else None, device_kind)
     lora = cfg.lora.r
     targets = cfg.lora.targets()
     targets = LORA_TARGETS if targets == "all-linear" else tuple(t for t in targets if t in LORA_TARGETS)
@@ -149,7 +131,7 @@ def regime_of(
         lora_r=lora,
         lora_targets=targets,
         lora_dropout=cfg.lora.dropout,
-        reference=("adapter_off" if lora else "copy") if has_ref else "none",
+        reference=reference_kind(cfg.algo.beta, cfg.algo.adaptive_kl, lora),
         critic=cfg.algo.uses_critic,
         checkpointing=cfg.grad_checkpointing,
         rows_leave=rows_leave,
@@ -158,7 +140,7 @@ def regime_of(
 
 
 def step_flops(s: Shape, w: Workload, r: Regime) -> dict[str, float]:
-    """FLOPs of each phase of one step (grpolab.model.shapes.Shape.forward_flops per pass)."""
+    """FLOPs of each phase of one step (grpolab.training.plan.shapes.Shape.forward_flops per pass)."""
     B, N, P, C = w.prompts, w.rows, w.prompt_tokens, w.completion_tokens
     fwd = s.forward_flops(B * P + N * C, P / 2 + C / 2, N * C)  # a grouped pass: the prompt once per group
     body = fwd - 2 * s.vocab * s.hidden * N * C
@@ -310,75 +292,30 @@ def prompt_tokens_of(cfg: Config, tokenizer, task=None, samples: int = 64) -> in
     )
 
 
-def device_of_run(run) -> Device:
-    """The run's own device with the memory it can have now: a GPU's free memory plus what this process
-    already holds; on a CPU the memory the system reports available plus this process's resident set."""
-    import torch
+def planned_prompt_tokens(cfg: Config, given: int | None) -> tuple[int, str]:
+    """The prompt length to plan for and where it came from: `given` (--prompt-tokens), else the task's
+    longest prompt in the model's (or, for a published shape, the bundled SmolLM2's) chat template."""
+    if given:
+        return given, "--prompt-tokens"
+    from grpolab.model.load import load_tokenizer, model_dir
 
-    if run.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(run.device)
-        held = torch.cuda.memory_allocated(run.device)
-        return Device(torch.cuda.get_device_name(run.device), int(min(total, free + held) / USABLE), 0, 0, 1, "cuda")
-    return Device("this CPU", _available_cpu_bytes(), 0, 0, 1, "cpu")
-
-
-def _available_cpu_bytes() -> int:
-    """MemAvailable (/proc/meminfo) plus this process's resident set; 0 where /proc is not there."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-        return (int(info["MemAvailable"].split()[0]) + int(status["VmRSS"].split()[0])) * 1024
-    except (OSError, KeyError, ValueError):
-        return 0
+    name = cfg.model if cfg.model not in SHAPES or cfg.model == "smollm2-135m" else "smollm2-135m"
+    tok = load_tokenizer(model_dir(name, log=lambda *_: None))
+    n = prompt_tokens_of(cfg, tok)
+    return n, f"the longest of 64 prompts of task={cfg.task}" + ("" if name == cfg.model else " (SmolLM2's tokenizer)")
 
 
-def check_run(run, log) -> Plan | None:
-    """Before step 1: plan the run as set up (its device, precision and prompts) and log a warning
-    when the peak is over what the device has. Returns the plan (None where it cannot be made: a
-    model the plan does not know; a plan that fails says so in one line and never stops the run)."""
-    if not run.ranks.main:
-        return None
-    try:
-        return _check_run(run, log)
-    except Exception as e:  # noqa: BLE001 - a warning helper must not end a training run
-        log(f"note: grpolab plan could not plan this run ({type(e).__name__}: {e}); no memory check was made")
-        return None
-
-
-def _check_run(run, log) -> Plan | None:
-    cfg = run.cfg
-    try:
-        shape = Shape.from_config(_config_dict(run.policy), cfg.model)
-    except (ValueError, AttributeError):  # not a Llama-family config: nothing to plan
-        return None
-    device = device_of_run(run)
-    if device.memory <= 0:
-        return None
-    prec = run.precision
-    u = 2 if prec is not None and prec.update is not None else 4
-    ro = 2 if prec is not None and prec.rollout is not None else 4
-    p = plan(
-        cfg,
-        device,
-        prompt_tokens=prompt_tokens_of(cfg, run.tokenizer, run.task),
-        shape=shape,
-        update_bytes=u,
-        rollout_bytes=ro,
-    )
-    if not p.fits:
-        gb = 1 << 30
-        log(
-            f"warning: grpolab plan puts this run's peak at {p.peak.total / gb:.1f} GB ({p.peak.name}) and "
-            f"{device.name} has {device.usable / gb:.1f} GB for it: it may run out of memory. "
-            f"`grpolab plan` with the same settings lists changes that fit (grad_checkpointing=true, a smaller "
-            f"micro_batch, lora.r=16)"
-        )
-    return p
-
-
-def _config_dict(model) -> dict:
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner.config.to_dict()
-
-
-__all__ = ["Device", "Plan", "check_run", "fitting", "plan", "prompt_tokens_of", "shape_of", "step_flops"]
+__all__ = [
+    "BANDWIDTH_EFFICIENCY",
+    "MATMUL_EFFICIENCY",
+    "Plan",
+    "fitting",
+    "plan",
+    "planned_prompt_tokens",
+    "prompt_tokens_of",
+    "regime_of",
+    "seconds",
+    "shape_of",
+    "step_flops",
+    "workload_of",
+]

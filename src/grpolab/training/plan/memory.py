@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpolab.model.shapes import LORA_TARGETS, Shape
+from grpolab.training.plan.shapes import LORA_TARGETS, Shape
 
 F32 = 4
 LOGIT_BUDGET = 1 << 24  # grpolab.model.lmhead: fp32 logits entries held at once (one chunk)
