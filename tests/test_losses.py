@@ -237,6 +237,16 @@ def test_clip_ratio_worked_arithmetic():
     assert low.tolist() == [False, False, True, True, False, False]
     assert high.tolist() == [True, True, False, False, False, False]
     assert not clip_ratio(torch.tensor([1e-6]), None, cfg(eps_low=1.0))[1].item()  # eps_low >= 1: no lower bound
+    # A float tie: rho one ulp above 1.2 and an A for which rho A and 1.2 A round to one number. The rule marks
+    # the token; the min keeps the unclipped term and its gradient, so the metrics do not count it as clipped.
+    from grpolab.algo.losses import _clipped_surrogate
+
+    rho = torch.nextafter(torch.tensor([1.2]), torch.tensor([2.0])).requires_grad_(True)
+    a = torch.tensor([0.8334450125694275])
+    assert (rho * a).item() == (torch.tensor([1.2]) * a).item() and clip_ratio(rho, a, cfg())[2].item()
+    loss, info = _clipped_surrogate(rho, a, cfg())
+    (grad,) = torch.autograd.grad(loss.sum(), rho)
+    assert grad.item() == -a.item() and not info["clip_high"].item()
 
 
 @pytest.mark.parametrize("objective,dual", [("clipped", None), ("clipped", 3.0), ("gspo", None), ("cispo", None)])
@@ -245,11 +255,11 @@ def test_loss_metrics_and_credit_codes_read_one_clip_rule(objective, dual):
     (clip_decision on the same ratios) mark the same tokens, and for the clipped surrogate a valid token with
     A != 0 gets no gradient exactly where it is marked clipped."""
     g = torch.Generator().manual_seed(7)
-    logp = -torch.rand(8, 12, generator=g) * 3
+    logp = -torch.rand(32, 12, generator=g) * 3
     # token and sequence spread: token ratios and GSPO's sequence ratios fall outside the clip range
-    old = logp + torch.randn(8, 12, generator=g) * 0.5 + torch.randn(8, 1, generator=g) * 0.5
-    adv = torch.randn(8, 1, generator=g).expand(8, 12)
-    mask = torch.ones(8, 12)
+    old = logp + torch.randn(32, 12, generator=g) * 0.5 + torch.randn(32, 1, generator=g) * 0.5
+    adv = torch.randn(32, 1, generator=g).expand(32, 12)
+    mask = torch.ones(32, 12)
     algo = cfg(objective=objective, eps_low=0.2, eps_high=0.28, dual_clip=dual)
     x = logp.clone().requires_grad_(True)
     loss, info = OBJECTIVES[objective](x, old, adv, mask, algo)
@@ -257,7 +267,7 @@ def test_loss_metrics_and_credit_codes_read_one_clip_rule(objective, dual):
     assert 0 < low.sum() < low.numel() and 0 < high.sum() < high.numel()
     _, rule_low, rule_high = clip_ratio(info["ratio"], None if objective == "cispo" else adv, algo)
     assert torch.equal(low, rule_low) and torch.equal(high, rule_high)
-    codes = clip_decision(info["ratio"].flatten(), adv.flatten(), algo).view(8, 12)
+    codes = clip_decision(info["ratio"].flatten(), adv.flatten(), algo).view(32, 12)
     assert torch.equal(codes == -1, low) and torch.equal(codes == 1, high) and torch.equal(codes == 2, dual_mask)
     if dual is not None:
         assert dual_mask.any()

@@ -75,8 +75,9 @@ def _clipped_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> tuple[Te
     clipped_ratio, clip_low, clip_high = clip_ratio(ratio, adv, algo)  # (b, T) x 3
     surr1 = ratio * adv  # (b, T) unclipped
     surr2 = clipped_ratio * adv  # (b, T) clipped
-    loss = -torch.where(surr2 < surr1, surr2, surr1)  # (b, T) the min; its clipped term has gradient 0
-    info = {"ratio": ratio.detach(), "clip_low": clip_low, "clip_high": clip_high}
+    use_clip = surr2 < surr1  # (b, T) the min is the clipped term (gradient 0): where clip_ratio marks the token,
+    loss = -torch.where(use_clip, surr2, surr1)  # (b, T) bar float ties (rho A = clip(rho) A when rounded)
+    info = {"ratio": ratio.detach(), "clip_low": clip_low & use_clip, "clip_high": clip_high & use_clip}
     info["clip_dual"] = torch.zeros_like(clip_low)
     if algo.dual_clip is not None:
         bound = -algo.dual_clip * adv  # (b, T) for A < 0: the loss may not exceed -c A = c |A|
