@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpolab.algo.advantages import compute_advantages, group_std
-from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES, policy_loss
+from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES, clip_decision, clip_ratio, policy_loss
 from grpolab.algo.presets import AlgoConfig, resolve_algo
 
 E = math.e
@@ -221,6 +221,59 @@ def test_clipped_tokens_contribute_no_gradient():
     assert g[2, 0].item() == pytest.approx(1.5 / 8) and g[3, 0].item() == pytest.approx(-0.5 / 8)
     assert torch.allclose(g[:, 1], -adv / 8)  # on-policy tokens untouched
     assert info["clip/frac"] == pytest.approx(2 / 8)
+
+
+def test_clip_ratio_worked_arithmetic():
+    """The one clip rule: clip(rho, 1 - eps_low, 1 + eps_high), and which tokens a bound changed."""
+    rho = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.0, 1.25])
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 1.0])
+    algo = cfg(eps_low=0.2, eps_high=0.28)
+    clipped, low, high = clip_ratio(rho, adv, algo)
+    assert torch.allclose(clipped, torch.tensor([1.28, 1.28, 0.8, 0.8, 1.0, 1.25]))
+    # the surrogate's term changes only where the clipped one is the smaller: A > 0 above, A < 0 below
+    assert low.tolist() == [False, False, False, True, False, False]
+    assert high.tolist() == [True, False, False, False, False, False]
+    _, low, high = clip_ratio(rho, None, algo)  # CISPO's weight: truncated whatever the sign of A
+    assert low.tolist() == [False, False, True, True, False, False]
+    assert high.tolist() == [True, True, False, False, False, False]
+    assert not clip_ratio(torch.tensor([1e-6]), None, cfg(eps_low=1.0))[1].item()  # eps_low >= 1: no lower bound
+    # A float tie: rho one ulp above 1.2 and an A for which rho A and 1.2 A round to one number. The rule marks
+    # the token; the min keeps the unclipped term and its gradient, so the metrics do not count it as clipped.
+    from grpolab.algo.losses import _clipped_surrogate
+
+    rho = torch.nextafter(torch.tensor([1.2]), torch.tensor([2.0])).requires_grad_(True)
+    a = torch.tensor([0.8334450125694275])
+    assert (rho * a).item() == (torch.tensor([1.2]) * a).item() and clip_ratio(rho, a, cfg())[2].item()
+    loss, info = _clipped_surrogate(rho, a, cfg())
+    (grad,) = torch.autograd.grad(loss.sum(), rho)
+    assert grad.item() == -a.item() and not info["clip_high"].item()
+
+
+@pytest.mark.parametrize("objective,dual", [("clipped", None), ("clipped", 3.0), ("gspo", None), ("cispo", None)])
+def test_loss_metrics_and_credit_codes_read_one_clip_rule(objective, dual):
+    """Off-policy random tokens: the objective's clip masks are clip_ratio's, the report's clip codes
+    (clip_decision on the same ratios) mark the same tokens, and for the clipped surrogate a valid token with
+    A != 0 gets no gradient exactly where it is marked clipped."""
+    g = torch.Generator().manual_seed(7)
+    logp = -torch.rand(32, 12, generator=g) * 3
+    # token and sequence spread: token ratios and GSPO's sequence ratios fall outside the clip range
+    old = logp + torch.randn(32, 12, generator=g) * 0.5 + torch.randn(32, 1, generator=g) * 0.5
+    adv = torch.randn(32, 1, generator=g).expand(32, 12)
+    mask = torch.ones(32, 12)
+    algo = cfg(objective=objective, eps_low=0.2, eps_high=0.28, dual_clip=dual)
+    x = logp.clone().requires_grad_(True)
+    loss, info = OBJECTIVES[objective](x, old, adv, mask, algo)
+    low, high, dual_mask = info["clip_low"], info["clip_high"], info["clip_dual"]
+    assert 0 < low.sum() < low.numel() and 0 < high.sum() < high.numel()
+    _, rule_low, rule_high = clip_ratio(info["ratio"], None if objective == "cispo" else adv, algo)
+    assert torch.equal(low, rule_low) and torch.equal(high, rule_high)
+    codes = clip_decision(info["ratio"].flatten(), adv.flatten(), algo).view(32, 12)
+    assert torch.equal(codes == -1, low) and torch.equal(codes == 1, high) and torch.equal(codes == 2, dual_mask)
+    if dual is not None:
+        assert dual_mask.any()
+    if objective == "clipped":
+        (grad,) = torch.autograd.grad(loss.sum(), x)
+        assert torch.equal(grad == 0, low | high | dual_mask)
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo"])

@@ -52,20 +52,33 @@ def _importance_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tenso
     return lr.clamp(-LR_CLAMP, LR_CLAMP)  # (b, T)
 
 
+def clip_ratio(ratio: Tensor, adv: Tensor | None, algo: AlgoConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """The ratio clipped to [1 - eps_low, 1 + eps_high], and the tokens whose term a bound changed:
+
+        clip(rho, 1 - eps_low, 1 + eps_high)
+        clip_low = A < 0 and rho < 1 - eps_low,     clip_high = A > 0 and rho > 1 + eps_high
+
+    For the clipped surrogate (PPO, Schulman et al. 2017, eq. 7; DAPO's clip-higher, Yu et al. 2025,
+    eq. 10) these are the tokens where min(rho A, clip(rho) A) is the clipped term, which has no gradient.
+    adv None: CISPO's weight sg(clip(rho)) (Chen et al. 2025, eq. 4), truncated whatever the sign of A:
+    clip_low = rho < 1 - eps_low, clip_high = rho > 1 + eps_high. The objectives, their metrics and the
+    report's clip codes all read the decision here. Returns (clipped rho, clip_low, clip_high), shaped as rho.
+    """
+    low, high = ratio < 1.0 - algo.eps_low, ratio > 1.0 + algo.eps_high
+    if adv is not None:
+        low, high = low & (adv < 0), high & (adv > 0)
+    return ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high), low, high
+
+
 def _clipped_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
     """l = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), optionally dual-clipped; see obj_clipped."""
-    clipped_ratio = ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high)  # (b, T)
+    clipped_ratio, clip_low, clip_high = clip_ratio(ratio, adv, algo)  # (b, T) x 3
     surr1 = ratio * adv  # (b, T) unclipped
     surr2 = clipped_ratio * adv  # (b, T) clipped
-    use_clip = surr2 < surr1  # (b, T) the pessimistic (min) term is the clipped one: gradient 0
-    loss = -torch.where(use_clip, surr2, surr1)  # (b, T)
-    r = ratio.detach()
-    info = {
-        "ratio": r,
-        "clip_low": use_clip & (r < 1.0 - algo.eps_low),  # A < 0 and rho < 1 - eps_low
-        "clip_high": use_clip & (r > 1.0 + algo.eps_high),  # A > 0 and rho > 1 + eps_high
-        "clip_dual": torch.zeros_like(use_clip),
-    }
+    use_clip = surr2 < surr1  # (b, T) the min is the clipped term (gradient 0): where clip_ratio marks the token,
+    loss = -torch.where(use_clip, surr2, surr1)  # (b, T) bar float ties (rho A = clip(rho) A when rounded)
+    info = {"ratio": ratio.detach(), "clip_low": clip_low & use_clip, "clip_high": clip_high & use_clip}
+    info["clip_dual"] = torch.zeros_like(clip_low)
     if algo.dual_clip is not None:
         bound = -algo.dual_clip * adv  # (b, T) for A < 0: the loss may not exceed -c A = c |A|
         dual = (adv < 0) & (loss > bound)  # (b, T) only reachable with rho > c
@@ -136,15 +149,11 @@ def obj_cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: A
     """
     lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
     ratio = torch.exp(lr).detach()  # (b, T) rho
-    weight = ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high)  # (b, T) w = sg(clip(rho))
+    weight, clip_low, clip_high = clip_ratio(ratio, None, algo)  # (b, T) w = sg(clip(rho)), where truncated
     logp_v = _where_valid(logp, mask)  # (b, T)
     loss = -weight * adv * torch.exp(logp_v - logp_v.detach())  # (b, T) value -w A
-    return loss, {
-        "ratio": ratio,
-        "clip_low": ratio < 1.0 - algo.eps_low,  # weight truncated from below
-        "clip_high": ratio > 1.0 + algo.eps_high,  # weight truncated from above
-        "clip_dual": torch.zeros_like(mask, dtype=torch.bool),
-    }
+    none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
+    return loss, {"ratio": ratio, "clip_low": clip_low, "clip_high": clip_high, "clip_dual": none}
 
 
 def obj_sapo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
@@ -252,9 +261,8 @@ def clip_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
     """obj_clipped and obj_gspo (whose ratio is the sequence's s_i): clipped where the clipped term is
     the smaller one, A > 0 and ratio > 1 + eps_high (1) or A < 0 and ratio < 1 - eps_low (-1); with a
     dual clip c, A < 0 and ratio > c (2)."""
-    code = torch.zeros_like(ratio, dtype=torch.long)
-    code[(adv > 0) & (ratio > 1.0 + algo.eps_high)] = 1
-    code[(adv < 0) & (ratio < 1.0 - algo.eps_low)] = -1
+    _, low, high = clip_ratio(ratio, adv, algo)
+    code = torch.where(low, -1, high.long())
     if algo.dual_clip is not None:
         code[(adv < 0) & (ratio > algo.dual_clip)] = 2
     return code
@@ -262,10 +270,8 @@ def clip_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
 
 def clip_weight(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
     """obj_cispo: the weight is truncated on either side, whatever the sign of A."""
-    code = torch.zeros_like(ratio, dtype=torch.long)
-    code[ratio > 1.0 + algo.eps_high] = 1
-    code[ratio < 1.0 - algo.eps_low] = -1
-    return code
+    _, low, high = clip_ratio(ratio, None, algo)
+    return torch.where(low, -1, high.long())
 
 
 CLIP_DECISIONS: dict[str, Callable[[Tensor, Tensor, AlgoConfig], Tensor]] = {
@@ -480,6 +486,7 @@ __all__ = [
     "SEQUENCE_RATIO",
     "WEIGHT_IN_OBJECTIVE",
     "clip_decision",
+    "clip_ratio",
     "entropy_bonus",
     "masked_mean",
     "policy_loss",

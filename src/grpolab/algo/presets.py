@@ -238,7 +238,7 @@ ALGOS: dict[str, dict] = {
     # ratio instead of the clip, token-level mean.
     "vespo": {"objective": "vespo", "aggregation": "token_mean"},
 }
-"""Presets: name -> overrides of the AlgoConfig defaults. recipes/<name>.yaml mirror them."""
+"""Presets: name -> overrides of the AlgoConfig defaults. recipes/<name>.yaml name one and add only departures."""
 
 
 def _field_types() -> dict[str, object]:
