@@ -8,10 +8,17 @@ directory that both load: `bench_model_dir`), one environment written once in TR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from grpolab.app.bench.spec import Spec
+
+class Setting(Protocol):
+    """What this module reads of a bench spec (grpolab.app.bench.spec.Spec)."""
+
+    model: str
+    agent: bool
+    new_tokens: int
+    max_turns: int
+
 
 ENV_REPLY_TOKENS = 64
 """Environment tokens allowed per tool reply (the reply and the template's role headers around it: about 17
@@ -138,7 +145,7 @@ AGENT_TASK_ARGS = {
 FEWSHOT_EXAMPLES = ((12, 30), (57, 16))
 
 
-def agent_limits(spec: Spec) -> dict:
+def agent_limits(spec: Setting) -> dict:
     """The multi-turn limits of both sides, from --new-tokens (T, one turn) and --max-turns (K):
 
     grpolab  env.max_turn_tokens = T, env.max_turns = K, env.max_model_tokens = K T,
@@ -160,7 +167,7 @@ def agent_limits(spec: Spec) -> dict:
     }
 
 
-def bench_model_dir(spec: Spec, dest: str) -> str:
+def bench_model_dir(spec: Setting, dest: str) -> str:
     """The model directory both sides load. The agent setting: a copy of spec.model's directory in `dest`
     (weights linked, not copied) whose chat template is BENCH_CHAT_TEMPLATE; otherwise spec.model's own."""
     import json
