@@ -148,7 +148,7 @@ def test_device_takes_its_names_and_cuda_with_an_index(value):
     assert build_config(None, [f"device={value}"]).device == value
 
 
-@pytest.mark.parametrize("value", ["gpu", "cuda:", "cuda:x", "cuda:1:2", "CUDA"])
+@pytest.mark.parametrize("value", ["gpu", "cuda:-1", "cuda:x", "cuda:1:2", "CUDA"])
 def test_device_refuses_anything_else_naming_the_pattern(value):
     with pytest.raises(ConfigError) as ei:
         build_config(None, [f"device={value}"])
