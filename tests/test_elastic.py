@@ -68,4 +68,4 @@ def test_resume_auto_after_a_kill_before_the_first_checkpoint_and_a_bad_value(ti
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1]
     capsys.readouterr()
     assert main(["train", f"model={tiny_model_dir}", f"out={tmp_path / 'x'}", "resume=sometimes"]) == 2
-    assert "resume: must be never or auto" in capsys.readouterr().err
+    assert "resume: must be one of never, auto; got 'sometimes'" in capsys.readouterr().err

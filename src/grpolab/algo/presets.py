@@ -25,8 +25,14 @@ from __future__ import annotations
 import typing
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from grpolab.util.fields import ConfigError, coerce_field
+
+KlPlacement = Literal["in_loss", "in_reward"]
+"""Where the KL term goes; a choice of this module (not a registry): in_loss is grpolab.algo.losses, in_reward
+is grpolab.algo.shaping."""
+KL_PLACEMENTS: tuple[str, ...] = typing.get_args(KlPlacement)
 
 
 @dataclass
@@ -76,7 +82,7 @@ class AlgoConfig:
     kl_estimator: str = "k3"
     """Per-token KL estimator (grpolab.algo.kl.KL_ESTIMATORS), lr = log pi_ref - log pi_theta:
     k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - lr - 1 (unbiased and >= 0)."""
-    kl_placement: str = "in_loss"
+    kl_placement: KlPlacement = "in_loss"
     """Where the KL goes: in_loss (GRPO: + beta * k per token in the loss) or in_reward
     (PPO-RLHF: r - beta * sum_t k_t before the advantages; grpolab.algo.shaping.kl_token_penalty).
     Read it as the properties kl_in_loss / kl_in_reward."""
@@ -242,12 +248,7 @@ ALGOS: dict[str, dict] = {
 
 
 def _field_types() -> dict[str, object]:
-    return typing.get_type_hints(AlgoConfig)
-
-
-KL_PLACEMENTS = ("in_loss", "in_reward")
-"""Where the KL term goes; a choice of this module (not a registry): in_loss is grpolab.algo.losses, in_reward
-is grpolab.algo.shaping."""
+    return typing.get_type_hints(AlgoConfig, include_extras=True)
 
 
 def _one_of(key: str, value: str, allowed: Collection[str]) -> None:
@@ -268,7 +269,6 @@ def check_choices(cfg: AlgoConfig, choices: Mapping[str, Collection[str]]) -> Al
 def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
     """Raise ConfigError naming the key when a value is impossible or two settings contradict."""
     _one_of("name", cfg.name, ALGOS)
-    _one_of("kl_placement", cfg.kl_placement, KL_PLACEMENTS)
 
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
@@ -347,4 +347,4 @@ def resolve_algo(
     return validate_algo(cfg)
 
 
-__all__ = ["ALGOS", "AlgoConfig", "KL_PLACEMENTS", "check_choices", "resolve_algo", "validate_algo"]
+__all__ = ["ALGOS", "AlgoConfig", "KL_PLACEMENTS", "KlPlacement", "check_choices", "resolve_algo", "validate_algo"]

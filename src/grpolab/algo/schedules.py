@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 from grpolab.util.fields import ConfigError
 
@@ -53,7 +54,10 @@ def cosine(i: int, warmup: int, total: int) -> float:
     return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-SCHEDULES: dict[str, Callable[[int, int, int], float]] = {
+LrScheduler = Literal["warmup_constant", "constant", "constant_with_warmup", "linear", "cosine"]
+"""The `lr_scheduler` setting: one name of SCHEDULES (tests/test_config_types.py holds the two equal)."""
+
+SCHEDULES: dict[LrScheduler, Callable[[int, int, int], float]] = {
     "warmup_constant": warmup_constant,
     "constant": constant,
     "constant_with_warmup": constant_with_warmup,
@@ -64,6 +68,7 @@ SCHEDULES: dict[str, Callable[[int, int, int], float]] = {
 
 
 def check_scheduler(name: str) -> None:
-    """ConfigError (exit 2) for a schedule that does not exist."""
+    """ConfigError (exit 2) for a schedule that does not exist (for callers of build_scheduler; a config's
+    lr_scheduler is checked against its type, LrScheduler)."""
     if name not in SCHEDULES:
         raise ConfigError(f"lr_scheduler: unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")

@@ -4,25 +4,32 @@ already has (max_new_tokens, temperature, top_p, decoder) stay where they were, 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 from grpolab.util.fields import ConfigError
 
-ENGINE_NAMES = ("auto", "native", "vllm")
+RolloutEngine = Literal["auto", "native", "vllm"]
+"""The `rollout.engine` setting (grpolab.engine.choose decides auto)."""
+ENGINE_NAMES: tuple[str, ...] = typing.get_args(RolloutEngine)
+Correction = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
+"""The `rollout.correction` setting: a mode of grpolab.algo.sampler.CORRECTIONS."""
+CORRECTIONS: tuple[str, ...] = typing.get_args(Correction)
+Decoder = Literal["auto", "lean", "hf"]
+"""The top-level `decoder` setting: how the native engine runs the model in a rollout (auto, the lean
+decode step of grpolab.engine.native.decoder, or the model's own forward)."""
 
 
 class EngineError(RuntimeError):
     """The engine failed to start or to take the new weights: the run stops, its last checkpoint intact."""
 
 
-CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
-
-
 @dataclass
 class RolloutConfig:
     """How rollouts are sampled (docs/performance.md, "Rollout engines")."""
 
-    engine: str = "auto"
+    engine: RolloutEngine = "auto"
     """native (grpolab's own decode loop, on the policy itself), vllm (vLLM in this process, the `vllm` extra; weights synced after every optimizer step) or auto (vLLM where it is installed, supports the model and the run is long enough to repay its start-up; the first line of a run says which and why)."""
     vllm_eager: bool = False
     """vLLM: skip torch.compile and CUDA graphs (enforce_eager): a shorter start-up, slower tokens; docs/performance.md measures both."""
@@ -30,7 +37,7 @@ class RolloutConfig:
     """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache)."""
     vllm_gpu_memory: float = 0.3
     """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
-    correction: str = "token_truncate"
+    correction: Correction = "token_truncate"
     """Importance-sampling correction of the sampler/trainer mismatch when the engine is not the trainer (vllm): token_truncate (w_t = min(pi_old/pi_sampler, C), as verl's default), token_mask, sequence_truncate, sequence_mask (TRL 1.16's default) or none. The native engine samples from the trainer's own weights and needs none."""
     correction_clip: float = 2.0
     """C of the correction: the largest importance weight kept (truncate) or allowed (mask); verl uses 2, TRL 3."""
@@ -39,8 +46,6 @@ class RolloutConfig:
 def validate_rollout(r: RolloutConfig) -> None:
     """ConfigError (exit 2) naming the key for an impossible value."""
     checks = [
-        (r.engine in ENGINE_NAMES, "rollout.engine", f"must be one of {', '.join(ENGINE_NAMES)}"),
-        (r.correction in CORRECTIONS, "rollout.correction", f"must be one of {', '.join(CORRECTIONS)}"),
         (r.correction_clip >= 1.0, "rollout.correction_clip", "must be >= 1 (a weight of 1 is on-policy)"),
         (r.vllm_kv_cache_gb >= 0, "rollout.vllm_kv_cache_gb", "must be >= 0 GiB (0: sized to the run)"),
         (0 < r.vllm_gpu_memory < 1, "rollout.vllm_gpu_memory", "must be in (0, 1)"),

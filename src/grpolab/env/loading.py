@@ -42,9 +42,10 @@ import importlib
 import importlib.util
 import inspect
 import threading
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from grpolab.env.adapters import FactoryEnvironment, FunctionTools, GymAdapter, InstancePool, tool_method_names
 from grpolab.env.base import EnvConfigError, EnvironmentShapeError, is_environment
@@ -53,7 +54,9 @@ from grpolab.env.runner import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TIMEOUT_S
 from grpolab.env.skyrl import SkyRLAdapter, env_config, is_skyrl_class
 from grpolab.util.user_code import NotImportable, import_file
 
-KINDS = ("environment", "tools", "factory", "gym", "openenv", "skyrl")
+EnvKind = Literal["environment", "tools", "factory", "gym", "openenv", "skyrl"]
+"""The adapter kinds (the module docstring says which object each takes); `env.kind` is one, or empty."""
+KINDS: tuple[str, ...] = typing.get_args(EnvKind)
 GYM_METHODS = {"step", "reset", "render", "close", "seed", "get_wrapper_attr", "set_wrapper_attr", "has_wrapper_attr"}
 """Public methods a gym-style class has that are not tools."""
 

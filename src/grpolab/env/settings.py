@@ -3,11 +3,16 @@ multi-turn trajectory. env.name empty (the default) keeps the single-turn rollou
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from grpolab.env.loading import EnvKind
 from grpolab.util.fields import ConfigError
 
-TOOL_THREADS = ("worker", "main")
+ToolThread = Literal["worker", "main"]
+"""The `env.tool_thread` setting: where a synchronous tool call runs (grpolab.env.runner.ToolRunner)."""
+TOOL_THREADS: tuple[str, ...] = typing.get_args(ToolThread)
 
 
 @dataclass
@@ -16,13 +21,13 @@ class EnvConfig:
 
     name: str = ""
     """Environment: a built-in name (retry_arithmetic, guess_number, calculator_python), `module:Name` or `file.py:Name` (a TRL environment_factory class, a list of tool functions, a gym-style, OpenEnv-style or SkyRL-gym-style class); empty = single-turn."""
-    factories: dict = field(default_factory=dict)
+    factories: dict[str, str] = field(default_factory=dict)
     """Several environments by name, as TRL's dict environment_factory: each example picks one by its `environment` column, e.g. env.factories.math=envs.py:MathEnv env.factories.game=envs.py:Game (instead of env.name)."""
-    kind: str = ""
+    kind: Literal["", EnvKind] = ""
     """The adapter, when the guess from the object's shape is wrong: factory (TRL's environment_factory), tools, gym, openenv, skyrl or environment; empty = guess."""
-    tools: list = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
     """Standalone tool functions offered besides an environment class's methods, as TRL's tools= next to environment_factory: `module:fn` or `file.py:fn` each."""
-    tool_thread: str = "worker"
+    tool_thread: ToolThread = "worker"
     """Where a synchronous tool call (and a gym-style step) runs: worker (a daemon thread, with env.tool_timeout_s) or main (the main thread, one call after another, no timeout: as TRL runs them, so a tool may use signal.alarm)."""
     max_turns: int = 3
     """Most model turns per trajectory; a trajectory still going after this many is stopped (env/stopped_max_turns)."""
@@ -48,7 +53,7 @@ class EnvConfig:
     """A tool result longer than this is cut, with a visible marker (env/errors_truncated)."""
     reward_weight: float = 1.0
     """Weight of the environment's own reward (its reward() / TRL's get_reward()), logged as reward/env; 0 ignores it."""
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment class's constructor, e.g. env.options.max_value=100."""
 
     @property
@@ -71,29 +76,20 @@ def validate_env(env: EnvConfig) -> None:
         (env.tool_budget_s > 0, "env.tool_budget_s", "must be > 0 seconds"),
         (env.step_tool_budget_s > 0, "env.step_tool_budget_s", "must be > 0 seconds"),
         (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
-        (isinstance(env.tool_process, bool), "env.tool_process", "must be true or false"),
-        (
-            isinstance(env.max_stuck_calls, int)
-            and not isinstance(env.max_stuck_calls, bool)
-            and env.max_stuck_calls >= 1,
-            "env.max_stuck_calls",
-            "must be an integer >= 1",
-        ),
+        (env.max_stuck_calls >= 1, "env.max_stuck_calls", "must be >= 1"),
         (env.reset_timeout_s > 0, "env.reset_timeout_s", "must be > 0 seconds"),
         (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
-        (isinstance(env.options, dict), "env.options", "must be a mapping of constructor arguments"),
-        (env.tool_thread in TOOL_THREADS, "env.tool_thread", f"must be one of {', '.join(TOOL_THREADS)}"),
         (
             not (env.name and env.factories),
             "env.factories",
             "give env.name (one environment) or env.factories (several, routed by the `environment` column), not both",
         ),
         (
-            all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in env.factories.items()),
+            all(k and v for k, v in env.factories.items()),
             "env.factories",
             "must map environment names to specs, e.g. env.factories.math=envs.py:MathEnv",
         ),
-        (all(isinstance(t, str) and t for t in env.tools), "env.tools", "must list `module:fn` or `file.py:fn` specs"),
+        (all(env.tools), "env.tools", "must list `module:fn` or `file.py:fn` specs"),
     ]
     for ok, key, msg in checks:
         if not ok:

@@ -41,7 +41,7 @@ class LoraConfig:
     """LoRA alpha: the adapter's update is scaled by alpha / r."""
     dropout: float = 0.0
     """Dropout on the adapter's input in the training passes (rollouts run without it), in [0, 1)."""
-    target_modules: str | list = "all-linear"
+    target_modules: str | list[str] = "all-linear"
     """Layers that get an adapter: all-linear (every linear layer but the LM head), or module names as a list or comma-separated (q_proj,v_proj)."""
 
     @property

@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from typing import Literal
+
+CpuMalloc = Literal["keep", "system"]
+"""The `cpu_malloc` setting: keep (apply SETTINGS, freed memory stays in the process) or system (malloc as it is)."""
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
 SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 64 << 20))

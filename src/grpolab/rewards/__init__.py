@@ -35,10 +35,26 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from grpolab.rewards import custom
-from grpolab.rewards.scoring import RewardFn, Scores, score_completions
 from grpolab.util.fields import ConfigError
+
+if TYPE_CHECKING:
+    from grpolab.rewards.scoring import RewardFn
+
+_SCORING = ("RewardFn", "Scores", "score_completions")
+
+
+def __getattr__(name: str) -> Any:
+    """RewardFn, Scores and score_completions, imported from grpolab.rewards.scoring on first use: scoring
+    (and custom) need torch, and the package stays importable without it, so that the config reads
+    grpolab.rewards.contract before torch starts (grpolab.util.threads)."""
+    if name in _SCORING:
+        from grpolab.rewards import scoring
+
+        return getattr(scoring, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "REWARDS",
@@ -91,6 +107,9 @@ def get_factory(name: str) -> Callable:
 
 def build_rewards(specs: list[dict]) -> list[RewardFn]:
     """Turn recipe reward specs into RewardFn objects (ConfigError on any bad spec)."""
+    from grpolab.rewards import custom
+    from grpolab.rewards.scoring import RewardFn
+
     if not isinstance(specs, (list, tuple)):
         raise ConfigError(f"rewards: expected a list of reward specs, got {type(specs).__name__}")
     fns: list[RewardFn] = []
@@ -149,6 +168,8 @@ def check_rewards(fns: list[RewardFn], task, *, environment: bool) -> None:
     reading the task's columns from one example (task.sample(1, a fresh generator)). `environment`: the
     run has one, so `environments` is provided."""
     import random
+
+    from grpolab.rewards import custom
 
     examples = task.sample(1, random.Random(0))
     available = set(custom.columns(examples)) | set(custom.TRL_KEYWORDS)

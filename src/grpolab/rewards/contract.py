@@ -34,14 +34,16 @@ import inspect
 import json
 import math
 import threading
+import typing
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 
-THREADS = ("auto", "main", "workers")
-"""reward_thread: where synchronous reward calls run (see `placement`)."""
+RewardThread = Literal["auto", "main", "workers"]
+"""The `reward_thread` setting: where synchronous reward calls run (see `placement`)."""
+THREADS: tuple[str, ...] = typing.get_args(RewardThread)
 
 
 def is_async_callable(fn: Callable) -> bool:
@@ -177,4 +179,13 @@ def trainer_state(
     )
 
 
-__all__ = ["CallLog", "THREADS", "is_async_callable", "placement", "run_async", "run_here", "trainer_state"]
+__all__ = [
+    "CallLog",
+    "RewardThread",
+    "THREADS",
+    "is_async_callable",
+    "placement",
+    "run_async",
+    "run_here",
+    "trainer_state",
+]

@@ -12,19 +12,27 @@ import dataclasses
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
 from grpolab.algo.presets import AlgoConfig, resolve_algo
-from grpolab.algo.schedules import check_scheduler
-from grpolab.engine.settings import RolloutConfig, validate_rollout
+from grpolab.algo.schedules import LrScheduler
+from grpolab.engine.settings import Decoder, RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
+from grpolab.model.settings import DeviceSetting, PrecisionSetting
+from grpolab.parallel.allocator import CpuMalloc
+from grpolab.rewards.contract import RewardThread
 from grpolab.training.options import check_sampling_kwargs, eval_checks
 from grpolab.training.recipe import deep_update, merge_into, parse_overrides
-from grpolab.util.fields import ConfigError, field_docs
+from grpolab.util.fields import ConfigError, choices, coerce_field, field_docs, field_types
 from grpolab.util.fileio import atomic_write
-from grpolab.util.threads import WAIT_SETTINGS
+from grpolab.util.threads import ThreadWait
+
+Resume = Literal["never", "auto"]
+"""The `resume` setting: whether the same command continues the run its `out` holds
+(grpolab.training.metrics.check_out_dir reads it as `auto`)."""
 
 
 @dataclass
@@ -41,9 +49,9 @@ class Config:
     """Policy model: `smollm2-135m` (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face model directory, or a local .gguf file. Never downloaded."""
     task: str = "arithmetic"
     """Task: arithmetic, countdown, qa (local JSONL/parquet), code, tools, dataset (your own files: JSONL, CSV, parquet, a datasets directory), longsum (the lab aha miniature)."""
-    task_args: dict = field(default_factory=dict)
+    task_args: dict[str, Any] = field(default_factory=dict)
     """Options of the task, e.g. `task_args.digits=2` (see the Tasks section of README.md)."""
-    rewards: list = field(default_factory=list)
+    rewards: list[dict[str, Any]] = field(default_factory=list)
     """Reward functions as a list of {name, weight, ...options}; empty = the task's default rewards."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Policy-gradient method and its options, e.g. `algo=grpo algo.beta=0.04` (see docs/algorithms.md)."""
@@ -74,39 +82,39 @@ class Config:
     """Min-p filter of rollouts (Nguyen et al. 2024): drop tokens less likely than min_p x the most likely one, in [0, 1); 0: off."""
     repetition_penalty: float = 1.0
     """CTRL repetition penalty of rollouts (transformers' RepetitionPenaltyLogitsProcessor): the logit z of every token already in the prompt or completion becomes z / p if z > 0, z * p otherwise; > 1 discourages repeats, 1: off."""
-    generation_kwargs: dict = field(default_factory=dict)
+    generation_kwargs: dict[str, Any] = field(default_factory=dict)
     """More sampling options, as TRL's generation_kwargs: the keys temperature, top_p, top_k, min_p, repetition_penalty override the options above (for sampling and for the policy's log-probs alike); any other key goes to vLLM's SamplingParams (rollout.engine=vllm), and the native engine refuses it by name."""
-    chat_template_kwargs: dict = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the tokenizer's apply_chat_template for every prompt and conversation rendered (TRL's chat_template_kwargs), e.g. chat_template_kwargs.enable_thinking=false."""
     lr: float = 2e-5
     """Peak learning rate of AdamW."""
     warmup_steps: int = 2
     """Linear warm-up of the learning rate over the first warmup_steps * algo.mu * algo.steps_per_generation optimizer updates (steps that made no update do not count); what follows is lr_scheduler's."""
     # --- learning-rate schedule of TRL's GRPOConfig (grpolab.model.optim) ------------------------
-    lr_scheduler: str = "warmup_constant"
+    lr_scheduler: LrScheduler = "warmup_constant"
     """Learning-rate schedule over the run's steps * algo.mu * algo.steps_per_generation optimizer updates: warmup_constant (grpolab's: update i gets lr * min(1, (i + 1) / warmup), so the first update already learns), or one of transformers' get_scheduler schedules with the same numbers: linear (TRL's default), cosine, constant (no warm-up), constant_with_warmup."""
     warmup_ratio: float = 0.0
     """Warm-up as a share of the optimizer updates, ceil(warmup_ratio x updates), as transformers computes it; > 0 replaces warmup_steps. In [0, 1)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    adam_betas: list = field(default_factory=lambda: [0.9, 0.99])
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     """AdamW (beta1, beta2)."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables it."""
     max_nonfinite_updates: int = 3
     """An optimizer update whose loss or gradient norm is NaN/inf is skipped (the weights stay as they were) and counted in update/nonfinite_skipped; this many in a row stop the run, keeping the last good checkpoint."""
-    device: str = "auto"
-    """auto (CUDA when present, else CPU), cpu, or cuda."""
-    precision: str = "auto"
+    device: DeviceSetting = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda (the current GPU) or cuda:N (the GPU of index N)."""
+    precision: PrecisionSetting = "auto"
     """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.model.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
-    cpu_malloc: str = "keep"
+    cpu_malloc: CpuMalloc = "keep"
     """On a CPU under glibc: keep (freed memory stays in the process and is reused, so a new tensor does not fault its pages in anew; grpolab.parallel.allocator) or system (malloc as it is)."""
-    decoder: str = "auto"
+    decoder: Decoder = "auto"
     """How rollouts run the model: auto (grpolab.engine.native.decoder's lean decode step where it was measured faster than the model's own forward: bf16 rollouts on a CPU, for Llama, Qwen2 and Mistral models; otherwise the model's forward), lean (the lean step wherever it supports the model) or hf (always the model's own forward)."""
     threads: int = 0
     """CPU threads for PyTorch. 0: the cores other processes leave idle, measured for a quarter of a second at start (every core on an idle machine, one fewer per busy core, at least 1), or OMP_NUM_THREADS where the environment sets it (torchrun does),, recorded in OUT/threads.json and kept on resume; N: exactly N. Printed on the run's first line; docs/performance.md, "A machine doing something else"."""
     # --- how the CPU threads wait (grpolab.util.threads)
-    thread_wait: str = "auto"
+    thread_wait: ThreadWait = "auto"
     """How PyTorch's CPU threads wait for each other between parallel pieces of work (OpenMP's wait policy, set before torch starts): auto (a short spin, then sleep, so that a machine running something else costs a fair share rather than many times the step; the user's own OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME win where set), short (the same, ignoring those variables), passive (sleep at once), active (spin) or openmp (the runtime's own default: libgomp spins 300,000 rounds). Printed on the run's first line; docs/performance.md, "A machine doing something else"."""
     fsdp: bool = False
     """Under torchrun, shard the policy (and the reference) over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead of a full copy per process: for models whose weights, gradients and AdamW state do not fit one device. Same maths as plain data parallelism; checkpoints stay whole models (docs/distributed.md)."""
@@ -131,7 +139,7 @@ class Config:
     """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep on disk."""
-    resume: str = "never"
+    resume: Resume = "never"
     """never (an `out` that already holds a run is refused; continue it with `grpolab train --resume OUT`) or auto: the same command starts a new run where `out` holds none, and otherwise continues the newest checkpoint that verifies, so that torchrun --max-restarts and requeued jobs recover by themselves; each continuation is recorded in OUT/restarts.jsonl (docs/distributed.md)."""
     samples_per_step: int = 4
     """Completions per step written to samples.jsonl."""
@@ -140,14 +148,14 @@ class Config:
     reward_workers: int = 4
     """Threads scoring completions in parallel."""
     # --- reward calls: where they run, and when failing ones stop the run (docs/rewards.md) ---
-    reward_thread: str = "auto"
+    reward_thread: RewardThread = "auto"
     """Where synchronous reward functions run. auto: TRL-form functions (completions in, a list of scores out) in the training thread, one call after another, as TRL runs them (so signal.alarm works, as math-verify's timeouts need; reward_timeout_s does not apply there); functions with a `max_concurrency` attribute (the built-in math and code rewards) and grpolab's per-sample fn(completion, example) on reward_workers threads with the timeout. main: every one in the training thread. workers: every one on the threads, with the timeout. `async def` functions are always awaited together on an event loop, each within reward_timeout_s."""
     max_reward_error_steps: int = 3
     """A reward function that fails on every completion of a step is named with its first error (console, and reward/<name>/error_frac = 1 in metrics.jsonl); this many such steps in a row stop the run (exit 1) after writing a checkpoint. 0: never stop for it."""
     tensorboard: bool | None = None
     """The older switch for TensorBoard, folded into report_to when the config is read: true adds tensorboard to report_to, false removes it (tensorboard=false keeps meaning no OUT/tb); unset (null), report_to alone decides. Recorded as null in config.yaml, report_to holding the result."""
     # --- experiment trackers and run naming (grpolab.training.trackers; docs/metrics.md "Trackers") ---
-    report_to: list | str = field(default_factory=lambda: ["tensorboard"])
+    report_to: list[str] | str = field(default_factory=lambda: ["tensorboard"])
     """Experiment trackers that receive the config, every metric (evaluation rows included), the samples and the evaluation tables: tensorboard (OUT/tb), wandb (an offline W&B run in OUT/wandb; extra `wandb`), mlflow (MLflow's local SQLite store OUT/mlflow.db; extra `mlflow`), trackio (trackio's local store OUT/trackio; extra `trackio`); a name or a list, `none` for none, `all` for tensorboard and every other one installed. Nothing is sent over the network unless the tracker's own variable asks for it (WANDB_MODE=online, MLFLOW_TRACKING_URI, TRACKIO_SPACE_ID); docs/metrics.md, "Trackers"."""
     run_name: str = ""
     """The run's name in the trackers; empty: the name of the `out` directory."""
@@ -160,7 +168,7 @@ class Config:
     """Write OUT/report.html (plots, samples, the token-level credit view; see docs/report.md) at the end of the run; needs the `report` extra (matplotlib)."""
     sample_tokens: int = 64
     """Per-token values (advantage, log-prob, ratio and clip, entropy, KL) saved in samples.jsonl for the first sample_tokens tokens of each written sample; 0 saves none. Bounds samples.jsonl to about samples_per_step x (the texts + 70 bytes x sample_tokens) per step."""
-    reflection_phrases: list = field(default_factory=lambda: list(_default_reflection_phrases()))
+    reflection_phrases: list[str] = field(default_factory=lambda: list(_default_reflection_phrases()))
     """Phrases counted as reflection in aha/reflection_count and aha/reflection_frac (whole words, ignoring case); the default holds English and Spanish ones (wait, let me check, verify, espera, revisemos, ...; grpolab.training.diagnostics)."""
     alert_entropy_min: float = 0.02
     """Collapse alert: warn (and count alert/entropy) when the mean policy entropy of a step falls below this (nats)."""
@@ -214,10 +222,9 @@ def thread_wait_of(recipe: dict | None, overrides: list[str] | None) -> str:
     merged: dict = {}
     deep_update(merged, copy.deepcopy(recipe or {}))
     deep_update(merged, parse_overrides(overrides or []))
-    value = merged.get("thread_wait", Config.thread_wait)
-    if value not in WAIT_SETTINGS:
-        raise ConfigError(f"thread_wait: must be one of {', '.join(WAIT_SETTINGS)}, got {value!r}")
-    return value
+    return coerce_field(
+        "thread_wait", merged.get("thread_wait", Config.thread_wait), field_types(Config)["thread_wait"]
+    )
 
 
 def build_config(recipe: dict | None = None, overrides: list[str] | None = None) -> Config:
@@ -291,44 +298,32 @@ def validate(cfg: Config) -> None:
             f"{'env.max_model_tokens' if cfg.env.enabled else 'max_new_tokens'}={cfg.max_completion_tokens}: every completion "
             f"would be punished; lower it (DAPO used 20% of the limit)",
         ),
-        (
-            cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
-            "device",
-            "must be auto, cpu or cuda",
-        ),
-        (cfg.precision in ("auto", "bf16", "fp32"), "precision", "must be auto, bf16 or fp32"),
-        (cfg.decoder in ("auto", "lean", "hf"), "decoder", "must be auto, lean or hf"),
-        (cfg.cpu_malloc in ("keep", "system"), "cpu_malloc", "must be keep or system"),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         *eval_checks(cfg),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),
         (cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
-        (cfg.resume in ("never", "auto"), "resume", "must be never or auto"),
         (cfg.samples_per_step >= 0, "samples_per_step", "must be >= 0"),
         (cfg.reward_timeout_s > 0, "reward_timeout_s", "must be > 0"),
         (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),
         (cfg.threads >= 0, "threads", "must be >= 0"),
-        (cfg.thread_wait in WAIT_SETTINGS, "thread_wait", f"must be one of {', '.join(WAIT_SETTINGS)}"),
         (
-            len(cfg.adam_betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.adam_betas),
+            len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
             "adam_betas",
             "must be two numbers in [0, 1)",
         ),
         (bool(cfg.out), "out", "must be a directory path"),
     ]
     checks += [  # reward calls
-        (cfg.reward_thread in ("auto", "main", "workers"), "reward_thread", "must be auto, main or workers"),
         (
-            isinstance(cfg.max_reward_error_steps, int) and cfg.max_reward_error_steps >= 0,
+            cfg.max_reward_error_steps >= 0,
             "max_reward_error_steps",
             "must be an integer >= 0 (0: never stop for failing rewards)",
-        ),
+        )
     ]
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
-    check_scheduler(cfg.lr_scheduler)
     check_sampling_kwargs(cfg)
     validate_lora(cfg.lora)
     validate_env(cfg.env)
@@ -337,8 +332,8 @@ def validate(cfg: Config) -> None:
 
     if cfg.task not in TASKS:  # caught here, before any model is loaded
         raise ConfigError(f"task: unknown task {cfg.task!r}; known tasks: {', '.join(sorted(TASKS))}")
-    for i, spec in enumerate(cfg.rewards):
-        if not isinstance(spec, dict) or "name" not in spec:
+    for i, spec in enumerate(cfg.rewards):  # each a mapping: its type, list[dict[str, Any]]
+        if "name" not in spec:
             raise ConfigError(f"rewards[{i}]: expected a mapping with a `name` (and optional `weight`), got {spec!r}")
 
 
@@ -394,13 +389,13 @@ def help_text(cfg: Config | None = None) -> str:
         "Options (KEY=VALUE; nested with dots, e.g. algo.beta=0.04); the values shown are the ones this run would use:",
         "",
     ]
-    docs = field_docs(Config)
+    docs, types = field_docs(Config), field_types(Config)
     for f in dataclasses.fields(Config):
         if f.name == "algo":
             continue
         value = getattr(cfg, f.name)
         shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-        lines.append(f"  {f.name}={shown!r}")
+        lines.append(_value_line(f.name, shown, types[f.name]))
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     lines += ["", "  lora.* options (LoRA through peft; lora.r=0, the default, trains every weight):"]
     lines += _option_lines("lora.", cfg.lora)
@@ -415,8 +410,14 @@ def help_text(cfg: Config | None = None) -> str:
 
 def _option_lines(prefix: str, settings) -> list[str]:
     """`PREFIX.field=value` and its documentation, for each field of the nested settings object."""
-    docs, lines = field_docs(type(settings)), []
+    docs, types, lines = field_docs(type(settings)), field_types(type(settings)), []
     for f in dataclasses.fields(settings):
-        lines.append(f"  {prefix}{f.name}={getattr(settings, f.name)!r}")
+        lines.append(_value_line(f"{prefix}{f.name}", getattr(settings, f.name), types[f.name]))
         lines.append(textwrap.fill(docs.get(f.name, ""), 96, initial_indent="      ", subsequent_indent="      "))
     return lines
+
+
+def _value_line(key: str, value, typ) -> str:
+    """`  KEY=value`, and for a switch the values its type allows: `  precision='auto'  one of: auto, bf16, fp32`."""
+    allowed = choices(typ)
+    return f"  {key}={value!r}" + (f"  one of: {', '.join(allowed)}" if allowed else "")

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from grpolab.util.fields import ConfigError, coerce_field
+from grpolab.util.fields import ConfigError, coerce_field, field_types
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # shipped in the package; ./recipes links here
 
 
 def _type_of(cls: type, name: str):
-    hints = typing.get_type_hints(cls)
-    return hints[name]
+    return field_types(cls)[name]
 
 
 def merge_into(cls: type, current: Any, updates: dict, prefix: str) -> Any:

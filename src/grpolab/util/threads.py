@@ -30,9 +30,13 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
-WAIT_SETTINGS = ("auto", "short", "passive", "active", "openmp")
+ThreadWait = Literal["auto", "short", "passive", "active", "openmp"]
+"""The `thread_wait` setting: how OpenMP's threads wait (the module docstring says what each does)."""
+WAIT_SETTINGS: tuple[str, ...] = typing.get_args(ThreadWait)
 USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 MARKER = "GRPOLAB_THREAD_WAIT"  # setting:policy, written beside the variables for the processes started after
 SHORT_SPIN = 10_000  # libgomp spin rounds before sleeping: a thirtieth of its default 300,000
@@ -304,6 +308,7 @@ def choose_threads(setting: int, recorded: int | None = None, environ=None) -> t
 
 
 __all__ = [
+    "ThreadWait",
     "WAIT_SETTINGS",
     "MARKER",
     "inherited",
