@@ -27,7 +27,7 @@ from torch import Tensor
 
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
-from grpolab.engine.base import RolloutEngine, Sampling
+from grpolab.engine.base import Sampling
 from grpolab.env.rollout import UNSTARTED, close_all
 from grpolab.model.passes import PassSpec, logp_without_grad
 from grpolab.model.template import chat_prompts, check_prompt_lengths, context_length
@@ -40,26 +40,6 @@ from grpolab.training.run import Reference, Run, step_rng
 from grpolab.training.update import sampled_logp, update
 
 
-def generate(
-    engine: RolloutEngine,
-    tokenizer,
-    examples: list[Example],
-    sampling: Sampling,
-    *,
-    G: int,
-    generator: torch.Generator | None = None,
-    system_prompt: str | None = None,
-    raw_strings: bool = False,
-    context: int | None = None,
-) -> Rollout:
-    """G single-turn completions for each example, in the chat template: the prompts rendered and
-    checked against the model's `context` (grpolab.model.template), then sampled by the engine.
-    `generator` is used as it is: the caller owns its stream."""
-    ids = chat_prompts(tokenizer, [e.prompt for e in examples], system_prompt, raw_strings=raw_strings)
-    check_prompt_lengths(ids, [e.id for e in examples], sampling.max_new_tokens, context)
-    return engine.generate(ids, sampling, G=G, generator=generator)
-
-
 def rollout_examples(
     run: Run,
     examples: list[Example],
@@ -68,20 +48,15 @@ def rollout_examples(
     generator: torch.Generator | None = None,
     sampling: Sampling | None = None,
 ) -> Rollout:
-    """`generate` with the run's engine, tokenizer, task prompt settings and model context. `sampling`:
-    how to draw tokens (default: the run's rollout settings, run.sampling; greedy or the evaluation's
-    are derived from it by the caller)."""
-    return generate(
-        run.engine,
-        run.tokenizer,
-        examples,
-        sampling or run.sampling,
-        G=G,
-        generator=generator,
-        system_prompt=run.task.system_prompt,
-        raw_strings=getattr(run.task, "raw_string_prompts", False),
-        context=context_length(run.policy),
-    )
+    """G single-turn completions for each example: the prompts in the chat template, checked against the
+    model's context (grpolab.model.template), sampled by run.engine. `generator` is used as it is: the
+    caller owns its stream. `sampling`: how to draw tokens (default: the run's rollout settings,
+    run.sampling; greedy or the evaluation's are derived from it by the caller)."""
+    sampling, task = sampling or run.sampling, run.task
+    raw = getattr(task, "raw_string_prompts", False)
+    ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], task.system_prompt, raw_strings=raw)
+    check_prompt_lengths(ids, [e.id for e in examples], sampling.max_new_tokens, context_length(run.policy))
+    return run.engine.generate(ids, sampling, G=G, generator=generator)
 
 
 def scoring_options(run: Run) -> dict:
@@ -107,13 +82,14 @@ def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str
     return score_rollout(run.reward_fns, rollout, examples, context, **scoring_options(run))
 
 
-def advance_state(state, step: int, size: int, per_step: int) -> None:
+def advance_state(state, step: int, task, per_step: int) -> None:
     """The run's trainer_state (transformers' TrainerState, None: nothing) as TRL's is while step `step`'s
     batch is scored: global_step = steps done before it, epoch = the training rows used so far over the
-    task's size `size` (0 when the task has no size), at `per_step` prompts per step."""
+    task's size (0 when the task has no size), at `per_step` prompts per step."""
     if state is None:
         return
     state.global_step = step - 1
+    size = len(task) if hasattr(task, "__len__") else 0
     state.epoch = (step - 1) / math.ceil(size / per_step) if size and per_step else 0.0
 
 
@@ -140,11 +116,12 @@ def rollout_and_score(
     t0 = time.perf_counter()
     try:
         scores = score_rollout(fns, rollout, examples, context, **options)
+        info.update(env_reward_metrics(scores))
     finally:
         close_all(context["environments"])
     for i in unstarted:  # an environment that could not start: the group scores 0 (no advantage within it)
         scores.total[i] = 0.0
-    return rollout, scores, {**info, **env_reward_metrics(scores), "time/score_s": time.perf_counter() - t0}
+    return rollout, scores, {**info, "time/score_s": time.perf_counter() - t0}
 
 
 def collect(run: Run, step: int) -> Batch:
@@ -153,9 +130,8 @@ def collect(run: Run, step: int) -> Batch:
     the reward metrics cover every sampled completion, the batch only the kept ones."""
     cfg, algo, task, d = run.cfg, run.cfg.algo, run.task, run.ranks
     prompts_per_step = cfg.batch_size // cfg.G
-    size = len(task) if hasattr(task, "__len__") else 0
-    advance_state(run.trainer_state, step, size, prompts_per_step)
     rng, generator = step_rng(cfg.seed, step, run.device, d.rank)
+    advance_state(run.trainer_state, step, task, prompts_per_step)
     epochs = cfg.num_train_epochs is not None and hasattr(task, "epoch_rows")
     rounds = 1 + (algo.max_resample_rounds if algo.dynamic_sampling else 0)
     kept: list[Batch] = []
