@@ -90,8 +90,9 @@ class Run:
     kl: AdaptiveKL
     """The current beta (fixed unless algo.adaptive_kl)."""
     sampling: Sampling
-    """How the rollouts draw tokens (`rollout_sampling`); greedy and evaluation sampling derive from it
-    (grpolab.training.options.greedy, evaluation_sampling)."""
+    """How the rollouts draw tokens (`rollout_sampling`). Greedy decoding is dataclasses.replace(run.sampling,
+    greedy=True) (grpolab.app.chat); the evaluation draws with its own temperature and top_p, at this
+    max_new_tokens (grpolab.training.evaluation)."""
     pass_spec: PassSpec
     """What the model passes (grpolab.model.passes) need of the run (`pass_spec_of`)."""
     plain_sampling: bool
@@ -110,7 +111,8 @@ class Run:
     nonfinite_streak: int = 0
     """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
     environments: Environments | None = None
-    """The multi-turn environment (grpolab.env.rollout.Environments; grpolab.training.agents loads it), None for single-turn rollouts (env.name empty)."""
+    """The multi-turn environments (grpolab.env.rollout.Environments, loaded by grpolab.training.agents), None
+    for single-turn rollouts (env.name empty)."""
     engine: RolloutEngine | None = None
     """What samples the rollouts (grpolab.engine: the native decode loop or vLLM), set by setup."""
     trainer_state: object | None = None
