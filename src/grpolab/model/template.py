@@ -74,17 +74,17 @@ def context_length(model) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
-def check_prompt_lengths(ids: list[list[int]], names: list, max_new_tokens: int, context: int | None) -> None:
+def check_prompt_lengths(ids: list[list[int]], examples: list, max_new_tokens: int, context: int | None) -> None:
     """ConfigError (exit 2), before anything is allocated for them, when a templated prompt (ids, one per
-    example named in `names`) plus max_new_tokens does not fit the model's `context` (None: no limit
-    known). One 1 MB prompt (about 250 000 tokens) asked the prefill for terabytes at step 1; a prompt
+    example; the error names the example's id) plus max_new_tokens does not fit the model's `context`
+    (None: no limit known). One 1 MB prompt (about 250 000 tokens) asked the prefill for terabytes at step 1; a prompt
     the model cannot read whole is a data error."""
     if context is None:
         return
-    for name, x in zip(names, ids):
+    for e, x in zip(examples, ids):
         if len(x) + max_new_tokens > context:
             raise ConfigError(
-                f"prompt of example {str(name)[:80]!r} has {len(x)} tokens in the chat template; with "
+                f"prompt of example {str(e.id)[:80]!r} has {len(x)} tokens in the chat template; with "
                 f"max_new_tokens={max_new_tokens} that exceeds the model's context of {context} tokens "
                 f"(max_position_embeddings): shorten or drop that row, or lower max_new_tokens"
             )

@@ -55,7 +55,7 @@ def rollout_examples(
     sampling, task = sampling or run.sampling, run.task
     raw = getattr(task, "raw_string_prompts", False)
     ids = chat_prompts(run.tokenizer, [e.prompt for e in examples], task.system_prompt, raw_strings=raw)
-    check_prompt_lengths(ids, [e.id for e in examples], sampling.max_new_tokens, context_length(run.policy))
+    check_prompt_lengths(ids, examples, sampling.max_new_tokens, context_length(run.policy))
     return run.engine.generate(ids, sampling, G=G, generator=generator)
 
 
