@@ -15,6 +15,7 @@ turning the messages into tokens for a rollout engine it is handed.
 - `skyrl`     SkyRLAdapter: SkyRL-gym-style environments ((env_config, extras), init, step -> dict).
 - `loading`   load_environment("module:Name" | "file.py:Name" | built-in name | object).
 - `builtin`   retry_arithmetic, guess_number, calculator_python (ENVIRONMENTS).
+- `reward`    the environment's own reward as the reward function `env` (env_reward).
 - `rollout`   roll_out: a batch's multi-turn trajectories (environments, chat template, an engine's
               generate_turns); Environments (a run's factories and tools); not re-exported here.
 - `settings`  the recipe's env.* keys (EnvConfig); not re-exported here, so that importing the

@@ -5,6 +5,7 @@
     agent_rollout(run, examples, G=...)  the run's environments, engine, tokenizer, sampling and turn
                                         limits handed to grpolab.env.rollout.roll_out, the loop itself
     env_reward(weight)                  the environment's own reward as the reward function `env`
+                                        (grpolab.env.reward; ENV_REWARD, env_reward_metrics too)
 
 The step scores the rollout while its environments are open (TRL-form functions read `environments`
 and `prompts`), then closes them (grpolab.env.rollout.close_all).
@@ -20,18 +21,16 @@ from grpolab.batch import Example, Rollout
 from grpolab.engine.base import Sampling, TurnLimits
 from grpolab.env import close_environment, load_environment
 from grpolab.env.base import EnvConfigError
+from grpolab.env.reward import ENV_REWARD, env_reward, env_reward_metrics
 from grpolab.env.rollout import Environments, roll_out
 from grpolab.env.settings import EnvConfig
 from grpolab.env.timeouts import limit_stuck_calls, short_error
 from grpolab.model.template import append_only_problem
-from grpolab.rewards.scoring import RewardFn, Scores
 from grpolab.util.fields import ConfigError
 
 if TYPE_CHECKING:
     from grpolab.training.run import Run
 
-ENV_REWARD = "env"
-"""Name of the environment's own reward among the run's rewards (reward/env/mean)."""
 PROCESS_KINDS = ("tools", "factory")
 """The environment kinds whose tool calls env.tool_process runs in a child process."""
 
@@ -95,39 +94,6 @@ def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None)
     return Environments(first[0], first[1], settings, routes=routes, has_reward=any(rewarded))
 
 
-def _safe_reward(env) -> float | None:
-    try:
-        r = env.reward()
-        return None if r is None else float(r)
-    except Exception:  # noqa: BLE001 (user code: a failing reward is a missing one, counted)
-        return float("nan")
-
-
-def env_reward(weight: float) -> RewardFn:
-    """The environment's own reward (its reward(), TRL's get_reward()) as one reward function, `env`:
-    scored with the others (grpolab.rewards.scoring), from the trajectories' environments. A None means
-    it does not apply (reward/env/none, env/reward_none); a reward() that raises is an error
-    (reward/errors, env/reward_errors) and adds nothing."""
-
-    def env(completions, examples, environments=None, **context):
-        if environments is None:  # scored outside a rollout (a gold-answer check): nothing to read
-            return [None] * len(completions)
-        return [_safe_reward(e) for e in environments]
-
-    env.takes_context = True  # type: ignore[attr-defined]
-    return RewardFn(ENV_REWARD, weight, env, batch=True)
-
-
-def env_reward_metrics(scores: Scores) -> dict:
-    """env/reward_none and env/reward_errors: trajectories whose environment gave no reward, or whose reward() raised."""
-    if ENV_REWARD not in scores.per_fn:
-        return {}
-    return {
-        "env/reward_none": float(len(scores.none.get(ENV_REWARD, ()))),
-        "env/reward_errors": float(len(scores.errors.get(ENV_REWARD, ()))),
-    }
-
-
 def agent_rollout(
     run: Run,
     examples: list[Example],
@@ -151,3 +117,6 @@ def agent_rollout(
         generator=generator,
         system_prompt=run.task.system_prompt,
     )
+
+
+__all__ = ["ENV_REWARD", "PROCESS_KINDS", "agent_rollout", "env_reward", "env_reward_metrics", "load_environments"]

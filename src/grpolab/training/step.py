@@ -28,12 +28,13 @@ from torch import Tensor
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
 from grpolab.engine.base import Sampling
+from grpolab.env.reward import env_reward_metrics
 from grpolab.env.rollout import UNSTARTED, close_all
 from grpolab.model.passes import PassSpec, logp_without_grad
 from grpolab.model.template import chat_prompts, check_prompt_lengths, context_length
 from grpolab.parallel.distributed import is_count, rank_slice, reduce_metrics
 from grpolab.rewards.scoring import Scores, score_rollout
-from grpolab.training.agents import agent_rollout, env_reward_metrics
+from grpolab.training.agents import agent_rollout
 from grpolab.training.diagnostics import aha_metrics
 from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Reference, Run, step_rng
@@ -78,7 +79,7 @@ def score(run: Run, rollout: Rollout, examples: list[Example], context: dict[str
     `completion_ids`, `trainer_state`, `log_extra`, `log_metric`; in a multi-turn rollout also each row's
     conversation (rollout.conversations), its environment and its prompt (`context`, as TRL passes
     them), the per-sample form its last turn's text (rollout.texts); the environment's own reward is one
-    of the functions (grpolab.training.agents.env_reward)."""
+    of the functions (grpolab.env.reward.env_reward)."""
     return score_rollout(run.reward_fns, rollout, examples, context, **scoring_options(run))
 
 
