@@ -26,10 +26,10 @@ class _PhaseClock:
         self.mod, self.orig, self.seconds = step_mod, step_mod.reference, 0.0
 
     def __enter__(self):
-        def timed(run, batch):
+        def timed(*args, **kwargs):
             t = time.perf_counter()
             try:
-                return self.orig(run, batch)
+                return self.orig(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t
 
