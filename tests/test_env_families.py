@@ -20,11 +20,11 @@ from grpolab.env import ToolCall, ToolRunner, load_environment, run_turns
 from grpolab.env.base import Reply, example_seed, seeded
 from grpolab.env.loading import REGISTRY, registered
 from grpolab.env.openenv import observation_text
+from grpolab.env.rollout import prompt_messages
 from grpolab.env.skyrl import ConfigView
 from grpolab.rewards import score_completions
 from grpolab.rewards.custom import is_batch
 from grpolab.tasks import build_task
-from grpolab.training.agents import prompt_messages
 from grpolab.util.fields import ConfigError
 
 ENVS = Path(__file__).resolve().parent / "envs"

@@ -26,9 +26,9 @@ from scripted_envs import chatty_copy
 
 from grpolab.env import FunctionTools, run_turns, stuck_calls
 from grpolab.env.budget import ToolBudget
+from grpolab.env.rollout import start_environment
 from grpolab.env.settings import EnvConfig
 from grpolab.env.timeouts import DEFAULT_MAX_STUCK, limit_stuck_calls
-from grpolab.training.agents import start_environment
 from grpolab.util.fields import ConfigError
 
 SLACK_S = 1.0

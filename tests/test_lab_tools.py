@@ -11,6 +11,7 @@ import torch
 
 from grpolab.app.lab import tools, tools_results
 from grpolab.batch import Rollout
+from grpolab.engine.base import Sampling
 from grpolab.env import load_environment, parse_tool_calls
 from grpolab.env.calls import ToolCall
 from grpolab.model.template import addition_text, append_only_problem
@@ -136,7 +137,7 @@ def test_instrumented_rollouts_and_the_wrong_setting(monkeypatch, wrong):
     monkeypatch.setattr(step_module, "agent_rollout", lambda run, ex, **kw: (rollout, [None, None], {"env/x": 1.0}))
     with tools.instrumented(env_tokens_in_loss=wrong):
         out, _, info = step_module.agent_rollout(run, [], G=2)
-        _, _, held_info = step_module.agent_rollout(run, [], G=2, greedy=True)  # evaluation: untouched
+        _, _, held_info = step_module.agent_rollout(run, [], G=2, sampling=Sampling(4, greedy=True))  # evaluation
     assert step_module.agent_rollout is not None and "lab/result_logp" not in held_info
     assert info["lab/model_tokens_mean"] == float(cmask.sum(-1).mean())
     assert info["lab/result_logp"] < 0  # the 3 result digits under the policy

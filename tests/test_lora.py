@@ -154,7 +154,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base_model(tiny_model_
     moved = changed(before, after)
     assert moved and all("lora_" in k for k in moved), moved
     assert any("lora_B" in k for k in moved)
-    spec = run.pass_spec()
+    spec = run.pass_spec
     with run.ref.model() as ref:
         ref_logp = logp_without_grad(spec, ref, batch.rollout)
     assert run.policy.training  # the reference pass restored train mode

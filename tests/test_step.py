@@ -9,7 +9,7 @@ import torch
 from grpolab.batch import Batch, Rollout
 from grpolab.training import step as step_mod
 from grpolab.training import update as update_mod
-from grpolab.training.run import step_rng
+from grpolab.training.run import rollout_sampling, step_rng
 
 
 def test_step_rng_is_per_step_reproducible_and_on_the_device():
@@ -43,7 +43,7 @@ def test_rollout_uses_the_callers_generator_on_any_device(monkeypatch, tiny_toke
         tokenizer=tiny_tokenizer,
         task=SimpleNamespace(system_prompt=None),
         engine=engine,
-        sampling=lambda greedy=False: step_mod.Run.sampling(SimpleNamespace(cfg=cfg), greedy),
+        sampling=rollout_sampling(cfg),
     )
     gen = torch.Generator()
     examples = [SimpleNamespace(prompt="1+1?")]
@@ -103,12 +103,18 @@ def test_computed_groups_is_the_one_rule_for_which_rows_update_runs():
 
 
 def test_the_run_hands_its_passes_a_spec_and_names_its_ranks_and_main_reward():
+    """The pass spec and the rollout's sampling are built from the config (generation_kwargs over the
+    config's own options); the run holds them as they were built."""
+    from grpolab.engine.base import Sampling
     from grpolab.model.passes import PassSpec
     from grpolab.parallel.distributed import SINGLE, Dist
     from grpolab.training.config import build_config
-    from grpolab.training.run import Run, main_reward
+    from grpolab.training.run import Run, main_reward, pass_spec_of, samples_plainly
 
-    cfg = build_config(None, ["temperature=0.7", "micro_batch=4"])
+    cfg = build_config(None, ["temperature=0.7", "micro_batch=4", "top_k=5", "generation_kwargs.top_p=0.9"])
+    sampling = rollout_sampling(cfg)
+    assert sampling == Sampling(cfg.max_new_tokens, 0.7, 0.9, False, top_k=5)
+    assert not samples_plainly(sampling) and samples_plainly(Sampling(8, 0.7))
     fns = [
         SimpleNamespace(name="format", weight=0.5),
         SimpleNamespace(name="math", weight=1.0),
@@ -128,8 +134,12 @@ def test_the_run_hands_its_passes_a_spec_and_names_its_ranks_and_main_reward():
         eos_ids=set(),
         advantage=None,
         kl=None,
+        sampling=sampling,
+        pass_spec=pass_spec_of(cfg, torch.device("cpu"), torch.bfloat16),
+        plain_sampling=samples_plainly(sampling),
     )
-    assert run.pass_spec() == PassSpec(torch.device("cpu"), torch.bfloat16, 0.7, 4)
+    assert run.pass_spec == PassSpec(torch.device("cpu"), torch.bfloat16, 0.7, 4)
+    assert run.sampling is sampling and not run.plain_sampling
     assert run.ranks is SINGLE and run.main_reward == main_reward(fns) == "math"  # the first of the largest
     run.dist = Dist(rank=1, world=2)
     assert run.ranks.world == 2

@@ -20,6 +20,7 @@ the console says so).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -265,7 +266,8 @@ def sample_main(argv: list[str]) -> int:
             raise ConfigError(f"--index: must be in [0, {len(held) - 1}] (the task's held-out prompts)")
         example = held[ns.index]
     generator = torch.Generator(device=run.device).manual_seed(cfg.seed)
-    rollout = rollout_examples(run, [example], G=ns.k, greedy=ns.greedy, generator=generator)
+    sampling = dataclasses.replace(run.sampling, greedy=True) if ns.greedy else run.sampling
+    rollout = rollout_examples(run, [example], G=ns.k, generator=generator, sampling=sampling)
     scores = score(run, rollout, [example])
     records = [
         {

@@ -1,7 +1,8 @@
 """Environments for multi-turn rollouts: what the model's turns are answered with.
 
-The pure environment layer: no model, no tokens. A rollout loop gives each trajectory an
-Environment, passes it the model's turns as text, and appends the chat messages it returns.
+The environment layer: no model of its own. A rollout loop gives each trajectory an Environment,
+passes it the model's turns as text, and appends the chat messages it returns; `rollout` is that loop,
+turning the messages into tokens for a rollout engine it is handed.
 
 - `base`      the contract: Environment (reset / step / reward, tools), Reply, the error types.
 - `calls`     parse Hermes/Qwen `<tool_call>{json}</tool_call>` blocks: ToolCall / ParseError.
@@ -14,6 +15,9 @@ Environment, passes it the model's turns as text, and appends the chat messages 
 - `skyrl`     SkyRLAdapter: SkyRL-gym-style environments ((env_config, extras), init, step -> dict).
 - `loading`   load_environment("module:Name" | "file.py:Name" | built-in name | object).
 - `builtin`   retry_arithmetic, guess_number, calculator_python (ENVIRONMENTS).
+- `reward`    the environment's own reward as the reward function `env` (env_reward).
+- `rollout`   roll_out: a batch's multi-turn trajectories (environments, chat template, an engine's
+              generate_turns); Environments (a run's factories and tools); not re-exported here.
 - `settings`  the recipe's env.* keys (EnvConfig); not re-exported here, so that importing the
               environment layer does not import the config layer.
 """

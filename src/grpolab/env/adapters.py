@@ -17,7 +17,7 @@ What follows TRL 1.16 (trl/trainer/grpo_trainer.py, `GRPOTrainer.__init__` and
   after any standalone `tools=`. A class without a `reset` function is refused.
 - `reset` receives the example's fields as keyword arguments (TRL passes the whole dataset row,
   `prompt` included; the rollout loop passes the same); a returned string goes into the last
-  message of the prompt (grpolab.training.agents.prompt_messages: after a blank line, where TRL
+  message of the prompt (grpolab.env.rollout.prompt_messages: after a blank line, where TRL
   appends it as is); None appends nothing.
 - instances are pooled and reused: created when more are needed at once than exist, never more.
 - `get_reward()` takes no argument and may be async; it is called once per finished trajectory; its

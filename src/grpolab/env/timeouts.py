@@ -5,7 +5,7 @@
 ToolText), a `Raised` carrying what it raised, or None when it did not return in time. The result is
 converted on the call's own thread, so that a hostile __str__ or a huge json.dumps is covered by the
 timeout too. grpolab.env.runner turns these outcomes into the model's tool messages; the environment
-adapters (adapters.py, openenv.py, skyrl.py) and training/agents.py run an environment's own step or
+adapters (adapters.py, openenv.py, skyrl.py) and rollout.py run an environment's own step or
 factory through it.
 
 Each call runs on a daemon thread of its own, waited for at most `timeout_s`. A Python thread

@@ -10,7 +10,7 @@ state -- the memory that GRPO saves by using the group mean as the baseline inst
 
 What the training step does with a `Critic` (grpolab.training.step), per step:
 
-    spec       = run.pass_spec()                               # device, autocast, temperature, micro-batch
+    spec       = run.pass_spec                                 # device, autocast, temperature, micro-batch
     r_tok      = shaping.shape_rewards(...).token_reward       # (N, C) terminal reward - beta * k_t
     adv        = critic.targets(spec, batch)                   # no grad: V_old (N, C) once, then
                                                                #   GAE(r_tok, V_old) and whitening

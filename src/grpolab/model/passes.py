@@ -25,7 +25,7 @@ from grpolab.model.logprobs import grouped_completion_logp
 
 @dataclass(frozen=True)
 class PassSpec:
-    """What a model pass needs to know of the run (grpolab.training.run.Run.pass_spec builds it)."""
+    """What a model pass needs to know of the run (grpolab.training.run.Run.pass_spec, built once by setup)."""
 
     device: torch.device
     """Where the micro-batches are moved and the model runs."""

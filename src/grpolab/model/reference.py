@@ -1,7 +1,7 @@
 """The reference policy pi_ref of the KL term (algo.beta > 0): whatever it is, one way to use it.
 
     with run.ref.model() as ref:          # a model to run without gradients
-        ref_logp = logp_without_grad(run.pass_spec(), ref, rollout)   # grpolab.model.passes
+        ref_logp = logp_without_grad(run.pass_spec, ref, rollout)     # grpolab.model.passes
 
 Whether there is one and which kind is `reference_kind(beta, adaptive_kl, lora_r)` (the trainer builds
 it with `reference_for`, grpolab plan counts its bytes):

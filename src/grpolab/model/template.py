@@ -1,10 +1,12 @@
 """Chat templating: a prompt (a string or a list of messages) as the token ids of the model's chat
-template, ready for the assistant turn.
+template, ready for the assistant turn; the check that it fits the model's context.
 """
 
 from __future__ import annotations
 
 import re
+
+from grpolab.util.fields import ConfigError
 
 _KWARGS_ATTR = "grpolab_template_kwargs"
 
@@ -64,6 +66,28 @@ def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_string
 # text by which the rendering of the conversation grows, tokenised. That is exact only for a template
 # that renders conversations append-only (each turn's rendering a prefix of the next), which
 # `append_only_problem` checks before training.
+
+
+def context_length(model) -> int | None:
+    """The model's context in tokens (its config's max_position_embeddings), None when it names none."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_prompt_lengths(ids: list[list[int]], examples: list, max_new_tokens: int, context: int | None) -> None:
+    """ConfigError (exit 2), before anything is allocated for them, when a templated prompt (ids, one per
+    example; the error names the example's id) plus max_new_tokens does not fit the model's `context`
+    (None: no limit known). One 1 MB prompt (about 250 000 tokens) asked the prefill for terabytes at step 1; a prompt
+    the model cannot read whole is a data error."""
+    if context is None:
+        return
+    for e, x in zip(examples, ids):
+        if len(x) + max_new_tokens > context:
+            raise ConfigError(
+                f"prompt of example {str(e.id)[:80]!r} has {len(x)} tokens in the chat template; with "
+                f"max_new_tokens={max_new_tokens} that exceeds the model's context of {context} tokens "
+                f"(max_position_embeddings): shorten or drop that row, or lower max_new_tokens"
+            )
 
 
 def render(tokenizer, messages: list[dict], *, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:

@@ -430,3 +430,23 @@ def score_completions(
         first_errors=first,
         extra=log.extra,
     )
+
+
+def completion_ids(rollout) -> list[list[int]]:
+    """Per row of a rollout (grpolab.batch.Rollout), the token ids after the prompt (EOS included, no
+    padding; in a multi-turn rollout the environment's tokens too): TRL's `completion_ids`."""
+    present = rollout.attention_mask > 0  # (N, C)
+    return [row[keep].tolist() for row, keep in zip(rollout.completion_ids, present)]
+
+
+def score_rollout(
+    fns: list[RewardFn], rollout, examples: list[Example], context: dict[str, list] | None = None, **options
+) -> Scores:
+    """score_completions over a rollout's N = B*G completions (each example repeated G times to match):
+    its texts, its conversations in a multi-turn rollout, TRL's `completion_ids` added to `context`.
+    `options`: score_completions's keywords (shared, timeout_s, workers, thread)."""
+    per_completion = [e for e in examples for _ in range(rollout.G)]
+    context = {**(context or {}), "completion_ids": completion_ids(rollout)}
+    return score_completions(
+        fns, rollout.texts, per_completion, conversations=rollout.conversations, context=context, **options
+    )

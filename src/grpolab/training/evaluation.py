@@ -71,7 +71,7 @@ def evaluate(
     ks = sorted(set(ks)) if ks else default_ks(G)
     if ks[0] < 1 or ks[-1] > G:
         raise ConfigError(f"k: every k must be between 1 and the samples per prompt ({G}); got {ks}")
-    sampling = Sampling(cfg.max_new_tokens, temp, cfg.top_p, greedy)
+    sampling = Sampling(run.sampling.max_new_tokens, temp, cfg.top_p, greedy)  # no top-k, min-p or penalty
     generator = torch.Generator(device=run.device)
     generator.manual_seed((cfg.seed * 1_000_003 + EVAL_STREAM) % 2**63)
     main, threshold = run.main_reward, cfg.eval_pass_threshold
@@ -83,7 +83,7 @@ def evaluate(
     for s in range(0, len(examples), chunk_size):
         chunk = examples[s : s + chunk_size]
         rollout, scores, info = rollout_and_score(
-            run, chunk, G=G, greedy=greedy, generator=generator, sampling=sampling
+            run, chunk, G=G, generator=generator, sampling=sampling
         )  # multi-turn in an environment too
         if "env/turns_mean" in info:
             turns.append((info["env/turns_mean"], len(chunk)))

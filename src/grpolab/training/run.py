@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # transformers is imported when a model is loaded, not by thi
     from transformers import PreTrainedTokenizerBase
 
     from grpolab.batch import Example
-    from grpolab.training.agents import Environments
+    from grpolab.env.rollout import Environments
 
 
 class Task(Protocol):
@@ -89,6 +89,15 @@ class Run:
     """The advantage component: grpolab.training.components.GroupBaseline, or grpolab.model.critic.Critic for PPO."""
     kl: AdaptiveKL
     """The current beta (fixed unless algo.adaptive_kl)."""
+    sampling: Sampling
+    """How the rollouts draw tokens (`rollout_sampling`). Greedy decoding is dataclasses.replace(run.sampling,
+    greedy=True) (grpolab.app.chat); the evaluation draws with its own temperature and top_p, at this
+    max_new_tokens (grpolab.training.evaluation)."""
+    pass_spec: PassSpec
+    """What the model passes (grpolab.model.passes) need of the run (`pass_spec_of`)."""
+    plain_sampling: bool
+    """True when the rollouts sample from softmax(z / T) itself (no top-p, top-k, min-p or penalty), so a
+    token's sampling log-prob is the policy's own (grpolab.engine.native.sampling.is_plain)."""
     ref: Reference | None = None
     """The reference pi_ref (grpolab.model.reference: a frozen copy, or under LoRA the policy with its adapter
     off; `with ref.model() as m:` gives the network), or None when beta = 0 (no KL term, no reference pass)."""
@@ -102,47 +111,14 @@ class Run:
     nonfinite_streak: int = 0
     """Optimizer updates skipped in a row for a non-finite loss or gradient norm (reset by a good one)."""
     environments: Environments | None = None
-    """The multi-turn environment (grpolab.training.agents), None for single-turn rollouts (env.name empty)."""
+    """The multi-turn environments (grpolab.env.rollout.Environments, loaded by grpolab.training.agents), None
+    for single-turn rollouts (env.name empty)."""
     engine: RolloutEngine | None = None
     """What samples the rollouts (grpolab.engine: the native decode loop or vLLM), set by setup."""
     trainer_state: object | None = None
     """transformers' TrainerState the reward functions receive (TRL's `trainer_state`), advanced by each step."""
     reward_error_streak: dict[str, int] = field(default_factory=dict)
     """Per reward function: steps in a row on which it failed on every completion (cfg.max_reward_error_steps)."""
-
-    def sampling(self, greedy: bool = False) -> Sampling:
-        """How the rollouts draw tokens: the run's max_new_tokens and sampling options (temperature, top_p,
-        top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.options.sampling_values),
-        the other generation_kwargs for the engine (greedy: argmax)."""
-        v = sampling_values(self.cfg)
-        return Sampling(
-            self.cfg.max_new_tokens,
-            float(v["temperature"]),
-            float(v["top_p"]),
-            greedy,
-            top_k=int(v["top_k"]),
-            min_p=float(v["min_p"]),
-            repetition_penalty=float(v["repetition_penalty"]),
-            extra=extra_generation_kwargs(self.cfg),
-        )
-
-    @property
-    def plain_sampling(self) -> bool:
-        """True when the rollouts sample from softmax(z / T) itself (no top-p, top-k, min-p or penalty), so
-        a token's sampling log-prob is the policy's own (grpolab.engine.native.sampling.is_plain)."""
-        s = self.sampling()
-        return is_plain(s.top_p, s.filters)
-
-    def pass_spec(self) -> PassSpec:
-        """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
-        scoring passes, sampling temperature, micro-batch size, activation checkpointing of the update."""
-        return PassSpec(
-            self.device,
-            self.amp_dtype,
-            float(sampling_values(self.cfg)["temperature"]),
-            self.cfg.micro_batch,
-            checkpoint=self.cfg.grad_checkpointing,
-        )
 
     @property
     def ranks(self) -> Dist:
@@ -163,6 +139,40 @@ class Run:
         """Parameters with gradients: the policy's and the advantage component's (a critic's)."""
         own = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
         return own + self.advantage.trained_params()
+
+
+def rollout_sampling(cfg: Config) -> Sampling:
+    """How the rollouts draw tokens: the run's max_new_tokens and sampling options (temperature, top_p,
+    top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.options.sampling_values),
+    the other generation_kwargs for the engine. Built once, by grpolab.training.trainer.setup."""
+    v = sampling_values(cfg)
+    return Sampling(
+        cfg.max_new_tokens,
+        float(v["temperature"]),
+        float(v["top_p"]),
+        False,
+        top_k=int(v["top_k"]),
+        min_p=float(v["min_p"]),
+        repetition_penalty=float(v["repetition_penalty"]),
+        extra=extra_generation_kwargs(cfg),
+    )
+
+
+def samples_plainly(sampling: Sampling) -> bool:
+    """Run.plain_sampling of a run that samples with `sampling` (grpolab.engine.native.sampling.is_plain)."""
+    return is_plain(sampling.top_p, sampling.filters)
+
+
+def pass_spec_of(cfg: Config, device: torch.device, amp_dtype: torch.dtype | None) -> PassSpec:
+    """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
+    scoring passes, sampling temperature, micro-batch size, activation checkpointing of the update."""
+    return PassSpec(
+        device,
+        amp_dtype,
+        float(sampling_values(cfg)["temperature"]),
+        cfg.micro_batch,
+        checkpoint=cfg.grad_checkpointing,
+    )
 
 
 def step_rng(seed: int, step: int, device: torch.device, rank: int = 0) -> tuple[random.Random, torch.Generator]:
@@ -199,4 +209,15 @@ def check_epochs(cfg: Config, task, log: Callable[[str], None]) -> None:
         log(f"{cfg.num_train_epochs:g} epochs of {len(task)} rows at {per_step} prompts per step: {cfg.steps} steps")
 
 
-__all__ = ["Component", "Reference", "Run", "Task", "check_epochs", "main_reward", "step_rng"]
+__all__ = [
+    "Component",
+    "Reference",
+    "Run",
+    "Task",
+    "check_epochs",
+    "main_reward",
+    "pass_spec_of",
+    "rollout_sampling",
+    "samples_plainly",
+    "step_rng",
+]

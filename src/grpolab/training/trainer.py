@@ -57,7 +57,7 @@ from grpolab.training.finish import (
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.plan.check import check_run
-from grpolab.training.run import Run, check_epochs
+from grpolab.training.run import Run, check_epochs, pass_spec_of, rollout_sampling, samples_plainly
 from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals, check_reward_failures
 from grpolab.training.token_credit import sample_records
@@ -161,7 +161,7 @@ def setup(
         engine_rollout=rollout_precision(engine_name),
     )
     log(prec.describe())
-    if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec()'s autocast
+    if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec's autocast
         ref.store_linear_in(prec.update)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
     if training:
@@ -196,6 +196,7 @@ def setup(
         raise RunStopped(f"rollout engine: {e}", 1) from e
     if engine_name != "native":
         log(f"rollout engine ready: {engine.describe()}")
+    sampling = rollout_sampling(cfg)
     return Run(
         cfg=cfg,
         out=out,
@@ -210,6 +211,9 @@ def setup(
         eos_ids=eos_ids,
         advantage=advantage,
         kl=AdaptiveKL.from_algo(algo),
+        sampling=sampling,
+        pass_spec=pass_spec_of(cfg, device, prec.update),
+        plain_sampling=samples_plainly(sampling),
         ref=ref,
         log=log,
         components=components,

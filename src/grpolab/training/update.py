@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from grpolab.algo.advantages import per_token
 from grpolab.algo.losses import policy_loss
@@ -83,20 +83,24 @@ class Update:
     n_synced: int = 0
 
 
+def sampled_logp(policy: nn.Module, spec: PassSpec, rollout: Rollout, plain: bool, exact: bool) -> Tensor:
+    """(N, C) log pi_theta of the sampled tokens (grpolab.model.passes.sampled_token_logp): the rollout's
+    own log-probs when the sampler is the policy (`exact`: the engine samples from the trainer) and the
+    sampling is plain (Run.plain_sampling), else one no-grad pass of the policy (FSDP: gathered)."""
+    with gathered(policy, not (plain and exact)):
+        return sampled_token_logp(spec, policy, rollout, plain=plain, sampler_is_policy=exact)
+
+
 def plan_update(run: Run, batch: Batch) -> Update:
     """Micro-batches of whole computed groups per part; log pi_old taken now when there are several parts."""
-    algo, rollout = run.cfg.algo, batch.rollout
+    algo, rollout, spec = run.cfg.algo, batch.rollout, run.pass_spec
     N, C = rollout.completion_ids.shape
-    spec = run.pass_spec()
     computed = computed_groups(batch, algo, run.advantage.computes_every_group)  # (B,)
     parts = generation_parts(N // rollout.G, algo.steps_per_generation)
     old_logp = torch.zeros((N, C))
     exact = run.engine.samples_from_trainer
     if len(parts) > 1:
-        with gathered(run.policy, not (run.plain_sampling and exact)):
-            old_logp = sampled_token_logp(
-                spec, run.policy, rollout, plain=run.plain_sampling, sampler_is_policy=exact
-            ).clone()
+        old_logp = sampled_logp(run.policy, spec, rollout, run.plain_sampling, exact).clone()
     return Update(
         spec,
         per_token(batch.adv, (N, C)),

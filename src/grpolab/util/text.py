@@ -8,7 +8,7 @@ result, an exception's message). Such a string cannot be encoded as UTF-8: a fas
 
 `safe_text(s)` is the one repair, applied where text enters the token stream, the metrics or a file
 (grpolab.env.calls for what the model's JSON decodes to, grpolab.env.runner for everything an environment
-returns, grpolab.training.agents for the model's decoded turns); each repair is counted by the caller
+returns, grpolab.env.rollout for the model's decoded turns); each repair is counted by the caller
 (env/errors_invalid_unicode):
 
     a high surrogate followed by a low one  -> the character they encode (chr(0x10000 + (hi-0xD800)*0x400 + (lo-0xDC00)))

@@ -3,7 +3,7 @@
 Every completion is forced to the full length by running with no EOS id (run.eos_ids = set()); the
 reward is grpolab.app.bench.spec.bench_reward. The agent setting keeps EOS (a turn must end for its tool
 call to run) and loads the model from bench_model_dir (the shared chat template); its rollouts go
-through grpolab.training.agents with env.name = BenchCalculator. Phases: generation (time/generate_s), scoring
+through grpolab.training.agents (grpolab.env.rollout) with env.name = BenchCalculator. Phases: generation (time/generate_s), scoring
 (time/score_s), reference (the no-grad pass of pi_ref, timed around grpolab.training.step.reference), update
 (the rest of time/update_s: shaping, advantages, forward+backward, optimizer step).
 """
@@ -26,10 +26,10 @@ class _PhaseClock:
         self.mod, self.orig, self.seconds = step_mod, step_mod.reference, 0.0
 
     def __enter__(self):
-        def timed(run, batch):
+        def timed(*args, **kwargs):
             t = time.perf_counter()
             try:
-                return self.orig(run, batch)
+                return self.orig(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t
 

@@ -121,10 +121,11 @@ def agent_token_check(spec: Spec, n_prompts: int = 2) -> dict:
     import torch
 
     from grpolab.app.bench.trl_side import make_trainer
+    from grpolab.env.rollout import prompt_messages
     from grpolab.env.settings import EnvConfig
     from grpolab.model.load import load_tokenizer
     from grpolab.model.template import addition_ids, render
-    from grpolab.training.agents import load_environments, prompt_messages
+    from grpolab.training.agents import load_environments
     from grpolab.training.run import step_rng
 
     task = bench_task(spec)

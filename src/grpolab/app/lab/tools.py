@@ -299,9 +299,9 @@ def instrumented(env_tokens_in_loss: bool):
 
     original = step_module.agent_rollout
 
-    def measured(run, examples, *, G, greedy=False, generator=None, sampling=None):
-        rollout, rewards, info = original(run, examples, G=G, greedy=greedy, generator=generator, sampling=sampling)
-        if greedy or rollout.env_mask is None:  # held-out evaluation: left alone
+    def measured(run, examples, *, G, generator=None, sampling=None):
+        rollout, rewards, info = original(run, examples, G=G, generator=generator, sampling=sampling)
+        if (sampling is not None and sampling.greedy) or rollout.env_mask is None:  # held-out evaluation: left alone
             return rollout, rewards, info
         env = rollout.env_mask.bool()
         tags = {run.tokenizer.convert_tokens_to_ids(t) for t in ("<tool_response>", "</tool_response>")}

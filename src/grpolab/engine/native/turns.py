@@ -9,7 +9,7 @@ environment adds, decoded together on one KV cache.
         their own cache rows (left-padded, one prefill-style pass): nothing is recomputed
 
 The model's tokens are the ids it sampled, with the log-prob of each under the sampling distribution;
-environment tokens are whatever `respond` returns (grpolab.training.agents renders them with the chat
+environment tokens are whatever `respond` returns (grpolab.env.rollout renders them with the chat
 template) and are marked in `env_mask`: no algorithm ever reads them as the model's (grpolab.batch).
 This module knows nothing of tools or environments: `respond` is a plain function.
 """
