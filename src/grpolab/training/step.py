@@ -117,7 +117,7 @@ def rollout_and_score(
     t0 = time.perf_counter()
     try:
         scores = score_rollout(fns, rollout, examples, context, **options)
-        info.update(env_reward_metrics(scores))
+        info |= env_reward_metrics(scores)
     finally:
         close_all(context["environments"])
     for i in unstarted:  # an environment that could not start: the group scores 0 (no advantage within it)
@@ -176,19 +176,19 @@ def collect(run: Run, step: int) -> Batch:
     for k in {k for m, _ in round_metrics for k in m if is_count(k)}:  # counts: sum over rounds, not mean
         metrics[k] = float(sum(m.get(k, 0.0) for m, _ in round_metrics))
     raw = torch.cat(sampled_rewards)  # (every sampled completion,)
-    metrics.update(
-        {
-            "time/generate_s": t_generate,
-            "time/score_s": t_score,
-            "reward/mean": float(raw.mean()),
-            "reward/std": float(raw.std()) if len(raw) > 1 else 0.0,
-        }
-    )
+    metrics |= {
+        "time/generate_s": t_generate,
+        "time/score_s": t_score,
+        "reward/mean": float(raw.mean()),
+        "reward/std": float(raw.std()) if len(raw) > 1 else 0.0,
+    }
     n_kept = sum(len(b.examples) for b in kept)
     if algo.dynamic_sampling:
-        metrics.update(
-            {"dapo/groups_sampled": n_groups, "dapo/groups_dropped": n_groups - n_kept, "dapo/groups_kept": n_kept}
-        )
+        metrics |= {
+            "dapo/groups_sampled": n_groups,
+            "dapo/groups_dropped": n_groups - n_kept,
+            "dapo/groups_kept": n_kept,
+        }
     if not kept:
         return Batch([], None, raw[:0], {}, metrics, first_errors=first_errors)
     columns = {c for b in kept for c in b.extra}
