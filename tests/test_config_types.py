@@ -25,7 +25,7 @@ OPEN_STRINGS = {
     "out": "a directory path",
     "model": "a model name, directory or .gguf file",
     "task": "a name of grpolab.tasks.TASKS, a registry filled by code",
-    "save_best": "an eval metric, eval/pass@K for any K (a pattern checked by training.options.eval_checks)",
+    "save_best": "an eval metric, eval/pass@K for any K (a pattern checked by training.config.eval_checks)",
     "run_name": "free text",
     "project": "free text",
     "report_to": "names of grpolab.training.trackers.TRACKERS, a registry filled by code",

@@ -25,8 +25,8 @@ from grpolab.engine.native.sampling import (
 from grpolab.engine.vllm_engine import vllm_sampling_kwargs
 from grpolab.model.optim import SCHEDULES, build_scheduler
 from grpolab.model.reference import FrozenCopy, mix_into
-from grpolab.training.config import build_config
-from grpolab.training.options import check_engine_kwargs, extra_generation_kwargs, lr_updates, sampling_values
+from grpolab.training.config import build_config, sampling_values
+from grpolab.training.options import check_engine_kwargs, extra_generation_kwargs, lr_updates
 from grpolab.training.update import sync_reference
 from grpolab.util.fields import ConfigError
 

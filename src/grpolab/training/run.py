@@ -25,8 +25,8 @@ from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
 from grpolab.rewards.scoring import RewardFn
 from grpolab.training.components import AdvantageComponent
-from grpolab.training.config import Config
-from grpolab.training.options import extra_generation_kwargs, sampling_values
+from grpolab.training.config import Config, sampling_values
+from grpolab.training.options import extra_generation_kwargs
 from grpolab.util.fields import ConfigError
 
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not by this module
@@ -143,7 +143,7 @@ class Run:
 
 def rollout_sampling(cfg: Config) -> Sampling:
     """How the rollouts draw tokens: the run's max_new_tokens and sampling options (temperature, top_p,
-    top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.options.sampling_values),
+    top_k, min_p, repetition_penalty, generation_kwargs over them; grpolab.training.config.sampling_values),
     the other generation_kwargs for the engine. Built once, by grpolab.training.trainer.setup."""
     v = sampling_values(cfg)
     return Sampling(
