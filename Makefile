@@ -9,6 +9,11 @@ BASE := $(VENV)/.grpolab-base
 STAMP := $(VENV)/.grpolab-installed
 VLLM := $(VENV)/.grpolab-vllm
 
+# The suite runs on TEST_WORKERS pytest-xdist workers, a whole module at a time on a worker, the longest
+# modules first (tests/conftest.py); TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 .PHONY: demo test test-fast lint install vllm-cpu clean-venv
 
 # What the demo runs: torch (the CPU build on disk), the bundled model, grpolab with the report.
@@ -49,10 +54,10 @@ test: $(STAMP)
 	  echo "chromium could not be installed: the report's browser tests will skip"
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m fast $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m fast $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

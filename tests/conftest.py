@@ -113,7 +113,8 @@ def varied_reward():
 
 
 # The fast tier (`make test-fast`, `pytest -m fast`): the unit tests of the maths, rewards, config,
-# tasks and templates, under 3 minutes on 2 cores. The full suite (`make test`) runs everything.
+# tasks and templates, under 3 minutes on 2 cores. The full suite (`make test`) runs everything, the
+# end-to-end runs of the CLI among it (tests/test_stops.py's signals and kills, for one).
 FAST_MODULES = {
     "test_advantages",
     "test_losses",
@@ -137,15 +138,46 @@ FAST_MODULES = {
     "test_logprobs",
     "test_lmhead",
     "test_env_calls",
-    "test_stops",
     "test_optim",
     "test_metrics",
     "test_stats",
 }
 
 
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadfile --no-loadscope-reorder`),
+# a whole module at a time on a worker, so that a module's shared runs (module-scoped fixtures) are made
+# once. The longest modules are handed out first (longest processing time first), so that neither worker
+# is left alone with one of them at the end; the rest follow in file order.
+LONG_FIRST = [
+    "test_lab_aha",
+    "test_distributed",
+    "test_engine_vllm",
+    "test_stops",
+    "test_agents_e2e",
+    "test_bench",
+    "test_gpu_script",
+    "test_trackers",
+    "test_real_model",
+]
+
+
+def _module(item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # two workers on two cores: one torch thread each (a run's own `threads` setting still applies)
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        module = _module(item)
         if module in FAST_MODULES and not item.get_closest_marker("slow") and not item.get_closest_marker("hostile"):
             item.add_marker(pytest.mark.fast)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(LONG_FIRST)}
+        items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable: file order otherwise

@@ -54,6 +54,10 @@ def test_char_tokenizer_saves_as_a_normal_hf_directory(tmp_path):
 
 
 def test_quick_miniature_length_and_reward_rise_together(tmp_path):
+    """`lab aha --quick`: 20 RL steps on the lab's own pre-trained model, after which length, reward and the
+    step-by-step share have risen. The pre-training (1500 steps, the longest part of the suite where
+    $GRPOLAB_CACHE/lab does not hold the model yet; cached after) is what the claim needs: after 500 steps
+    the step-by-step skill is too weak for RL to select it, and the verdict is "does not hold"."""
     from grpolab.app.cli import main
     from grpolab.app.lab import last_result
     from grpolab.util.fileio import read_jsonl
