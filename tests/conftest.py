@@ -167,7 +167,9 @@ def _module(item) -> str:
 
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # two workers on two cores: one torch thread each (a run's own `threads` setting still applies)
+        # two workers on two cores: one torch thread each, in this process and in the runs it starts
+        # (threads=0 reads OMP_NUM_THREADS; a run's own `threads=N` still applies)
+        os.environ["OMP_NUM_THREADS"] = "1"
         import torch
 
         torch.set_num_threads(1)
