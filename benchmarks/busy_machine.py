@@ -127,9 +127,9 @@ def main(argv: list[str]) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="busy-machine-") as tmp:
         for r in range(ns.rounds):
-            for busy in (0, ns.busy):
+            for half, busy in enumerate((0, ns.busy)):  # --busy 0: every variant alone twice per round
                 for p in policies if busy == 0 else loaded:
-                    out = Path(tmp) / f"{p}-{busy}-{r}"
+                    out = Path(tmp) / f"{p}-{busy}-{r}-{half}"
                     res = run_once(ns.recipe, ns.steps, p, [*ns.overrides, *variants[p]], out, busy)
                     runs[(p, busy)].append(res)
                     print(
