@@ -341,6 +341,8 @@ def from_bench(run: dict, command: str) -> list[dict]:
             f"({spec['setting']}) {spec['new_tokens']} tokens, beta {spec['beta']:g}, lora_r "
             f"{spec['lora_r']}, engine {engine}, grpolab {c['precision']} vs TRL {trl[best]['precision']}"
         )
+        if spec.get("busy"):  # both sides beside the same busy processes (grpolab bench --busy)
+            setting += f", beside {spec['busy']} busy processes"
         for claim, key in (("bench-step", "s_per_step"), ("bench-memory", "peak_mb")):
             out.append(entry(claim, setting, c[key], trl[best][key], command=command))
     return out
@@ -360,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         command = (
             f"grpolab bench --setting {spec['setting']} --trl-precision {spec['trl_precision']} "
             f"--rounds {spec['rounds']} --steps {spec['steps']}"
+            + (f" --busy {spec['busy']}" if spec.get("busy") else "")
         )
         record(a.json, from_bench(run, command))
         return 0
