@@ -129,12 +129,21 @@ def _label(name: str, c: dict | None = None) -> str:
     return f"{base} {c['precision']}" if c else base
 
 
+def _threads_text(spec, threads) -> str:
+    """The torch threads of the timed processes: --threads N on both sides; otherwise TRL's torch default
+    and grpolab's threads=0 choice (grpolab.util.threads.choose_threads: the cores other processes
+    leave idle when it starts, so beside --busy processes it may run fewer)."""
+    if spec.threads:
+        return f"{threads} torch threads per process"
+    return f"torch threads: TRL's default ({threads}), grpolab's threads=0 (the cores left idle at its start)"
+
+
 def table(result: dict) -> str:
     """The human-readable table of a result (what `grpolab bench` prints above the JSON line)."""
     spec = Spec.from_dict(result["spec"])
     lines = [
         f"grpolab bench: {spec.describe()}",
-        f"device {result['device']}, {result.get('threads', '?')} torch threads per process; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
+        f"device {result['device']}, {_threads_text(spec, result.get('threads', '?'))}; {spec.steps} timed steps after 1 warm-up step per process, {spec.rounds} "
         f"round(s); medians over the timed steps of all rounds",
     ]
     if result.get("thread_wait"):
