@@ -196,7 +196,10 @@ def test_busy_processes_run_for_the_block_and_are_gone_after():
         assert len(pids) == 2
         for pid in pids:
             os.kill(pid, 0)  # alive
-            assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2] == b"while True: pass"
+            deadline = time.monotonic() + 10  # between fork and exec the command line is not yet the child's
+            while (args := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))[-2:-1] != [b"while True: pass"]:
+                assert time.monotonic() < deadline, args
+                time.sleep(0.05)
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
