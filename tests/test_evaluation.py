@@ -222,3 +222,15 @@ def test_accuracy_is_the_per_prompt_mean_its_interval_is_about(tiny_model_dir, t
     assert before["accuracy"] == pytest.approx(sum(scored) / 3)
     lo, hi = before["accuracy_ci"]
     assert lo <= before["accuracy"] <= hi
+
+
+def test_an_evaluation_with_no_scored_completion_prints_without_an_accuracy():
+    """accuracy None (the main reward skipped every completion): the console summary and `grpolab eval`'s
+    table say so instead of formatting a number."""
+    from grpolab.app.evaluation import format_result
+    from grpolab.training.progress import _pct
+
+    res = {"accuracy": None, "accuracy_ci": None, "accuracy_ci_method": None, "n": 4, "main_reward": "r"}
+    res |= {"temperature": 0.0, "samples_per_prompt": 1, "pass@k": {}, "extraction": {}}
+    assert _pct(res) == "–"
+    assert "the main reward scored no completion" in format_result("model", res)

@@ -167,11 +167,12 @@ def format_result(label: str, res: dict) -> str:
         if not res.get("temperature")
         else f"{res['samples_per_prompt']} samples per prompt at temperature {res['temperature']:g}"
     )
-    lo, hi = res["accuracy_ci"]
-    lines = [
-        f"{label}: {res['n']} held-out prompts, {how}, main reward {res['main_reward']}",
-        f"  accuracy  {100 * res['accuracy']:5.1f}%  [{100 * lo:.1f}, {100 * hi:.1f}]  ({res['accuracy_ci_method']})",
-    ]
+    if res["accuracy"] is None:  # the main reward skipped every completion
+        accuracy = "  accuracy  none: the main reward scored no completion"
+    else:
+        lo, hi = res["accuracy_ci"]
+        accuracy = f"  accuracy  {100 * res['accuracy']:5.1f}%  [{100 * lo:.1f}, {100 * hi:.1f}]  ({res['accuracy_ci_method']})"
+    lines = [f"{label}: {res['n']} held-out prompts, {how}, main reward {res['main_reward']}", accuracy]
     for k, v in res["pass@k"].items():
         lo, hi = v["ci"]
         lines.append(f"  pass@{k:<4}{100 * v['estimate']:5.1f}%  [{100 * lo:.1f}, {100 * hi:.1f}]")

@@ -94,6 +94,9 @@ def print_summary(s: dict, console=None) -> None:
 
 
 def _pct(ev: dict) -> str:
-    """An evaluation's accuracy in percent, with its 95% interval when it has one."""
+    """An evaluation's accuracy in percent, with its 95% interval when it has one; "–" when the main reward
+    scored no completion (accuracy None)."""
+    if not isinstance(ev.get("accuracy"), (int, float)):
+        return "–"
     ci = ev.get("accuracy_ci")
     return f"{100 * ev['accuracy']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
