@@ -6,7 +6,8 @@
 
 Runs `grpolab train RECIPE steps=N eval_size=0` (default recipes/demo.yaml) once per variant alone and
 once beside --busy single-threaded processes spinning (`python -c "while True: pass"`, started before
-the run and killed after it), interleaved: every variant alone, then every variant loaded, per round.
+the run, or once it has written step --load-from-step K: load that arrives while it runs, and killed
+after it), interleaved: every variant alone, then every variant loaded, per round.
 A variant is NAME:KEY=VALUE,... (config overrides; CORES stands for this machine's core count); the
 default pair is `before` (thread_wait=openmp, OpenMP's own wait, and threads=CORES: what grpolab did before
 either key decided anything) against `default` (no override: what a run gets now). --policies P,Q is
@@ -19,11 +20,22 @@ average before each run, to --json.
 
 precision=bf16 by default (an override like any other): precision=auto measures at start, and on a
 loaded machine its choice could differ between the runs being compared.
+
+Same work on every side (the default; --moving-weights turns it off): every run gets `lr=1e-30`, so that
+each step computes exactly what the demo's step computes (rollout, scoring, forward, backward, AdamW)
+while the weights stay bitwise where they were, and every run samples the same completions. Without it a
+run's sampled tokens depend on its thread count through the update (the sums of a parallel reduction
+depend on how many threads share them): a run on one thread and a run on two part after step 1, and from
+then on their steps differ in work (the prompt groups with a reward signal, which the update computes,
+went from 16 to 48 a step in the demo), which buries the cost of the load in the noise of the work. The
+runs' work per step (tokens/generated, update/seqs_computed) is compared and printed: the medians are
+reported as the same work only where every run agrees at every step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,6 +51,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from grpolab.util.procs import busy_processes  # noqa: E402
 from grpolab.util.threads import USER_VARS  # noqa: E402
 
+SAME_WORK = "lr=1e-30"
+"""Every step's computation with weights that stay bitwise (1e-30 times an AdamW step is below the last
+bit of every weight), so that every run samples the same completions."""
+
 
 def load_average() -> float | None:
     try:
@@ -47,8 +63,35 @@ def load_average() -> float | None:
         return None
 
 
-def run_once(recipe: str, steps: int, variant: str, overrides: list[str], out: Path, busy: int) -> dict:
-    """One `grpolab train` process; its step times (time/step_s) and its first line."""
+def steps_written(out: Path) -> int:
+    try:
+        return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip())
+    except OSError:
+        return 0
+
+
+def run_train(cmd: list[str], env: dict, out: Path, busy: int, from_step: int) -> subprocess.CompletedProcess:
+    """The run, with `busy` processes beside it from the start (from_step 0) or from the moment its step
+    `from_step` is written (load that arrives while it runs) to its end."""
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
+        with contextlib.ExitStack() as load:
+            started = False
+            while proc.poll() is None:
+                if busy and not started and steps_written(out) >= from_step:
+                    load.enter_context(busy_processes(busy))
+                    started = True
+                time.sleep(0.1)
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, stdout.read(), stderr.read())
+
+
+def run_once(
+    recipe: str, steps: int, variant: str, overrides: list[str], out: Path, busy: int, from_step: int = 0
+) -> dict:
+    """One `grpolab train` process; its step times (time/step_s), the work of each step, the thread count
+    each step ran with and its first line."""
     env = {k: v for k, v in os.environ.items() if k not in (*USER_VARS, "OMP_NUM_THREADS")}
     env["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [
@@ -67,14 +110,42 @@ def run_once(recipe: str, steps: int, variant: str, overrides: list[str], out: P
     ]
     load = load_average()
     t0 = time.perf_counter()
-    with busy_processes(busy):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = run_train(cmd, env, out, busy, from_step)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"busy_machine: {' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    times = [json.loads(line)["time/step_s"] for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     first = next((ln for ln in proc.stdout.splitlines() if ln.startswith("threads:")), "")
-    return {"variant": variant, "busy": busy, "step_s": times, "wall_s": wall, "load_before": load, "first_line": first}
+    return {
+        "variant": variant,
+        "busy": busy,
+        "step_s": [m["time/step_s"] for m in rows],
+        "work": [work_of(m) for m in rows],
+        "threads": [m.get("threads") for m in rows],
+        "wall_s": wall,
+        "load_before": load,
+        "first_line": first,
+    }
+
+
+WORK_KEYS = ("tokens/generated", "update/seqs_computed")
+"""What a step computes: the tokens sampled and the sequences the update ran through the policy."""
+
+
+def work_of(metrics: dict) -> list:
+    return [metrics.get(k) for k in WORK_KEYS]
+
+
+def work_differences(runs: list[dict]) -> list[str]:
+    """The runs whose work differs from the first run's at some step ("VARIANT busy=B: step S"), empty
+    where every run computed the same tokens and sequences at every step."""
+    first = runs[0]["work"]
+    out = []
+    for r in runs[1:]:
+        steps = [i + 1 for i, (a, b) in enumerate(zip(first, r["work"])) if a != b]
+        if steps or len(r["work"]) != len(first):
+            out.append(f"{r['variant']} busy={r['busy']}: step {', '.join(map(str, steps)) or 'count'}")
+    return out
 
 
 def median_of(runs: list[dict], skip: int) -> float:
@@ -97,6 +168,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--skip", type=int, default=0, help="first steps of each run left out of the medians")
     ap.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded runs (default 2)")
     ap.add_argument(
+        "--load-from-step",
+        type=int,
+        default=0,
+        metavar="K",
+        help="start the busy processes once a loaded run has written step K (default 0: before it starts); "
+        "the medians then read the steps after --skip, so set --skip >= K + 1 to time the steps under load",
+    )
+    ap.add_argument(
         "--variants",
         default="before:thread_wait=openmp,threads=CORES default:",
         help="NAME:KEY=VALUE,... per variant, space-separated; the first is the baseline",
@@ -115,10 +194,17 @@ def main(argv: list[str]) -> int:
         help="append entries for docs/results.md (benchmarks/results/entries.jsonl): each variant loaded "
         "against alone, and each variant alone against the first",
     )
+    ap.add_argument(
+        "--moving-weights",
+        action="store_true",
+        help="train with the recipe's learning rate (runs then sample different completions: different work)",
+    )
     ap.add_argument("overrides", nargs="*", default=["precision=bf16"], help="KEY=VALUE for every run")
     ns = ap.parse_args(argv)
     if ns.steps <= ns.skip:
         ap.error("--steps must exceed --skip")
+    if not ns.moving_weights:
+        ns.overrides = [SAME_WORK, *ns.overrides]
     variants = {p: [f"thread_wait={p}"] for p in ns.policies.split(",")} if ns.policies else parse_variants(ns.variants)
     policies = list(variants)
     loaded = ns.loaded_only_for.split(",") if ns.loaded_only_for else policies
@@ -130,20 +216,30 @@ def main(argv: list[str]) -> int:
             for half, busy in enumerate((0, ns.busy)):  # --busy 0: every variant alone twice per round
                 for p in policies if busy == 0 else loaded:
                     out = Path(tmp) / f"{p}-{busy}-{r}-{half}"
-                    res = run_once(ns.recipe, ns.steps, p, [*ns.overrides, *variants[p]], out, busy)
+                    res = run_once(ns.recipe, ns.steps, p, [*ns.overrides, *variants[p]], out, busy, ns.load_from_step)
                     runs[(p, busy)].append(res)
                     print(
                         f"round {r + 1} {p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
-                        f"(load before {res['load_before']})",
+                        f"threads {res['threads']} (load before {res['load_before']})",
                         file=sys.stderr,
                         flush=True,
                     )
     med = {k: median_of(v, ns.skip) for k, v in runs.items()}
     base = policies[0]
+    every_run = [r for v in runs.values() for r in v]
+    arrival = f" from the end of step {ns.load_from_step}" if ns.load_from_step else ""
+    differ = work_differences(every_run)
+    same_work = not differ
     print(
         f"median s/step over steps {ns.skip + 1}..{ns.steps}, {ns.rounds} round(s); loaded = beside {ns.busy} busy "
-        f"processes; {os.cpu_count()} cores"
+        f"processes{arrival}; {os.cpu_count()} cores"
     )
+    if same_work:
+        print(
+            f"same work: every run sampled the same tokens and updated the same sequences at every step ({SAME_WORK})"
+        )
+    else:
+        print(f"NOT the same work ({'weights moving' if ns.moving_weights else SAME_WORK}): " + "; ".join(differ))
     print(f"{'variant':12}{'alone':>9}{'loaded':>9}{'loaded/alone':>14}{'alone/' + base:>16}{'loaded/' + base:>16}")
     rows = {}
     nan = float("nan")
@@ -164,12 +260,15 @@ def main(argv: list[str]) -> int:
         "steps": ns.steps,
         "skip": ns.skip,
         "busy": ns.busy,
+        "load_from_step": ns.load_from_step,
         "rounds": ns.rounds,
         "overrides": ns.overrides,
         "variants": variants,
         "cores": os.cpu_count(),
         "summary": rows,
-        "runs": [r for v in runs.values() for r in v],
+        "same_work": same_work,
+        "work_differs": differ,
+        "runs": every_run,
     }
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -177,14 +276,18 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         import results
 
-        steps = f"demo, steps {ns.skip + 1}-{ns.steps}"
+        work = f"same work ({SAME_WORK})" if same_work else "work differs between runs"
+        steps = f"demo, steps {ns.skip + 1}-{ns.steps}, {ns.rounds} round(s), {work}"
         entries = []
         for p, row in rows.items():
             how = f"{p} ({' '.join(variants[p]) or 'no override'})"
             if p in loaded:
                 entries.append(
                     results.entry(
-                        "busy-step", f"{steps}, {ns.busy} busy processes, {how}", row["loaded_s"], row["alone_s"]
+                        "busy-step",
+                        f"{steps}, {ns.busy} busy processes{arrival}, {how}",
+                        row["loaded_s"],
+                        row["alone_s"],
                     )
                 )
             if p != base:

@@ -3,7 +3,8 @@ environment, that the user's own variables win under auto, that a plan made afte
 it was not applied, that OpenMP really reads it when it is made first, that the run's first line names it,
 and that the processes beside the trainer (busy load, verifiers, sandboxed candidates) are set up for one core;
 and the thread count of threads=0: the load other processes put on the machine, measured from /proc/stat
-(worked examples), the count that leaves them their cores, and its record for a resumed run."""
+(worked examples), the count that leaves them their cores, its record for a resumed run, and how it
+follows the load between steps."""
 
 from __future__ import annotations
 
@@ -253,9 +254,71 @@ def test_cpu_times_and_others_busy_worked_example():
     assert threads.others_busy(before, before, own=0) == 0.0  # no time passed
 
 
-def test_own_ticks_reads_utime_and_stime_past_a_name_with_spaces():
-    line = "4242 (python -c x) S 1 2 3 4 5 6 7 8 9 10 17 3 0 0 20 0 4 0 99"
-    assert threads.own_ticks(line) == 17 + 3
+def test_own_ticks_reads_its_own_and_its_waited_childrens_time_past_a_name_with_spaces():
+    line = "4242 (python -c x) S 1 2 3 4 5 6 7 8 9 10 17 3 5 2 20 0 4 0 99"
+    assert threads.own_ticks(line) == 17 + 3 + 5 + 2  # utime stime cutime cstime
+
+
+class FakeProc:
+    """A /proc with a stat and a self/stat that the test advances: `tick(busy, own)` adds one interval of
+    100 jiffies per core in which the machine's cores were busy `busy` cores' worth and this process
+    used `own` of it."""
+
+    def __init__(self, root: Path, cpus: int = 2):
+        self.root, self.cpus, self.busy, self.total, self.own = root, cpus, 0, 0, 0
+        (root / "self").mkdir(parents=True)
+        self.write()
+
+    def write(self):
+        idle = self.total - self.busy
+        lines = [f"cpu  {self.busy} 0 0 {idle} 0 0 0 0 0 0"] + [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(self.cpus)]
+        (self.root / "stat").write_text("\n".join(lines) + "\n")
+        (self.root / "self" / "stat").write_text(f"1 (x) S 1 2 3 4 5 6 7 8 9 10 {self.own} 0 0 0 20 0 4 0 99")
+
+    def tick(self, busy: float, own: float):
+        self.busy += round(100 * busy)
+        self.own += round(100 * own)
+        self.total += 100 * self.cpus
+        self.write()
+
+
+def test_load_follower_moves_after_two_steps_agree_and_ignores_a_burst(tmp_path):
+    """2 cores, started alone on 2 threads. Worked example of one step: the machine busy 1.9 cores' worth,
+    this process 0.9 of it: the others used B = 1.0, so the count called for is 2 - round(1.0) = 1."""
+    proc = FakeProc(tmp_path)
+    f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path))
+    f.start()
+    proc.tick(busy=1.9, own=1.6)  # this process alone (0.3 of noise)
+    assert f.after_step() is None
+    proc.tick(busy=1.9, own=0.9)  # a burst of one step: 1.0 core of others
+    assert f.after_step() is None
+    proc.tick(busy=1.8, own=1.7)
+    assert f.after_step() is None  # the burst ended: nothing moved
+    proc.tick(busy=2.0, own=1.0)  # load arrives and stays
+    assert f.after_step() is None  # one step calls for 1: not yet
+    proc.tick(busy=2.0, own=0.7)  # 1.3 cores of others: round -> 1 again
+    n, note = f.after_step()
+    assert (n, f.threads) == (1, 1)
+    assert note.startswith("threads: 2 -> 1 compute thread (threads=0 follows the load") and "1.3 of 2" in note
+    proc.tick(busy=2.0, own=0.67)
+    assert f.after_step() is None  # stays at 1 while the load stays
+    proc.tick(busy=0.9, own=0.9)  # the load left
+    assert f.after_step() is None
+    proc.tick(busy=0.9, own=0.85)
+    assert f.after_step()[0] == 2
+
+
+def test_load_follower_without_proc_does_nothing(tmp_path):
+    f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path / "none"))
+    f.start()
+    assert f.after_step() is None and f.after_step() is None and f.threads == 2
+
+
+def test_only_threads_0_without_omp_num_threads_follows_the_load():
+    assert threads.follows_load(0, environ={})
+    assert not threads.follows_load(2, environ={})
+    assert not threads.follows_load(0, environ={"OMP_NUM_THREADS": "1"})  # torchrun's processes
+    assert threads.follows_load(0, environ={"OMP_NUM_THREADS": "x"})  # not a count: ignored, as at start
 
 
 @pytest.mark.parametrize(
@@ -328,3 +391,5 @@ def test_the_train_command_records_its_thread_count_and_resume_keeps_it(tmp_path
     assert res.returncode == 0, res.stderr[-2000:]
     first = next(ln for ln in res.stdout.splitlines() if ln.startswith("threads:"))
     assert first.startswith("threads: 1 compute thread on") and threads.FILE in first, first
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["threads"] == 1.0  # each step's count is logged

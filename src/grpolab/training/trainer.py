@@ -65,7 +65,15 @@ from grpolab.training.trackers import check_installed
 from grpolab.util.fields import ConfigError
 from grpolab.util.fileio import atomic_write, read_jsonl
 from grpolab.util.threads import FILE as THREADS_FILE
-from grpolab.util.threads import choose_threads, current, describe_threads, recorded_threads
+from grpolab.util.threads import (
+    LoadFollower,
+    choose_threads,
+    cores,
+    current,
+    describe_threads,
+    follows_load,
+    recorded_threads,
+)
 
 
 def check_same_lora(out: Path, cfg: Config) -> None:
@@ -338,12 +346,14 @@ def train(
     distributed.barrier(d)
     progress = Progress(cfg.steps, start, enabled=cfg.progress and main, console=console)
     watcher = CollapseWatcher.for_run(cfg, log, run.out / "metrics.jsonl", start)  # a resumed run continues it
+    follower = load_follower(run)
     stopped = None
     try:
         with StopSignals(log=log) as signals:
             for step in range(start + 1, cfg.steps + 1):
                 hooks.step_begin(step)
                 m, batch = engine_step(run, step)
+                m["threads"] = float(torch.get_num_threads())
                 watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
                 if evaluator.due(step):
                     m.update(evaluator.evaluate_at(step))
@@ -355,6 +365,7 @@ def train(
                         samples.write(rec)
                     logger.log_table("samples", sample_table(records), step)
                 progress.advance(m)
+                follow_load(run, follower, log)
                 check_nonfinite(run, step)
                 # any rank signalled; any rank's callback asked to stop, or to save
                 stop, halt, keep = distributed.global_counts(
@@ -410,6 +421,28 @@ def train(
     hooks.end(summary)
     distributed.barrier(d)
     return summary
+
+
+def load_follower(run: Run) -> LoadFollower | None:
+    """threads=0 on a CPU in one process follows the load between steps (grpolab.util.threads.LoadFollower);
+    None where the count is fixed (threads=N, OMP_NUM_THREADS, torchrun, a GPU)."""
+    if not follows_load(run.cfg.threads) or run.device.type != "cpu" or run.ranks.world > 1:
+        return None
+    follower = LoadFollower(torch.get_num_threads(), cores())
+    follower.start()
+    return follower
+
+
+def follow_load(run: Run, follower: LoadFollower | None, log) -> None:
+    """After a step: the count the load calls for, set, said and written to OUT/threads.json (a resumed run
+    starts from the latest count)."""
+    change = follower.after_step() if follower is not None else None
+    if change is None:
+        return
+    threads, note = change
+    torch.set_num_threads(threads)
+    log(note)
+    atomic_write(run.out / THREADS_FILE, json.dumps({"threads": threads}) + "\n")
 
 
 def engine_step(run: Run, step: int):

@@ -218,9 +218,11 @@ def cpu_times(stat_text: str) -> tuple[int, int, int]:
 
 
 def own_ticks(self_stat_text: str) -> int:
-    """utime + stime of this process (every thread), in jiffies, from the text of /proc/self/stat."""
+    """utime + stime + cutime + cstime from the text of /proc/self/stat, in jiffies: this process (every
+    thread) and the children it has waited for (sandboxed candidates, verifier workers), which are its own
+    work, not another program's."""
     fields = self_stat_text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted from 1 before the name
+    return sum(int(f) for f in fields[11:15])  # fields 14-17 of proc(5), counted from 1 before the name
 
 
 def others_busy(before: tuple[int, int, int], after: tuple[int, int, int], own: int) -> float:
@@ -257,20 +259,26 @@ def busy_cores(interval_s: float = BUSY_PROBE_S, proc: str = "/proc") -> tuple[f
     machine's cores; None where the platform has no /proc/stat."""
     import time
 
+    before = read_load(proc)
+    if before is None:
+        return None
+    time.sleep(interval_s)
+    after = read_load(proc)
+    if after is None:
+        return None
+    return others_busy(before[0], after[0], after[1] - before[1]), after[0][2]
+
+
+def read_load(proc: str = "/proc") -> tuple[tuple[int, int, int], int] | None:
+    """(cpu_times of /proc/stat, own_ticks of /proc/self/stat) now; None where they cannot be read."""
     try:
-        stat, self_stat = f"{proc}/stat", f"{proc}/self/stat"
-        with open(stat) as f:
-            before = cpu_times(f.read())
-        with open(self_stat) as f:
-            own0 = own_ticks(f.read())
-        time.sleep(interval_s)
-        with open(stat) as f:
-            after = cpu_times(f.read())
-        with open(self_stat) as f:
-            own1 = own_ticks(f.read())
+        with open(f"{proc}/stat") as f:
+            machine = cpu_times(f.read())
+        with open(f"{proc}/self/stat") as f:
+            own = own_ticks(f.read())
     except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return others_busy(before, after, own1 - own0), after[2]
+    return machine, own
 
 
 def recorded_threads(out) -> int | None:
@@ -307,6 +315,63 @@ def choose_threads(setting: int, recorded: int | None = None, environ=None) -> t
     return t, f"threads=0: other processes kept {busy:.1f} of {cpus} cores busy at start"
 
 
+def follows_load(setting: int, environ=None) -> bool:
+    """Whether a run's thread count follows the load between steps (LoadFollower): threads=0 where the
+    environment sets no OMP_NUM_THREADS (torchrun's processes keep the count it gives them)."""
+    environ = os.environ if environ is None else environ
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    return setting == 0 and not (given.isdigit() and int(given) > 0)
+
+
+FOLLOW_STEPS = 2
+"""Consecutive steps whose load must call for the same new count before LoadFollower changes it: a burst
+(a compile in another window, an indexer's minute) does not move a run that would then move back."""
+
+
+@dataclass
+class LoadFollower:
+    """threads=0 after the start: between two steps, the count `fair_threads` gives for what the other
+    processes used during the last step (the step itself is the measuring interval, so it costs nothing:
+    two small reads of /proc), changed once FOLLOW_STEPS steps in a row call for the same new count.
+
+    A run that started alone and meets load later drops to the idle cores instead of waiting at every
+    barrier for a thread the kernel gave away; one that started beside load takes the cores back when
+    the load ends. The sums of a parallel reduction depend on the thread count, so a run whose count
+    moves samples other tokens than one whose count stays; threads=N fixes the count."""
+
+    threads: int
+    n_cores: int
+    proc: str = "/proc"
+    last: tuple | None = None
+    wanted: int | None = None
+    agreeing: int = 0
+
+    def start(self) -> None:
+        """The reading the first step's load is measured from."""
+        self.last = read_load(self.proc)
+
+    def after_step(self) -> tuple[int, str] | None:
+        """(new count, why) when the count should change now, else None; measures since the last call."""
+        now = read_load(self.proc)
+        if now is None or self.last is None:
+            self.last = now
+            return None
+        (before, own0), (after, own1) = self.last, now
+        self.last = now
+        busy = others_busy(before, after, own1 - own0)
+        want = fair_threads(self.n_cores, busy, after[2])
+        self.agreeing = self.agreeing + 1 if want == self.wanted else 1
+        self.wanted = want
+        if want == self.threads or self.agreeing < FOLLOW_STEPS:
+            return None
+        old, self.threads = self.threads, want
+        return want, (
+            f"threads: {old} -> {want} compute thread{'s' if want != 1 else ''} (threads=0 follows the load: "
+            f"other processes kept {busy:.1f} of {after[2]} cores busy during the last step; "
+            f"{FOLLOW_STEPS} steps in a row called for {want})"
+        )
+
+
 __all__ = [
     "ThreadWait",
     "WAIT_SETTINGS",
@@ -322,7 +387,11 @@ __all__ = [
     "current",
     "describe_threads",
     "busy_cores",
+    "read_load",
     "choose_threads",
+    "follows_load",
+    "LoadFollower",
+    "FOLLOW_STEPS",
     "recorded_threads",
     "fair_threads",
     "check_setting",
