@@ -290,7 +290,7 @@ def main(argv: list[str]) -> int:
                         row["alone_s"],
                     )
                 )
-            if p != base:
+            if p != base and not ns.load_from_step:  # alone against the baseline: a question of its own
                 entries.append(
                     results.entry(
                         "threads-alone", f"{steps}, alone, {how} against {base}", row["alone_s"], med[(base, 0)]
