@@ -70,21 +70,29 @@ def steps_written(out: Path) -> int:
         return 0
 
 
-def run_train(cmd: list[str], env: dict, out: Path, busy: int, from_step: int) -> subprocess.CompletedProcess:
+def run_train(
+    cmd: list[str], env: dict, out: Path, busy: int, from_step: int
+) -> tuple[subprocess.CompletedProcess, float]:
     """The run, with `busy` processes beside it from the start (from_step 0) or from the moment its step
-    `from_step` is written (load that arrives while it runs) to its end."""
+    `from_step` is written (load that arrives while it runs) to its end; and the CPU seconds (user +
+    system) the run itself used, its children included."""
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
         with contextlib.ExitStack() as load:
             started = False
-            while proc.poll() is None:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    break
                 if busy and not started and steps_written(out) >= from_step:
                     load.enter_context(busy_processes(busy))
                     started = True
                 time.sleep(0.1)
         stdout.seek(0)
         stderr.seek(0)
-        return subprocess.CompletedProcess(cmd, proc.returncode, stdout.read(), stderr.read())
+        done = subprocess.CompletedProcess(cmd, proc.returncode, stdout.read(), stderr.read())
+        return done, usage.ru_utime + usage.ru_stime
 
 
 def run_once(
@@ -110,7 +118,7 @@ def run_once(
     ]
     load = load_average()
     t0 = time.perf_counter()
-    proc = run_train(cmd, env, out, busy, from_step)
+    proc, cpu = run_train(cmd, env, out, busy, from_step)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"busy_machine: {' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -123,6 +131,7 @@ def run_once(
         "work": [work_of(m) for m in rows],
         "threads": [m.get("threads") for m in rows],
         "wall_s": wall,
+        "cores_used": cpu / wall,
         "load_before": load,
         "first_line": first,
     }
@@ -220,7 +229,8 @@ def main(argv: list[str]) -> int:
                     runs[(p, busy)].append(res)
                     print(
                         f"round {r + 1} {p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
-                        f"threads {res['threads']} (load before {res['load_before']})",
+                        f"threads {res['threads']}, {res['cores_used']:.2f} cores used (load before "
+                        f"{res['load_before']})",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -251,10 +261,20 @@ def main(argv: list[str]) -> int:
             "loaded_over_alone": b / a,
             "alone_over_base": a / med[(base, 0)],
             "loaded_over_base": b / med.get((base, ns.busy), nan),
+            "cores_used_alone": statistics.median(r["cores_used"] for r in runs[(p, 0)]),
+            "cores_used_loaded": statistics.median(r["cores_used"] for r in runs.get((p, ns.busy), []))
+            if (p, ns.busy) in runs
+            else nan,
         }
         print(
             f"{p:12}{a:9.2f}{b:9.2f}{b / a:14.2f}{rows[p]['alone_over_base']:16.3f}{rows[p]['loaded_over_base']:16.3f}"
         )
+    print(
+        "cores used (the run's CPU time over its wall time, start-up included): "
+        + "; ".join(
+            f"{p} {r['cores_used_alone']:.2f} alone, {r['cores_used_loaded']:.2f} loaded" for p, r in rows.items()
+        )
+    )
     result = {
         "recipe": ns.recipe,
         "steps": ns.steps,

@@ -62,7 +62,7 @@ def test_the_load_starts_once_the_step_is_written(tmp_path, monkeypatch):
         f"import time, pathlib; p = pathlib.Path({str(tmp_path / 'metrics.jsonl')!r}); time.sleep(0.3); "
         f"p.write_text({row!r} + '\\n'); time.sleep(0.5); p.write_text({row!r} + '\\n' + {row!r} + '\\n')"
     )
-    res = bm.run_train([sys.executable, "-c", code], dict(os.environ), tmp_path, busy=2, from_step=1)
-    assert res.returncode == 0
+    res, cpu_s = bm.run_train([sys.executable, "-c", code], dict(os.environ), tmp_path, busy=2, from_step=1)
+    assert res.returncode == 0 and 0 < cpu_s < 5  # the stand-in sleeps: little CPU of its own
     assert started_at == [1]
     assert bm.steps_written(tmp_path) == 2
