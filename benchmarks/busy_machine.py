@@ -301,7 +301,7 @@ def main(argv: list[str]) -> int:
         entries = []
         for p, row in rows.items():
             how = f"{p} ({' '.join(variants[p]) or 'no override'})"
-            if p in loaded:
+            if p in loaded and ns.busy:  # --busy 0 compares the variants alone only
                 entries.append(
                     results.entry(
                         "busy-step",
