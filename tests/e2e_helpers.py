@@ -1,12 +1,24 @@
-"""Helpers shared by the end-to-end tests (imported by test_e2e.py and test_e2e_algos.py)."""
+"""Helpers shared by the end-to-end tests (imported by test_e2e.py and test_e2e_algos.py) and by the tests
+of the scripts in benchmarks/ (benchmark_script)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from grpolab.util import fileio
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """benchmarks/NAME.py loaded as a module (the folder is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def varied_score(completion: str, example) -> float:

@@ -4,23 +4,17 @@ the step it waits for."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
+from e2e_helpers import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _busy_machine():
-    spec = importlib.util.spec_from_file_location("busy_machine", ROOT / "benchmarks" / "busy_machine.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bm = _busy_machine()
+bm = benchmark_script("busy_machine")
 
 
 def _run(variant, busy, work):

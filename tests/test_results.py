@@ -5,25 +5,18 @@ Wilson score interval."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from e2e_helpers import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _results():
-    spec = importlib.util.spec_from_file_location("bench_results", ROOT / "benchmarks" / "results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-results = _results()
+results = benchmark_script("results")
 
 
 def test_results_page_is_current():
