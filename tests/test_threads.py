@@ -308,6 +308,23 @@ def test_load_follower_moves_after_two_steps_agree_and_ignores_a_burst(tmp_path)
     assert f.after_step()[0] == 2
 
 
+def test_load_follower_judges_short_steps_together(tmp_path, monkeypatch):
+    """Steps shorter than FOLLOW_MIN_S are measured together: four steps of a quarter second under load
+    make one interval of a second, and two such intervals move the count."""
+    monkeypatch.setattr(threads, "clock_ticks", lambda: 100)
+    proc = FakeProc(tmp_path)
+    f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path))
+    f.start()
+    results = []
+    for _ in range(8):
+        proc.busy += 50  # a quarter second on 2 cores: 50 jiffies busy, all of them another process's
+        proc.total += 50
+        proc.write()
+        results.append(f.after_step())
+    assert results[:7] == [None] * 7
+    assert results[7][0] == 1  # intervals ending at steps 4 and 8 both called for one thread
+
+
 def test_load_follower_without_proc_does_nothing(tmp_path):
     f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path / "none"))
     f.start()

@@ -269,6 +269,14 @@ def busy_cores(interval_s: float = BUSY_PROBE_S, proc: str = "/proc") -> tuple[f
     return others_busy(before[0], after[0], after[1] - before[1]), after[0][2]
 
 
+def clock_ticks() -> int:
+    """Jiffies per second of /proc/stat (USER_HZ, 100 on Linux)."""
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100
+
+
 def read_load(proc: str = "/proc") -> tuple[tuple[int, int, int], int] | None:
     """(cpu_times of /proc/stat, own_ticks of /proc/self/stat) now; None where they cannot be read."""
     try:
@@ -323,6 +331,9 @@ def follows_load(setting: int, environ=None) -> bool:
     return setting == 0 and not (given.isdigit() and int(given) > 0)
 
 
+FOLLOW_MIN_S = 1.0
+"""The shortest interval LoadFollower judges the load over: shorter steps (a tiny model's) are measured
+together until this much time has passed, since /proc/stat counts in ticks of 10 ms."""
 FOLLOW_STEPS = 2
 """Consecutive steps whose load must call for the same new count before LoadFollower changes it: a burst
 (a compile in another window, an indexer's minute) does not move a run that would then move back."""
@@ -332,7 +343,8 @@ FOLLOW_STEPS = 2
 class LoadFollower:
     """threads=0 after the start: between two steps, the count `fair_threads` gives for what the other
     processes used during the last step (the step itself is the measuring interval, so it costs nothing:
-    two small reads of /proc), changed once FOLLOW_STEPS steps in a row call for the same new count.
+    two small reads of /proc; steps shorter than FOLLOW_MIN_S are measured together), changed once
+    FOLLOW_STEPS intervals in a row call for the same new count.
 
     A run that started alone and meets load later drops to the idle cores instead of waiting at every
     barrier for a thread the kernel gave away; one that started beside load takes the cores back when
@@ -357,6 +369,8 @@ class LoadFollower:
             self.last = now
             return None
         (before, own0), (after, own1) = self.last, now
+        if (after[1] - before[1]) / (after[2] or 1) < FOLLOW_MIN_S * clock_ticks():
+            return None  # too short to judge: the next step's reading counts from the same start
         self.last = now
         busy = others_busy(before, after, own1 - own0)
         want = fair_threads(self.n_cores, busy, after[2])
