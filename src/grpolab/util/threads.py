@@ -333,7 +333,7 @@ def follows_load(setting: int, environ=None) -> bool:
 
 FOLLOW_MIN_S = 1.0
 """The shortest interval LoadFollower judges the load over: shorter steps (a tiny model's) are measured
-together until this much time has passed, since /proc/stat counts in ticks of 10 ms."""
+together until this much time has passed, since /proc/stat counts in clock ticks (clock_ticks per second)."""
 FOLLOW_STEPS = 2
 """Consecutive steps whose load must call for the same new count before LoadFollower changes it: a burst
 (a compile in another window, an indexer's minute) does not move a run that would then move back."""
