@@ -26,8 +26,8 @@ each step computes exactly what the demo's step computes (rollout, scoring, forw
 while the weights stay bitwise where they were, and every run samples the same completions. Without it a
 run's sampled tokens depend on its thread count through the update (the sums of a parallel reduction
 depend on how many threads share them): a run on one thread and a run on two part after step 1, and from
-then on their steps differ in work (the prompt groups with a reward signal, which the update computes,
-went from 16 to 48 a step in the demo), which buries the cost of the load in the noise of the work. The
+then on their steps differ in work severalfold (the prompt groups with a reward signal, which the update
+computes), which buries the cost of the load in the noise of the work. The
 runs' work per step (tokens/generated, update/seqs_computed) is compared and printed: the medians are
 reported as the same work only where every run agrees at every step.
 """
@@ -262,7 +262,7 @@ def main(argv: list[str]) -> int:
             "alone_over_base": a / med[(base, 0)],
             "loaded_over_base": b / med.get((base, ns.busy), nan),
             "cores_used_alone": statistics.median(r["cores_used"] for r in runs[(p, 0)]),
-            "cores_used_loaded": statistics.median(r["cores_used"] for r in runs.get((p, ns.busy), []))
+            "cores_used_loaded": statistics.median(r["cores_used"] for r in runs[(p, ns.busy)])
             if (p, ns.busy) in runs
             else nan,
         }

@@ -282,9 +282,10 @@ class FakeProc:
         self.write()
 
 
-def test_load_follower_moves_after_two_steps_agree_and_ignores_a_burst(tmp_path):
+def test_load_follower_moves_after_two_steps_agree_and_ignores_a_burst(tmp_path, monkeypatch):
     """2 cores, started alone on 2 threads. Worked example of one step: the machine busy 1.9 cores' worth,
     this process 0.9 of it: the others used B = 1.0, so the count called for is 2 - round(1.0) = 1."""
+    monkeypatch.setattr(threads, "clock_ticks", lambda: 100)  # each tick() is one second
     proc = FakeProc(tmp_path)
     f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path))
     f.start()

@@ -307,14 +307,13 @@ def choose_threads(setting: int, recorded: int | None = None, environ=None) -> t
     resuming, else OMP_NUM_THREADS where the environment sets it (torchrun does, for a job of several
     processes sharing a machine), else `fair_threads` of a `busy_cores` measurement."""
     n = cores()
-    environ = os.environ if environ is None else environ
     if setting > 0:
         return setting, "threads=" + str(setting)
     if recorded:
-        return recorded, f"as recorded in {FILE} when the run started"
-    given = environ.get("OMP_NUM_THREADS", "").strip()
-    if given.isdigit() and int(given) > 0:
-        return int(given), f"OMP_NUM_THREADS={given} in the environment"
+        return recorded, f"as recorded in {FILE} by the run"
+    given = omp_num_threads(environ)
+    if given:
+        return given, f"OMP_NUM_THREADS={given} in the environment"
     measured = busy_cores()
     if measured is None:
         return n, "every core (no /proc/stat to measure the machine's load)"
@@ -323,12 +322,16 @@ def choose_threads(setting: int, recorded: int | None = None, environ=None) -> t
     return t, f"threads=0: other processes kept {busy:.1f} of {cpus} cores busy at start"
 
 
+def omp_num_threads(environ=None) -> int | None:
+    """The count OMP_NUM_THREADS gives (torchrun sets it), None where it is unset or not a positive count."""
+    given = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else None
+
+
 def follows_load(setting: int, environ=None) -> bool:
     """Whether a run's thread count follows the load between steps (LoadFollower): threads=0 where the
     environment sets no OMP_NUM_THREADS (torchrun's processes keep the count it gives them)."""
-    environ = os.environ if environ is None else environ
-    given = environ.get("OMP_NUM_THREADS", "").strip()
-    return setting == 0 and not (given.isdigit() and int(given) > 0)
+    return setting == 0 and omp_num_threads(environ) is None
 
 
 FOLLOW_MIN_S = 1.0
@@ -381,8 +384,8 @@ class LoadFollower:
         old, self.threads = self.threads, want
         return want, (
             f"threads: {old} -> {want} compute thread{'s' if want != 1 else ''} (threads=0 follows the load: "
-            f"other processes kept {busy:.1f} of {after[2]} cores busy during the last step; "
-            f"{FOLLOW_STEPS} steps in a row called for {want})"
+            f"other processes kept {busy:.1f} of {after[2]} cores busy since the last measurement; "
+            f"{FOLLOW_STEPS} measurements in a row called for {want})"
         )
 
 
@@ -404,6 +407,7 @@ __all__ = [
     "read_load",
     "choose_threads",
     "follows_load",
+    "omp_num_threads",
     "LoadFollower",
     "FOLLOW_STEPS",
     "recorded_threads",
