@@ -71,7 +71,7 @@ def steps_written(out: Path) -> int:
 
 
 def run_train(
-    cmd: list[str], env: dict, out: Path, busy: int, from_step: int
+    cmd: list[str], env: dict, out: Path, busy: int, from_step: int, own_sessions: bool = True
 ) -> tuple[subprocess.CompletedProcess, float]:
     """The run, with `busy` processes beside it from the start (from_step 0) or from the moment its step
     `from_step` is written (load that arrives while it runs) to its end; and the CPU seconds (user +
@@ -86,7 +86,7 @@ def run_train(
                     proc.returncode = os.waitstatus_to_exitcode(status)
                     break
                 if busy and not started and steps_written(out) >= from_step:
-                    load.enter_context(busy_processes(busy))
+                    load.enter_context(busy_processes(busy, own_sessions))
                     started = True
                 time.sleep(0.1)
         stdout.seek(0)
@@ -96,7 +96,14 @@ def run_train(
 
 
 def run_once(
-    recipe: str, steps: int, variant: str, overrides: list[str], out: Path, busy: int, from_step: int = 0
+    recipe: str,
+    steps: int,
+    variant: str,
+    overrides: list[str],
+    out: Path,
+    busy: int,
+    from_step: int = 0,
+    own_sessions: bool = True,
 ) -> dict:
     """One `grpolab train` process; its step times (time/step_s), the work of each step, the thread count
     each step ran with and its first line."""
@@ -118,7 +125,7 @@ def run_once(
     ]
     load = load_average()
     t0 = time.perf_counter()
-    proc, cpu = run_train(cmd, env, out, busy, from_step)
+    proc, cpu = run_train(cmd, env, out, busy, from_step, own_sessions)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"busy_machine: {' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -185,6 +192,15 @@ def main(argv: list[str]) -> int:
         "the medians then read the steps after --skip, so set --skip >= K + 1 to time the steps under load",
     )
     ap.add_argument(
+        "--busy-groups",
+        choices=("own", "shared"),
+        default="own",
+        help="own (default): each busy process a scheduling group of its own (a new session each, as separate "
+        "programs are; the kernel groups by session under autogroup); shared: in this script's session, as jobs "
+        "started with `&` "
+        "from the shell that runs the trainer are (one group for all)",
+    )
+    ap.add_argument(
         "--variants",
         default="before:thread_wait=openmp,threads=CORES default:",
         help="NAME:KEY=VALUE,... per variant, space-separated; the first is the baseline",
@@ -225,7 +241,16 @@ def main(argv: list[str]) -> int:
             for half, busy in enumerate((0, ns.busy)):  # --busy 0: every variant alone twice per round
                 for p in policies if busy == 0 else loaded:
                     out = Path(tmp) / f"{p}-{busy}-{r}-{half}"
-                    res = run_once(ns.recipe, ns.steps, p, [*ns.overrides, *variants[p]], out, busy, ns.load_from_step)
+                    res = run_once(
+                        ns.recipe,
+                        ns.steps,
+                        p,
+                        [*ns.overrides, *variants[p]],
+                        out,
+                        busy,
+                        ns.load_from_step,
+                        ns.busy_groups == "own",
+                    )
                     runs[(p, busy)].append(res)
                     print(
                         f"round {r + 1} {p:8} busy={busy}: step s {[round(t, 2) for t in res['step_s']]} "
@@ -242,7 +267,7 @@ def main(argv: list[str]) -> int:
     same_work = not differ
     print(
         f"median s/step over steps {ns.skip + 1}..{ns.steps}, {ns.rounds} round(s); loaded = beside {ns.busy} busy "
-        f"processes{arrival}; {os.cpu_count()} cores"
+        f"processes ({ns.busy_groups} scheduling groups){arrival}; {os.cpu_count()} cores"
     )
     if same_work:
         print(
@@ -281,6 +306,7 @@ def main(argv: list[str]) -> int:
         "skip": ns.skip,
         "busy": ns.busy,
         "load_from_step": ns.load_from_step,
+        "busy_groups": ns.busy_groups,
         "rounds": ns.rounds,
         "overrides": ns.overrides,
         "variants": variants,
@@ -298,6 +324,7 @@ def main(argv: list[str]) -> int:
 
         work = f"same work ({SAME_WORK})" if same_work else "work differs between runs"
         steps = f"demo, steps {ns.skip + 1}-{ns.steps}, {ns.rounds} round(s), {work}"
+        groups = "each its own scheduling group" if ns.busy_groups == "own" else "in the trainer's scheduling group"
         entries = []
         for p, row in rows.items():
             how = f"{p} ({' '.join(variants[p]) or 'no override'})"
@@ -305,7 +332,7 @@ def main(argv: list[str]) -> int:
                 entries.append(
                     results.entry(
                         "busy-step",
-                        f"{steps}, {ns.busy} busy processes{arrival}, {how}",
+                        f"{steps}, {ns.busy} busy processes {groups}{arrival}, {how}",
                         row["loaded_s"],
                         row["alone_s"],
                     )

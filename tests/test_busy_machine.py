@@ -41,7 +41,7 @@ def test_the_load_starts_once_the_step_is_written(tmp_path, monkeypatch):
     started_at = []
 
     class FakeLoad:
-        def __init__(self, n):
+        def __init__(self, n, own_groups=True):
             started_at.append(bm.steps_written(tmp_path))
 
         def __enter__(self):

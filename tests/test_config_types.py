@@ -107,7 +107,7 @@ def test_the_literals_agree_with_the_registries_they_name():
 
     assert set(typing.get_args(LrScheduler)) == set(SCHEDULES)
     assert set(typing.get_args(Correction)) == set(CORRECTION_FUNCTIONS) and CORRECTIONS == typing.get_args(Correction)
-    assert WAIT_SETTINGS == typing.get_args(ThreadWait) == ("auto", "short", "passive", "active", "openmp")
+    assert WAIT_SETTINGS == typing.get_args(ThreadWait) == ("auto", "short", "brief", "passive", "active", "openmp")
     assert THREADS == typing.get_args(RewardThread) and KINDS == typing.get_args(EnvKind)
     assert KL_PLACEMENTS == typing.get_args(KlPlacement) == ("in_loss", "in_reward")
     assert choices(field_types(Config)["precision"]) == ["auto", "bf16", "fp32"]
@@ -196,7 +196,7 @@ def test_coerce_field_on_its_own():
 
 def test_thread_wait_is_checked_by_its_type_before_torch():
     with pytest.raises(
-        ConfigError, match=r"^thread_wait: must be one of auto, short, passive, active, openmp; got 'spin'$"
+        ConfigError, match=r"^thread_wait: must be one of auto, short, brief, passive, active, openmp; got 'spin'$"
     ):
         thread_wait_of(None, ["thread_wait=spin"])
     assert thread_wait_of({"thread_wait": "passive"}, None) == "passive"
@@ -240,7 +240,7 @@ def test_cli_help_prints_the_choices(tmp_path):
     res = _cli(["train", "--help"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "  precision='auto'  one of: auto, bf16, fp32\n" in res.stdout
-    assert "  thread_wait='auto'  one of: auto, short, passive, active, openmp\n" in res.stdout
+    assert "  thread_wait='auto'  one of: auto, short, brief, passive, active, openmp\n" in res.stdout
 
 
 def test_reading_the_config_imports_no_torch():

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.training.config import ConfigError, build_config, thread_wait_of
+from grpolab.util import load as machine_load
 from grpolab.util import threads
 from grpolab.util.procs import busy_processes
 
@@ -28,6 +29,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def fresh(monkeypatch):
     """No plan made yet in this process."""
     monkeypatch.setattr(threads, "_current", None)
+    monkeypatch.setattr(threads, "_start_load", None)
     monkeypatch.setattr(threads, "_saved", {})
 
 
@@ -64,7 +66,9 @@ def test_an_explicit_setting_overrides_the_users_variables(setting, expected):
 
 
 def test_an_unknown_setting_is_refused():
-    with pytest.raises(ValueError, match="thread_wait: 'spin' is not one of auto, short, passive, active, openmp"):
+    with pytest.raises(
+        ValueError, match="thread_wait: 'spin' is not one of auto, short, brief, passive, active, openmp"
+    ):
         threads.plan_wait("spin", {})
 
 
@@ -246,17 +250,17 @@ def test_cpu_times_and_others_busy_worked_example():
     """/proc/stat: busy = user + nice + system + irq + softirq + steal; over the interval the machine's two
     cores did 100 + 40 + 5 + 5 = 150 busy jiffies of 230 (d_total / cpus = 115 jiffies of wall time), and
     this process 35 of them: B = (150 - 35) / 115 = 1.0 core."""
-    before, after = threads.cpu_times(STAT_BEFORE), threads.cpu_times(STAT_AFTER)
+    before, after = machine_load.cpu_times(STAT_BEFORE), machine_load.cpu_times(STAT_AFTER)
     assert before == (150, 1160, 2)
     assert after == (300, 1390, 2)
-    assert threads.others_busy(before, after, own=35) == pytest.approx(115 / 115)
-    assert threads.others_busy(before, after, own=200) == 0.0  # clamped: never below 0
-    assert threads.others_busy(before, before, own=0) == 0.0  # no time passed
+    assert machine_load.others_busy(before, after, own=35) == pytest.approx(115 / 115)
+    assert machine_load.others_busy(before, after, own=200) == 0.0  # clamped: never below 0
+    assert machine_load.others_busy(before, before, own=0) == 0.0  # no time passed
 
 
 def test_own_ticks_reads_its_own_and_its_waited_childrens_time_past_a_name_with_spaces():
     line = "4242 (python -c x) S 1 2 3 4 5 6 7 8 9 10 17 3 5 2 20 0 4 0 99"
-    assert threads.own_ticks(line) == 17 + 3 + 5 + 2  # utime stime cutime cstime
+    assert machine_load.own_ticks(line) == 17 + 3 + 5 + 2  # utime stime cutime cstime
 
 
 class FakeProc:
@@ -285,7 +289,7 @@ class FakeProc:
 def test_load_follower_moves_after_two_steps_agree_and_ignores_a_burst(tmp_path, monkeypatch):
     """2 cores, started alone on 2 threads. Worked example of one step: the machine busy 1.9 cores' worth,
     this process 0.9 of it: the others used B = 1.0, so the count called for is 2 - round(1.0) = 1."""
-    monkeypatch.setattr(threads, "clock_ticks", lambda: 100)  # each tick() is one second
+    monkeypatch.setattr(machine_load, "clock_ticks", lambda: 100)  # each tick() is one second
     proc = FakeProc(tmp_path)
     f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path))
     f.start()
@@ -312,7 +316,7 @@ def test_load_follower_moves_after_two_steps_agree_and_ignores_a_burst(tmp_path,
 def test_load_follower_judges_short_steps_together(tmp_path, monkeypatch):
     """Steps shorter than FOLLOW_MIN_S are measured together: four steps of a quarter second under load
     make one interval of a second, and two such intervals move the count."""
-    monkeypatch.setattr(threads, "clock_ticks", lambda: 100)
+    monkeypatch.setattr(machine_load, "clock_ticks", lambda: 100)
     proc = FakeProc(tmp_path)
     f = threads.LoadFollower(threads=2, n_cores=2, proc=str(tmp_path))
     f.start()
@@ -356,7 +360,7 @@ def test_fair_threads(cores, busy, cpus, expected):
 
 
 def test_choose_threads_precedence(monkeypatch):
-    monkeypatch.setattr(threads, "busy_cores", lambda *a, **k: (1.0, 2))
+    monkeypatch.setattr(machine_load, "busy_cores", lambda *a, **k: machine_load.Load(1.0, 0.0, 2))
     monkeypatch.setattr(threads, "cores", lambda: 2)
     assert threads.choose_threads(3, recorded=1, environ={"OMP_NUM_THREADS": "4"}) == (3, "threads=3")
     n, why = threads.choose_threads(0, recorded=2, environ={"OMP_NUM_THREADS": "4"})
@@ -382,9 +386,9 @@ def test_busy_cores_sees_two_spinning_processes():
         pytest.skip("needs Linux's /proc/stat and at least 2 cores")
     with busy_processes(2):
         time.sleep(0.3)  # let them start spinning
-        busy, cpus = threads.busy_cores(0.5)
-    assert 1.5 <= busy <= cpus
-    assert threads.fair_threads(threads.cores(), busy, cpus) <= max(1, cpus - 1)
+        load = machine_load.busy_cores(0.5)
+    assert 1.5 <= load.busy <= load.cpus
+    assert threads.fair_threads(threads.cores(), load.competing(False), load.cpus) <= max(1, load.cpus - 1)
 
 
 def test_the_train_command_records_its_thread_count_and_resume_keeps_it(tmp_path, tiny_model_dir):

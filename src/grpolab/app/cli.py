@@ -62,7 +62,8 @@ def _train(argv: list[str]) -> int:
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
     args, notes = _trl_names(args)
-    prepare(thread_wait_of(recipe, args))  # before build_config imports torch: OpenMP reads its settings once
+    # before build_config imports torch: OpenMP reads its settings once; `auto` measures the load first
+    prepare(thread_wait_of(recipe, args), measure=not ns.help)
     if ns.help:
         print(USAGE_TRAIN)
         print(help_text(build_config(recipe, args)))

@@ -109,7 +109,8 @@ def eval_main(argv: list[str]) -> int:
     from grpolab.training.config import thread_wait_of
     from grpolab.util.threads import prepare
 
-    prepare(thread_wait_of({}, overrides))  # before a checkpoint lookup imports torch (grpolab.util.threads)
+    # before a checkpoint lookup imports torch (grpolab.util.threads); `auto` measures the load first
+    prepare(thread_wait_of({}, overrides), measure=True)
     resolved = [resolve_target(t) for t in targets] or [({}, "the configured model")]
     # the settings (task, rewards, eval_*) of the first target that has a config; each target's own model
     base = next((dict(r) for r, label in resolved if not label.startswith("model ")), {})

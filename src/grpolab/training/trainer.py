@@ -73,6 +73,7 @@ from grpolab.util.threads import (
     describe_threads,
     follows_load,
     recorded_threads,
+    start_load,
 )
 
 
@@ -111,9 +112,12 @@ def setup(
     check_epochs(cfg, task, log)
     reward_fns = build_rewards(cfg.rewards or task.default_rewards)
     device = pick_device(cfg.device)
-    threads, why = choose_threads(cfg.threads, recorded_threads(out) if resume else None)
+    wait = current(cfg.thread_wait)
+    threads, why = choose_threads(
+        cfg.threads, recorded_threads(out) if resume else None, measured=start_load(), per_thread=wait.sleeps_soon
+    )
     torch.set_num_threads(threads)
-    log(describe_threads(threads, current(cfg.thread_wait), why=why))  # the first line (util.threads)
+    log(describe_threads(threads, wait, why=why))  # the first line (util.threads)
     if device.type == "cpu" and cfg.cpu_malloc == "keep":
         keep_freed_memory()
     path = model_dir(cfg.model, log=log)
@@ -428,7 +432,7 @@ def load_follower(run: Run) -> LoadFollower | None:
     None where the count is fixed (threads=N, OMP_NUM_THREADS, torchrun, a GPU)."""
     if not follows_load(run.cfg.threads) or run.device.type != "cpu" or run.ranks.world > 1:
         return None
-    follower = LoadFollower(torch.get_num_threads(), cores())
+    follower = LoadFollower(torch.get_num_threads(), cores(), per_thread=current(run.cfg.thread_wait).sleeps_soon)
     follower.start()
     return follower
 

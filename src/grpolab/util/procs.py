@@ -32,11 +32,21 @@ indexer or the other job of a machine doing something else)."""
 
 
 @contextlib.contextmanager
-def busy_processes(n: int):
+def busy_processes(n: int, own_sessions: bool = True):
     """Run `n` single-threaded processes spinning at 100% of a core for the duration of the block; they
-    are killed (and reaped) when it ends, however it ends. Yields their pids."""
+    are killed (and reaped) when it ends, however it ends. Yields their pids.
+
+    own_sessions: each in a session of its own, as separate programs are (where the kernel groups tasks by
+    session, autogroup, each is a scheduling group of its own, and a group's tasks share its CPU share);
+    False keeps them in the caller's session (each in a process group of its own, as jobs started with
+    `&` from one shell are), so that they share the caller's scheduling group."""
     procs = [
-        subprocess.Popen([sys.executable, "-S", "-c", BUSY_CODE], stdin=subprocess.DEVNULL, start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", BUSY_CODE],
+            stdin=subprocess.DEVNULL,
+            start_new_session=own_sessions,
+            process_group=None if own_sessions else 0,
+        )
         for _ in range(max(0, n))
     ]
     try:

@@ -13,13 +13,17 @@ environment when the runtime starts (when torch is imported) and never again:
 Alone, spinning wins: the next region starts within microseconds, so it catches the back-to-back
 regions of a decode step. On a machine that runs something else the kernel takes a team thread away
 for a time slice, and each of the others then burns its own slices spinning for it: the step slows
-by far more than its fair share (docs/performance.md, "A machine doing something else"). `thread_wait=auto` spins briefly (SHORT_SPIN rounds of libgomp,
-SHORT_BLOCKTIME_MS of libomp), long enough for the next region of a step and short enough that a
-preempted peer costs a fraction of a slice, then sleeps.
+by far more than its fair share (docs/performance.md, "A machine doing something else").
+`thread_wait=auto` spins briefly, then sleeps: on a machine idle at start SHORT_SPIN rounds of libgomp
+(`short`; SHORT_BLOCKTIME_MS of libomp), long enough for the next region of a step and short enough that
+a preempted peer costs a fraction of a slice; where other processes were busy at start (measured before
+torch starts, grpolab.util.load) BRIEF_SPIN rounds (`brief`), so that a waiting thread soon gives its
+time back and a team can share its scheduling group with busy processes thread by thread (the count
+then leaves out the load of the run's own group: grpolab.util.load says why).
 
-Precedence: an explicit `thread_wait` (passive, active, short) sets the variables it names; `auto` takes
-the user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT / KMP_BLOCKTIME where any is set and the short spin
-otherwise; `openmp` leaves the runtime's own default. The choice must be made before torch is
+Precedence: an explicit `thread_wait` (short, brief, passive, active) sets the variables it names; `auto`
+takes the user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT / KMP_BLOCKTIME where any is set, else measures;
+`openmp` leaves the runtime's own default. The choice must be made before torch is
 imported: the command line does it first thing; where torch was imported already (grpolab used from a
 program that imported it), the runtime keeps what it started with and the first line says so.
 
@@ -34,12 +38,15 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-ThreadWait = Literal["auto", "short", "passive", "active", "openmp"]
+from grpolab.util import load as machine_load
+
+ThreadWait = Literal["auto", "short", "brief", "passive", "active", "openmp"]
 """The `thread_wait` setting: how OpenMP's threads wait (the module docstring says what each does)."""
 WAIT_SETTINGS: tuple[str, ...] = typing.get_args(ThreadWait)
 USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 MARKER = "GRPOLAB_THREAD_WAIT"  # setting:policy, written beside the variables for the processes started after
 SHORT_SPIN = 10_000  # libgomp spin rounds before sleeping: a thirtieth of its default 300,000
+BRIEF_SPIN = 1_000  # the same, where other processes were busy at start: a tenth of SHORT_SPIN
 SHORT_BLOCKTIME_MS = 1  # libomp/Intel: milliseconds of spinning before sleeping (its unit; 0 = passive)
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 """The environment of a helper process beside the trainer (a verifier, a sandboxed candidate): one
@@ -47,12 +54,14 @@ compute thread, so that it takes at most one core's share from the trainer's tea
 
 _SETS = {
     "short": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(SHORT_SPIN), "KMP_BLOCKTIME": str(SHORT_BLOCKTIME_MS)},
+    "brief": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(BRIEF_SPIN), "KMP_BLOCKTIME": str(SHORT_BLOCKTIME_MS)},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"},
     "active": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None, "KMP_BLOCKTIME": None},
     "openmp": {},
 }
 _WORDS = {
     "short": f"spin {SHORT_SPIN} rounds, then sleep",
+    "brief": f"spin {BRIEF_SPIN} rounds, then sleep",
     "passive": "sleep at once (OMP_WAIT_POLICY=PASSIVE)",
     "active": "spin (OMP_WAIT_POLICY=ACTIVE)",
     "openmp": "the OpenMP runtime's default (libgomp: spin 300,000 rounds, then sleep)",
@@ -67,10 +76,17 @@ class WaitPlan:
     the plan could be applied (then `env` was not written and the runtime keeps its start-up policy)."""
 
     setting: str
-    policy: str  # short, passive, active, openmp or user (the user's own variables)
+    policy: str  # short, brief, passive, active, openmp or user (the user's own variables)
     env: dict = field(default_factory=dict)
     applied: bool = True
     user: dict = field(default_factory=dict)  # the user's own variables, where `auto` took them
+    why: str = ""  # what `auto` measured, where it measured
+
+    @property
+    def sleeps_soon(self) -> bool:
+        """Whether a waiting thread gives its time back within microseconds (brief, passive): then a team
+        shares its scheduling group with busy processes thread by thread (grpolab.util.load)."""
+        return self.applied and self.policy in ("brief", "passive")
 
     def describe(self) -> str:
         """The wait part of the run's first line."""
@@ -78,7 +94,7 @@ class WaitPlan:
             how = "as set in the environment: " + " ".join(f"{k}={v}" for k, v in self.user.items())
         else:
             how = _WORDS[self.policy]
-        text = f"threads wait: {how} (thread_wait={self.setting})"
+        text = f"threads wait: {how} (thread_wait={self.setting}{'; ' + self.why if self.why else ''})"
         if not self.applied:
             text += (
                 "; not applied: torch was imported before grpolab could set it, so OpenMP keeps the policy "
@@ -94,14 +110,19 @@ def check_setting(setting: str) -> str:
     return setting
 
 
-def plan_wait(setting: str = "auto", environ: dict | None = None) -> WaitPlan:
-    """The wait policy for `setting` in the environment `environ` (default os.environ); pure."""
+def plan_wait(
+    setting: str = "auto", environ: dict | None = None, start_load: machine_load.Load | None = None
+) -> WaitPlan:
+    """The wait policy for `setting` in the environment `environ` (default os.environ) and, for `auto`, the
+    other processes' load measured at start (None: not measured, taken as idle); pure."""
     check_setting(setting)
     environ = os.environ if environ is None else environ
     if setting == "auto":
         user = {k: environ[k] for k in USER_VARS if environ.get(k)}
         if user:
             return WaitPlan(setting, "user", {}, user=user)
+        if start_load is not None and round(start_load.busy) >= 1:
+            return WaitPlan(setting, "brief", dict(_SETS["brief"]), why="busy at start")
         return WaitPlan(setting, "short", dict(_SETS["short"]))
     return WaitPlan(setting, setting, dict(_SETS[setting]))
 
@@ -112,13 +133,16 @@ def runtime_started() -> bool:
 
 
 _current: WaitPlan | None = None
+_start_load: machine_load.Load | None = None  # what prepare(measure=True) measured, before torch started
 _saved: dict = {}  # the user's values of the variables a plan changed, restored before a new plan
 
 
-def prepare(setting: str = "auto", environ=None) -> WaitPlan:
+def prepare(setting: str = "auto", environ=None, measure: bool = False) -> WaitPlan:
     """Decide the wait policy and write it into the environment, if the OpenMP runtime has not started.
-    Called again before the start (a command that read its config), it replaces the earlier plan."""
-    global _current
+    Called again before the start (a command that read its config), it replaces the earlier plan.
+    measure: `auto` measures the other processes' load first (machine_load.busy_cores, a quarter of a
+    second; kept for `choose_threads`, see `start_load`)."""
+    global _current, _start_load
     environ = os.environ if environ is None else environ
     if runtime_started() and _current is not None and _current.setting == setting:
         return _current  # decided (and applied) before the runtime started
@@ -133,9 +157,11 @@ def prepare(setting: str = "auto", environ=None) -> WaitPlan:
     if plan is not None:  # a parent grpolab process set it before this one started
         _current = plan
         return plan
-    plan = plan_wait(setting, environ)
+    if measure and setting == "auto" and not runtime_started() and not any(environ.get(k) for k in USER_VARS):
+        _start_load = machine_load.busy_cores()
+    plan = plan_wait(setting, environ, _start_load if setting == "auto" else None)
     if runtime_started():
-        plan = WaitPlan(plan.setting, plan.policy, plan.env, applied=False, user=plan.user)
+        plan = WaitPlan(plan.setting, plan.policy, plan.env, applied=False, user=plan.user, why=plan.why)
     else:
         _saved.update({k: environ.get(k) for k in (*plan.env, MARKER)})
         for k, v in plan.env.items():
@@ -172,6 +198,11 @@ def environ_without_plan(environ=None) -> dict:
     return env
 
 
+def start_load() -> machine_load.Load | None:
+    """The load `prepare(measure=True)` measured before torch started, None where it measured nothing."""
+    return _start_load
+
+
 def current(setting: str = "auto") -> WaitPlan:
     """The plan this process runs under: the one `prepare` applied, or (grpolab used from a program that
     had imported torch) what `setting` would have been, marked not applied."""
@@ -197,44 +228,9 @@ def describe_threads(threads: int, plan: WaitPlan, n_cores: int | None = None, w
 
 # --- how many threads: the cores other processes leave idle -------------------------------------------
 
-BUSY_PROBE_S = 0.25
-"""Seconds over which `busy_cores` watches the machine at start (a sleep: the trainer computes nothing then)."""
 FILE = "threads.json"
 """The thread count a run chose (threads=0), in its directory: a resumed run reuses it (the sums of a
 parallel reduction depend on how many threads share them, so the same count gives the same numbers)."""
-
-
-def cpu_times(stat_text: str) -> tuple[int, int, int]:
-    """(busy, total, cpus) from the text of /proc/stat: the aggregate `cpu` line's jiffies, busy = user +
-    nice + system + irq + softirq + steal (idle and iowait are not busy; guest time is inside user), and
-    the number of `cpuN` lines."""
-    lines = stat_text.splitlines()
-    head = next(ln for ln in lines if ln.startswith("cpu "))
-    v = [int(x) for x in head.split()[1:9]]  # user nice system idle iowait irq softirq steal
-    total = sum(v)
-    busy = total - v[3] - v[4]
-    cpus = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
-    return busy, total, cpus
-
-
-def own_ticks(self_stat_text: str) -> int:
-    """utime + stime + cutime + cstime from the text of /proc/self/stat, in jiffies: this process (every
-    thread) and the children it has waited for (sandboxed candidates, verifier workers), which are its own
-    work, not another program's."""
-    fields = self_stat_text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return sum(int(f) for f in fields[11:15])  # fields 14-17 of proc(5), counted from 1 before the name
-
-
-def others_busy(before: tuple[int, int, int], after: tuple[int, int, int], own: int) -> float:
-    """Cores' worth of CPU time the other processes used between two /proc/stat readings:
-
-        B = (d_busy - d_own) / (d_total / cpus)
-
-    d_total / cpus is the interval in jiffies; d_own this process's share of d_busy. Clamped to [0, cpus]."""
-    d_busy, d_total, cpus = after[0] - before[0], after[1] - before[1], after[2] or 1
-    if d_total <= 0:
-        return 0.0
-    return min(float(cpus), max(0.0, (d_busy - own) / (d_total / cpus)))
 
 
 def fair_threads(n_cores: int, busy: float | None, cpus: int | None = None) -> int:
@@ -242,8 +238,8 @@ def fair_threads(n_cores: int, busy: float | None, cpus: int | None = None) -> i
 
         T = max(1, min(C, M - round(B)))
 
-    C the cores this process may use, M the machine's (default C), B what `busy_cores` measured (None:
-    not measured, T = C).
+    C the cores this process may use, M the machine's (default C), B the other processes' load a team
+    competes with (grpolab.util.load.Load.competing; None: not measured, T = C).
 
     On an idle machine T = C. Beside k busy single-threaded processes T = C - k (at least 1): a thread of
     a team that waits at every barrier for its peers makes the whole step wait whenever the kernel gives
@@ -252,41 +248,6 @@ def fair_threads(n_cores: int, busy: float | None, cpus: int | None = None) -> i
     if busy is None:
         return n_cores
     return max(1, min(n_cores, (cpus or n_cores) - round(busy)))
-
-
-def busy_cores(interval_s: float = BUSY_PROBE_S, proc: str = "/proc") -> tuple[float, int] | None:
-    """(B, M): cores' worth of CPU the other processes used over `interval_s` (`others_busy`) and the
-    machine's cores; None where the platform has no /proc/stat."""
-    import time
-
-    before = read_load(proc)
-    if before is None:
-        return None
-    time.sleep(interval_s)
-    after = read_load(proc)
-    if after is None:
-        return None
-    return others_busy(before[0], after[0], after[1] - before[1]), after[0][2]
-
-
-def clock_ticks() -> int:
-    """Jiffies per second of /proc/stat (USER_HZ, 100 on Linux)."""
-    try:
-        return int(os.sysconf("SC_CLK_TCK"))
-    except (AttributeError, ValueError, OSError):
-        return 100
-
-
-def read_load(proc: str = "/proc") -> tuple[tuple[int, int, int], int] | None:
-    """(cpu_times of /proc/stat, own_ticks of /proc/self/stat) now; None where they cannot be read."""
-    try:
-        with open(f"{proc}/stat") as f:
-            machine = cpu_times(f.read())
-        with open(f"{proc}/self/stat") as f:
-            own = own_ticks(f.read())
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return machine, own
 
 
 def recorded_threads(out) -> int | None:
@@ -302,10 +263,18 @@ def recorded_threads(out) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
-def choose_threads(setting: int, recorded: int | None = None, environ=None) -> tuple[int, str]:
+def choose_threads(
+    setting: int,
+    recorded: int | None = None,
+    environ=None,
+    measured: machine_load.Load | None = None,
+    per_thread: bool = False,
+) -> tuple[int, str]:
     """(threads, why) for the config key `threads`: N > 0 as given; 0 the run's recorded choice when
     resuming, else OMP_NUM_THREADS where the environment sets it (torchrun does, for a job of several
-    processes sharing a machine), else `fair_threads` of a `busy_cores` measurement."""
+    processes sharing a machine), else `fair_threads` of the load `measured` at start (measured now where
+    None), less the load of the run's own scheduling group where `per_thread` (its threads sleep soon when
+    they wait: WaitPlan.sleeps_soon)."""
     n = cores()
     if setting > 0:
         return setting, "threads=" + str(setting)
@@ -314,12 +283,11 @@ def choose_threads(setting: int, recorded: int | None = None, environ=None) -> t
     given = omp_num_threads(environ)
     if given:
         return given, f"OMP_NUM_THREADS={given} in the environment"
-    measured = busy_cores()
+    measured = measured or machine_load.busy_cores()
     if measured is None:
         return n, "every core (no /proc/stat to measure the machine's load)"
-    busy, cpus = measured
-    t = fair_threads(n, busy, cpus)
-    return t, f"threads=0: other processes kept {busy:.1f} of {cpus} cores busy at start"
+    t = fair_threads(n, measured.competing(per_thread), measured.cpus)
+    return t, f"threads=0: {measured.describe(per_thread)} at start"
 
 
 def omp_num_threads(environ=None) -> int | None:
@@ -356,27 +324,31 @@ class LoadFollower:
 
     threads: int
     n_cores: int
+    per_thread: bool = False  # the threads sleep soon when they wait: the own group's load is left out
     proc: str = "/proc"
-    last: tuple | None = None
+    last: machine_load.Reading | None = None
     wanted: int | None = None
     agreeing: int = 0
 
+    def read(self) -> machine_load.Reading | None:
+        return machine_load.read_load(self.proc, processes=self.per_thread)
+
     def start(self) -> None:
         """The reading the first step's load is measured from."""
-        self.last = read_load(self.proc)
+        self.last = self.read()
 
     def after_step(self) -> tuple[int, str] | None:
         """(new count, why) when the count should change now, else None; measures since the last call."""
-        now = read_load(self.proc)
+        now = self.read()
         if now is None or self.last is None:
             self.last = now
             return None
-        (before, own0), (after, own1) = self.last, now
-        if (after[1] - before[1]) / (after[2] or 1) < FOLLOW_MIN_S * clock_ticks():
+        before, after = self.last.machine, now.machine
+        if (after[1] - before[1]) / (after[2] or 1) < FOLLOW_MIN_S * machine_load.clock_ticks():
             return None  # too short to judge: the next step's reading counts from the same start
+        load = machine_load.load_between(self.last, now, self.proc)
         self.last = now
-        busy = others_busy(before, after, own1 - own0)
-        want = fair_threads(self.n_cores, busy, after[2])
+        want = fair_threads(self.n_cores, load.competing(self.per_thread), load.cpus)
         self.agreeing = self.agreeing + 1 if want == self.wanted else 1
         self.wanted = want
         if want == self.threads or self.agreeing < FOLLOW_STEPS:
@@ -384,7 +356,7 @@ class LoadFollower:
         old, self.threads = self.threads, want
         return want, (
             f"threads: {old} -> {want} compute thread{'s' if want != 1 else ''} (threads=0 follows the load: "
-            f"other processes kept {busy:.1f} of {after[2]} cores busy since the last measurement; "
+            f"{load.describe(self.per_thread)} since the last measurement; "
             f"{FOLLOW_STEPS} measurements in a row called for {want})"
         )
 
@@ -403,8 +375,8 @@ __all__ = [
     "prepare",
     "current",
     "describe_threads",
-    "busy_cores",
-    "read_load",
+    "start_load",
+    "BRIEF_SPIN",
     "choose_threads",
     "follows_load",
     "omp_num_threads",
