@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -197,7 +198,7 @@ def entry(
         "n": n,
         "date": datetime.date.today().isoformat(),
         "commit": commit(),
-        "command": command or "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        "command": command or "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
     }
 
 

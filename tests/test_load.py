@@ -5,6 +5,9 @@ real kernel beside busy processes started in the trainer's session and each in a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -164,15 +167,16 @@ REAL = not Path("/proc/stat").exists() or threads.cores() < 2
 
 @pytest.mark.skipif(REAL, reason="needs Linux and 2 cores")
 def test_busy_processes_started_beside_the_trainer_share_its_group():
-    """On the real kernel: two spinners started in the session (and cgroup) of this process are in this process's
-    scheduling group, and the load measured beside them is mostly the group's own: at least 1.2 cores of
-    their 2 (another test process of the suite may take a share of the cores meanwhile)."""
+    """On the real kernel: two spinners started in the session (and cgroup) of this process are in its
+    scheduling group, and the load measured beside them is counted as the group's: at least 0.4 of a core
+    (the spinners share the group's time: beside another busy group, such as another worker of the test
+    suite, the two get about one core between them)."""
     with busy_processes(2, own_sessions=False) as pids:
         time.sleep(0.3)
         shared = machine_load.busy_cores(0.5)
         groups = {machine_load.sched_group(p) for p in pids}
     assert groups == {machine_load.sched_group()}
-    assert shared.busy >= 1.2 and shared.own_group >= 1.2
+    assert shared.busy >= 1.2 and shared.own_group >= 0.4
 
 
 def autogroups_apply() -> bool:
@@ -190,3 +194,51 @@ def test_busy_processes_each_in_a_new_session_are_other_groups():
         groups = [machine_load.sched_group(p) for p in pids]
     assert len(set(groups)) == 2 and machine_load.sched_group() not in groups
     assert apart.competing(per_thread=True) >= 1.2
+
+
+@pytest.mark.skipif(REAL, reason="needs Linux and 2 cores")
+def test_the_train_command_beside_jobs_of_its_own_shell_keeps_its_cores_and_spins_briefly(tmp_path, tiny_model_dir):
+    """The real CLI on a tiny model, started beside two spinners of its own session (jobs of its shell):
+    the quarter-second measurement before torch starts sees the machine busy, so `auto` spins 1,000
+    rounds, and since the spinners share the run's group thread by thread it keeps every core."""
+    env = {k: v for k, v in os.environ.items() if k not in (*threads.USER_VARS, threads.MARKER, "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    args = [f"model={tiny_model_dir}", "eval_size=0", "G=2", "batch_size=2", "max_new_tokens=4", "report=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpolab.app.cli",
+        "train",
+        *args,
+        "steps=1",
+        f"out={tmp_path / 'run'}",
+        "progress=false",
+    ]
+    with busy_processes(2, own_sessions=False):
+        time.sleep(0.3)
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = " ".join(res.stdout.split())  # the console wraps the first line
+    n = threads.cores()
+    assert f"threads: {n} compute threads on {n} cores" in text, text[:600]
+    assert "in this run's scheduling group (shared per thread) at start" in text, text[:600]
+    assert f"spin {threads.BRIEF_SPIN} rounds, then sleep (thread_wait=auto; busy at start)" in text, text[:600]
+
+
+def test_prepare_measures_before_torch_only_where_the_wait_can_matter(monkeypatch):
+    calls = []
+    monkeypatch.setattr(threads, "_current", None)
+    monkeypatch.setattr(threads, "_start_load", None)
+    monkeypatch.setattr(threads, "runtime_started", lambda: False)
+    monkeypatch.setattr(machine_load, "busy_cores", lambda: calls.append(1) or machine_load.Load(2.0, 0.0, 2))
+    monkeypatch.setattr(threads, "_saved", {})
+
+    def prepare(setting: str, environ: dict) -> str:
+        threads._saved.clear()  # each call in an environment of its own: nothing of the last plan to undo
+        return threads.prepare(setting, environ, measure=True).policy
+
+    assert prepare("auto", {}) == "brief" and threads.start_load().busy == 2.0
+    assert prepare("auto", {"OMP_NUM_THREADS": "1"}) == "short" and threads.start_load() is None  # no team
+    assert prepare("auto", {"GOMP_SPINCOUNT": "5"}) == "user"
+    assert prepare("passive", {}) == "passive"
+    assert len(calls) == 1

@@ -141,7 +141,7 @@ def prepare(setting: str = "auto", environ=None, measure: bool = False) -> WaitP
     """Decide the wait policy and write it into the environment, if the OpenMP runtime has not started.
     Called again before the start (a command that read its config), it replaces the earlier plan.
     measure: `auto` measures the other processes' load first (machine_load.busy_cores, a quarter of a
-    second; kept for `choose_threads`, see `start_load`)."""
+    second; kept for `choose_threads`, see `start_load`), except where OMP_NUM_THREADS=1 leaves no team."""
     global _current, _start_load
     environ = os.environ if environ is None else environ
     if runtime_started() and _current is not None and _current.setting == setting:
@@ -157,8 +157,17 @@ def prepare(setting: str = "auto", environ=None, measure: bool = False) -> WaitP
     if plan is not None:  # a parent grpolab process set it before this one started
         _current = plan
         return plan
-    if measure and setting == "auto" and not runtime_started() and not any(environ.get(k) for k in USER_VARS):
+    one_thread = omp_num_threads(environ) == 1  # no team: how it waits is moot
+    if (
+        measure
+        and setting == "auto"
+        and not one_thread
+        and not runtime_started()
+        and not any(environ.get(k) for k in USER_VARS)
+    ):
         _start_load = machine_load.busy_cores()
+    else:
+        _start_load = None  # this plan's: not measured
     plan = plan_wait(setting, environ, _start_load if setting == "auto" else None)
     if runtime_started():
         plan = WaitPlan(plan.setting, plan.policy, plan.env, applied=False, user=plan.user, why=plan.why)
