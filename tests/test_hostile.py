@@ -692,7 +692,8 @@ def test_kernel_keyring_does_not_persist(contained):
 
 def test_memory_of_all_processes_together_is_bounded(contained):
     # Four processes of 150 MiB each stay under RLIMIT_AS (256 MiB) one by one; the slot's cgroup
-    # (300 MiB for the whole run) stops them together.
+    # (300 MiB for the whole run) stops them together. Each child holds its memory for a second, so
+    # that the four overlap however the kernel schedules them on a busy machine.
     if not contained.cgroup.kind:
         pytest.skip(f"no cgroup on this machine, so no bound on a run's total memory: {contained.cgroup.reason}")
     cfg = SandboxConfig(timeout_s=4.0, cpu_s=4, memory_mb=256, slot_memory_mb=300)
@@ -704,6 +705,7 @@ def test_memory_of_all_processes_together_is_bounded(contained):
         "        pid = os.fork()\n"
         "        if pid == 0:\n"
         "            x = b'k' * (150 * 2**20)\n"
+        "            time.sleep(1.0)\n"
         "            os._exit(0)\n"
         "        kids.append(pid)\n"
         "    x = b'k' * (150 * 2**20)\n"
