@@ -79,12 +79,17 @@ def cpu_times(stat_text: str) -> tuple[int, int, int]:
     return busy, total, cpus
 
 
+def stat_fields(stat_text: str) -> list[str]:
+    """The fields of a /proc/PID/stat text after the command name (which may hold spaces and parentheses):
+    index 11 is field 14 of proc(5), utime; 12 stime; 13 cutime; 14 cstime."""
+    return stat_text.rsplit(")", 1)[1].split()
+
+
 def own_ticks(self_stat_text: str) -> int:
     """utime + stime + cutime + cstime from the text of /proc/self/stat, in jiffies: this process (every
     thread) and the children it has waited for (sandboxed candidates, verifier workers), which are its own
     work, not another program's."""
-    fields = self_stat_text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return sum(int(f) for f in fields[11:15])  # fields 14-17 of proc(5), counted from 1 before the name
+    return sum(int(f) for f in stat_fields(self_stat_text)[11:15])
 
 
 def others_busy(before: tuple[int, int, int], after: tuple[int, int, int], own: int) -> float:
@@ -124,8 +129,8 @@ def process_ticks(proc: str = "/proc") -> dict[int, int]:
             continue
         try:
             with open(f"{proc}/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(name)] = int(fields[11]) + int(fields[12])  # fields 14-15 of proc(5)
+                fields = stat_fields(f.read())
+            out[int(name)] = int(fields[11]) + int(fields[12])  # utime + stime
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -255,6 +260,7 @@ __all__ = [
     "Reading",
     "Load",
     "cpu_times",
+    "stat_fields",
     "own_ticks",
     "others_busy",
     "clock_ticks",

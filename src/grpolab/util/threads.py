@@ -168,7 +168,7 @@ def prepare(setting: str = "auto", environ=None, measure: bool = False) -> WaitP
         _start_load = machine_load.busy_cores()
     else:
         _start_load = None  # this plan's: not measured
-    plan = plan_wait(setting, environ, _start_load if setting == "auto" else None)
+    plan = plan_wait(setting, environ, _start_load)
     if runtime_started():
         plan = WaitPlan(plan.setting, plan.policy, plan.env, applied=False, user=plan.user, why=plan.why)
     else:
