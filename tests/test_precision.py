@@ -15,6 +15,14 @@ from grpolab.model.precision import Precision, choose, faster
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def own_cache_and_a_bf16_cpu(tmp_path, monkeypatch):
+    """Each test remembers answers in its own cache and sees a CPU where bf16 may pay (the facts and the
+    pre-check are tested in test_cpu_bf16.py)."""
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(precision, "bf16_can_pay", lambda device: (True, "a bf16 CPU"))
+
+
 def test_the_rule_keeps_bf16_only_when_it_is_at_least_ten_percent_faster():
     assert faster({"fp32": 1.0, "bf16": 0.9}) is torch.bfloat16  # x0.90: kept
     assert faster({"fp32": 1.0, "bf16": 0.91}) is None  # x0.91: fp32
@@ -36,7 +44,7 @@ def test_auto_on_a_small_model_is_fp32_without_measuring(tiny_model, monkeypatch
 def test_auto_decides_each_phase_from_its_own_measurement(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     timings = iter([{"fp32": 1.0, "bf16": 0.6}, {"fp32": 1.0, "bf16": 1.4}])  # rollout, then update
-    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2: next(timings))
+    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2, deadline=None: next(timings))
     p = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds)
     assert (p.rollout, p.update) == (torch.bfloat16, None)
     assert "rollout bf16/fp32 time x0.60" in p.reason and "update bf16/fp32 time x1.40" in p.reason

@@ -1,12 +1,15 @@
 """`precision=auto`: bf16 autocast or fp32, decided per phase (rollout, update) on the machine at hand.
 
-Whether bf16 autocast pays depends on the machine: on one 2-core AVX512-BF16 CPU it was slower than
+On a CPU without bf16 instructions (most laptops) bf16 cannot pay: `auto` says fp32 in milliseconds from
+what the CPU has (grpolab.model.cpu_bf16.bf16_can_pay), without timing anything. Where the CPU has them,
+whether bf16 autocast pays still depends on the machine: on one 2-core AVX512-BF16 CPU it was slower than
 fp32 for both generation and forward+backward, on another of the same kind faster for both
-(benchmarks/bench_cpu.py; docs/performance.md, "precision=auto"), so no fixed rule is right. On
-a CPU `auto` times both precisions on the policy itself, alternating: a rollout of the run's width
+(benchmarks/bench_cpu.py; docs/performance.md, "precision=auto"), so no fixed rule is right. There
+`auto` times both precisions on the policy itself, alternating: a rollout of the run's width
 (its rows, at most MAX_PROBE_ROWS), a few decode steps scaled to the run's length, and one small
-forward+backward, and keeps bf16 for a phase only where it was at least
-`BF16_MARGIN` faster. A rollout engine with its own kernels (vLLM) is not timed through grpolab's
+forward+backward, repeated while PROBE_BUDGET_S lasts, and keeps bf16 for a phase only where it was at
+least `BF16_MARGIN` faster. The answer is remembered per machine and model shape in grpolab's cache
+($GRPOLAB_CACHE/precision, grpolab.model.precision_cache), so the next run with that shape reads it. A rollout engine with its own kernels (vLLM) is not timed through grpolab's
 decoder: its rollout precision is the engine's rule (grpolab.engine.rollout_precision). On a CUDA GPU
 with bf16 support `auto` is bf16 (not measured: there it is the standard choice). The choice is
 printed, written to OUT/precision.json and reused on resume, so a resumed run computes in the same
@@ -25,9 +28,15 @@ from pathlib import Path
 
 import torch
 
+from grpolab.model import precision_cache
+from grpolab.model.cpu_bf16 import bf16_can_pay, cpu_facts
+
 BF16_MARGIN = 0.9  # bf16 is kept for a phase when its time is at most this fraction of fp32's
 PROBE_STEPS = 6  # decode steps the rollout probe times; a rollout's further tokens are scaled from them
-MAX_PROBE_ROWS = 64  # the rollout probe decodes the run's rows, at most this many
+MAX_PROBE_ROWS = 16  # the rollout probe decodes the run's rows, at most this many
+UPDATE_PROBE_ROWS = 4  # sequences of the update probe's forward+backward
+PROBE_BUDGET_S = 4.0  # the probe repeats its timings while this lasts (its first pair of each phase always runs)
+SLOW_WARMUP = 3.0  # a bf16 warm-up this many times fp32's ends the phase: bf16 cannot pay there
 SMALL_MODEL_PARAMS = 10_000_000  # below this a matmul is too small for bf16 to pay: fp32, not measured
 FILE = "precision.json"
 NAMES = {None: "fp32", torch.bfloat16: "bf16"}
@@ -72,7 +81,7 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def update_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, completion: int = 32) -> float:
+def update_seconds(model, dtype, *, rows: int = UPDATE_PROBE_ROWS, prompt: int = 16, completion: int = 32) -> float:
     """Seconds for one forward+backward of the completion log-probs of `rows` sequences under autocast
     in `dtype` (None: fp32), as the update runs it. The gradients are discarded."""
     from grpolab.model.logprobs import completion_logp
@@ -92,12 +101,17 @@ def update_seconds(model, dtype, *, rows: int = 8, prompt: int = 16, completion:
     return dt
 
 
-def time_both(fn, reps: int = 2) -> dict[str, float]:
-    """Best of `reps` timings of fn(dtype) for fp32 and bf16, alternating, after one warm-up of each."""
+def time_both(fn, reps: int = 2, *, deadline: float | None = None) -> dict[str, float]:
+    """Best of up to `reps` timings of fn(dtype) for fp32 and bf16, alternating, after one warm-up of each.
+    After the first pair no further pair starts past `deadline` (time.perf_counter()); a bf16 warm-up
+    SLOW_WARMUP times fp32's ends it at once (bf16 cannot pay; its time is that warm-up's)."""
+    warm = {name: fn(DTYPES[name]) for name in ("fp32", "bf16")}  # kernels, allocator, autocast's first cast
+    if warm["bf16"] > SLOW_WARMUP * warm["fp32"]:
+        return warm
     best = {"fp32": float("inf"), "bf16": float("inf")}
-    for name in best:
-        fn(DTYPES[name])  # warm-up (kernels, allocator, autocast's first cast)
-    for _ in range(reps):
+    for i in range(reps):
+        if i and deadline is not None and time.perf_counter() >= deadline:
+            break
         for name in best:
             best[name] = min(best[name], fn(DTYPES[name]))
     return best
@@ -111,8 +125,10 @@ def measure(
     rows: int = 8,
     tokens: int = PROBE_STEPS,
     engine_rollout: tuple[torch.dtype | None, str] | None = None,
+    budget: float = PROBE_BUDGET_S,
 ) -> Precision:
-    """Time both precisions on `model` for the rollout (and the update when training) and choose. `rows`,
+    """Time both precisions on `model` for the rollout (and the update when training) and choose, each
+    phase repeating its timings within its share of `budget` seconds (time_both). `rows`,
     `tokens`: the shape of the run's rollouts (sequences per generate call, at most MAX_PROBE_ROWS, and
     new tokens): the lean step's gain over fp32 differs with both. `rollout_probe`: the rollout engine's
     timing of one rollout (grpolab.engine.native.probe.decode_seconds for grpolab's own decoder);
@@ -123,21 +139,26 @@ def measure(
     rows = max(1, min(rows, MAX_PROBE_ROWS))
     was_training = model.training
     seconds = {}
+    start = time.perf_counter()
+    phases = (engine_rollout is None) + training
     with torch.random.fork_rng(devices=[]):  # dropout (a LoRA adapter's) must not move the run's stream
         try:
             if engine_rollout is None:
                 model.eval()
-                seconds["rollout"] = time_both(lambda dt: rollout_probe(model, dt, rows=rows, tokens=tokens))
+                seconds["rollout"] = time_both(
+                    lambda dt: rollout_probe(model, dt, rows=rows, tokens=tokens), deadline=start + budget / phases
+                )
             model.train(was_training)
             if training:
-                seconds["update"] = time_both(lambda dt: update_seconds(model, dt))
+                seconds["update"] = time_both(lambda dt: update_seconds(model, dt), deadline=start + budget)
         finally:
             model.train(was_training)
+    took = time.perf_counter() - start
     ratio = {k: v["bf16"] / v["fp32"] for k, v in seconds.items()}
     rollout = faster(seconds["rollout"]) if engine_rollout is None else engine_rollout[0]
     update = faster(seconds["update"]) if training else None
     why = ", ".join(f"{k} bf16/fp32 time x{r:.2f}" for k, r in ratio.items())
-    why = f"auto, measured here: {why}; bf16 kept where <= x{BF16_MARGIN}" if why else "auto"
+    why = f"auto, measured here in {took:.1f} s: {why}; bf16 kept where <= x{BF16_MARGIN}" if why else "auto"
     if engine_rollout is not None:
         why += f"; rollout: {engine_rollout[1]}"
     return Precision(rollout, update, why, {k: {n: round(t, 4) for n, t in v.items()} for k, v in seconds.items()})
@@ -155,12 +176,17 @@ def choose(
     rows: int = 8,
     tokens: int = PROBE_STEPS,
     engine_rollout: tuple[torch.dtype | None, str] | None = None,
+    cache: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> Precision:
     """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto; `rows`,
     `tokens`: the shape of its rollouts and `rollout_probe` the engine's timing of one (measure);
-    `engine_rollout`: (dtype, why) of a rollout engine that does not decode with the policy (grpolab.engine.rollout_precision), taken instead of the rollout probe,
-    which times grpolab's own decoder."""
+    `engine_rollout`: (dtype, why) of a rollout engine that does not decode with the policy
+    (grpolab.engine.rollout_precision), taken instead of the rollout probe, which times grpolab's own
+    decoder. On a CPU, in this order: bf16_can_pay (fp32, decided from the CPU), the answer remembered for
+    this machine and shape (`cache`; grpolab.model.precision_cache), else measure and remember; `log` is
+    told before the measurement starts."""
     if setting == "fp32":
         return Precision(None, None, "precision=fp32")
     if setting == "bf16":
@@ -181,6 +207,36 @@ def choose(
             f"auto: fp32 for a {n / 1e6:.1f}M-parameter model (not measured: "
             f"under {SMALL_MODEL_PARAMS // 1_000_000}M, bf16 does not pay)",
         )
-    return measure(
-        model, training=training, rollout_probe=rollout_probe, rows=rows, tokens=tokens, engine_rollout=engine_rollout
-    )
+    shape = {"training": training, "rows": max(1, min(rows, MAX_PROBE_ROWS)), "tokens": tokens}
+    if device.type != "cpu":
+        return measure(model, rollout_probe=rollout_probe, engine_rollout=engine_rollout, **shape)
+    can_pay, why = bf16_can_pay(device)
+    if not can_pay:
+        return from_the_cpu(why, engine_rollout)
+    key = None
+    if cache:
+        key = precision_cache.shape_key(model, cpu_facts(), probe=rollout_probe, engine_rollout=engine_rollout, **shape)
+        found = precision_cache.read(key)
+        if found is not None:
+            entry, path = found
+            data = entry["precision"]
+            reason = f"auto, cached: measured on this machine for this shape at {entry.get('measured_at', '?')} ({path}; delete it to measure again): {data.get('reason', '')}"
+            return Precision.from_json({**data, "reason": reason})
+    if log is not None:
+        log(
+            f"precision=auto: timing bf16 against fp32 on the policy (about {PROBE_BUDGET_S:.0f} s; this CPU: {why})..."
+        )
+    prec = measure(model, rollout_probe=rollout_probe, engine_rollout=engine_rollout, **shape)
+    if key is not None:
+        precision_cache.write(key, prec.to_json())
+    return prec
+
+
+def from_the_cpu(why: str, engine_rollout: tuple[torch.dtype | None, str] | None = None) -> Precision:
+    """fp32 for every phase grpolab computes, decided from the CPU (bf16_can_pay said no) without timing;
+    an engine with its own kernels keeps its rule for the rollout."""
+    rollout = None if engine_rollout is None else engine_rollout[0]
+    reason = f"auto, decided from the CPU: {why}"
+    if engine_rollout is not None:
+        reason += f"; rollout: {engine_rollout[1]}"
+    return Precision(rollout, None, reason)
