@@ -21,7 +21,7 @@ def test_registry_names():
 
 
 def test_unknown_name_lists_known():
-    with pytest.raises(ConfigError, match="known rewards: code, countdown, format, math, tool_call"):
+    with pytest.raises(ConfigError, match="known rewards: code, countdown, format, math, reward_model, tool_call"):
         build_rewards([{"name": "maths"}])
 
 

@@ -14,6 +14,9 @@ Each spec is {"name": <reward>, "weight": float (default 1.0), "label": optional
     code       timeout_s, memory_mb, cpu_s, isolation (require|best_effort), allow_untagged,
                max_code_chars
     tool_call  partial_parse, partial_tool, partial_args, max_chars, max_depth
+    reward_model  path (a local directory), tokenizer, dtype (auto|float32|bfloat16), batch_size:
+               a learned sequence-classification reward model, scored as TRL scores one
+               (grpolab.rewards.reward_model)
 
 A name may also point at a function of your own, by import path (`mypkg.rewards:my_fn`) or by file
 (`path/to/rewards.py:my_fn`), written in TRL's form `fn(completions, prompts=..., **columns) ->
@@ -74,6 +77,7 @@ REWARDS: dict[str, str] = {
     "countdown": "grpolab.rewards.countdown:make_countdown",
     "code": "grpolab.rewards.code:make_code",
     "tool_call": "grpolab.rewards.tool_call:make_tool_call",
+    "reward_model": "grpolab.rewards.reward_model:make_reward_model",
 }
 
 

@@ -91,9 +91,10 @@ class Scores:
     total:    weighted sum per completion (NaN where on_error="exclude" dropped a sample); a None
               from a batch function adds nothing.
     per_fn:   each function's raw (unweighted) score per completion (0.0 where it returned None).
-    metrics:  "reward/<name>/mean" per function (over its scores that are neither NaN nor None; 0.0
-              when there is none), "reward/errors", "reward/timeouts" and "reward/none" (counts in
-              this call), and "reward/<name>/none" for each batch function.
+    metrics:  "reward/<name>/mean" and "reward/<name>/std" per function (over its scores that are
+              neither NaN nor None; 0.0 when there is none; the std Bessel-corrected, as TRL's),
+              "reward/errors", "reward/timeouts" and "reward/none" (counts in this call), and
+              "reward/<name>/none" for each batch function.
     messages: one line per failed call, naming the function ("reward 'f' returned NaN for
               completion 3"), at most MAX_MESSAGES.
     none:     function name -> indices of the completions it returned None for (batch functions
@@ -412,6 +413,7 @@ def score_completions(
         skipped_set = set(none.get(rf.name, ()))
         valid = [s for j, s in enumerate(per_fn[rf.name]) if j not in skipped_set and not math.isnan(s)]
         metrics[f"reward/{rf.name}/mean"] = sum(valid) / len(valid) if valid else 0.0
+        metrics[f"reward/{rf.name}/std"] = sample_std(valid)
         if rf.batch:
             metrics[f"reward/{rf.name}/none"] = float(len(skipped_set))
         metrics[f"reward/{rf.name}/error_frac"] = len(failed.get(rf.name, ())) / n if n else 0.0
@@ -430,6 +432,16 @@ def score_completions(
         first_errors=first,
         extra=log.extra,
     )
+
+
+def sample_std(values: list[float]) -> float:
+    """The Bessel-corrected standard deviation, sqrt(sum (x - mean)^2 / (n - 1)) (TRL's nanstd over the
+    scores a function gave, its `rewards/<name>/std`); 0.0 for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1))
 
 
 def completion_ids(rollout) -> list[list[int]]:

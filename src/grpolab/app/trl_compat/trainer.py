@@ -8,7 +8,9 @@
     trainer.save_model("runs/x/final")   # a Hugging Face model directory (LoRA merged)
 
 Everything is checked when the trainer is built, as TRL checks it: a refused field, a reward model given
-by its hub id, a dataset without a `prompt` column raise ConfigError (exit 2 on the command line).
+by a hub id (grpolab never downloads; a local directory or a loaded model is scored as TRL scores it:
+grpolab.app.trl_compat.rewards), a dataset without a `prompt` column raise ConfigError (exit 2 on the
+command line).
 """
 
 from __future__ import annotations
@@ -47,29 +49,13 @@ def _model_name(model: Any) -> str:
     return str(getattr(getattr(model, "config", None), "_name_or_path", "model")).rstrip("/").split("/")[-1]
 
 
-def _reward_specs(reward_funcs: Any, weights: list[float] | None) -> list[dict]:
-    """reward_funcs -> grpolab reward specs; a string that names no grpolab reward is a reward model's hub
-    id, which is refused."""
-    from grpolab.rewards import REWARDS
+def _reward_specs(reward_funcs: Any, weights: list[float] | None, processing_classes: Any = None) -> list[dict]:
+    """reward_funcs -> grpolab reward specs: functions, grpolab reward names, reward models (a local
+    directory or a loaded model, with reward_processing_classes); a hub id is refused
+    (grpolab.app.trl_compat.rewards)."""
+    from grpolab.app.trl_compat.rewards import reward_specs
 
-    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if weights is not None and len(weights) != len(funcs):
-        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(funcs)} reward functions")
-    specs = []
-    for i, fn in enumerate(funcs):
-        if isinstance(fn, str) and fn not in REWARDS:
-            raise ConfigError(
-                f"reward_funcs[{i}]={fn!r}: refused: a reward model's hub id; grpolab never downloads "
-                f"and does not score with reward models; pass a function "
-                f"(completions, **kwargs) -> list[float]"
-            )
-        if not isinstance(fn, str) and not callable(fn) or hasattr(fn, "parameters"):
-            raise ConfigError(
-                f"reward_funcs[{i}]: refused: a {type(fn).__name__} (a reward model); pass a "
-                f"function (completions, **kwargs) -> list[float]"
-            )
-        specs.append({"name": fn, "weight": 1.0 if weights is None else float(weights[i])})
-    return specs
+    return reward_specs(reward_funcs, weights, processing_classes)
 
 
 def _lora(peft_config: Any, model_path: str | None) -> dict:
@@ -111,7 +97,7 @@ def _peft_default_targets(model_path: str | None) -> list[str]:
 
 class GRPOTrainer:
     """TRL's GRPOTrainer, running grpolab (module docstring). Arguments as TRL 1.16's; `optimizers`,
-    `reward_processing_classes`, `quantization_config` and `rollout_func` are refused when given."""
+    `quantization_config` and `rollout_func` are refused when given."""
 
     def __init__(
         self,
@@ -131,7 +117,6 @@ class GRPOTrainer:
         environment_factory=None,
     ):
         for name, value, why in (
-            ("reward_processing_classes", reward_processing_classes, "reward models are not available"),
             (
                 "optimizers",
                 None if optimizers == (None, None) else optimizers,
@@ -152,7 +137,9 @@ class GRPOTrainer:
         self.processing_class = processing_class
         self.callbacks = list(callbacks or [])
         self.environment_factory, self.tools = environment_factory, tools
-        self.reward_specs = _reward_specs(reward_funcs, weights) if reward_funcs is not None else None
+        self.reward_specs = (
+            _reward_specs(reward_funcs, weights, reward_processing_classes) if reward_funcs is not None else None
+        )
         self.train_rows = trl_data.rows_of(train_dataset, "train_dataset") if train_dataset is not None else None
         self.eval_rows = trl_data.rows_of(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         model_path = str(model) if isinstance(model, (str, Path)) else None
