@@ -38,11 +38,9 @@ def grpolab_loss(logp, old_logp, adv, mask, algo, entropy=None, **kw):
 # --- TRL's own loss code on a stand-in trainer --------------------------------------------------------------
 
 
-def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entropy_coef=0.0, **args):
-    """GRPOTrainer._compute_loss of TRL 1.16 (trl/trainer/grpo_trainer.py), run as it is on a stand-in for
-    the trainer: one process, no gradient accumulation, no vLLM; its policy pass
-    (_get_per_token_logps_and_entropies) returns `logp` (with grad) and `entropies`. Returns (loss, d/d logp,
-    d/d entropies or None)."""
+def trl_stand_in(loss_type: str, max_len: int, entropy_coef: float = 0.0, **args) -> SimpleNamespace:
+    """A stand-in for TRL 1.16's GRPOTrainer on which its own _compute_loss runs as it is: one process, no
+    gradient accumulation, no vLLM, TRL's __init__ settings read from a real GRPOConfig(**args)."""
     trl_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is in the test extra")
     from trl import GRPOConfig
 
@@ -53,10 +51,10 @@ def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entro
         use_cpu=True,
         bf16=False,
         importance_sampling_level="sequence" if loss_type == "luspo" else "token",
+        entropy_coef=entropy_coef,
         **args,
     )
-    logp = logp.clone().requires_grad_(True)
-    ent = (entropies if entropies is not None else torch.zeros_like(logp)).clone().requires_grad_(True)
+    config.steps_per_generation = 1  # one process, one accumulation step: the generation batch is this one
     accel = SimpleNamespace(
         num_processes=1,
         sync_gradients=True,
@@ -64,6 +62,7 @@ def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entro
         gather_for_metrics=lambda x: x,
         reduce=lambda x, reduction="sum": x,
         unwrap_model=lambda m: m,
+        pad_across_processes=lambda x, dim=0, pad_index=0: x,
     )
     me = SimpleNamespace(
         args=config,
@@ -72,22 +71,37 @@ def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entro
         epsilon_low=config.epsilon,
         epsilon_high=config.epsilon_high if config.epsilon_high is not None else config.epsilon,
         importance_sampling_level=config.importance_sampling_level,
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
+        top_entropy_quantile=config.top_entropy_quantile,
+        off_policy_mask_threshold=config.off_policy_mask_threshold,
         use_vllm=False,
         vllm_importance_sampling_correction=False,
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1,
         accelerator=accel,
         _metrics={"train": defaultdict(list)},
-        max_completion_length=mask.shape[1],
+        max_completion_length=max_len,
         aux_loss_enabled=False,
-        entropy_coef=entropy_coef,
-        use_adaptive_entropy=False,
-        _entropy_bonus_enabled=entropy_coef != 0.0,
+        entropy_coef=config.entropy_coef,
+        use_adaptive_entropy=config.use_adaptive_entropy,
+        _entropy_bonus_enabled=config.entropy_coef != 0.0 or config.use_adaptive_entropy,
+        _last_world_entropy=float("inf"),
+        _entropy_window_stats=None,
         get_gamma_weights=trl_trainer.GRPOTrainer.get_gamma_weights,
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, ent, None),
+        get_off_policy_mask=trl_trainer.GRPOTrainer.get_off_policy_mask,
     )
+    me.get_high_entropy_mask = lambda *a: trl_trainer.GRPOTrainer.get_high_entropy_mask(me, *a)
+    return me
+
+
+def trl_compute(me: SimpleNamespace, logp, old_logp, adv, mask, *, entropies=None, sampler_logp=None):
+    """One call of TRL's _compute_loss on the stand-in, its policy pass (_get_per_token_logps_and_entropies)
+    returning `logp` (with grad) and `entropies`; sampler_logp: vLLM's sampling_per_token_logps. Returns
+    (loss, d/d logp, d/d entropies or None)."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    logp = logp.clone().requires_grad_(True)
+    ent = (entropies if entropies is not None else torch.zeros_like(logp)).clone().requires_grad_(True)
+    me._get_per_token_logps_and_entropies = lambda *a, **k: (logp, ent, None)
     n = mask.shape[0]
     inputs = {
         "prompt_ids": torch.zeros((n, 1), dtype=torch.long),
@@ -98,10 +112,18 @@ def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entro
         "old_per_token_logps": old_logp,
         "num_items_in_batch": mask.sum(),
     }
-    config.steps_per_generation = 1  # one process, one accumulation step: the generation batch is this one
-    loss = trl_trainer.GRPOTrainer._compute_loss(me, None, inputs)
+    if sampler_logp is not None:
+        inputs["sampling_per_token_logps"] = sampler_logp
+    loss = GRPOTrainer._compute_loss(me, None, inputs)
     g_logp, g_ent = torch.autograd.grad(loss, [logp, ent], allow_unused=True)
     return loss.item(), g_logp, g_ent
+
+
+def trl_loss(loss_type: str, logp, old_logp, adv, mask, *, entropies=None, entropy_coef=0.0, **args):
+    """GRPOTrainer._compute_loss of TRL 1.16 (trl/trainer/grpo_trainer.py), run as it is on a stand-in for
+    the trainer (trl_stand_in, trl_compute). Returns (loss, d/d logp, d/d entropies or None)."""
+    me = trl_stand_in(loss_type, mask.shape[1], entropy_coef, **args)
+    return trl_compute(me, logp, old_logp, adv, mask, entropies=entropies)
 
 
 # Three sequences of up to 3 tokens (the third has 2), off-policy log-ratios, advantages +1.5, -0.5, +0.7.

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("trl", reason="TRL (the test extra) is not installed")
 
-from trl_parity import grpolab_step, trl_config, trl_step  # noqa: E402
+from trl_parity import grpolab_step, reward, reward_length, trl_config, trl_step  # noqa: E402
 
 REL = 1e-4
 
@@ -47,8 +47,38 @@ CASES = {
     # TRL's default schedule (linear decay) over 4 steps, with and without warm-up: lr of step 1 and after
     "default_linear_4_steps": {"max_steps": 4},
     "default_linear_warmup": {"max_steps": 4, "warmup_steps": 2},
+    # TRL's cispo at its default epsilon_high (= epsilon = 0.2): every weight is capped at 0.2
+    "cispo_default_epsilon": {"loss_type": "cispo"},
+    # two rewards on different scales: their weighted sum (TRL's default), and GDPO's sum of group z-scores
+    "two_rewards": {"reward_weights": [1.0, 0.5]},
+    "gdpo": {"multi_objective_aggregation": "normalize_then_sum", "reward_weights": [1.0, 0.5]},
+    "gdpo_grpo": {"multi_objective_aggregation": "normalize_then_sum", "loss_type": "grpo", "scale_rewards": "none"},
+    # the policy term on the top-20% entropy tokens; with an entropy bonus over the same tokens
+    "top_entropy": {"top_entropy_quantile": 0.2},
+    "top_entropy_bonus": {"top_entropy_quantile": 0.5, "entropy_coef": 0.05, "loss_type": "grpo"},
+    # adaptive entropy: the first update applies no bonus (no entropy measured yet); test_trl_losses goes on
+    "adaptive_entropy": {"use_adaptive_entropy": True, "entropy_coef": 0.05, "entropy_target": 100.0},
+    "lm_head_fp32": {"cast_lm_head_to_fp32": True},
+    # another engine's log-probs (tests/trl_parity.py, sampler_logps): the off-policy sequence mask alone,
+    "off_policy_mask": {"off_policy_mask_threshold": 0.1, "vllm_importance_sampling_correction": False},
+    # the importance correction as TRL's vLLM path computes it (its default; with a lower bound C_min)
+    "vllm_correction": {},
+    "vllm_token_truncate_min": {
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_min": 0.8,
+        "vllm_importance_sampling_clip_max": 1.5,
+    },
+    "vllm_sequence_mask_min": {
+        "vllm_importance_sampling_mode": "sequence_mask",
+        "vllm_importance_sampling_clip_min": 0.3,
+        "vllm_importance_sampling_clip_max": 10.0,
+    },
+    "vllm_off_policy_mask": {"off_policy_mask_threshold": 0.1, "loss_type": "grpo"},
 }
-VALUE_DIFFERS = {"cispo", "vespo", "vespo_beta"}  # the loss value's convention (module docstring)
+VALUE_DIFFERS = {"cispo", "vespo", "vespo_beta", "cispo_default_epsilon"}  # the loss value's convention (docstring)
+TWO_REWARDS = {"two_rewards", "gdpo", "gdpo_grpo"}
+SAMPLER = {"off_policy_mask"}  # another engine's log-probs, TRL without vLLM's correction
+VLLM = {"vllm_correction", "vllm_token_truncate_min", "vllm_sequence_mask_min", "vllm_off_policy_mask"}
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +104,12 @@ def lively_model_dir(tmp_path_factory, tiny_model_dir):
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_step_matches_trl(case, lively_model_dir, tmp_path, monkeypatch):
     args = trl_config(tmp_path / "trl", **CASES[case])
-    trl_loss, trl_norm, trl_lr = trl_step(lively_model_dir, args)
-    ours_loss, ours_norm, ours_lr = grpolab_step(lively_model_dir, args, tmp_path / "grpolab", monkeypatch)
+    rewards = (reward, reward_length) if case in TWO_REWARDS else (reward,)
+    sampler = case in SAMPLER | VLLM
+    trl_loss, trl_norm, trl_lr = trl_step(lively_model_dir, args, rewards=rewards, sampler=sampler, vllm=case in VLLM)
+    ours_loss, ours_norm, ours_lr = grpolab_step(
+        lively_model_dir, args, tmp_path / "grpolab", monkeypatch, rewards=rewards, sampler=sampler
+    )
     assert trl_norm > 1e-6, "the step must carry a gradient for the comparison to mean something"
     assert math.isclose(ours_norm, trl_norm, rel_tol=REL), (case, ours_norm, trl_norm)
     if case not in VALUE_DIFFERS:

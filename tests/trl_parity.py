@@ -1,6 +1,11 @@
 """Helpers of tests/test_trl_parity.py: one step of TRL 1.16's GRPOTrainer and of grpolab on the same
-GRPOConfig, the same tiny model, the same forced completions and the same reward function; each side
-returns (loss, gradient norm, (learning rate of the step's update, learning rate after it))."""
+GRPOConfig, the same tiny model, the same forced completions and the same reward functions; each side
+returns (loss, gradient norm, (learning rate of the step's update, learning rate after it)).
+
+`sampler=True` gives both sides the same sampling log-probs of another engine (`sampler_logps`: the
+model's own, moved per sequence and per token), as vLLM would return them: TRL reads them as
+sampling_per_token_logps (its vLLM importance correction with `vllm=True`, the off-policy mask), grpolab as
+the rollout's sample_logp of an engine that is not the trainer."""
 
 from __future__ import annotations
 
@@ -37,6 +42,36 @@ def reward(completions, **kwargs):
     return [float(sum(map(ord, c)) % 7) / 3.0 for c in completions]
 
 
+def reward_length(completions, **kwargs):
+    """A second reward on another scale (multi-reward runs, GDPO): the text's length in characters / 4."""
+    return [len(c) / 4.0 for c in completions]
+
+
+def sampler_logps(model_dir: Path, tokenizer) -> dict[tuple[int, ...], list[list[float]]]:
+    """prompt ids -> the G forced completions' sampling log-probs of a stand-in for another engine: the
+    model's own log-prob of each token (fp32, temperature 1) plus a shift per sequence (the k-th of the
+    batch: (3k mod 8 - 3.5) x 0.17, from -0.6 to 0.6 in a scrambled order) and a seeded one per token
+    (normal, std 0.2), so that importance ratios and the sequences' mean log-ratio fall on both sides of
+    the bounds the tests set, for sequences of either advantage sign."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    out, k = {}, 0
+    with torch.no_grad():
+        for ids, rows in forced_completions(tokenizer).items():
+            lps = []
+            for c in rows:
+                seq_shift, k = ((3 * k) % 8 - 3.5) * 0.17, k + 1
+                full = torch.tensor([list(ids) + c])
+                logits = model(full).logits[0, len(ids) - 1 : -1]  # (len(c), V)
+                own = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None])[:, 0]
+                shift = seq_shift + 0.2 * torch.randn(len(c), generator=g)
+                lps.append((own + shift).tolist())
+            out[ids] = lps
+    return out
+
+
 def trl_config(out: Path, **fields):
     """The shared config: TRL's GRPOConfig (TRL's defaults) made small and fp32 on the CPU."""
     import trl
@@ -62,20 +97,28 @@ def grad_norm(params) -> float:
     return float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None)))
 
 
-def trl_step(model_dir: Path, args) -> tuple[float, float, tuple[float, float]]:
+def trl_step(
+    model_dir: Path, args, *, rewards=(reward,), sampler: bool = False, vllm: bool = False
+) -> tuple[float, float, tuple[float, float]]:
     """TRL: _generate_and_score_completions on the forced completions, compute_loss, backward; then the
-    optimizer and schedule Trainer.train builds for args.max_steps, stepped once."""
+    optimizer and schedule Trainer.train builds for args.max_steps, stepped once. sampler: the completions
+    come with `sampler_logps`; vllm: TRL treats them as vLLM's (its importance correction applies)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
     trainer = GRPOTrainer(
-        model=str(model_dir), reward_funcs=reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS})
+        model=str(model_dir),
+        reward_funcs=list(rewards),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
     )
     forced = forced_completions(trainer.processing_class)
+    logps = sampler_logps(model_dir, trainer.processing_class) if sampler else None
     trainer._generate_single_turn = lambda prompt_ids, *a, **k: (
         [list(forced[tuple(p)][i % G]) for i, p in enumerate(prompt_ids)],
-        None,
+        None if logps is None else [list(logps[tuple(p)][i % G]) for i, p in enumerate(prompt_ids)],
     )
+    trainer.use_vllm = vllm  # only the importance correction reads it once the completions are given
     rows = [{"prompt": p} for p in PROMPTS for _ in range(G)]  # TRL's sampler repeats each prompt G times
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
@@ -90,9 +133,12 @@ def trl_step(model_dir: Path, args) -> tuple[float, float, tuple[float, float]]:
     return float(loss.detach()), norm, (used, trainer.lr_scheduler.get_last_lr()[0])
 
 
-def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, float, tuple[float, float]]:
+def grpolab_step(
+    model_dir: Path, args, out: Path, monkeypatch, *, rewards=(reward,), sampler: bool = False
+) -> tuple[float, float, tuple[float, float]]:
     """grpolab: the config the mapping table gives for `args`, one train_step on the forced completions;
-    the loss is the sum of policy_loss's micro-batch losses, the norm clip_grad_norm_'s (before clipping)."""
+    the loss is the sum of policy_loss's micro-batch losses, the norm clip_grad_norm_'s (before clipping).
+    sampler: the rollout carries `sampler_logps` and the engine is not the trainer (as vLLM)."""
     from grpolab import rewards as rewards_mod
     from grpolab.app.trl_compat import trl_recipe
     from grpolab.batch import Rollout
@@ -101,7 +147,9 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
     from grpolab.training import update as update_mod
     from grpolab.training.config import build_config
 
-    monkeypatch.setitem(rewards_mod.REWARDS, "parity_reward", rewards_mod.as_factory(reward))
+    weights = args.reward_weights or [1.0] * len(rewards)
+    for i, fn in enumerate(rewards):
+        monkeypatch.setitem(rewards_mod.REWARDS, f"parity_reward{i}", rewards_mod.as_factory(fn))
     data = out.parent / f"{out.name}-prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     recipe = trl_recipe(args)[0]
@@ -112,7 +160,7 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
         eval_size=0,
         progress=False,
         report=False,
-        rewards=[{"name": "parity_reward"}],
+        rewards=[{"name": f"parity_reward{i}", "weight": float(w)} for i, w in enumerate(weights)],
         task_args={
             "path": str(data),
             "prompt_column": "prompt",
@@ -125,6 +173,7 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
     run = trainer.setup(cfg, log=lambda *_: None)
     tok = run.tokenizer
     forced = forced_completions(tok)
+    logps = sampler_logps(model_dir, tok) if sampler else None
 
     def generate(prompt_ids, sampling, *, G, generator=None):
         P = max(len(p) for p in prompt_ids)
@@ -136,9 +185,16 @@ def grpolab_step(model_dir: Path, args, out: Path, monkeypatch) -> tuple[float, 
         cmask = torch.tensor([[1.0] * len(c) + [0.0] * (COMPLETION_LEN - len(c)) for _, c in rows])
         truncated = torch.tensor([c[-1] != tok.eos_token_id for _, c in rows])
         texts = tok.batch_decode([c for _, c in rows], skip_special_tokens=True)
-        return Rollout(pids, pmask, cids, cmask, torch.zeros(cmask.shape), truncated, texts, G)
+        slp = torch.zeros(cmask.shape)
+        if logps is not None:
+            for r, (p, _) in enumerate((p, j) for p in prompt_ids for j in range(G)):
+                lp = logps[tuple(p)][r % G]
+                slp[r, : len(lp)] = torch.tensor(lp)
+        return Rollout(pids, pmask, cids, cmask, slp, truncated, texts, G)
 
     monkeypatch.setattr(run.engine, "generate", generate)
+    if sampler:
+        monkeypatch.setattr(type(run.engine), "samples_from_trainer", False)
     losses = []
     real = update_mod.policy_loss
 

@@ -172,6 +172,46 @@ ADV_SCALES: dict[str, Callable[[Tensor, Tensor, int, float], Tensor]] = {
 }
 
 
+# --- several reward functions: (r (N, K), w (K,), G, eps) -> r (N,) ---------------------------------------
+
+
+def sum_then_normalize(r: Tensor, w: Tensor, G: int, eps: float) -> Tensor:
+    """One reward from K functions: the weighted sum r_i = sum_k w_k r_ik (NaN terms count 0, as TRL's nansum;
+    a row whose every term is NaN stays NaN). The advantage estimator then normalises that sum."""
+    r = _float(r)  # (N, K)
+    total = (r.nan_to_num(nan=0.0) * w.to(r)).sum(dim=1)  # (N,)
+    return torch.where(r.isnan().all(dim=1), torch.full_like(total, float("nan")), total)  # (N,)
+
+
+def normalize_then_sum(r: Tensor, w: Tensor, G: int, eps: float) -> Tensor:
+    """GDPO (Group reward-Decoupled normalization Policy Optimization, arXiv 2601.05242), as TRL 1.16
+    computes it (GRPOTrainer._generate_and_score_completions, multi_objective_aggregation "normalize_then_sum"):
+    each function's reward is z-scored within its group before the weighted sum,
+
+        r~_ik = (r_ik - mean_G r_k) / (std_G r_k + eps),     r_i = sum_k w_k r~_ik,
+
+    std with Bessel's correction, NaN terms left out of the group statistics (nanmean / nanstd) and of the
+    sum. Summing raw rewards first lets a reward with a large spread drown the others; normalised, each
+    function moves the advantage by its weight. TRL then normalises r over the whole batch: advantage
+    batch_mean with adv_scale batch_std_unbiased. G = 1: every r~ is 0."""
+    r = _float(r)  # (N, K)
+    N, K = r.shape
+    rg = r.view(-1, G, K)  # (B, G, K)
+    mean = rg.nanmean(dim=1, keepdim=True)  # (B, 1, K)
+    valid = (~rg.isnan()).sum(dim=1, keepdim=True)  # (B, 1, K)
+    sq = ((rg - mean) ** 2).nan_to_num(nan=0.0).sum(dim=1, keepdim=True)  # (B, 1, K)
+    std = (sq / (valid - 1).clamp(min=1)).sqrt() if G > 1 else torch.zeros_like(mean)  # (B, 1, K) Bessel
+    z = ((rg - mean) / (std + eps)).view(N, K)  # (N, K)
+    return sum_then_normalize(z, w, G, eps)  # (N,)
+
+
+REWARD_AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int, float], Tensor]] = {
+    "sum_then_normalize": sum_then_normalize,
+    "normalize_then_sum": normalize_then_sum,
+}
+"""algo.reward_aggregation -> fn(per-function rewards (N, K), weights (K,), G, eps) -> one reward (N,)."""
+
+
 def compute_advantages(r: Tensor, G: int, algo: AlgoConfig) -> Tensor:
     """Sequence advantages for rewards r (N,) in groups of G: ADVANTAGES[algo.advantage], then
     ADV_SCALES[algo.adv_scale]. Returns (N,) float, no grad (rewards carry none).
@@ -194,4 +234,4 @@ def per_token(adv: Tensor, shape: tuple[int, int]) -> Tensor:
     return adv if adv.dim() == 2 else adv[:, None].expand(*shape)  # (N, C)
 
 
-__all__ = ["ADVANTAGES", "ADV_SCALES", "compute_advantages", "group_std", "per_token"]
+__all__ = ["ADVANTAGES", "ADV_SCALES", "REWARD_AGGREGATIONS", "compute_advantages", "group_std", "per_token"]

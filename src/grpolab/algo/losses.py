@@ -31,7 +31,9 @@ from torch import Tensor
 
 if TYPE_CHECKING:  # the settings type only; grpolab.algo.presets imports no registry, nor this module
     from grpolab.algo.presets import AlgoConfig
+from grpolab.algo.entropy import entropy_bonus
 from grpolab.algo.kl import LR_CLAMP, kl_per_token
+from grpolab.algo.masks import policy_masks
 
 
 def _where_valid(x: Tensor, mask: Tensor) -> Tensor:
@@ -382,6 +384,9 @@ def policy_loss(
     beta: float | None = None,
     token_weight: Tensor | None = None,
     entropy: Tensor | None = None,
+    entropy_coef: float | None = None,
+    sampler_logp: Tensor | None = None,
+    masks: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch and its metrics.
 
@@ -403,7 +408,11 @@ def policy_loss(
     token_weight (b,T) w_it, the sampler correction's importance weight (grpolab.algo.sampler), or
               None (w = 1: the tokens were sampled by the trainer's own weights); detached here
     entropy  (b,T) H_it, the policy's entropy at each position with its gradient; needed when
-              algo.entropy_coef != 0
+              algo.entropy_coef != 0, algo.adaptive_entropy or algo.top_entropy_quantile < 1
+    entropy_coef: overrides algo.entropy_coef (the coefficient an AdaptiveEntropy applies now)
+    sampler_logp (b,T) log-probs of the engine that sampled, for algo.off_policy_mask (None: old_logp)
+    masks:    the policy term's token masks (grpolab.algo.masks.policy_masks; None: computed here from algo);
+              each multiplies l_it, "entropy" also restricts the entropy bonus to its tokens
 
     Metrics are floats, each a mean over this micro-batch's valid tokens (0.0 when it has none):
     loss/policy (the objective without KL), kl (mean k_t; only when ref_logp is given), loss/kl
@@ -432,6 +441,11 @@ def policy_loss(
         loss_tok, info = OBJECTIVES[algo.objective](logp, old_logp, adv_tok, mask, algo)  # (b, T)
         if weight is not None:  # the sampler was not the trainer: w_it l_it
             loss_tok = loss_tok * _where_valid(weight, mask)  # (b, T)
+    if masks is None:
+        sampled = old_logp if sampler_logp is None else sampler_logp.detach().float()
+        masks = policy_masks(algo, adv=adv_tok, logp=logp, sampler_logp=sampled, mask=mask, entropy=entropy)
+    for keep in masks.values():  # top-entropy tokens, DeepSeek-V3.2's off-policy sequences: l_it * M_it
+        loss_tok = loss_tok * keep  # (b, T)
     total_tok = loss_tok  # (b, T)
 
     beta = algo.beta if beta is None else float(beta)
@@ -445,10 +459,11 @@ def policy_loss(
             total_tok = loss_tok + beta * weighted  # (b, T)
 
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
-    if algo.entropy_coef != 0.0:
+    coef = algo.entropy_coef if entropy_coef is None else float(entropy_coef)
+    if coef != 0.0:
         if entropy is None:
             raise ValueError("algo.entropy_coef needs the policy's entropy (entropy=..., with its gradient)")
-        loss = loss - entropy_bonus(entropy.float(), mask, n_tok, algo.entropy_coef)
+        loss = loss - entropy_bonus(entropy.float(), mask, n_tok, coef, masks.get("entropy"))
 
     with torch.no_grad():
         log_ratio = _importance_log_ratio(logp.detach(), old_logp, mask)  # (b, T)
@@ -467,30 +482,13 @@ def policy_loss(
         if kl_tok is not None:  # the KL to the reference, measured where it is used
             metrics["kl"] = masked_mean(kl_tok, mask)
             metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_in_loss else 0.0
-        if algo.entropy_coef != 0.0:
-            metrics["loss/entropy"] = algo.entropy_coef * masked_mean(entropy.detach(), mask)
+        if coef != 0.0:
+            metrics["loss/entropy"] = coef * masked_mean(entropy.detach(), mask * masks.get("entropy", 1.0))
+        for name, keep in masks.items():  # the share of valid tokens each mask drops
+            metrics[f"mask/{name}_dropped_frac"] = 1.0 - masked_mean(keep, mask)
     return loss, metrics
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor, n_tok: int, coef: float) -> Tensor:
-    """coef * sum_it m_it H_it / n_tok: the entropy bonus of a micro-batch (subtracted from the loss), the
-    share of the optimizer batch's mean entropy these tokens carry (TRL 1.16, GRPOConfig.entropy_coef).
-    H_it = -sum_v pi(v) log pi(v) at each completion position (grpolab.model.logprobs)."""
-    return coef * _where_valid(entropy, mask).sum() / max(int(n_tok), 1)
-
-
-__all__ = [
-    "AGGREGATIONS",
-    "CLIP_DECISIONS",
-    "OBJECTIVES",
-    "SEQUENCE_RATIO",
-    "WEIGHT_IN_OBJECTIVE",
-    "clip_decision",
-    "clip_ratio",
-    "entropy_bonus",
-    "masked_mean",
-    "policy_loss",
-    "register_objective",
-    "shown_ratio",
-    "vespo_weight",
-]
+__all__ = ["AGGREGATIONS", "CLIP_DECISIONS", "OBJECTIVES", "SEQUENCE_RATIO", "WEIGHT_IN_OBJECTIVE", "clip_decision"]
+__all__ += ["clip_ratio", "entropy_bonus", "masked_mean", "policy_loss", "register_objective", "shown_ratio"]
+__all__ += ["vespo_weight"]

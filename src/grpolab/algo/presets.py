@@ -12,6 +12,7 @@ string-valued choice names an entry of a registry that lives with its maths:
     objective    -> grpolab.algo.losses.OBJECTIVES
     aggregation  -> grpolab.algo.losses.AGGREGATIONS
     kl_estimator -> grpolab.algo.kl.KL_ESTIMATORS
+    reward_aggregation -> grpolab.algo.advantages.REWARD_AGGREGATIONS
 
 so the allowed names are passed in (`choices`, built by `grpolab.training.config.algo_choices()` from those
 registries) instead of imported here.
@@ -165,6 +166,32 @@ class AlgoConfig:
     """VESPO power k for A < 0 (objective vespo)."""
     vespo_lambda_neg: float = 2.0
     """VESPO decay lambda for A < 0 (objective vespo)."""
+    reward_aggregation: str = "sum_then_normalize"
+    """How several reward functions make one reward (grpolab.algo.advantages.REWARD_AGGREGATIONS):
+    sum_then_normalize (the weighted sum, then the advantage) or normalize_then_sum (GDPO: each function's
+    reward z-scored in its group first, then the weighted sum; TRL's multi_objective_aggregation)."""
+    top_entropy_quantile: float = 1.0
+    """rho of "Beyond the 80/20 Rule" (Wang et al. 2025): the policy term keeps only the tokens whose entropy
+    is in the top rho quantile of the micro-batch's tokens (grpolab.algo.masks.high_entropy_mask); 1.0: every
+    token. In (0, 1]; 0 keeps the highest-entropy token(s) only."""
+    off_policy_mask: float | None = None
+    """DeepSeek-V3.2's off-policy sequence mask threshold delta (grpolab.algo.masks.off_policy_mask): a
+    sequence with A < 0 whose mean log(pi_sampler / pi_theta) over its tokens exceeds delta adds no policy
+    term; None: off (TRL's off_policy_mask_threshold)."""
+    adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive entropy control (grpolab.algo.entropy.AdaptiveEntropy): entropy_coef is the
+    starting coefficient, moved by entropy_coef_delta each optimizer update towards keeping the entropy at
+    entropy_target, and applied only while the last measured entropy is at or below it (TRL's
+    use_adaptive_entropy)."""
+    entropy_coef_min: float = 0.0
+    """Lower bound of the adaptive entropy coefficient."""
+    entropy_coef_max: float = 1.0
+    """Upper bound of the adaptive entropy coefficient."""
+    entropy_coef_delta: float = 0.005
+    """Step of the adaptive entropy coefficient per optimizer update."""
+    entropy_target: float = 0.2
+    """Target mean token entropy (nats) of the adaptive entropy control, measured over the tokens the policy
+    term reads (the high-entropy ones with top_entropy_quantile < 1)."""
 
     @property
     def kl_in_loss(self) -> bool:
@@ -275,7 +302,10 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
             raise ConfigError(f"algo.{key}: {what}, got {getattr(cfg, key)!r}")
 
     need(cfg.eps_low >= 0, "eps_low", "must be >= 0 (the ratio is clipped at 1 - eps_low)")
-    need(cfg.eps_high >= 0, "eps_high", "must be >= 0 (the ratio is clipped at 1 + eps_high)")
+    if cfg.objective == "cispo":  # the weight's cap 1 + eps_high may be below 1 (TRL's cispo at epsilon_high < 1)
+        need(cfg.eps_high > -1, "eps_high", "must be > -1 for cispo (the weight is capped at 1 + eps_high > 0)")
+    else:
+        need(cfg.eps_high >= 0, "eps_high", "must be >= 0 (the ratio is clipped at 1 + eps_high)")
     need(cfg.dual_clip is None or cfg.dual_clip > 1, "dual_clip", "must be null or a constant > 1")
     need(cfg.mu >= 1, "mu", "must be >= 1 (policy updates per rollout batch)")
     need(cfg.adv_eps > 0, "adv_eps", "must be > 0 (it guards the std denominator)")
@@ -297,6 +327,14 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
     need(cfg.sapo_temperature_neg > 0, "sapo_temperature_neg", "must be > 0")
     for key in ("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
+    need(0 <= cfg.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in [0, 1] (1: every token)")
+    need(cfg.off_policy_mask is None or cfg.off_policy_mask >= 0, "off_policy_mask", "must be null or >= 0")
+    need(cfg.entropy_coef_delta >= 0, "entropy_coef_delta", "must be >= 0")
+    need(
+        cfg.entropy_coef_min <= cfg.entropy_coef_max,
+        "entropy_coef_min",
+        f"must be <= entropy_coef_max ({cfg.entropy_coef_max})",
+    )
 
     # Contradictions between settings.
     if cfg.advantage == "gae" and not cfg.uses_critic:

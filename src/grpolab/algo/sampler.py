@@ -16,6 +16,10 @@ weighted by the (truncated) importance ratio
   sequence_mask      w_t = R_i if R_i <= C else 0                    (TRL 1.16's default, C = 3)
   none               w_t = 1
 
+With a lower bound C_min (rollout.correction_clip_min; TRL 1.16's vllm_importance_sampling_clip_min) the
+truncating modes clip from below too, w = clip(r, C_min, C), and the masking modes also zero a weight below
+C_min: a token (or sequence) the trainer finds far less likely than the sampler did is dropped or bounded.
+
 The weight is a constant (no gradient flows through it) and multiplies the policy term only, as TRL
 does; the KL term to the reference is left as it is. The native engine samples from the trainer's own
 weights and needs none.
@@ -49,56 +53,61 @@ def _sequence_log_ratio(lr: Tensor, mask: Tensor) -> Tensor:
     return lr.sum(-1, keepdim=True).clamp(-LR_CLAMP, LR_CLAMP).expand_as(lr)
 
 
-def _truncate(ratio: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    return ratio.clamp(max=clip), ratio > clip
+def _outside(ratio: Tensor, clip: float, clip_min: float | None) -> Tensor:
+    """(b, T) bool: r > C, or r < C_min where there is a lower bound."""
+    return (ratio > clip) | (ratio < clip_min) if clip_min is not None else ratio > clip
 
 
-def _mask(ratio: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    over = ratio > clip
-    return torch.where(over, torch.zeros_like(ratio), ratio), over
+def _truncate(ratio: Tensor, clip: float, clip_min: float | None) -> tuple[Tensor, Tensor]:
+    return ratio.clamp(min=clip_min, max=clip), _outside(ratio, clip, clip_min)
 
 
-def token_truncate(lr: Tensor, mask: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    """w_t = min(r_t, C). Returns (w (b, T), clipped (b, T) bool)."""
-    return _truncate(lr.exp(), clip)
+def _mask(ratio: Tensor, clip: float, clip_min: float | None) -> tuple[Tensor, Tensor]:
+    out = _outside(ratio, clip, clip_min)
+    return torch.where(out, torch.zeros_like(ratio), ratio), out
 
 
-def token_mask(lr: Tensor, mask: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    """w_t = r_t where r_t <= C, else 0."""
-    return _mask(lr.exp(), clip)
+def token_truncate(lr: Tensor, mask: Tensor, clip: float, clip_min: float | None = None) -> tuple[Tensor, Tensor]:
+    """w_t = clip(r_t, C_min, C) (C_min None: min(r_t, C)). Returns (w (b, T), clipped (b, T) bool)."""
+    return _truncate(lr.exp(), clip, clip_min)
 
 
-def sequence_truncate(lr: Tensor, mask: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    """w_t = min(R_i, C) for every token of sequence i."""
-    return _truncate(_sequence_log_ratio(lr, mask).exp(), clip)
+def token_mask(lr: Tensor, mask: Tensor, clip: float, clip_min: float | None = None) -> tuple[Tensor, Tensor]:
+    """w_t = r_t where C_min <= r_t <= C, else 0."""
+    return _mask(lr.exp(), clip, clip_min)
 
 
-def sequence_mask(lr: Tensor, mask: Tensor, clip: float) -> tuple[Tensor, Tensor]:
-    """w_t = R_i where R_i <= C, else 0, for every token of sequence i."""
-    return _mask(_sequence_log_ratio(lr, mask).exp(), clip)
+def sequence_truncate(lr: Tensor, mask: Tensor, clip: float, clip_min: float | None = None) -> tuple[Tensor, Tensor]:
+    """w_t = clip(R_i, C_min, C) for every token of sequence i."""
+    return _truncate(_sequence_log_ratio(lr, mask).exp(), clip, clip_min)
 
 
-def no_correction(lr: Tensor, mask: Tensor, clip: float) -> tuple[Tensor, Tensor]:
+def sequence_mask(lr: Tensor, mask: Tensor, clip: float, clip_min: float | None = None) -> tuple[Tensor, Tensor]:
+    """w_t = R_i where C_min <= R_i <= C, else 0, for every token of sequence i."""
+    return _mask(_sequence_log_ratio(lr, mask).exp(), clip, clip_min)
+
+
+def no_correction(lr: Tensor, mask: Tensor, clip: float, clip_min: float | None = None) -> tuple[Tensor, Tensor]:
     """w_t = 1."""
     return torch.ones_like(lr), torch.zeros_like(lr, dtype=torch.bool)
 
 
-CORRECTIONS: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]] = {
+CORRECTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "token_truncate": token_truncate,
     "token_mask": token_mask,
     "sequence_truncate": sequence_truncate,
     "sequence_mask": sequence_mask,
     "none": no_correction,
 }
-"""rollout.correction -> fn(log r (b,T), mask (b,T), C) -> (weights (b,T), clipped (b,T))."""
+"""rollout.correction -> fn(log r (b,T), mask (b,T), C, C_min) -> (weights (b,T), clipped (b,T))."""
 
 
 def correction_weights(
-    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, clip: float
+    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, clip: float, clip_min: float | None = None
 ) -> tuple[Tensor, Tensor]:
     """(w (b, T) detached, 0 on padding; clipped (b, T) bool) of the `mode` correction (module docstring)."""
     lr = log_ratio(trainer_logp.detach(), sampler_logp, mask)
-    w, clipped = CORRECTIONS[mode](lr, mask, clip)
+    w, clipped = CORRECTIONS[mode](lr, mask, clip, clip_min)
     valid = mask > 0
     return torch.where(valid, w, torch.zeros_like(w)), clipped & valid
 

@@ -41,12 +41,19 @@ class RolloutConfig:
     """Importance-sampling correction of the sampler/trainer mismatch when the engine is not the trainer (vllm): token_truncate (w_t = min(pi_old/pi_sampler, C), as verl's default), token_mask, sequence_truncate, sequence_mask (TRL 1.16's default) or none. The native engine samples from the trainer's own weights and needs none."""
     correction_clip: float = 2.0
     """C of the correction: the largest importance weight kept (truncate) or allowed (mask); verl uses 2, TRL 3."""
+    correction_clip_min: float | None = None
+    """C_min of the correction: the smallest importance weight kept (truncate: clipped up to it) or allowed (mask: a weight below it is 0); None: no lower bound (TRL's vllm_importance_sampling_clip_min)."""
 
 
 def validate_rollout(r: RolloutConfig) -> None:
     """ConfigError (exit 2) naming the key for an impossible value."""
     checks = [
         (r.correction_clip >= 1.0, "rollout.correction_clip", "must be >= 1 (a weight of 1 is on-policy)"),
+        (
+            r.correction_clip_min is None or 0 <= r.correction_clip_min < r.correction_clip,
+            "rollout.correction_clip_min",
+            f"must be null or in [0, rollout.correction_clip = {r.correction_clip})",
+        ),
         (r.vllm_kv_cache_gb >= 0, "rollout.vllm_kv_cache_gb", "must be >= 0 GiB (0: sized to the run)"),
         (0 < r.vllm_gpu_memory < 1, "rollout.vllm_gpu_memory", "must be in (0, 1)"),
     ]

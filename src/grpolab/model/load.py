@@ -214,7 +214,9 @@ def load_policy(path: Path, device: torch.device):
     if is_adapter_dir(path):
         return load_adapter(path, load_policy(adapter_base(Path(path)), device))
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
+    # trust_remote_code=False: a directory with custom code raises transformers' ValueError (as TRL's default
+    # does) instead of asking on the terminal; grpolab never runs a model directory's code
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, trust_remote_code=False).to(device)
     model.config.use_cache = True
     install_attention(model, device)  # a CPU: grouped-query attention without sdpa's flash kernel
     return model

@@ -34,11 +34,17 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return lse.squeeze(-1) - (p * z).sum(-1)
 
 
-def _head_logp(model, h: torch.Tensor, completion_ids: torch.Tensor, temperature: float, with_entropy: bool):
+def _head_logp(
+    model, h: torch.Tensor, completion_ids: torch.Tensor, temperature: float, with_entropy: bool, fp32: bool = False
+):
     """The LM head on the states h (b, C, H) that predict completion_ids (b, C) -> (log-probs (b, C),
     entropies (b, C) or None), with logits divided by the temperature. A plain bias-free head runs a
     chunk of positions at a time (grpolab.model.lmhead: the full (b, C, V) logits are never held); any other
-    head is applied at once."""
+    head is applied at once. fp32: the head outside any autocast, on h cast to fp32 (TRL's
+    cast_lm_head_to_fp32; the weights are fp32 already)."""
+    if fp32 and torch.is_autocast_enabled(h.device.type):
+        with torch.autocast(h.device.type, enabled=False):
+            return _head_logp(model, h.float(), completion_ids, temperature, with_entropy)
     weight = plain_head_weight(model)
     if weight is not None:
         return chunked_token_logp(h, weight, completion_ids, temperature=temperature, with_entropy=with_entropy)
@@ -83,6 +89,7 @@ def grouped_completion_logp(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    head_fp32: bool = False,
 ):
     """`completion_logp` for groups that share a prompt, running each prompt through the model once.
 
@@ -116,4 +123,4 @@ def grouped_completion_logp(
         h = torch.cat([h_first, h_rest], dim=1)  # (N, C, H)
     else:
         h = h_first
-    return _head_logp(model, h, completion_ids, temperature, with_entropy)
+    return _head_logp(model, h, completion_ids, temperature, with_entropy, head_fp32)

@@ -37,6 +37,8 @@ class PassSpec:
     """Sequences per micro-batch (whole groups: max(1, micro_batch // G) of them; grpolab.training.config)."""
     checkpoint: bool = False
     """Activation checkpointing of the policy's decoder layers in the update pass (grpolab.model.checkpointing)."""
+    head_fp32: bool = False
+    """The LM head in fp32 whatever the autocast (grpolab.model.logprobs; the run's lm_head_fp32)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the passes (a no-op in fp32)."""
@@ -108,6 +110,7 @@ def slice_logp(
             part.G,
             temperature=spec.temperature,
             with_entropy=with_entropy,
+            head_fp32=spec.head_fp32,
         )
     if part.attention_mask is not None:  # environment tokens: context only, exactly 0 and no gradient
         model_token = part.completion_mask.bool()

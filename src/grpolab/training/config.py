@@ -107,6 +107,8 @@ class Config:
     """auto (CUDA when present, else CPU), cpu, cuda (the current GPU) or cuda:N (the GPU of index N)."""
     precision: PrecisionSetting = "auto"
     """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.model.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
+    lm_head_fp32: bool = False
+    """The LM head of the update's and the reference's passes in fp32 under a bf16 autocast (its input cast to fp32, the matmul and log-softmax in fp32): the log-probs and the ratio without bf16 rounding in the logits, as ScaleRL recommends (TRL's cast_lm_head_to_fp32). With precision fp32 every pass is fp32 already."""
     cpu_malloc: CpuMalloc = "keep"
     """On a CPU under glibc: keep (freed memory stays in the process and is reused, so a new tensor does not fault its pages in anew; grpolab.parallel.allocator) or system (malloc as it is)."""
     decoder: Decoder = "auto"
@@ -270,7 +272,7 @@ def _default_reflection_phrases() -> list[str]:
 
 def algo_choices() -> dict[str, tuple[str, ...]]:
     """algo field -> the names its registry holds (the registries live with their maths)."""
-    from grpolab.algo.advantages import ADV_SCALES, ADVANTAGES
+    from grpolab.algo.advantages import ADV_SCALES, ADVANTAGES, REWARD_AGGREGATIONS
     from grpolab.algo.kl import KL_ESTIMATORS
     from grpolab.algo.losses import AGGREGATIONS, OBJECTIVES
 
@@ -280,6 +282,7 @@ def algo_choices() -> dict[str, tuple[str, ...]]:
         "objective": tuple(OBJECTIVES),
         "aggregation": tuple(AGGREGATIONS),
         "kl_estimator": tuple(KL_ESTIMATORS),
+        "reward_aggregation": tuple(REWARD_AGGREGATIONS),
     }
 
 

@@ -172,6 +172,7 @@ def pass_spec_of(cfg: Config, device: torch.device, amp_dtype: torch.dtype | Non
         float(sampling_values(cfg)["temperature"]),
         cfg.micro_batch,
         checkpoint=cfg.grad_checkpointing,
+        head_fp32=cfg.lm_head_fp32,
     )
 
 

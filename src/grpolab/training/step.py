@@ -25,6 +25,7 @@ import time
 import torch
 from torch import Tensor
 
+from grpolab.algo.advantages import REWARD_AGGREGATIONS
 from grpolab.algo.shaping import informative_groups, shape_rewards
 from grpolab.batch import Batch, Example, Rollout, concat_rollouts
 from grpolab.engine.base import Sampling
@@ -211,9 +212,21 @@ def reference(ref: Reference | None, spec: PassSpec, batch: Batch) -> None:
             batch.ref_logp = logp_without_grad(spec, m, batch.rollout)
 
 
+def combined_reward(run: Run, batch: Batch) -> Tensor:
+    """(N,) the one reward the shaping starts from: the verifiers' weighted sum (batch.raw_reward), or under
+    algo.reward_aggregation normalize_then_sum (GDPO) each verifier's reward z-scored in its group, then the
+    weighted sum (grpolab.algo.advantages.REWARD_AGGREGATIONS)."""
+    algo = run.cfg.algo
+    if algo.reward_aggregation == "sum_then_normalize":
+        return batch.raw_reward
+    per_fn = torch.tensor([batch.reward_by_fn[f.name] for f in run.reward_fns], dtype=torch.float32).T  # (N, K)
+    weights = torch.tensor([f.weight for f in run.reward_fns], dtype=torch.float32)  # (K,)
+    return REWARD_AGGREGATIONS[algo.reward_aggregation](per_fn, weights, batch.rollout.G, algo.adv_eps)
+
+
 def shape(run: Run, batch: Batch) -> None:
     """batch.reward (N,) and batch.token_reward (N, C): every reward change after the verifiers
-    (grpolab.algo.shaping), plus `groups/zero_std_frac` of the shaped reward."""
+    (`combined_reward`, grpolab.algo.shaping), plus `groups/zero_std_frac` of the shaped reward."""
     algo, rollout = run.cfg.algo, batch.rollout
     kl_in_reward = batch.ref_logp is not None and algo.kl_in_reward
     sampled = (
@@ -222,7 +235,7 @@ def shape(run: Run, batch: Batch) -> None:
         else None
     )  # (N, C) log pi_theta of the sampled tokens
     shaped = shape_rewards(
-        batch.raw_reward,
+        combined_reward(run, batch),
         rollout.lengths,
         rollout.completion_mask,
         algo,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.algo.entropy import AdaptiveEntropy
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision, rollout_probe
 from grpolab.engine.kv_cache import call_tokens
@@ -37,7 +38,6 @@ from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
 from grpolab.rewards import build_rewards, check_rewards
-from grpolab.rewards.reward_model import place_reward_models
 from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
@@ -157,6 +157,8 @@ def setup(
     if training:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
     ref = reference_for(policy, reference_kind(algo.beta, algo.adaptive_kl, cfg.lora.r)) if training else None
+    if training and algo.adaptive_entropy:  # its coefficient goes into each checkpoint (entropy_control.pt)
+        components["entropy_control"] = AdaptiveEntropy.from_algo(algo)
     if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
         components["reference"] = synced_reference(ref, fsdp)
     if fsdp:
@@ -174,7 +176,6 @@ def setup(
         engine_rollout=rollout_precision(engine_name),
     )
     log(prec.describe())
-    place_reward_models(reward_fns, device, prec.update, cfg.chat_template_kwargs)  # the policy's device and autocast
     if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec's autocast
         ref.store_linear_in(prec.update)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)

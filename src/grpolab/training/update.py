@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from grpolab.algo.advantages import per_token
 from grpolab.algo.losses import policy_loss
+from grpolab.algo.masks import policy_masks
 from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.batch import Batch, Rollout
@@ -75,6 +76,7 @@ class Update:
     is_weight: Tensor
     is_clipped: Tensor
     correct: bool  # weight each token by rollout.correction (the sampler is not the trainer)
+    entropy_window: list = field(default_factory=lambda: [0.0, 0.0])  # sum_t k_t H_t, sum_t k_t of this update
     loss_infos: list = field(default_factory=list)  # ({metric: value}, weight) per micro-batch, as entropy_infos
     entropy_infos: list = field(default_factory=list)
     grad_norms: list = field(default_factory=list)
@@ -144,6 +146,7 @@ def record_first_pass(
             mask.cpu(),
             run.cfg.rollout.correction,
             run.cfg.rollout.correction_clip,
+            run.cfg.rollout.correction_clip_min,
         )
     ent = entropy.detach()
     u.entropy_tok[rows, :width] = (ent * mask).cpu()
@@ -153,27 +156,57 @@ def record_first_pass(
 def micro_batch_loss(
     run: Run, batch: Batch, u: Update, rows: Tensor, sl, logp: Tensor, entropy: Tensor, n_seq: int, n_tok: int
 ) -> float:
-    """The policy objective (and a critic's value loss) of one micro-batch, backpropagated; its value."""
+    """The policy objective (and a critic's value loss) of one micro-batch, backpropagated; its value. The
+    policy term's token masks (grpolab.algo.masks) are taken here, and the entropy over the tokens the
+    policy term reads is added to the update's window (the adaptive entropy control's measurement)."""
     algo, width, dev = run.cfg.algo, sl.width, run.device
     kl_in_loss = batch.ref_logp is not None and algo.kl_in_loss
+    old, adv, lmask = (x[rows, :width].to(dev) for x in (u.old_logp, u.adv_tok, u.lmask))
+    sampled = old if run.engine.samples_from_trainer else batch.rollout.sample_logp[rows, :width].to(dev)
+    masks = policy_masks(algo, adv=adv, logp=logp, sampler_logp=sampled.float(), mask=lmask, entropy=entropy)
+    control = run.components.get("entropy_control")  # grpolab.algo.entropy.AdaptiveEntropy
+    if control is not None:
+        kept = (lmask > 0).float() * masks.get("entropy", 1.0)  # (b, C') TRL's effective_mask
+        u.entropy_window[0] += float((entropy.detach().float() * kept).sum())
+        u.entropy_window[1] += float(kept.sum())
     loss, info = policy_loss(
         logp,
-        u.old_logp[rows, :width].to(dev),
-        u.adv_tok[rows, :width].to(dev),
-        u.lmask[rows, :width].to(dev),
+        old,
+        adv,
+        lmask,
         algo,
+        masks=masks,
+        entropy_coef=control.applied if control is not None else None,
         beta=run.kl.value,
         ref_logp=batch.ref_logp[rows, :width].to(dev) if kl_in_loss else None,
         n_seq=n_seq,
         n_tok=n_tok,
         max_len=run.cfg.max_completion_tokens,
         token_weight=u.is_weight[rows, :width].to(dev) if u.correct else None,
-        entropy=entropy if algo.entropy_coef != 0.0 else None,
+        entropy=entropy if needs_entropy(algo) else None,
     )
     loss, value_info = run.advantage.add_loss(loss, u.spec, sl, batch)
     loss.backward()
     u.loss_infos.append(({**info, **value_info}, float(sl.completion_mask.sum())))
     return float(loss.detach())
+
+
+def needs_entropy(algo: AlgoConfig) -> bool:
+    """Whether the loss reads the policy's entropy in every epoch (not only the first, for the report): an
+    entropy bonus, fixed or adaptive, or the top-entropy token mask."""
+    return algo.entropy_coef != 0.0 or algo.adaptive_entropy or algo.top_entropy_quantile < 1.0
+
+
+def adapt_entropy(run: Run, u: Update) -> None:
+    """After an optimizer update: the adaptive entropy control (run.components["entropy_control"]) takes the
+    mean entropy of the tokens the update's policy term read, over every process, and sets the next
+    coefficient; the window starts again."""
+    control = run.components.get("entropy_control")
+    if control is None:
+        return
+    total, count = global_counts(run.ranks, *u.entropy_window)
+    control.update(total / max(count, 1.0))
+    u.entropy_window[:] = [0.0, 0.0]
 
 
 def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
@@ -235,13 +268,14 @@ def update(run: Run, batch: Batch) -> dict:
                 continue
             loss_sum = 0.0
             for rows in passes(d, part_batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
-                out = micro_batch_pass(run, u, rollout, rows, entropy=epoch == 0 or algo.entropy_coef != 0.0)
+                out = micro_batch_pass(run, u, rollout, rows, entropy=epoch == 0 or needs_entropy(algo))
                 if out is None:
                     continue
                 if epoch == 0:
                     record_first_pass(run, u, rollout, rows, *out, first_part=p == 0)
                 loss_sum += micro_batch_loss(run, batch, u, rows, *out, n_seq, n_tok)
             optimizer_step(run, u, loss_sum)
+            adapt_entropy(run, u)
     batch.old_logp, batch.last_logp, batch.entropy = u.old_logp, u.last_logp, u.entropy_tok  # not computed: 0
     return update_metrics(run, batch, u)
 
@@ -265,6 +299,8 @@ def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
     )
     if algo.sync_ref_model:
         metrics["ref/synced"] = float(u.n_synced)
+    if (control := run.components.get("entropy_control")) is not None:  # the coefficient the next update applies
+        metrics["entropy/coef"], metrics["entropy/coef_applied"] = control.coef, control.applied
     if algo.mask_truncated_completions:
         metrics["update/masked_truncated"] = float(rollout.truncated.sum())
     if u.grad_norms:

@@ -75,14 +75,7 @@ def _loss_type(v, a) -> dict:
         )
     else:
         out["algo.objective"] = objective
-    if objective == "cispo":  # TRL: w = sg(min(rho, epsilon_high)), no lower bound
-        if high < 1:
-            raise fail(
-                "epsilon_high",
-                high,
-                "TRL's cispo clips the ratio at epsilon_high itself (CISPO used 5); "
-                "below 1 every on-policy token would be down-weighted",
-            )
+    if objective == "cispo":  # TRL: w = sg(min(rho, epsilon_high)), no lower bound (a cap below 1 too)
         out.update({"algo.eps_low": 1.0, "algo.eps_high": high - 1.0})
     return out
 
@@ -91,8 +84,20 @@ def _scale_rewards(v, a) -> dict:
     v = {True: "group", False: "none"}.get(v, v)
     if v not in SCALE_REWARDS:
         raise fail("scale_rewards", v, "TRL's choices are 'group' (True), 'batch' and 'none' (False)")
+    if a.get("multi_objective_aggregation") == "normalize_then_sum":  # TRL then normalises over the batch
+        return {}
     advantage, scale = SCALE_REWARDS[v]
     return {"algo.advantage": advantage, "algo.adv_scale": scale}
+
+
+def _reward_aggregation(v, a) -> dict:
+    """TRL's multi_objective_aggregation: normalize_then_sum (GDPO) z-scores each reward in its group, sums
+    them, then normalises the sum over the batch (TRL ignores scale_rewards there)."""
+    if v not in ("sum_then_normalize", "normalize_then_sum"):
+        raise fail("multi_objective_aggregation", v, "TRL's choices are 'sum_then_normalize' and 'normalize_then_sum'")
+    if v == "sum_then_normalize":
+        return {"algo.reward_aggregation": v}
+    return {"algo.reward_aggregation": v, "algo.advantage": "batch_mean", "algo.adv_scale": "batch_std_unbiased"}
 
 
 def _completion_length(v, a) -> dict:
@@ -108,9 +113,12 @@ def _vllm_correction(v, a) -> dict:
     if mode not in VLLM_CORRECTION:
         raise fail("vllm_importance_sampling_mode", mode, f"grpolab's corrections are {', '.join(VLLM_CORRECTION)}")
     cap = a.get("vllm_importance_sampling_cap")
+    cap = cap if cap is not None else a["vllm_importance_sampling_clip_max"]
+    low = a.get("vllm_importance_sampling_clip_min")
     return {
         "rollout.correction": mode,
-        "rollout.correction_clip": float(cap if cap is not None else a["vllm_importance_sampling_clip_max"]),
+        "rollout.correction_clip": float("inf") if cap is None else float(cap),  # None: no upper bound
+        "rollout.correction_clip_min": None if low is None else float(low),
     }
 
 
@@ -155,13 +163,19 @@ GRPO_FIELDS: list[Entry] = [
     refuse(
         "trust_remote_code",
         False,
-        "grpolab never runs code from a model directory (Llama, Qwen2, Mistral, ... as transformers ships them)",
+        "grpolab never runs code from a model directory (Llama, Qwen2, Mistral, ... as transformers ships "
+        "them); with False a directory with custom code raises transformers' error, as in TRL",
     ),
     refuse("router_aux_loss_coef", None, "mixture-of-experts router losses are not in grpolab's loss"),
     ignore(
         "disable_dropout", False, "grpolab's supported model families (Llama, Qwen2, Mistral) have no active dropout"
     ),
-    refuse("cast_lm_head_to_fp32", False, "grpolab computes log-probs from fp32 weights already"),
+    same(
+        "cast_lm_head_to_fp32",
+        "lm_head_fp32",
+        False,
+        "The LM head of the update and reference passes in fp32 under bf16 autocast (fp32 runs: no change).",
+    ),
     ignore("remove_unused_columns", False, "(see above)"),
     same("num_generations", "G", 8, "Completions per prompt (the group)."),
     Entry(
@@ -295,11 +309,14 @@ GRPO_FIELDS: list[Entry] = [
         lambda v, a: {},
         "One weight per reward function (GRPOTrainer applies them); None: 1 each.",
     ),
-    refuse(
+    Entry(
         "multi_objective_aggregation",
         "sum_then_normalize",
-        "grpolab sums the weighted rewards, then takes "
-        "the advantage (TRL's default); normalising each reward first is not available",
+        "map",
+        "algo.reward_aggregation, algo.advantage, algo.adv_scale",
+        _reward_aggregation,
+        "normalize_then_sum (GDPO): each reward z-scored in its group, the weighted sum normalised over the "
+        "batch (scale_rewards is not read then).",
     ),
     Entry(
         "scale_rewards",
@@ -324,13 +341,23 @@ GRPO_FIELDS: list[Entry] = [
     ),
     same("ref_model_mixup_alpha", "algo.sync_ref_model_alpha", 0.6),
     same("ref_model_sync_steps", "algo.sync_ref_model_steps", 512, "Optimizer steps, as in TRL."),
-    refuse("top_entropy_quantile", 1.0, "grpolab trains on every token; masking low-entropy tokens is not available"),
+    same(
+        "top_entropy_quantile",
+        "algo.top_entropy_quantile",
+        1.0,
+        "The policy term reads the top-rho entropy tokens of each micro-batch (Beyond the 80/20 Rule).",
+    ),
     same("entropy_coef", "algo.entropy_coef", 0.0, "loss - entropy_coef x the mean token entropy, as TRL."),
-    refuse("use_adaptive_entropy", False, "grpolab's entropy bonus has a fixed coefficient (entropy_coef)"),
-    refuse("entropy_coef_min", 0.0, "only read with use_adaptive_entropy"),
-    refuse("entropy_coef_max", 1.0, "only read with use_adaptive_entropy"),
-    refuse("entropy_coef_delta", 0.005, "only read with use_adaptive_entropy"),
-    refuse("entropy_target", 0.2, "only read with use_adaptive_entropy"),
+    same(
+        "use_adaptive_entropy",
+        "algo.adaptive_entropy",
+        False,
+        "Skywork-OR1's control of entropy_coef, updated each optimizer step; saved in checkpoints.",
+    ),
+    same("entropy_coef_min", "algo.entropy_coef_min", 0.0, "Read with use_adaptive_entropy."),
+    same("entropy_coef_max", "algo.entropy_coef_max", 1.0, "Read with use_adaptive_entropy."),
+    same("entropy_coef_delta", "algo.entropy_coef_delta", 0.005, "Read with use_adaptive_entropy."),
+    same("entropy_target", "algo.entropy_target", 0.2, "Read with use_adaptive_entropy."),
     Entry(
         "max_tool_calling_iterations",
         None,
@@ -363,8 +390,20 @@ GRPO_FIELDS: list[Entry] = [
         lambda v, a: {},
         "Read with vllm_importance_sampling_correction.",
     ),
-    refuse("vllm_importance_sampling_clip_min", None, "grpolab's correction has an upper bound only"),
-    refuse("off_policy_mask_threshold", None, "off-policy sequence masking is not available"),
+    Entry(
+        "vllm_importance_sampling_clip_min",
+        None,
+        "map",
+        "rollout.correction_clip_min",
+        lambda v, a: {},
+        "Read with vllm_importance_sampling_correction: the lower bound C_min.",
+    ),
+    same(
+        "off_policy_mask_threshold",
+        "algo.off_policy_mask",
+        None,
+        "DeepSeek-V3.2's off-policy sequence mask: A < 0 and mean log(pi_sampler / pi_theta) > threshold drop.",
+    ),
     same(
         "use_bias_correction_kl",
         "algo.kl_ratio_weight",
