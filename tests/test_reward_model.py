@@ -361,3 +361,102 @@ def test_a_recipe_trains_with_a_reward_model_object_free(tiny_model_dir, rm_dir,
     s = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert s["reward"] == pytest.approx(0.5 * s["rewards"]["reward_model"] + 0.1 * s["rewards"]["format"], abs=1e-6)
     assert s["rewards"]["reward_model"] == pytest.approx(rescore(rm_dir, s["prompt"], s["completion"]), abs=1e-5)
+
+
+# --- the plan -----------------------------------------------------------------------------------------------------
+
+
+def _plan(capsys, *args) -> dict:
+    from grpolab.app.cli import main
+
+    base = ["model=smollm2-135m", "G=4", "batch_size=8", "max_new_tokens=16", "algo.beta=0", "precision=fp32"]
+    assert main(["plan", *base, *args, "--prompt-tokens", "10", "--memory", "24GB", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_plan_holds_the_reward_models_weights_and_its_forward(rm_dir, tmp_path, capsys):
+    """A second network: its weights resident in every phase, and one no-grad forward of a group (G = 4
+    sequences of 10 + 16 positions) in a phase of its own; its FLOPs over the step's 8 sequences."""
+    from transformers import AutoModelForSequenceClassification
+
+    from grpolab.training.plan.devices import parse_memory
+    from grpolab.training.plan.estimate import MATMUL_EFFICIENCY
+
+    params = sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).parameters())
+    without = _plan(capsys)
+    spec = f"rewards=[{{name: reward_model, path: '{rm_dir}'}}, {{name: format, weight: 0.1}}]"
+    out = _plan(capsys, spec)
+    resident = out["phases"]["resident"]["parts"]
+    assert resident["reward model weights"] == 4 * params  # fp32 as saved
+    assert out["phases"]["resident"]["total"] == without["phases"]["resident"]["total"] + 4 * params
+    parts = out["phases"]["reward model"]["parts"]
+    T, S = 4 * 26, 26  # n = G = 4 sequences per call, S = 10 + 16 positions; H 32, I 64, 4 heads
+    assert parts["hidden states"] == 2 * T * 32 * 4
+    assert parts["layer intermediates"] == 3 * T * 64 * 4 + 2 * T * 32 * 4 + 4 * S * S  # MLP, norms, mask
+    assert parts["weight casts"] == 0  # fp32 weights, fp32 run: nothing cast
+    linear = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64  # q, k, v, o (head_dim 8, 2 kv heads), the MLP
+    flops = 2 * 2 * linear * 8 * S + 4 * 2 * 32 * 8 * S * S / 2  # 2 layers, 8 sequences of the step
+    card = parse_memory("24GB")
+    assert out["seconds"]["reward model"] == pytest.approx(flops / (card.fp32_flops * MATMUL_EFFICIENCY))
+    bf16 = _plan(capsys, spec.replace("path:", "dtype: bfloat16, path:"))
+    assert bf16["phases"]["resident"]["parts"]["reward model weights"] == 2 * params
+
+
+def test_the_plan_refuses_a_reward_models_hub_id(capsys):
+    from grpolab.app.cli import main
+
+    spec = "rewards=[{name: reward_model, path: org/rm}]"
+    assert main(["plan", "model=smollm2-135m", spec, "--prompt-tokens", "10", "--memory", "24GB"]) == 2
+    assert "never downloads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "arch,hidden,inter,heads,kv,n,S",
+    [("qwen2", 256, 1024, 8, 2, 8, 200), ("llama", 128, 512, 4, 4, 16, 100), ("llama", 512, 1024, 8, 8, 4, 300)],
+)
+def test_the_forwards_bytes_are_what_the_cpu_allocator_holds(arch, hidden, inter, heads, kv, n, S):
+    """The peak bytes torch's CPU allocator holds during one scoring forward (the profiler's memory events,
+    as benchmarks/memory_plan.py reads them), against grpolab.training.plan.reward_nets.forward_bytes: a
+    padded batch (its first text half as long), fp32."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        Qwen2Config,
+        Qwen2ForSequenceClassification,
+    )
+
+    from grpolab.training.plan.reward_nets import RewardNet, forward_bytes
+    from grpolab.training.plan.shapes import Shape
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    kw = dict(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        pad_token_id=tok.pad_token_id,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    cls, conf = (
+        (Qwen2ForSequenceClassification, Qwen2Config)
+        if arch == "qwen2"
+        else (LlamaForSequenceClassification, LlamaConfig)
+    )
+    model = cls(conf(**kw)).eval()
+    ids = torch.randint(100, 40000, (n, S))
+    mask = torch.ones_like(ids)
+    mask[0, S // 2 :] = 0
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, torch.inference_mode():
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, b in events:
+        live += b
+        peak = max(peak, live)
+    predicted = sum(forward_bytes(RewardNet("rm", Shape.from_config(model.config.to_dict()), 4), n, S, 4).values())
+    assert predicted == pytest.approx(peak, rel=0.05), (predicted, peak)

@@ -26,6 +26,7 @@ import torch
 from grpolab.engine.native.decoder import lean_decodes
 from grpolab.model.reference import reference_kind
 from grpolab.training.config import Config, build_config
+from grpolab.training.plan import reward_nets as rm
 from grpolab.training.plan.devices import Device
 from grpolab.training.plan.memory import Phase, Regime, Workload, phases
 from grpolab.training.plan.shapes import LORA_TARGETS, SHAPES, Shape
@@ -136,6 +137,7 @@ def regime_of(
         checkpointing=cfg.grad_checkpointing,
         rows_leave=rows_leave,
         engine_share=engine_share,
+        reward_nets=tuple(rm.reward_nets(cfg.rewards)[0]),
     )
 
 
@@ -149,6 +151,8 @@ def step_flops(s: Shape, w: Workload, r: Regime) -> dict[str, float]:
         out["reference"] = fwd
     factor = 2 if r.lora_r else 3  # frozen weights: no weight gradients
     out["update"] = w.mu * (factor * fwd + (body if r.checkpointing else 0))
+    for net in r.reward_nets:
+        out[net.phase] = rm.flops(net, N, P + C)
     if r.critic:
         crit = s.forward_flops(N * (P + C), (P + C) / 2, 0)
         out["critic values"] = crit
@@ -177,6 +181,9 @@ def seconds(s: Shape, w: Workload, r: Regime, d: Device) -> dict[str, float]:
     if rate <= 0:  # a device known by its memory alone (the check before step 1)
         return {}
     out = {k: v / rate for k, v in flops.items()}
+    for net in r.reward_nets:  # at its own compute dtype's rate
+        c = rm.compute_bytes(net, r.update_bytes)
+        out[net.phase] = flops[net.phase] / ((d.bf16_flops if c == 2 else d.fp32_flops) * MATMUL_EFFICIENCY)
     gen_rate = (d.bf16_flops if r.rollout_bytes == 2 else d.fp32_flops) * MATMUL_EFFICIENCY
     memory_bound = decode_bytes(s, w, r) / (d.bandwidth * BANDWIDTH_EFFICIENCY)
     overhead = w.completion_tokens * s.layers * DECODE_LAYER_OVERHEAD_S if d.kind == "cuda" else 0.0
@@ -214,6 +221,9 @@ def plan(
         notes.append("with top_p < 1 and the KL in the reward, a no-grad policy pass is added (not in the table)")
     if cfg.fsdp:
         notes.append("fsdp=true shards weights, gradients and AdamW over the ranks; planned as one unsharded process")
+    notes += rm.reward_nets(cfg.rewards)[1]
+    if r.reward_nets:
+        notes.append("a reward model reads prompt + completion in its own tokens: planned at the policy's counts")
     return Plan(cfg, shape, w, r, device, phases(shape, w, r), seconds(shape, w, r, device), notes)
 
 

@@ -22,6 +22,8 @@ of whole steps):
               contributions before accumulating them, the prompt pass's arriving last (in the
               autocast dtype for the weights autocast casts: their cast is shared by both passes)
   optimizer   the gradients and AdamW's step
+  reward      a reward model's weights (resident) and one no-grad forward of a call's sequences
+              (grpolab.training.plan.reward_nets), per reward model of the run
 
 The peak is the largest phase. Sizes: B prompts and N = B G sequences per step, P prompt and C
 completion positions, n sequences per micro-batch, c bytes per value of the compute dtype.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpolab.training.plan import reward_nets as rm
 from grpolab.training.plan.shapes import LORA_TARGETS, Shape
 
 F32 = 4
@@ -87,6 +90,8 @@ class Regime:
     """Bytes an inference engine reserves for generation (0: grpolab's own rollout)."""
     entropy: bool = True
     """The first epoch's update pass computes entropies (grpolab.training.update.update does)."""
+    reward_nets: tuple[rm.RewardNet, ...] = ()
+    """The run's reward models (grpolab.training.plan.reward_nets): resident weights and a forward per call."""
 
 
 @dataclass
@@ -120,6 +125,8 @@ def resident(s: Shape, r: Regime) -> dict[str, int]:
         out["critic + its AdamW"] = 3 * F32 * (s.backbone_params + s.hidden + 1)
     if r.engine_share:
         out["inference engine"] = r.engine_share
+    if r.reward_nets:
+        out["reward model weights"] = sum(rm.weights(net) for net in r.reward_nets)
     return out
 
 
@@ -368,6 +375,10 @@ def phases(s: Shape, w: Workload, r: Regime) -> list[Phase]:
         Phase("resident", dict(base)),
         Phase("generation", {**base, **generation(s, w, r)}, "inference engine" if r.engine_share else ""),
     ]
+    for net in r.reward_nets:  # after the rollout, before the reference pass (grpolab.training.step)
+        n, S = net.seqs_per_pass(w.G), w.prompt_tokens + w.completion_tokens
+        parts = rm.forward_bytes(net, n, S, r.update_bytes)
+        out.append(Phase(net.phase, {**base, **parts}, f"{n} sequences per pass"))
     if r.reference != "none":
         out.append(Phase("reference", {**base, **nograd_pass(s, w, r)}))
     if r.critic:
