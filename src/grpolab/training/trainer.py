@@ -38,6 +38,7 @@ from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
 from grpolab.rewards import build_rewards, check_rewards
+from grpolab.rewards.reward_model import place_reward_models
 from grpolab.rewards.contract import trainer_state
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
@@ -176,6 +177,7 @@ def setup(
         engine_rollout=rollout_precision(engine_name),
     )
     log(prec.describe())
+    place_reward_models(reward_fns, device, prec.update, cfg.chat_template_kwargs)  # the policy's device and autocast
     if isinstance(ref, FrozenCopy) and prec.update is not None:  # its passes run under run.pass_spec's autocast
         ref.store_linear_in(prec.update)
     optimizer = scheduler = None  # evaluation updates nothing (a loaded LoRA adapter has no trainable weight)
