@@ -460,3 +460,24 @@ def test_the_forwards_bytes_are_what_the_cpu_allocator_holds(arch, hidden, inter
         peak = max(peak, live)
     predicted = sum(forward_bytes(RewardNet("rm", Shape.from_config(model.config.to_dict()), 4), n, S, 4).values())
     assert predicted == pytest.approx(peak, rel=0.05), (predicted, peak)
+
+
+def test_the_run_puts_its_reward_model_on_its_device_under_its_autocast(tiny_model_dir, rm_dir, tmp_path):
+    """grpolab.training.trainer.setup places every reward model: the policy's device, the scoring passes'
+    autocast dtype, the run's chat_template_kwargs."""
+    from grpolab.rewards.reward_model import reward_model_of
+    from grpolab.training.config import build_config
+    from grpolab.training.trainer import setup
+
+    cfg = build_config(
+        {
+            "model": str(tiny_model_dir),
+            "out": str(tmp_path / "run"),
+            "rewards": [{"name": "reward_model", "path": str(rm_dir)}],
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
+    run = setup(cfg, training=False, log=lambda *_: None)
+    (rm,) = [reward_model_of(f.fn) for f in run.reward_fns]
+    assert rm.device == run.device and rm.autocast == run.amp_dtype
+    assert rm.template_kwargs == {"enable_thinking": False}
