@@ -49,6 +49,12 @@ gradient_accumulation_steps` optimizer steps, and `max_steps`, `warmup_steps`, `
 schedule runs over the optimizer steps, as TRL's. `callbacks` (transformers `TrainerCallback`s or
 `grpolab.Callback`s) are passed to the run.
 
+Reward models, as TRL takes them: a `reward_funcs` entry may be a local model directory (TRL loads it with
+`AutoModelForSequenceClassification.from_pretrained(DIR, num_labels=1)`) or a loaded sequence-classification
+model, with its tokenizer in `reward_processing_classes`; grpolab scores it as TRL does, weighs it by
+`reward_weights` and logs `reward/<name>/mean` and `reward/<name>/std` (docs/rewards.md, "A learned reward
+model"). A hub id is refused: grpolab never downloads.
+
 Differences that remain: an `output_dir` that already holds a run is refused (TRL overwrites it);
 continue it with `trainer.train(resume_from_checkpoint=True)`. `save_model` writes the merged model of
 the newest checkpoint (TRL writes a LoRA adapter alone). With `eval_dataset`, grpolab also scores it
