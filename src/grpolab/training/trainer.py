@@ -38,8 +38,8 @@ from grpolab.parallel import distributed
 from grpolab.parallel import fsdp as sharding
 from grpolab.parallel.allocator import keep_freed_memory
 from grpolab.rewards import build_rewards, check_rewards
-from grpolab.rewards.reward_model import place_reward_models
 from grpolab.rewards.contract import trainer_state
+from grpolab.rewards.reward_model import place_reward_models
 from grpolab.tasks import build_task
 from grpolab.training.agents import ENV_REWARD, env_reward, load_environments
 from grpolab.training.callbacks import Callbacks
