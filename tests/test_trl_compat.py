@@ -211,8 +211,8 @@ def test_sampling_evaluation_and_tracker_fields_convert():
         2.0,
         0.01,
     )
-    with pytest.raises(ConfigError, match="lr_scheduler_type='polynomial'.*constant_with_warmup"):
-        trl_recipe(GRPOConfig(lr_scheduler_type="polynomial"))
+    with pytest.raises(ConfigError, match="lr_scheduler_type='greedy'.*training loss"):
+        trl_recipe(GRPOConfig(lr_scheduler_type="greedy"))
     with pytest.raises(ConfigError, match="generation_kwargs.*JSON"):
         trl_recipe(GRPOConfig(generation_kwargs="{top_p"))
 

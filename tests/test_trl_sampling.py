@@ -195,7 +195,7 @@ def test_generation_kwargs_override_and_route():
         ("min_p=1.0", "min_p"),
         ("repetition_penalty=0", "repetition_penalty"),
         ("generation_kwargs={temperature: 0}", "generation_kwargs.temperature"),
-        ("lr_scheduler=cosine_with_restarts", "lr_scheduler"),
+        ("lr_scheduler=reduce_lr_on_plateau", "lr_scheduler"),
         ("warmup_ratio=1.5", "warmup_ratio"),
         ("algo.steps_per_generation=3", "algo.steps_per_generation"),
         ("algo.sync_ref_model_alpha=0", "algo.sync_ref_model_alpha"),

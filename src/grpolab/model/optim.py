@@ -41,12 +41,14 @@ def load_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
 
 
 # the schedules themselves are pure functions: grpolab.algo.schedules
-from grpolab.algo.schedules import SCHEDULES, check_scheduler  # noqa: E402,F401
+from grpolab.algo.schedules import SCHEDULES, check_scheduler, schedule_options  # noqa: E402,F401
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, name: str, *, warmup: int, total: int
+    optimizer: torch.optim.Optimizer, name: str, *, warmup: int, total: int, options: dict | None = None
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR with factor(i) = SCHEDULES[name](i, warmup, total); it steps once per optimizer update made."""
-    check_scheduler(name)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(SCHEDULES[name], warmup=warmup, total=total))
+    """LambdaLR with factor(i) = SCHEDULES[name](i, warmup, total, **options) (options: transformers'
+    lr_scheduler_kwargs, read against the optimizer's lr as get_scheduler reads them); it steps once per
+    optimizer update made."""
+    opts = schedule_options(name, options, optimizer.defaults["lr"])
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(SCHEDULES[name], warmup=warmup, total=total, **opts))

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from grpolab.algo.presets import AlgoConfig, resolve_algo
-from grpolab.algo.schedules import LrScheduler
+from grpolab.algo.schedules import LrScheduler, schedule_options
 from grpolab.engine.settings import Decoder, RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
@@ -92,7 +92,9 @@ class Config:
     """Linear warm-up of the learning rate over the first warmup_steps * algo.mu * algo.steps_per_generation optimizer updates (steps that made no update do not count); what follows is lr_scheduler's."""
     # --- learning-rate schedule of TRL's GRPOConfig (grpolab.model.optim) ------------------------
     lr_scheduler: LrScheduler = "warmup_constant"
-    """Learning-rate schedule over the run's steps * algo.mu * algo.steps_per_generation optimizer updates: warmup_constant (grpolab's: update i gets lr * min(1, (i + 1) / warmup), so the first update already learns), or one of transformers' get_scheduler schedules with the same numbers: linear (TRL's default), cosine, constant (no warm-up), constant_with_warmup."""
+    """Learning-rate schedule over the run's steps * algo.mu * algo.steps_per_generation optimizer updates: warmup_constant (grpolab's: update i gets lr * min(1, (i + 1) / warmup), so the first update already learns), or one of transformers' get_scheduler schedules with the same numbers: linear (TRL's default), cosine, constant (no warm-up), constant_with_warmup, cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr, cosine_warmup_with_min_lr, warmup_stable_decay (grpolab.algo.schedules)."""
+    lr_scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The schedule's options, as transformers' lr_scheduler_kwargs: num_cycles (cosine, cosine_with_restarts), lr_end and power (polynomial), timescale (inverse_sqrt), min_lr or min_lr_rate (cosine_with_min_lr and cosine_warmup_with_min_lr need one), warmup_lr_rate, and num_decay_steps, num_stable_steps, warmup_type, decay_type, min_lr_ratio (warmup_stable_decay; steps are optimizer updates). A key the schedule does not take is refused by name."""
     warmup_ratio: float = 0.0
     """Warm-up as a share of the optimizer updates, ceil(warmup_ratio x updates), as transformers computes it; > 0 replaces warmup_steps. In [0, 1)."""
     weight_decay: float = 0.0
@@ -395,6 +397,7 @@ def validate(cfg: Config) -> None:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
     check_sampling_kwargs(cfg)
+    schedule_options(cfg.lr_scheduler, cfg.lr_scheduler_kwargs, cfg.lr)  # its options, before any model loads
     validate_lora(cfg.lora)
     validate_env(cfg.env)
     validate_rollout(cfg.rollout)

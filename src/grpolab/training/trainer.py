@@ -189,7 +189,7 @@ def setup(
             weight_decay=cfg.weight_decay,
             sharded=fsdp,
         )
-        scheduler = build_scheduler(optimizer, cfg.lr_scheduler, **lr_updates(cfg))
+        scheduler = build_scheduler(optimizer, cfg.lr_scheduler, **lr_updates(cfg), options=cfg.lr_scheduler_kwargs)
     eos_ids = eos_token_ids(policy, tokenizer)
     ctx = EngineContext(
         cfg.rollout,

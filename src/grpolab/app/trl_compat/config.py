@@ -19,13 +19,27 @@ from typing import Any
 
 from grpolab.app.trl_compat.entries import value_of
 from grpolab.app.trl_compat.fields import TABLE
+from grpolab.app.trl_compat.fields_model import NOTES
+from grpolab.app.trl_compat.fields_types import METADATA, TYPES
 from grpolab.util.fields import ConfigError
 
 
-def _field(default: Any):
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda d=default: copy.deepcopy(d))
-    return dataclasses.field(default=default)
+def help_of(e) -> str:
+    """The --help line of a field: what it becomes in grpolab (argparse's % escaped)."""
+    if e.kind == "map":
+        text = f"grpolab: {e.target}" + (f". {e.reason}" if e.reason else "")
+    elif e.kind == "refuse":
+        text = f"Refused unless {e.default!r}: {e.reason}"
+    else:
+        text = f"Accepted and ignored: {e.reason}"
+    return text.replace("%", "%%")
+
+
+def _field(e):
+    metadata: dict = {"help": help_of(e), **METADATA.get(e.name, {})}
+    if isinstance(e.default, (list, dict)):
+        return dataclasses.field(default_factory=lambda d=e.default: copy.deepcopy(d), metadata=metadata)
+    return dataclasses.field(default=e.default, metadata=metadata)
 
 
 class _GRPOConfigBase:
@@ -42,13 +56,14 @@ class _GRPOConfigBase:
 
 GRPOConfig = dataclasses.make_dataclass(
     "GRPOConfig",
-    [(e.name, Any, _field(e.default)) for e in TABLE.values()],
+    [(e.name, TYPES[e.name], _field(e)) for e in TABLE.values()],
     bases=(_GRPOConfigBase,),
     namespace={
         "__module__": __name__,
         "__doc__": (
             "TRL's GRPOConfig (trl 1.16): the same field names, in the same order, with TRL's defaults "
-            "(learning_rate 1e-06, beta 0.0, loss_type 'dapo', max_completion_length 512, seed 42, ...). "
+            "(learning_rate 1e-06, beta 0.0, loss_type 'dapo', max_completion_length 512, seed 42, ...) and "
+            "TRL's types, so that HfArgumentParser and TrlParser read it as they read TRL's. "
             "docs/migrating-from-trl.md says what each field becomes in grpolab, or why it is refused."
         ),
     },
@@ -111,6 +126,8 @@ def convert(values: dict, names) -> tuple[dict, list[str]]:
             raise
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{name}={value_of(v)!r}: {err}") from err
+        out = dict(out)
+        notes += out.pop(NOTES, [])
         settings.update(out)
     return settings, notes
 

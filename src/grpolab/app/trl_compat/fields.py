@@ -25,6 +25,7 @@ import json
 
 from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
 from grpolab.app.trl_compat.fields_hf import TRAINING_ARGUMENTS, _batch
+from grpolab.app.trl_compat.fields_model import model_init_kwargs
 
 LOSS_TYPES = {
     "grpo": ("clipped", "seq_mean"),
@@ -155,10 +156,15 @@ def _kwargs(name: str, path: str):
 
 GRPO_FIELDS: list[Entry] = [
     same("learning_rate", "lr", 1e-06),  # GRPOConfig re-declares it; one entry per name, see TABLE
-    refuse(
+    Entry(
         "model_init_kwargs",
         None,
-        "grpolab loads the model itself, weights in fp32; choose the compute precision with bf16 / precision",
+        "map",
+        "precision",
+        model_init_kwargs,
+        "dtype bfloat16 -> precision=bf16 (weights stay fp32), float32 / auto -> as bf16 says; "
+        "attn_implementation, revision, device_map accepted with a note; trust_remote_code=True and "
+        "other keys refused (grpolab.app.trl_compat.fields_model).",
     ),
     refuse(
         "trust_remote_code",

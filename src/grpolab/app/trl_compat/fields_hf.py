@@ -5,6 +5,7 @@ See grpolab.app.trl_compat.entries for the kinds of entry."""
 from __future__ import annotations
 
 from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
+from grpolab.app.trl_compat.fields_schedule import scheduler, scheduler_kwargs
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
 LOGS = (
@@ -83,19 +84,6 @@ def _batch(v, a) -> dict:
 
 def _max_steps(v, a) -> dict:
     return {"steps": -1 if int(v) < 0 else to_steps("max_steps", v, a)}
-
-
-def _scheduler(v, a) -> dict:
-    from grpolab.model.optim import SCHEDULES
-
-    v = value_of(v)
-    if v not in SCHEDULES or v == "warmup_constant":
-        raise fail(
-            "lr_scheduler_type",
-            v,
-            "grpolab has transformers' linear, cosine, constant and constant_with_warmup schedules (the same numbers)",
-        )
-    return {"lr_scheduler": v}
 
 
 def _warmup(v, a) -> dict:
@@ -204,11 +192,20 @@ TRAINING_ARGUMENTS: list[Entry] = [
         "linear",
         "map",
         "lr_scheduler",
-        _scheduler,
-        "linear: decay to 0 at the last optimizer step; cosine, constant, constant_with_warmup: "
-        "transformers' schedules, the same numbers.",
+        scheduler,
+        "linear: decay to 0 at the last optimizer step; cosine, constant, constant_with_warmup, "
+        "cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr, cosine_warmup_with_min_lr, "
+        "warmup_stable_decay: transformers' schedules, the same numbers; reduce_lr_on_plateau and greedy are refused.",
     ),
-    refuse("lr_scheduler_kwargs", None, "grpolab's schedules take no extra parameters"),
+    Entry(
+        "lr_scheduler_kwargs",
+        None,
+        "map",
+        "lr_scheduler_kwargs",
+        scheduler_kwargs,
+        "The schedule's options, as transformers names them (cosine_with_min_lr: min_lr or min_lr_rate; "
+        "num_cycles, lr_end, power, timescale, warmup_lr_rate, num_decay_steps, ...); a dict or its JSON text.",
+    ),
     Entry(
         "warmup_steps",
         0,
