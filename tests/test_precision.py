@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -112,3 +113,63 @@ def test_an_engine_with_its_own_kernels_sets_the_rollout_and_only_the_update_is_
     assert "update bf16/fp32 time x0.50" in p.reason
     ev = choose("auto", tiny_model, CPU, training=False, engine_rollout=(None, "fp32 by rule"))
     assert (ev.rollout, ev.seconds) == (None, {}) and ev.reason == "auto; rollout: fp32 by rule"
+
+
+def test_a_cpu_without_bf16_gets_fp32_from_the_cpu_and_nothing_is_timed(tiny_model, monkeypatch):
+    monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(precision, "bf16_can_pay", lambda device: (False, "this CPU has no bf16 instructions"))
+    monkeypatch.setattr(precision, "measure", lambda *a, **k: pytest.fail("timed bf16 on a CPU without it"))
+    p = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, log=lambda s: pytest.fail(s))
+    assert (p.rollout, p.update) == (None, None)
+    assert p.reason == "auto, decided from the CPU: this CPU has no bf16 instructions"
+    vllm = choose("auto", tiny_model, CPU, engine_rollout=(torch.bfloat16, "the engine's rule"))
+    assert (vllm.rollout, vllm.update) == (torch.bfloat16, None) and vllm.reason.endswith(
+        "; rollout: the engine's rule"
+    )
+
+
+def test_a_measured_answer_is_cached_per_machine_and_shape_and_read_back(tiny_model, monkeypatch, tmp_path):
+    monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
+    timings = itertools.cycle([{"fp32": 1.0, "bf16": 0.5}, {"fp32": 1.0, "bf16": 2.0}])  # rollout, update
+    measured, told = [], []
+    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2, deadline=None: measured.append(1) or next(timings))
+    first = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=8, log=told.append)
+    assert (first.rollout, first.update) == (torch.bfloat16, None) and len(measured) == 2
+    assert len(told) == 1 and told[0].startswith("precision=auto: timing bf16 against fp32 on the policy")
+    files = list((tmp_path / "cache" / "precision").glob("*.json"))
+    assert len(files) == 1
+    again = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=8, log=told.append)
+    assert len(measured) == 2 and len(told) == 1  # read, not measured, nothing announced
+    assert (again.rollout, again.update) == (first.rollout, first.update) and again.seconds == first.seconds
+    assert again.reason.startswith("auto, cached: measured on this machine") and str(files[0]) in again.reason
+    other = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=4)  # another rollout shape
+    assert len(measured) == 4 and other.reason.startswith("auto, measured here")
+    files[0].write_text("{not json")  # a damaged entry is measured again and rewritten
+    choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=8)
+    assert len(measured) == 6 and json.loads(files[0].read_text())["precision"]["rollout"] == "bf16"
+    choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=8, cache=False)
+    assert len(measured) == 8
+
+
+def test_the_probe_stops_repeating_at_its_deadline_and_at_a_hopeless_bf16_warm_up():
+    calls = []
+
+    def fn(seconds):
+        def timed(dt):
+            calls.append(precision.NAMES[dt])
+            return seconds[precision.NAMES[dt]]
+
+        return timed
+
+    # past the deadline: the warm-ups and one pair, alternating (the first pair always runs)
+    assert precision.time_both(fn({"fp32": 2.0, "bf16": 1.0}), reps=5, deadline=0.0) == {"fp32": 2.0, "bf16": 1.0}
+    assert calls == ["fp32", "bf16", "fp32", "bf16"]
+    calls.clear()
+    # no deadline: the warm-ups and `reps` pairs
+    precision.time_both(fn({"fp32": 2.0, "bf16": 1.0}), reps=3)
+    assert calls == ["fp32", "bf16"] * 4
+    calls.clear()
+    # a bf16 warm-up over SLOW_WARMUP x fp32's: bf16 cannot pay, and the warm-ups are the answer
+    slow = {"fp32": 1.0, "bf16": precision.SLOW_WARMUP * 1.0 + 0.1}
+    assert precision.time_both(fn(slow), reps=3) == slow and calls == ["fp32", "bf16"]
+    assert precision.faster(slow) is None

@@ -175,6 +175,7 @@ def setup(
         rows=cfg.batch_size,
         tokens=cfg.max_new_tokens,
         engine_rollout=rollout_precision(engine_name),
+        log=log,
     )
     log(prec.describe())
     place_reward_models(reward_fns, device, prec.update, cfg.chat_template_kwargs)  # the policy's device and autocast
