@@ -139,7 +139,9 @@ def run_like(fns: list[RewardFn]):
     return SimpleNamespace(
         reward_fns=fns,
         trainer_state=None,
-        cfg=SimpleNamespace(reward_timeout_s=10.0, reward_workers=2, reward_thread="workers"),
+        cfg=SimpleNamespace(
+            reward_timeout_s=10.0, reward_workers=2, reward_thread="workers", reward_process=False, reward_memory_mb=0
+        ),
     )
 
 

@@ -4,13 +4,14 @@ A Python thread cannot be stopped, and a tool that is one long C operation holdi
 big numbers, a catastrophic regex such as `(a+)+$`, `sum(range(n))`) does not even let its waiter wake up
 at the timeout: the trainer freezes with it. A call run here is a forked copy of the trainer process:
 
-    fork; the child moves to a process group of its own, runs the call, writes its result (JSON) to a
-    pipe and exits (os._exit: no atexit handlers, no buffers of the trainer flushed twice)
-    the parent waits on the pipe (select: no GIL held) until the call's time limit, then kills the
-    child's whole process group (SIGKILL) and reaps it
+    fork (grpolab.util.forked.fork_child); the child runs the call with its address space bounded
+    (env.tool_memory_mb beyond what it inherited), writes its result (JSON) to a pipe and exits
+    the parent waits on the pipe (select: no GIL held) until the call's time limit, then kills the child
+    and every process below it (grpolab.util.forked.kill_tree: `setsid cmd &` included) and reaps it
 
 so the waiter returns within the limit plus the time to fork and to kill (milliseconds), whatever the
-tool does, and nothing the call started outlives it. What the call changes in memory (its object's
+tool does, and nothing the call started outlives it (on Linux; elsewhere, what left the child's process
+group with setsid survives). What the call changes in memory (its object's
 attributes, module globals) stays in the child: the parent's copy is as it was before the call. The
 child reports a change of its object's attributes (a bound method's `__self__.__dict__`, compared by
 pickle digest before and after the call) as a `process_state_lost` event, so that a stateful tool run
@@ -26,18 +27,27 @@ import json
 import os
 import pickle
 import select
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
+from grpolab.util.forked import available as available  # noqa: F401 - runner.py reads it here
+from grpolab.util.forked import fork_child, kill_tree, write_all
+
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 """Most bytes a child may send back; past it the call is killed and reported as failed."""
 
+DEFAULT_MEMORY_MB = 1024
+"""The memory a tool call's child may add to what it inherited (env.tool_memory_mb)."""
+_memory_mb = DEFAULT_MEMORY_MB
 
-def available() -> bool:
-    """True where a call can run in a forked process (POSIX)."""
-    return hasattr(os, "fork")
+
+def limit_memory(mb: int) -> None:
+    """Set the memory a tool call's child may add (env.tool_memory_mb; process-wide, as the fork is; 0: none)."""
+    global _memory_mb
+    if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 0):
+        raise ValueError(f"the memory of a tool call's child process must be an integer >= 0 MiB, got {mb!r}")
+    _memory_mb = mb
 
 
 def state_digest(fn: Callable) -> bytes | None:
@@ -52,52 +62,23 @@ def state_digest(fn: Callable) -> bytes | None:
         return None
 
 
-def _child(work: Callable[[], tuple[str, str, dict]], w: int) -> None:
-    """The child's whole life: run `work`, send (kind, text, events) as JSON, exit without cleanup."""
-    code = 0
-    try:
-        os.setpgid(0, 0)
+def run_in_process(
+    work: Callable[[], tuple[str, str, dict]], timeout_s: float, memory_mb: int | None = None
+) -> tuple[str, str, dict] | None:
+    """`work()` in a forked child (grpolab.util.forked: killed with everything it started, its address space
+    bounded by memory_mb MiB beyond what it inherited), waited for at most timeout_s: its (kind, text,
+    events) (memory_mb None: the process-wide limit_memory) where kind is "ok" (text: the result) or "raised" (text: the error), ("died", why, {}) if the
+    child ended without a result, or None if it ran past timeout_s (it is killed, with what it started,
+    before this returns)."""
+
+    def child(w: int) -> None:
         try:
             payload = work()
         except BaseException as e:  # noqa: BLE001 - whatever happens is reported, never raised
             payload = ("raised", f"{type(e).__name__}", {})
-        data = json.dumps(payload).encode("utf-8", "surrogatepass")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(w, view) :]
-    except BaseException:  # noqa: BLE001
-        code = 1
-    finally:
-        os._exit(code)
+        write_all(w, json.dumps(payload).encode("utf-8", "surrogatepass"))
 
-
-def _kill(pid: int) -> None:
-    """SIGKILL the child's process group (what it started too), then the child itself; reap it."""
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-
-
-def run_in_process(work: Callable[[], tuple[str, str, dict]], timeout_s: float) -> tuple[str, str, dict] | None:
-    """`work()` in a forked child, waited for at most timeout_s: its (kind, text, events) where kind is "ok"
-    (text: the result) or "raised" (text: the error), ("died", why, {}) if the child ended without a
-    result, or None if it ran past timeout_s (it is killed, with its process group, before this returns)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child never returns
-        os.close(r)
-        _child(work, w)
-    os.close(w)
-    try:
-        os.setpgid(pid, pid)  # also from this side: no race with the child's own setpgid
-    except (ProcessLookupError, PermissionError):
-        pass
+    pid, r = fork_child(child, _memory_mb if memory_mb is None else memory_mb)
     deadline = time.monotonic() + timeout_s
     chunks: list[bytes] = []
     size = 0
@@ -116,12 +97,11 @@ def run_in_process(work: Callable[[], tuple[str, str, dict]], timeout_s: float) 
                 break
             size += len(chunk)
             if size > MAX_RESULT_BYTES:
-                _kill(pid)
                 return ("died", f"its result is longer than {MAX_RESULT_BYTES} bytes", {})
             chunks.append(chunk)
     finally:
         os.close(r)
-        _kill(pid)  # a child that has written its result is exiting: this reaps it and anything it left behind
+        kill_tree(pid)  # a child that has written its result is exiting: this reaps it and what it left behind
     if timed_out:
         return None
     try:

@@ -22,6 +22,7 @@ so every algorithm reads the model's tokens only (docs/agents.md, "The masks").
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -85,6 +86,41 @@ class Environments:
         if self.routes:
             out.pop(ROUTE_COLUMN, None)
         return out
+
+
+def content_text(content: object) -> tuple[object, bool]:
+    """(the content a chat template renders, whether it had to be converted) of an environment message:
+    a string, None, or a list of parts (dicts; a tuple of them becomes a list) as they are; bytes decoded
+    as UTF-8 (U+FFFD where they are not); anything else (a dict of a service's JSON, a number, an object)
+    as its JSON text, else its str()."""
+    if content is None or isinstance(content, str):
+        return content, False
+    if isinstance(content, (list, tuple)) and content and all(isinstance(p, dict) for p in content):
+        return list(content), isinstance(content, tuple)
+    if isinstance(content, (bytes, bytearray)):
+        return safe_text(bytes(content).decode("utf-8", "replace")), True
+    try:
+        text = json.dumps(content, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        text = None
+    if text is None:
+        try:
+            text = str(content)
+        except Exception:  # noqa: BLE001 - a hostile __str__
+            text = f"<{type(content).__name__}>"
+    return safe_text(text), True
+
+
+def text_message(message: object, events) -> object:
+    """An environment message whose content a template can render (content_text); each conversion counts
+    one env/errors_content_not_text."""
+    if not isinstance(message, dict) or "content" not in message:
+        return message
+    content, converted = content_text(message["content"])
+    if not converted:
+        return message
+    events["content_not_text"] += 1
+    return {**message, "content": content}
 
 
 def example_fields(e: Example) -> dict:
@@ -319,11 +355,14 @@ def roll_out(
                 if reply.done or not reply.messages or not eos:
                     out.append(None)
                     continue
+                reply.messages = [text_message(m, events) for m in reply.messages]
                 try:
                     out.append(addition_ids(tok, history[r], reply.messages, tools_of[r], events=events))
-                except TemplateError as e:  # a turn the probe did not foresee: its trajectory ends here
+                except Exception as e:  # noqa: BLE001 - a turn the probe did not foresee (TemplateError), or a
+                    # reply the template cannot render: its trajectory ends here, counted, and the run goes on
                     events["template"] += 1
-                    log.warning("multi-turn: %s; the trajectory ends at this turn (env/errors_template)", e)
+                    why = e if isinstance(e, TemplateError) else f"rendering the reply raised {type(e).__name__}: {e}"
+                    log.warning("multi-turn: %s; the trajectory ends at this turn (env/errors_template)", why)
                     out.append(None)
                     continue
                 for j, value in reply.values.items():

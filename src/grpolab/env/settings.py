@@ -45,6 +45,8 @@ class EnvConfig:
     """Wall-clock time one step's rollout may spend waiting for its environments' tool calls, all turns together (per collect round: DAPO's dynamic sampling gives each resampling round its own); once spent, every call still running is stopped and further ones refused (env/errors_budget, env/tool_wait_s)."""
     tool_process: bool = False
     """Run every tool call in a child process (forked), killed with what it started at its limit: the one hard bound for a tool that holds the GIL in one long C operation (`a ** b`, a catastrophic regex), which no thread can interrupt. The call's changes to its object's state stay in the child (env/errors_process_state_lost counts them): for tools that compute a result from their arguments. Tool calls only (tools= lists and environment classes); POSIX only."""
+    tool_memory_mb: int = 1024
+    """With env.tool_process: the memory (MiB of address space, RLIMIT_AS) a tool call's child process may add to what it inherits from the trainer; past it an allocation fails (MemoryError: the model reads the error). What the call starts gets the same limit each. 0: no limit."""
     max_stuck_calls: int = 4
     """Most tool calls (and environment steps) that ran past their limit may still be running in their threads, process-wide; while that many are, further calls on threads are not started: the model reads an error and env/errors_stuck counts them."""
     reset_timeout_s: float = 60.0
@@ -77,6 +79,7 @@ def validate_env(env: EnvConfig) -> None:
         (env.step_tool_budget_s > 0, "env.step_tool_budget_s", "must be > 0 seconds"),
         (env.max_result_chars >= 16, "env.max_result_chars", "must be >= 16"),
         (env.max_stuck_calls >= 1, "env.max_stuck_calls", "must be >= 1"),
+        (env.tool_memory_mb >= 0, "env.tool_memory_mb", "must be >= 0 MiB (0: no limit)"),
         (env.reset_timeout_s > 0, "env.reset_timeout_s", "must be > 0 seconds"),
         (env.reward_weight >= 0, "env.reward_weight", "must be >= 0"),
         (

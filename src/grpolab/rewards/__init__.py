@@ -81,6 +81,11 @@ REWARDS: dict[str, str] = {
 }
 
 
+BUILTIN = frozenset(REWARDS)
+"""grpolab's own verifiers: they bound their own time (worker processes, the sandbox, linear parsers) and run
+in this process; every other reward is a function of the user's (RewardFn.user)."""
+
+
 def as_factory(fn: Callable) -> Callable:
     """A registry entry for a reward function itself (TRL or per-sample form): the spec's options are
     passed to `fn` as keyword arguments on every call, as for `module:function` names."""
@@ -163,7 +168,8 @@ def build_rewards(specs: list[dict]) -> list[RewardFn]:
                 fn, batch = custom.adapt(fn, {}, where)
         if any(f.name == label for f in fns):
             raise ConfigError(f"{where}: reward {label!r} listed twice; give one a distinct 'label'")
-        fns.append(RewardFn(name=label, weight=float(weight), fn=fn, batch=batch))
+        user = name not in BUILTIN  # a function of the user's: run in a child process under reward_process
+        fns.append(RewardFn(name=label, weight=float(weight), fn=fn, batch=batch, user=user))
     return fns
 
 

@@ -69,6 +69,40 @@ def _exact_scalar(v):
     return None
 
 
+DIGITS = 60
+"""Significant digits an irrational value is evaluated to before it is compared with an exact number."""
+CLOSE = 10 ** -(DIGITS - 15)
+"""Relative distance under which such a value equals the number: only evaluation error is left there (an
+expression that is rational but that sympy leaves unsimplified, such as \\log(8)/\\log(2) against 3)."""
+
+
+def _irrational_value(v):
+    """`v` (no free symbols, not an exact rational: `3 + 10^{-7}\\sqrt{2}`, `\\pi \\times 10^{-30}`) evaluated
+    to DIGITS significant digits, as a sympy Float; None where it is not one finite real number."""
+    from sympy import Basic, Float
+
+    if not isinstance(v, Basic) or v.free_symbols:
+        return None
+    try:
+        x = v.evalf(DIGITS)
+    except (ArithmeticError, TypeError, ValueError, AttributeError):
+        return None
+    if isinstance(x, Float) and x.is_finite:
+        return x
+    return None
+
+
+def irrational_equals(x, r) -> bool:
+    """Whether an evaluated irrational x equals the exact number r: |x - r| <= CLOSE * max(|x|, |r|), at the
+    precision the digits need (DIGITS significant digits whatever the magnitude, so `\\pi \\times 10^{-30}`
+    is told from `6.6 \\times 10^{-34}` and `3 + 10^{-7}\\sqrt{2}` from `3.0`; math-verify's own numeric
+    comparison rounds to 6 decimals and called both pairs equal)."""
+    from sympy import Abs, Float, Max, Rational
+
+    xr = Rational(x)  # the Float's exact binary value
+    return bool(Abs(xr - r) <= Rational(Float(CLOSE, DIGITS)) * Max(Abs(xr), Abs(r)))
+
+
 def exact_value(parsed):
     """What math-verify parsed first, as exact numbers: ("num", Rational) for one number,
     ("seq", [Rational, ...]) for a tuple or an interval's ends, ("set", [...]) for a set;
@@ -89,7 +123,10 @@ def exact_value(parsed):
             return None
         return ("set" if isinstance(v, FiniteSet) else "seq", nums)
     x = _exact_scalar(v)
-    return None if x is None else ("num", x)
+    if x is not None:
+        return ("num", x)
+    y = _irrational_value(v)
+    return None if y is None else ("irr", y)
 
 
 def exact_decision(gold, pred):
@@ -105,6 +142,13 @@ def exact_decision(gold, pred):
         g = g[1]
     while p[0] == "eq":
         p = p[1]
+    if "irr" in (g[0], p[0]):  # an irrational value: decided against an exact number, else math-verify's
+        if {g[0], p[0]} != {"irr", "num"}:
+            return None
+        x, r = (g[1], p[1]) if g[0] == "irr" else (p[1], g[1])
+        if not irrational_equals(x, r):
+            return False
+        return True if "eq" not in (gold[0], pred[0]) else None  # `x = value`: its structure is math-verify's
     gn = [g[1]] if g[0] == "num" else g[1]
     pn = [p[1]] if p[0] == "num" else p[1]
     if "set" in (g[0], p[0]):

@@ -21,19 +21,24 @@ in a daemon thread):
 
 - `run_here(calls)`: in the calling thread, one after another (signal.alarm works there, as
   math-verify's timeouts need); a call cannot be stopped, so no timeout applies.
-- `run_async(calls, timeout_s)`: every coroutine awaited together on one event loop in a thread of
-  its own, each bounded by `timeout_s` (asyncio.wait_for).
-- grpolab.rewards.scoring's worker threads, with a timeout, for the rest.
+- `run_async(calls, timeout_s)`: every coroutine awaited together on one event loop in a daemon thread of
+  its own; the calling thread waits at most `timeout_s` for them, whatever they do (block the loop,
+  swallow their cancellation, await a thread that never ends): past it they are timeouts, and the loop
+  and its threads are abandoned, never joined.
+- `run_pooled(calls, workers, timeout_s)`: worker threads, each call with a timeout, for the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import inspect
 import json
 import math
 import threading
+import time
 import typing
 from collections import defaultdict
 from collections.abc import Callable
@@ -86,39 +91,185 @@ def run_here(calls: list[Callable[[], Any]]) -> list[tuple[str, Any]]:
     return out
 
 
-def run_async(calls: list[Callable[[], Any]], timeout_s: float) -> list[tuple[str, Any]]:
-    """Await every call's coroutine together (asyncio.gather, as TRL) on a new event loop in a thread of its
-    own, each bounded by timeout_s. A call that does not return a coroutine is taken as it returned."""
+def run_pooled(
+    calls: list[Callable[[], float]],
+    workers: int,
+    timeout_s: float,
+    groups: list[int] | None = None,
+    limits: dict[int, int] | None = None,
+) -> list[tuple[str, object]]:
+    """Run the calls on up to `workers` threads; each gets `timeout_s` from its own start.
 
-    async def one(call: Callable[[], Any]) -> tuple[str, Any]:
+    groups/limits: at most limits[g] calls of group g run at once (a reward whose backend has a
+    bounded pool, e.g. the sandbox, says so), so queueing for that pool does not eat a call's time.
+    Returns (status, value_or_error) per call, status in ok / error / timeout. Calls that cannot
+    start because their group is stuck for timeout_s are reported as timeouts too.
+    """
+    n = len(calls)
+    groups = groups or [0] * n
+    limits = limits or {}
+    results: list[tuple[str, object] | None] = [None] * n
+    started: list[float | None] = [None] * n
+    pending: list[int] = list(range(n))
+    running: dict[int, int] = {}
+    cond = threading.Condition()
+    done = [0]
+    progress = [time.monotonic()]
+
+    def next_call() -> int | None:
+        for pos, i in enumerate(pending):
+            g = groups[i]
+            if running.get(g, 0) < limits.get(g, n):
+                del pending[pos]
+                running[g] = running.get(g, 0) + 1
+                return i
+        return None
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while True:
+                    if not pending:
+                        return
+                    i = next_call()
+                    if i is not None:
+                        break
+                    cond.wait(0.1)
+                started[i] = progress[0] = time.monotonic()
+            try:
+                out: tuple[str, object] = (OK, calls[i]())
+            except TimeoutError as e:
+                out = (TIMEOUT, e)
+            except BaseException as e:  # noqa: BLE001 - a verifier failure is a number
+                out = (ERROR, e)
+            with cond:
+                running[groups[i]] -= 1
+                progress[0] = time.monotonic()
+                cond.notify_all()
+                if results[i] is None:
+                    results[i] = out
+                    done[0] += 1
+                else:
+                    return  # this call was abandoned at its timeout and replaced: retire
+
+    def spawn() -> None:
+        threading.Thread(target=worker, name="grpolab-reward", daemon=True).start()
+
+    for _ in range(max(1, min(workers, n))):
+        spawn()
+    with cond:
+        while done[0] < n:
+            now = time.monotonic()
+            next_deadline = now + 0.5
+            for i in range(n):
+                if results[i] is None and started[i] is not None:
+                    deadline = started[i] + timeout_s
+                    if now >= deadline:
+                        results[i] = (TIMEOUT, TimeoutError(f"reward call exceeded {timeout_s}s"))
+                        done[0] += 1
+                        progress[0] = now
+                        spawn()  # the stuck thread keeps its slot; give the batch a new one
+                    else:
+                        next_deadline = min(next_deadline, deadline)
+            if pending and now - progress[0] > timeout_s:  # nothing can start: a group is stuck
+                for i in pending:
+                    results[i] = (TIMEOUT, TimeoutError("reward call could not start"))
+                    done[0] += 1
+                pending.clear()
+                cond.notify_all()
+            if done[0] < n:
+                cond.wait(timeout=max(0.001, next_deadline - now))
+    return results  # type: ignore[return-value]
+
+
+class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
+    """An event loop's default executor (asyncio.to_thread, run_in_executor(None, ...)) whose every job runs
+    on a daemon thread of its own, never joined: a job that outlives its call's timeout is abandoned, and
+    neither the loop's end nor the interpreter's exit waits for it (a ThreadPoolExecutor by type only, as
+    asyncio's set_default_executor asks; none of its pool threads is ever started)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(e)
+
+        threading.Thread(target=run, name="grpolab-reward-executor", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: the jobs' threads are daemons, abandoned at their call's timeout."""
+
+
+def run_async(calls: list[Callable[[], Any]], timeout_s: float) -> list[tuple[str, Any]]:
+    """Await every call's coroutine together (as TRL's asyncio.gather) on a new event loop in a daemon thread
+    of its own, and wait at most timeout_s for them from here, whatever they do.
+
+    The bound is kept by this (calling) thread, not by the loop: a coroutine that blocks the loop with
+    synchronous work, one that swallows its CancelledError, or one awaiting a thread that never ends
+    (asyncio.to_thread: the loop's executor is a DaemonExecutor, abandoned, never joined) is a timeout at
+    timeout_s; its tasks are then cancelled and the loop's thread is left to end by itself. A call that
+    does not return a coroutine is taken as it returned."""
+    n = len(calls)
+    results: list[tuple[str, Any] | None] = [None] * n
+    lock = threading.Lock()
+    finished = threading.Event()
+    count = [0]
+    tasks: list[asyncio.Task] = []
+
+    def record(i: int, result: tuple[str, Any]) -> None:
+        with lock:
+            if results[i] is None:
+                results[i] = result
+                count[0] += 1
+                if count[0] == n:
+                    finished.set()
+
+    async def one(i: int, call: Callable[[], Any]) -> None:
         try:
             value = call()
             if inspect.isawaitable(value):
-                value = await asyncio.wait_for(value, timeout_s)
-            return OK, value
-        except asyncio.TimeoutError as e:  # TimeoutError on Python >= 3.11
-            return TIMEOUT, e if str(e) else TimeoutError(f"async reward call exceeded {timeout_s}s")
-        except Exception as e:  # noqa: BLE001
-            return ERROR, e
+                value = await value
+            result: tuple[str, Any] = (OK, value)
+        except TimeoutError as e:  # asyncio.TimeoutError on Python >= 3.11; the reward's own limit
+            result = (TIMEOUT, e)
+        except Exception as e:  # noqa: BLE001 - a reward's failure is a number
+            result = (ERROR, e)
+        record(i, result)
 
-    async def every() -> list[tuple[str, Any]]:
-        return list(await asyncio.gather(*(one(c) for c in calls)))
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(DaemonExecutor())
 
-    results: list = []
-    failure: list[BaseException] = []
+    async def every() -> None:
+        tasks.extend(loop.create_task(one(i, c)) for i, c in enumerate(calls))
+        await asyncio.wait(tasks)
 
     def loop_thread() -> None:
         try:
-            results.extend(asyncio.run(every()))
-        except BaseException as e:  # noqa: BLE001 - reported to the caller below
-            failure.append(e)
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(every())
+        except BaseException as e:  # noqa: BLE001 - the loop itself failed: every call not done fails
+            for i in range(n):
+                record(i, (ERROR, e))
+        finally:
+            with contextlib.suppress(Exception):
+                loop.close()  # its DaemonExecutor's shutdown does not wait
 
-    t = threading.Thread(target=loop_thread, name="grpolab-reward-async", daemon=True)
-    t.start()
-    t.join()
-    if failure:
-        return [(ERROR, failure[0])] * len(calls)
-    return results
+    if n:
+        threading.Thread(target=loop_thread, name="grpolab-reward-async", daemon=True).start()
+        finished.wait(timeout_s)
+    late = TimeoutError(f"async reward call exceeded {timeout_s}s")
+    for i in range(n):
+        record(i, (TIMEOUT, late))
+    if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # closed in between: nothing left to cancel
+            loop.call_soon_threadsafe(lambda: [t.cancel() for t in tasks])
+    return results  # type: ignore[return-value]
 
 
 class CallLog:
@@ -129,6 +280,9 @@ class CallLog:
         self.n = n
         self.extra: dict[str, list] = {}
         self.values: dict[str, list[float]] = defaultdict(list)
+        self.journal: list[list] = []
+        """Every call logged, in order (["extra", start, end, column, values], ["metric", name, value]): what a
+        reward call run in a child process sends back (grpolab.rewards.isolated), replayed here."""
         self._lock = threading.Lock()
 
     def log_extra_for(self, start: int, end: int) -> Callable[[str, list], None]:
@@ -145,6 +299,7 @@ class CallLog:
             with self._lock:
                 col = self.extra.setdefault(str(column), [None] * self.n)
                 col[start:end] = values
+                self.journal.append(["extra", start, end, str(column), values])
 
         return log_extra
 
@@ -153,6 +308,19 @@ class CallLog:
         x = float(value)
         with self._lock:
             self.values[str(name)].append(x)
+            self.journal.append(["metric", str(name), x])
+
+    def replay(self, entries: list) -> None:
+        """Apply journal entries recorded by another copy of this log (a child process's)."""
+        for entry in entries:
+            if entry[0] == "extra":
+                _, start, end, column, values = entry
+                if isinstance(values, list) and len(values) == end - start and 0 <= start <= end <= self.n:
+                    with self._lock:
+                        self.extra.setdefault(str(column), [None] * self.n)[start:end] = values
+                        self.journal.append(list(entry))
+            elif entry[0] == "metric":
+                self.log_metric(str(entry[1]), float(entry[2]))
 
     def metrics(self) -> dict[str, float]:
         """name -> the mean of the values logged under it (NaNs left out; NaN when none is finite)."""
@@ -181,11 +349,13 @@ def trainer_state(
 
 __all__ = [
     "CallLog",
+    "DaemonExecutor",
     "RewardThread",
     "THREADS",
     "is_async_callable",
     "placement",
     "run_async",
     "run_here",
+    "run_pooled",
     "trainer_state",
 ]

@@ -51,13 +51,13 @@ import copy
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from grpolab.batch import Example
-from grpolab.rewards.contract import ERROR, OK, TIMEOUT, CallLog, placement, run_async, run_here
-from grpolab.rewards.values import BadScore, batched, scored
+from grpolab.rewards.contract import ERROR, OK, TIMEOUT, CallLog, placement, run_async, run_here, run_pooled
+from grpolab.rewards.isolated import DEFAULT_MEMORY_MB, run_isolated
+from grpolab.rewards.values import MAX_SCORE, BadScore, batched, clip_score, scored
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,9 @@ class RewardFn:
     batch: bool = False
     warned: set = field(default_factory=set, repr=False, compare=False)
     """Kinds of failure already logged for this function (each is logged once per RewardFn, i.e. per run)."""
+    user: bool = False
+    """A function of the user's (not one of grpolab's verifiers, which bound their own time): with
+    `process=True` its calls run in child processes (grpolab.rewards.isolated)."""
 
 
 @dataclass
@@ -116,97 +119,6 @@ class Scores:
 
 
 _OK, _ERROR, _TIMEOUT = OK, ERROR, TIMEOUT
-
-
-def _run_calls(
-    calls: list[Callable[[], float]],
-    workers: int,
-    timeout_s: float,
-    groups: list[int] | None = None,
-    limits: dict[int, int] | None = None,
-) -> list[tuple[str, object]]:
-    """Run the calls on up to `workers` threads; each gets `timeout_s` from its own start.
-
-    groups/limits: at most limits[g] calls of group g run at once (a reward whose backend has a
-    bounded pool, e.g. the sandbox, says so), so queueing for that pool does not eat a call's time.
-    Returns (status, value_or_error) per call, status in ok / error / timeout. Calls that cannot
-    start because their group is stuck for timeout_s are reported as timeouts too.
-    """
-    n = len(calls)
-    groups = groups or [0] * n
-    limits = limits or {}
-    results: list[tuple[str, object] | None] = [None] * n
-    started: list[float | None] = [None] * n
-    pending: list[int] = list(range(n))
-    running: dict[int, int] = {}
-    cond = threading.Condition()
-    done = [0]
-    progress = [time.monotonic()]
-
-    def next_call() -> int | None:
-        for pos, i in enumerate(pending):
-            g = groups[i]
-            if running.get(g, 0) < limits.get(g, n):
-                del pending[pos]
-                running[g] = running.get(g, 0) + 1
-                return i
-        return None
-
-    def worker() -> None:
-        while True:
-            with cond:
-                while True:
-                    if not pending:
-                        return
-                    i = next_call()
-                    if i is not None:
-                        break
-                    cond.wait(0.1)
-                started[i] = progress[0] = time.monotonic()
-            try:
-                out: tuple[str, object] = (_OK, calls[i]())
-            except TimeoutError as e:
-                out = (_TIMEOUT, e)
-            except BaseException as e:  # noqa: BLE001 - a verifier failure is a number
-                out = (_ERROR, e)
-            with cond:
-                running[groups[i]] -= 1
-                progress[0] = time.monotonic()
-                cond.notify_all()
-                if results[i] is None:
-                    results[i] = out
-                    done[0] += 1
-                else:
-                    return  # this call was abandoned at its timeout and replaced: retire
-
-    def spawn() -> None:
-        threading.Thread(target=worker, name="grpolab-reward", daemon=True).start()
-
-    for _ in range(max(1, min(workers, n))):
-        spawn()
-    with cond:
-        while done[0] < n:
-            now = time.monotonic()
-            next_deadline = now + 0.5
-            for i in range(n):
-                if results[i] is None and started[i] is not None:
-                    deadline = started[i] + timeout_s
-                    if now >= deadline:
-                        results[i] = (_TIMEOUT, TimeoutError(f"reward call exceeded {timeout_s}s"))
-                        done[0] += 1
-                        progress[0] = now
-                        spawn()  # the stuck thread keeps its slot; give the batch a new one
-                    else:
-                        next_deadline = min(next_deadline, deadline)
-            if pending and now - progress[0] > timeout_s:  # nothing can start: a group is stuck
-                for i in pending:
-                    results[i] = (_TIMEOUT, TimeoutError("reward call could not start"))
-                    done[0] += 1
-                pending.clear()
-                cond.notify_all()
-            if done[0] < n:
-                cond.wait(timeout=max(0.001, next_deadline - now))
-    return results  # type: ignore[return-value]
 
 
 MAX_MESSAGES = 20
@@ -267,26 +179,49 @@ def _dispatch(
     workers: int,
     timeout_s: float,
     thread: str,
+    process: bool = False,
+    log: CallLog | None = None,
+    memory_mb: int | None = None,
 ) -> list[tuple[str, object]]:
-    """Run every call where its function belongs (grpolab.rewards.contract.placement): async ones awaited
-    together on an event loop, the worker threads' with a timeout, the rest in this thread, one by one."""
-    where = [placement(fns[k].fn, thread, fns[k].batch) for k in groups]
+    """Run every call where its function belongs (grpolab.rewards.contract.placement): with `process`, a
+    user's function in child processes (grpolab.rewards.isolated); async ones awaited together on an
+    event loop, the worker threads' with a timeout, the rest in this thread, one by one."""
+    where = ["process" if process and fns[k].user else placement(fns[k].fn, thread, fns[k].batch) for k in groups]
     results: list = [None] * len(calls)
 
     def part(kind: str) -> list[int]:
         return [i for i, w in enumerate(where) if w == kind]
 
-    pooled, here, waiting = part("workers"), part("main"), part("async")
+    pooled, here, waiting, forked = part("workers"), part("main"), part("async"), part("process")
     background = []
+    if forked:
+
+        def children() -> None:
+            is_async = {groups[i]: placement(fns[groups[i]].fn, "workers") == "async" for i in forked}
+            out = run_isolated(
+                [calls[i] for i in forked],
+                [groups[i] for i in forked],
+                is_async,
+                timeout_s,
+                workers,
+                limits,
+                log,
+                DEFAULT_MEMORY_MB if memory_mb is None else memory_mb,
+            )
+            for i, r in zip(forked, out):
+                results[i] = r
+
+        background.append(threading.Thread(target=children, name="grpolab-reward-processes", daemon=True))
+        background[-1].start()
     if pooled:
 
         def pool() -> None:
             for i, r in zip(
-                pooled, _run_calls([calls[i] for i in pooled], workers, timeout_s, [groups[i] for i in pooled], limits)
+                pooled, run_pooled([calls[i] for i in pooled], workers, timeout_s, [groups[i] for i in pooled], limits)
             ):
                 results[i] = r
 
-        if here or waiting:
+        if here or waiting or forked:
             background.append(threading.Thread(target=pool, name="grpolab-reward-pool", daemon=True))
             background[-1].start()
         else:
@@ -322,6 +257,8 @@ def score_completions(
     workers: int = 4,
     on_error: str = "zero",
     thread: str = "workers",
+    process: bool = False,
+    memory_mb: int | None = None,
 ) -> Scores:
     """Score every completion with every reward function (see the module docstring).
 
@@ -332,7 +269,10 @@ def score_completions(
     shared: name -> one value for every call of a batch function that takes context (`trainer_state`);
     such a call also gets `log_extra` and `log_metric` (grpolab.rewards.contract.CallLog: Scores.extra,
     and the logged metrics in Scores.metrics under their own names).
-    thread: where synchronous calls run (grpolab.rewards.contract.placement): "auto", "main", "workers"."""
+    thread: where synchronous calls run (grpolab.rewards.contract.placement): "auto", "main", "workers".
+    process: the calls of the user's functions (RewardFn.user) run in child processes, killed at timeout_s
+    with what they started, each child's memory bounded by memory_mb MiB beyond what it inherits
+    (grpolab.rewards.isolated; None: its default)."""
     if len(completions) != len(examples):
         raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
     if conversations is not None and len(conversations) != len(completions):
@@ -366,7 +306,7 @@ def score_completions(
                 calls.append(scored(lambda f=rf.fn, c=c, ex=ex: f(c, ex)))
                 groups.append(k)
                 spans.append((k, j, j + 1))
-    raw = _dispatch(calls, fns, groups, limits, workers, timeout_s, thread) if calls else []
+    raw = _dispatch(calls, fns, groups, limits, workers, timeout_s, thread, process, log, memory_mb) if calls else []
     results: dict[tuple[int, int], tuple[str, object]] = {}  # (function, completion) -> result
     for (k, a, b), (status, value) in zip(spans, raw):
         parts = value if status == _OK and fns[k].batch else [(status, value)] * (b - a)
@@ -379,7 +319,7 @@ def score_completions(
     none: dict[str, list[int]] = {}
     failed: dict[str, list[int]] = {}
     first: dict[str, str] = {}
-    errors = timeouts = 0
+    errors = timeouts = clipped = 0
     for k, rf in enumerate(fns):
         scores = []
         skipped: list[int] = []
@@ -390,6 +330,15 @@ def score_completions(
                 scores.append(0.0)
                 continue
             if status == _OK:  # already a finite float: converted in the scoring thread
+                value, cut = clip_score(value)
+                if cut:
+                    clipped += 1
+                    _warn_once(
+                        rf,
+                        "clipped",
+                        f"reward {rf.name!r} returned {results[(k, j)][1]!r} for completion "
+                        f"{j}: clipped to {value} (|score| <= {MAX_SCORE}; counted in reward/clipped)",
+                    )
                 scores.append(value)
                 continue
             if status == _TIMEOUT:
@@ -407,7 +356,8 @@ def score_completions(
         if skipped:
             none[rf.name] = skipped
 
-    total = [sum(rf.weight * per_fn[rf.name][j] for rf in fns) for j in range(n)]  # a None's 0.0 adds nothing
+    # a None's 0.0 adds nothing; weights can take a total past the bound too
+    total = [clip_score(sum(rf.weight * per_fn[rf.name][j] for rf in fns))[0] for j in range(n)]
     metrics: dict[str, float] = {}
     for rf in fns:
         skipped_set = set(none.get(rf.name, ()))
@@ -421,6 +371,7 @@ def score_completions(
         metrics.setdefault(name, value)
     metrics["reward/errors"] = float(errors)
     metrics["reward/timeouts"] = float(timeouts)
+    metrics["reward/clipped"] = float(clipped)
     metrics["reward/none"] = float(sum(len(v) for v in none.values()))
     return Scores(
         total=total,

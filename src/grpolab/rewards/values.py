@@ -16,6 +16,20 @@ from collections.abc import Callable
 
 from grpolab.rewards.contract import ERROR, OK
 
+MAX_SCORE = 1e6
+"""Largest |score| a reward function's value keeps; beyond it the score is clipped to ±MAX_SCORE and counted
+(reward/clipped). The update computes in float32, where one -1e300 would be -inf and void the whole step's
+update; within ±1e6 the advantages and the loss of any estimator stay finite."""
+
+
+def clip_score(x: float) -> tuple[float, bool]:
+    """(x clipped to [-MAX_SCORE, MAX_SCORE], whether it was clipped): min(max(x, -M), M)."""
+    if x > MAX_SCORE:
+        return MAX_SCORE, True
+    if x < -MAX_SCORE:
+        return -MAX_SCORE, True
+    return x, False
+
 
 class BadScore(ValueError):
     """A reward function returned something that is not a finite number."""

@@ -21,6 +21,7 @@ from grpolab.batch import Example, Rollout
 from grpolab.engine.base import Sampling, TurnLimits
 from grpolab.env import close_environment, load_environment
 from grpolab.env.base import EnvConfigError
+from grpolab.env.process import limit_memory as limit_process_memory
 from grpolab.env.reward import ENV_REWARD, env_reward, env_reward_metrics
 from grpolab.env.rollout import Environments, roll_out
 from grpolab.env.settings import EnvConfig
@@ -82,6 +83,7 @@ def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None)
     if not settings.enabled:
         return None
     limit_stuck_calls(settings.max_stuck_calls)
+    limit_process_memory(settings.tool_memory_mb)
     if settings.name:
         factory, tools, has_reward = _load_one(settings.name, settings, tokenizer, system_prompt, "env.name")
         return Environments(factory, tools, settings, has_reward=has_reward)

@@ -25,6 +25,7 @@ from grpolab.model.lora import LoraConfig, validate_lora
 from grpolab.model.settings import DeviceSetting, PrecisionSetting
 from grpolab.parallel.allocator import CpuMalloc
 from grpolab.rewards.contract import RewardThread
+from grpolab.training.ranges import range_checks
 from grpolab.training.recipe import deep_update, merge_into, parse_overrides
 from grpolab.util.fields import ConfigError, choices, coerce_field, field_docs, field_types
 from grpolab.util.fileio import atomic_write
@@ -151,6 +152,8 @@ class Config:
     """Time budget of one reward call; over it the sample scores 0 and `reward/timeouts` counts it."""
     reward_workers: int = 4
     """Threads scoring completions in parallel."""
+    reward_process: bool = False
+    """Run reward functions of your own (`file.py:fn`, `module:fn`, functions given to grpolab.train or GRPOTrainer; not grpolab's verifiers, which bound their own time) in forked child processes, killed at reward_timeout_s with what they started, whatever they do: the one bound that holds for work the model's text drives into C code holding the GIL (a backtracking regex, `10 ** int(digits)`), which no thread can stop (off, such a call stops the whole trainer until it ends; `grpolab audit` warns). Up to reward_workers children per function; a TRL-form function's calls run one after another in a child's main thread (signal.alarm works), `async def` ones together on a child's event loop. Each child may add 2048 MiB of address space to what it inherits (an allocation past it fails the call). What a call changes in memory stays in the child (its score, raised errors and log_extra / log_metric come back), so it is off by default: a reward that keeps state between calls, records what it saw, or uses the trainer's GPU needs this process. The measured cost per step is in docs/results.md; docs/security.md."""
     # --- reward calls: where they run, and when failing ones stop the run (docs/rewards.md) ---
     reward_thread: RewardThread = "auto"
     """Where synchronous reward functions run. auto: TRL-form functions (completions in, a list of scores out) in the training thread, one call after another, as TRL runs them (so signal.alarm works, as math-verify's timeouts need; reward_timeout_s does not apply there); functions with a `max_concurrency` attribute (the built-in math and code rewards) and grpolab's per-sample fn(completion, example) on reward_workers threads with the timeout. main: every one in the training thread. workers: every one on the threads, with the timeout. `async def` functions are always awaited together on an event loop, each within reward_timeout_s."""
@@ -370,6 +373,7 @@ def validate(cfg: Config) -> None:
             f"{'env.max_model_tokens' if cfg.env.enabled else 'max_new_tokens'}={cfg.max_completion_tokens}: every completion "
             f"would be punished; lower it (DAPO used 20% of the limit)",
         ),
+        *range_checks(cfg),
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         *eval_checks(cfg),

@@ -83,6 +83,7 @@ class MetricsLogger:
         listeners=(),
     ):
         from grpolab.training.trackers import TRACKERS, TrackerContext, build_tracker
+        from grpolab.training.trackers.state import check_tracker_links, read_saved
 
         out = Path(out)
         self.jsonl = JsonlWriter(out / "metrics.jsonl", keep_until_step=resume_step)
@@ -93,7 +94,8 @@ class MetricsLogger:
         for entry in ([out / "tb"] if "tensorboard" in names else []) + [state_path]:
             if entry.is_symlink():
                 raise not_a_link_error(entry)
-        saved = json.loads(state_path.read_text()) if resume_step is not None and state_path.exists() else {}
+        check_tracker_links(out, names)  # nothing under OUT chooses where a tracker writes (docs/security.md)
+        saved = read_saved(state_path) if resume_step is not None else {}
         self.trackers, where = [], []
         for name in names:
             try:
@@ -269,11 +271,31 @@ def weighted_mean(items: list[tuple[dict, float]]) -> dict:
     return {k: tot[k] / wsum[k] for k in tot if wsum[k] > 0}
 
 
+class NoFile:
+    """metrics.jsonl / samples.jsonl of a rank other than 0: written by rank 0 only."""
+
+    def log(self, record: dict) -> None:
+        pass
+
+    def track(self, record: dict) -> None:
+        pass
+
+    def log_table(self, name: str, rows: list, step: int) -> None:
+        pass
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 __all__ = [
     "NEW_RUN_LEFTOVERS",
     "RUN_ENTRIES",
     "JsonlWriter",
     "MetricsLogger",
+    "NoFile",
     "check_out_dir",
     "eval_row",
     "make_out_dir",

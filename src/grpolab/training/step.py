@@ -71,6 +71,7 @@ def scoring_options(run: Run) -> dict:
         "timeout_s": cfg.reward_timeout_s,
         "workers": cfg.reward_workers,
         "thread": cfg.reward_thread,
+        "process": cfg.reward_process,
     }
 
 

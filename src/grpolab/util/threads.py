@@ -288,15 +288,27 @@ def choose_threads(
     if setting > 0:
         return setting, "threads=" + str(setting)
     if recorded:
+        if recorded > n:
+            return n, f"{n}, the cores here ({FILE} recorded {recorded}, more than the machine has)"
         return recorded, f"as recorded in {FILE} by the run"
     given = omp_num_threads(environ)
     if given:
+        if given > OVERSUBSCRIBED * n:  # 5000 threads spinning on 2 cores only slow the run down
+            return n, (
+                f"{n}, the cores here (OMP_NUM_THREADS={given} in the environment asks for more than "
+                f"{OVERSUBSCRIBED} threads per core)"
+            )
         return given, f"OMP_NUM_THREADS={given} in the environment"
     measured = measured or machine_load.busy_cores()
     if measured is None:
         return n, "every core (no /proc/stat to measure the machine's load)"
     t = fair_threads(n, measured.competing(per_thread), measured.cpus)
     return t, f"threads=0: {measured.describe(per_thread)} at start"
+
+
+OVERSUBSCRIBED = 4
+"""Threads per core past which OMP_NUM_THREADS is not obeyed: the count is then the cores, and the run's first
+line says so (a mistyped or hostile 5000 or 99999999999999999999 would spin that many threads)."""
 
 
 def omp_num_threads(environ=None) -> int | None:

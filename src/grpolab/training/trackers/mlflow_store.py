@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import time
+from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
@@ -31,22 +32,37 @@ def mlflow_name(key: str) -> str:
     return re.sub(r"[^0-9A-Za-z_\-. :/]", "_", key.replace("@", "_at_"))
 
 
+def check_artifacts(artifact_uri: str, out: Path) -> None:
+    """In OUT's own store the run's artifacts must go under OUT/mlartifacts: the store (OUT/mlflow.db) is data
+    of the run directory, and an experiment's artifact location read from it chooses nothing (a
+    ValueError, which drops the tracker with a warning, before anything is logged)."""
+    root = (out / "mlartifacts").as_uri()
+    if not (artifact_uri == root or artifact_uri.startswith(root + "/")):
+        raise ValueError(
+            f"the MLflow store in {out / 'mlflow.db'} puts this run's artifacts at {artifact_uri[:200]!r}, "
+            f"outside {out / 'mlartifacts'}: refused (a run directory does not choose where to write)"
+        )
+
+
 class MlflowTracker(Tracker):
     name = "mlflow"
 
     def start(self, ctx: TrackerContext) -> dict:
         out = ctx.out.resolve()
         resuming = ctx.resume_step is not None
-        uri = (
-            os.environ.get("MLFLOW_TRACKING_URI")
-            or (ctx.saved.get("tracking_uri") if resuming else None)
-            or f"sqlite:///{out / 'mlflow.db'}"
-        )
+        chosen = os.environ.get("MLFLOW_TRACKING_URI")
+        # never the `tracking_uri` saved in OUT/trackers.json: a run directory does not choose where to write
+        uri = chosen or f"sqlite:///{out / 'mlflow.db'}"
         for name in ("alembic", "mlflow.store.db.utils"):  # creating the database's tables: not news
             logging.getLogger(name).setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=uri)
         run_id = ctx.saved.get("run_id") if resuming else None
+        if run_id and ctx.saved.get("tracking_uri", uri) != uri:
+            run_id = None  # it was tracked in another store: a new run in this one
         if run_id:
+            run = self.client.get_run(run_id)
+            if not chosen:
+                check_artifacts(run.info.artifact_uri, out)
             self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         else:
             exp = self.client.get_experiment_by_name(ctx.project)
@@ -55,7 +71,10 @@ class MlflowTracker(Tracker):
                 if exp is not None
                 else self.client.create_experiment(ctx.project, artifact_location=(out / "mlartifacts").as_uri())
             )
-            run_id = self.client.create_run(exp_id, run_name=ctx.run_name).info.run_id
+            info = self.client.create_run(exp_id, run_name=ctx.run_name).info
+            if not chosen:
+                check_artifacts(info.artifact_uri, out)
+            run_id = info.run_id
             params = [Param(mlflow_name(k), str(v)[:PARAM_VALUE_MAX]) for k, v in flat_config(ctx.config).items()]
             for i in range(0, len(params), BATCH):
                 self.client.log_batch(run_id, params=params[i : i + BATCH])
