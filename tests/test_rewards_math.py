@@ -245,3 +245,24 @@ def test_plain_rational_parses_exactly_or_refuses():
 )
 def test_products_scientific_notation_sets_and_tuples_are_exact(answer, gold, expected):
     assert score(f"<answer>{answer}</answer>", gold) == expected
+
+
+@pytest.mark.parametrize(
+    "pred,gold,expected",
+    [
+        # an irrational answer within 5e-7 of a decimal gold scored 1 (math-verify rounds to 6 decimals)
+        (r"3 + 10^{-7}\sqrt{2}", "3.0", 0.0),
+        (r"\sqrt{2}\times10^{-20}", r"1.6\times10^{-19}", 0.0),
+        (r"\pi\times10^{-30}", r"6.6\times10^{-34}", 0.0),
+        (r"\pi", "3.14159265", 0.0),
+        # equal answers still score 1: rational values sympy leaves unsimplified, irrationals written two ways
+        (r"\frac{\log(8)}{\log(2)}", "3", 1.0),
+        (r"\sin(\pi/6)", "0.5", 1.0),
+        (r"\sqrt{4}", "2", 1.0),
+        (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", 1.0),
+        (r"2\sqrt{2}", r"\sqrt{8}", 1.0),
+        (r"\pi \times 10^{-30}", r"\pi \times 10^{-30}", 1.0),
+    ],
+)
+def test_irrational_against_exact_numbers_at_the_precision_the_digits_need(pred, gold, expected):
+    assert score(rf"\boxed{{{pred}}}", gold) == expected

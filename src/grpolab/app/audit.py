@@ -149,6 +149,25 @@ def env_rows(env: dict | None) -> list[list]:
     ]
 
 
+def unbounded_user_code(cfg, reward_fns) -> list[str]:
+    """Warnings for user code the model's output drives that runs without a hard time bound: reward functions
+    of the user's with reward_process=false, an environment's tools without env.tool_process (a backtracking
+    regex or `10 ** int(digits)` on the model's text holds the GIL: no thread can stop it; docs/security.md)."""
+    out = []
+    mine = [f.name for f in reward_fns if getattr(f, "user", False)]
+    if mine and not cfg.reward_process:
+        out.append(
+            f"reward functions {', '.join(mine)} run in this process: reward_timeout_s cannot stop one that holds "
+            "the GIL on the model's text (a backtracking regex, 10 ** int(digits)); reward_process=true bounds them"
+        )
+    if cfg.env.enabled and not cfg.env.tool_process:
+        out.append(
+            "the environment's tools run in threads: env.tool_timeout_s cannot stop a call that holds the GIL; "
+            "env.tool_process=true bounds tool calls (tool functions and environment classes)"
+        )
+    return out
+
+
 def audit(cfg, n_prompts: int = 16, log=print) -> dict:
     """Measure everything listed in the module docstring. Returns the numbers and `ok`."""
     from grpolab.app.lab.tables import table
@@ -264,6 +283,9 @@ def audit(cfg, n_prompts: int = 16, log=print) -> dict:
         log(f"error: {p}")
     for f in failures[:3]:
         log(f"  gold failure: {f}")
+    res["warnings"] = unbounded_user_code(cfg, run.reward_fns)
+    for w in res["warnings"]:
+        log(f"warning: {w}")
     log("verdict: " + ("ready to train" if res["ok"] else "a run would learn nothing or score wrongly; fix the above"))
     return res
 

@@ -91,24 +91,26 @@ class Environments:
 def content_text(content: object) -> tuple[object, bool]:
     """(the content a chat template renders, whether it had to be converted) of an environment message:
     a string, None, or a list of parts (dicts; a tuple of them becomes a list) as they are; bytes decoded
-    as UTF-8 (U+FFFD where they are not); anything else (a dict of a service's JSON, a number, an object)
-    as its JSON text, else its str()."""
+    as UTF-8 (U+FFFD where they are not); a dict (a service's JSON), a list of other things or a number as
+    its JSON text; any other object as its str()."""
     if content is None or isinstance(content, str):
         return content, False
     if isinstance(content, (list, tuple)) and content and all(isinstance(p, dict) for p in content):
         return list(content), isinstance(content, tuple)
     if isinstance(content, (bytes, bytearray)):
-        return safe_text(bytes(content).decode("utf-8", "replace")), True
-    try:
-        text = json.dumps(content, ensure_ascii=False, default=str)
-    except (TypeError, ValueError, RecursionError):
-        text = None
+        return safe_text(bytes(content).decode("utf-8", "replace"))[0], True
+    text = None
+    if isinstance(content, (dict, list, tuple, int, float, bool)):
+        try:
+            text = json.dumps(content, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):
+            text = None
     if text is None:
         try:
             text = str(content)
         except Exception:  # noqa: BLE001 - a hostile __str__
             text = f"<{type(content).__name__}>"
-    return safe_text(text), True
+    return safe_text(text)[0], True
 
 
 def text_message(message: object, events) -> object:
