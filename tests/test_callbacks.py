@@ -84,7 +84,7 @@ class Recorder(TrainerCallback):
         self.calls.append(("on_log", state.global_step, state.log_history[-1]["step"], "step" in logs))
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        self.calls.append(("on_evaluate", metrics["eval_accuracy"] == metrics["eval/accuracy"]))
+        self.calls.append(("on_evaluate", "eval_reward" in metrics and not any("/" in k[:5] for k in metrics)))
 
     def on_save(self, args, state, control, **kwargs):
         self.calls.append(("on_save", state.global_step, Path(kwargs["checkpoint"]).name))
@@ -120,16 +120,26 @@ def test_the_hooks_come_in_order_with_the_metrics(stopped_run):
         "eval/accuracy",
         "eval/accuracy_hi",
         "eval/accuracy_lo",
+        "eval/ended_length_max",
+        "eval/ended_length_mean",
+        "eval/ended_length_min",
         "eval/extract/math/no_answer",
         "eval/extract/math/right",
         "eval/extract/math/wrong",
         "eval/length",
+        "eval/length_max",
+        "eval/length_min",
         "eval/pass@1",
         "eval/pass@1_hi",
         "eval/pass@1_lo",
         "eval/prompts",
         "eval/reward",
+        "eval/reward/math/mean",
+        "eval/reward/math/std",
+        "eval/reward_std",
         "eval/samples_per_prompt",
+        "eval/truncated_frac",
+        "eval/zero_std_frac",
         "step",
     ]
     assert calls == [
@@ -147,7 +157,8 @@ def test_the_hooks_come_in_order_with_the_metrics(stopped_run):
 
 def test_a_trainer_callback_is_called_as_transformers_calls_it(stopped_run, tmp_path):
     out, _, _, calls = stopped_run
-    assert calls[0] == ("on_train_begin", str(out), 5, 2e-5, ["lr_scheduler", "model", "optimizer", "processing_class"])
+    objects = ["eval_dataloader", "lr_scheduler", "model", "optimizer", "processing_class", "train_dataloader"]
+    assert calls[0] == ("on_train_begin", str(out), 5, 2e-5, objects)  # transformers' CallbackHandler's kwargs
     assert calls[1:] == [
         ("on_epoch_begin",),
         ("on_log", 0, 0, False),
@@ -162,6 +173,7 @@ def test_a_trainer_callback_is_called_as_transformers_calls_it(stopped_run, tmp_
         ("on_log", 2, 2, False),
         ("on_evaluate", True),
         ("on_epoch_end",),
+        ("on_log", 2, 2, False),  # the closing row: train_runtime, train_loss, ...
         ("on_train_end", 2, 0.4),
     ]
 
@@ -231,7 +243,10 @@ def test_the_adapter_fills_trainer_state_and_reads_the_control(tmp_path):
         hooks.listener({"step": step, "reward/mean": 0.5})
         assert hooks.should_stop == (step == 2)
     assert seen == [(1, 0.25, []), (2, 0.5, [1])]
-    assert adapter.state.log_history == [{"reward/mean": 0.5, "step": 1}, {"reward/mean": 0.5, "step": 2}]
+    # TRL's names; at step 2 the hook's fresh control (should_log False) replaced DefaultFlowCallback's, so no
+    # row is logged there, as in transformers
+    assert [(r["reward"], r["step"]) for r in adapter.state.log_history] == [(0.5, 1)]
+    assert "reward/mean" not in adapter.state.log_history[0]
     assert hooks.state.stop_reason == "Watch.on_step_end set control.should_training_stop"
 
 

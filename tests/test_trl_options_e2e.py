@@ -56,8 +56,9 @@ def test_trl_options_train_end_to_end(tiny_model_dir, tmp_path):
     lines = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2]
     # 2 steps x 2 updates = 4 updates, ceil(0.25 * 4) = 1 warm-up update; linear: update i at lr (4 - i) / 3.
-    # The logged lr is the next update's: after step 1 (updates 0, 1) update 2's 2/3 lr, after step 2 zero.
-    assert [m["lr"] for m in lines] == pytest.approx([1e-3 * 2 / 3, 0.0])
+    # The logged lr is the one the step's first update used: update 0's (warm-up 0/1: 0, as transformers' linear
+    # schedule starts), update 2's 2/3.
+    assert [m["lr"] for m in lines] == pytest.approx([0.0, 1e-3 * 2 / 3])
     for m in lines:
         assert m["ref/synced"] == 2.0  # sync_ref_model_steps=1: after each of the step's two updates
         assert m["loss/entropy"] == pytest.approx(0.01 * m["entropy"], rel=0.2)  # coef x mean entropy

@@ -206,4 +206,5 @@ def grpolab_step(
     monkeypatch.setattr(update_mod, "policy_loss", recording)
     used = run.optimizer.param_groups[0]["lr"]
     metrics, _ = step_mod.train_step(run, 1)
-    return sum(losses), metrics["grad_norm"], (used, metrics["lr"])  # metrics' lr: the next update's
+    assert metrics["lr"] == used  # metrics' lr: the one the step's update used, as TRL logs it
+    return sum(losses), metrics["grad_norm"], (used, run.optimizer.param_groups[0]["lr"])

@@ -315,6 +315,8 @@ def train(
     eval_dataset=None,
     args=None,
     callbacks=None,
+    policy=None,
+    tokenizer=None,
     **settings,
 ) -> dict:
     """Train and return the summary (the dict written to OUT/summary.json).
@@ -333,6 +335,8 @@ def train(
     transformers TrainerCallbacks; one stops the run by returning True (control.should_training_stop for a
     TrainerCallback): the run then ends as at its last step, with a checkpoint, summary and report
     (grpolab.training.callbacks). report_to= (a setting) picks the trackers (docs/metrics.md, "Trackers").
+    policy, tokenizer: a model object and its tokenizer, trained in place instead of loading `model`
+    (which then only records where it came from; grpolab.app.trl_compat's GRPOTrainer passes them).
     """
     from rich.console import Console
 
@@ -380,7 +384,13 @@ def train(
 
         with _quiet_hub_bars():
             return trainer.train(
-                cfg, resume=resume is not None, console=console or Console(), report=write_run_report, callbacks=hooks
+                cfg,
+                resume=resume is not None,
+                console=console or Console(),
+                report=write_run_report,
+                callbacks=hooks,
+                policy=policy,
+                tokenizer=tokenizer,
             )
 
 

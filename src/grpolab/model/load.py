@@ -222,6 +222,39 @@ def load_policy(path: Path, device: torch.device):
     return model
 
 
+def prepare_policy(model, device: torch.device):
+    """A policy built by the caller (TRL's `model=` object), made ready in place as load_policy makes a loaded
+    one: fp32 weights (autocast supplies low precision where asked), on `device`, the KV cache on, grpolab's
+    attention on a CPU where it supports the model (a peft model: on its base). The same object comes back,
+    so what the caller holds is what is trained. ConfigError for an object that is not a causal LM."""
+    if not (hasattr(model, "generate") and hasattr(model, "config") and hasattr(model, "parameters")):
+        raise ConfigError(
+            f"model: expected a transformers causal LM (or a peft model of one), got {type(model).__name__}"
+        )
+    model.to(device=device, dtype=torch.float32)
+    model.config.use_cache = True
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    install_attention(base, device)
+    return model
+
+
+def prepare_tokenizer(tokenizer):
+    """A caller's tokenizer (TRL's processing_class) set up as load_tokenizer sets one: a pad token (the EOS
+    where it has none) and left padding, in place. A processor gives its `tokenizer`."""
+    tok = getattr(tokenizer, "tokenizer", tokenizer)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def local_dir(name: str) -> Path | None:
+    """The directory `name` names when it holds a Hugging Face model (config.json), else None (a hub id, a
+    model object's recorded name): where a model object came from, if it is on this machine."""
+    path = Path(str(name)).expanduser()
+    return path if (path / "config.json").is_file() else None
+
+
 def adapter_base(adapter: Path) -> Path:
     """The base model directory of a LoRA checkpoint: the one peft recorded when it is still there,
     else the `model=` of the run the checkpoint belongs to (RUN/checkpoints/step-N -> RUN/config.yaml),

@@ -90,7 +90,7 @@ class Config:
     lr: float = 2e-5
     """Peak learning rate of AdamW."""
     warmup_steps: int = 2
-    """Linear warm-up of the learning rate over the first warmup_steps * algo.mu * algo.steps_per_generation optimizer updates (steps that made no update do not count); what follows is lr_scheduler's."""
+    """Linear warm-up of the learning rate over the first warmup_steps * algo.mu * algo.steps_per_generation optimizer updates (an update whose groups all have zero advantage counts, as in TRL; a non-finite update skipped, or a step dynamic sampling left empty, does not); what follows is lr_scheduler's."""
     # --- learning-rate schedule of TRL's GRPOConfig (grpolab.model.optim) ------------------------
     lr_scheduler: LrScheduler = "warmup_constant"
     """Learning-rate schedule over the run's steps * algo.mu * algo.steps_per_generation optimizer updates: warmup_constant (grpolab's: update i gets lr * min(1, (i + 1) / warmup), so the first update already learns), or one of transformers' get_scheduler schedules with the same numbers: linear (TRL's default), cosine, constant (no warm-up), constant_with_warmup, cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr, cosine_warmup_with_min_lr, warmup_stable_decay (grpolab.algo.schedules)."""

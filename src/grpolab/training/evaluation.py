@@ -77,7 +77,8 @@ def evaluate(
     main, threshold = run.main_reward, cfg.eval_pass_threshold
     checks = {f.name: f.fn.answer_found for f in run.reward_fns if callable(getattr(f.fn, "answer_found", None))}
     chunk_size = cfg.eval_batch if greedy else max(1, cfg.eval_batch // G)
-    totals, lengths, turns = [], [], []
+    totals, lengths, turns, truncated = [], [], [], []
+    per_fn: dict[str, list[float]] = {f.name: [] for f in run.reward_fns}
     correct, score = [], []
     shares = {name: [0, 0, 0] for name in checks}  # no_answer, wrong, right
     for s in range(0, len(examples), chunk_size):
@@ -91,6 +92,9 @@ def evaluate(
         skipped = set(scores.none.get(main, ()))  # a TRL-form main reward that does not apply: left out
         per = scores.per_fn[main]
         lengths += rollout.lengths.tolist()
+        truncated += rollout.truncated.tolist()
+        for name, values in per_fn.items():
+            values += [float(x) for x in scores.per_fn.get(name, ()) if x is not None and x == x]
         for j in range(len(chunk)):
             rows = [i for i in range(j * G, (j + 1) * G) if i not in skipped]
             correct.append(sum(1 for i in rows if per[i] >= threshold))
@@ -106,6 +110,14 @@ def evaluate(
         "length": sum(lengths) / len(lengths),
         "n": len(examples),
         "main_reward": main,
+        "accuracy_is_share": all(0.0 <= x <= 1.0 for x in scored),
+        "reward_std": _std(totals),
+        "length_min": min(lengths),
+        "length_max": max(lengths),
+        "truncated_frac": sum(truncated) / len(truncated),
+        **ended_lengths(lengths, truncated),
+        "zero_std_frac": sum(len(set(totals[i : i + G])) == 1 for i in range(0, len(totals), G)) / len(examples),
+        "rewards": {name: {"mean": _mean(v), "std": _std(v)} for name, v in per_fn.items()},
     }
     if turns:  # in an environment: model turns per trajectory
         out["turns"] = sum(t * n for t, n in turns) / len(examples)
@@ -138,6 +150,31 @@ def evaluate(
     return json.loads(json.dumps(out))  # plain JSON types: what summary.json holds reads back equal
 
 
+def ended_lengths(lengths: list[int], truncated: list[bool]) -> dict:
+    """The mean, shortest and longest length of the completions that ended (EOS), 0 each when none did (TRL's
+    completions/*_terminated_length)."""
+    ended = [n for n, t in zip(lengths, truncated) if not t]
+    if not ended:
+        return {"ended_length_mean": 0.0, "ended_length_min": 0.0, "ended_length_max": 0.0}
+    return {
+        "ended_length_mean": sum(ended) / len(ended),
+        "ended_length_min": min(ended),
+        "ended_length_max": max(ended),
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs: list[float]) -> float:
+    """The sample standard deviation, sqrt(sum (x - mean)^2 / (n - 1)) (TRL's reward_std); 0 below two values."""
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
 def eval_metrics(res: dict) -> dict:
     """The flat eval/ keys of one evaluation for a metrics row: eval/accuracy (+ _lo, _hi: its 95%
     interval), eval/reward, eval/length, eval/pass@K (+ _lo, _hi), eval/extract/NAME/{no_answer,
@@ -155,12 +192,27 @@ def eval_metrics(res: dict) -> dict:
     }
     if "turns" in res:
         m["eval/turns"] = res["turns"]
+    keys = ("reward_std", "length_min", "length_max", "truncated_frac", "zero_std_frac")
+    for key in (*keys, "ended_length_mean", "ended_length_min", "ended_length_max"):
+        if key in res:  # evaluations recorded before these were kept have none
+            m[f"eval/{key}"] = res[key]
+    for name, stats in res.get("rewards", {}).items():
+        m[f"eval/reward/{name}/mean"], m[f"eval/reward/{name}/std"] = stats["mean"], stats["std"]
     for k, v in res["pass@k"].items():
         m[f"eval/pass@{k}"], m[f"eval/pass@{k}_lo"], m[f"eval/pass@{k}_hi"] = v["estimate"], *v["ci"]
     for name, shares in res["extraction"].items():
         for kind, share in shares.items():
             m[f"eval/extract/{name}/{kind}"] = share
     return m
+
+
+def is_share(res: dict) -> bool:
+    """Whether an evaluation's accuracy is a share (every main-reward score in [0, 1]), so that it reads as a
+    percentage; a reward that scores outside it (negative, above 1) has a mean score instead. An evaluation
+    recorded before this was kept is judged by its accuracy alone."""
+    acc = res.get("accuracy")
+    in_range = not isinstance(acc, (int, float)) or 0.0 <= acc <= 1.0
+    return bool(res.get("accuracy_is_share", True)) and in_range
 
 
 def compare(before: dict | None, after: dict | None, seed: int = 0) -> dict | None:
@@ -179,7 +231,10 @@ def compare(before: dict | None, after: dict | None, seed: int = 0) -> dict | No
             [b for b, _ in both], [a for _, a in both], resamples=BOOTSTRAP_RESAMPLES, seed=seed
         )
     }
-    out["accuracy"]["sentence"] = describe_change(f"held-out accuracy ({before['main_reward']})", out["accuracy"])
+    share = is_share(before) and is_share(after)  # a score outside [0, 1] is no percentage
+    out["accuracy"]["sentence"] = describe_change(
+        f"held-out {'accuracy' if share else 'mean score'} ({before['main_reward']})", out["accuracy"], percent=share
+    )
     nb, na = before["samples_per_prompt"], after["samples_per_prompt"]
     for k in sorted(set(before.get("pass@k", {})) & set(after.get("pass@k", {})), key=int):
         cmp = paired_comparison(

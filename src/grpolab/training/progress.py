@@ -57,6 +57,8 @@ def print_summary(s: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from grpolab.training.evaluation import is_share
+
     console = console or Console()
     t = Table(title=f"grpolab run summary ({s['steps']} steps, {s['time_s']:.0f} s of training)")
     t.add_column("")
@@ -71,7 +73,13 @@ def print_summary(s: dict, console=None) -> None:
             if b.get("samples_per_prompt", 1) == 1 and not b.get("temperature")
             else f"{b['samples_per_prompt']} samples each"
         )
-        t.add_row(f"held-out accuracy ({b['n']} prompts, {how}, {b['main_reward']}; 95% interval)", _pct(b), _pct(a))
+        share = is_share(b) and is_share(a)
+        what = "accuracy" if share else "mean score"
+        t.add_row(
+            f"held-out {what} ({b['n']} prompts, {how}, {b['main_reward']}; 95% interval)",
+            _pct(b, share),
+            _pct(a, share),
+        )
     console.print(t)
     change = (s.get("eval_change") or {}).get("accuracy")
     if change:
@@ -93,10 +101,13 @@ def print_summary(s: dict, console=None) -> None:
     )
 
 
-def _pct(ev: dict) -> str:
-    """An evaluation's accuracy in percent, with its 95% interval when it has one; "–" when the main reward
-    scored no completion (accuracy None)."""
+def _pct(ev: dict, share: bool = True) -> str:
+    """An evaluation's accuracy in percent (share) or its mean score as a number (a main reward scoring
+    outside [0, 1]: grpolab.training.evaluation.is_share), with its 95% interval when it has one; "–" when
+    the main reward scored no completion (accuracy None)."""
     if not isinstance(ev.get("accuracy"), (int, float)):
         return "–"
     ci = ev.get("accuracy_ci")
+    if not share:
+        return f"{ev['accuracy']:.4g}" + (f" [{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "")
     return f"{100 * ev['accuracy']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")

@@ -7,6 +7,7 @@ touches, and everything in it that changes during training is saved by the check
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -117,6 +118,9 @@ class Run:
     """What samples the rollouts (grpolab.engine: the native decode loop or vLLM), set by setup."""
     trainer_state: object | None = None
     """transformers' TrainerState the reward functions receive (TRL's `trainer_state`), advanced by each step."""
+    updates: list[dict] = field(default_factory=list)
+    """The last step's optimizer updates, in order (grpolab.training.update.update_record): the learning rate
+    each used, its gradient norm and loss; what TRL logs once per optimizer step."""
     reward_error_streak: dict[str, int] = field(default_factory=dict)
     """Per reward function: steps in a row on which it failed on every completion (cfg.max_reward_error_steps)."""
 
@@ -139,6 +143,42 @@ class Run:
         """Parameters with gradients: the policy's and the advantage component's (a critic's)."""
         own = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
         return own + self.advantage.trained_params()
+
+
+def choose_engine(cfg: Config, path: Path | None, device: torch.device, dist) -> tuple[str, str]:
+    """The rollout engine's name and why (grpolab.engine.choose); rollout.engine=vllm where it cannot run
+    is a usage error (exit 2), raised before anything is loaded or written. path None (a model object with
+    no directory on this machine): grpolab's decode loop, vLLM (which loads a directory) a ConfigError."""
+    from grpolab.engine import EngineError, choose
+
+    if path is None:
+        if cfg.rollout.engine == "vllm":
+            raise ConfigError(
+                "rollout.engine=vllm: vLLM loads the model from a directory, and this model object has none "
+                "(save it with model.save_pretrained(DIR) and pass model=DIR)"
+            )
+        return "native", "a model object: grpolab's decode loop samples from it"
+    try:
+        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active)
+    except EngineError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_same_lora(out: Path, cfg: Config) -> None:
+    """A resumed run keeps its LoRA settings: its checkpoints hold an adapter of that shape (or a whole model)."""
+    from grpolab.training.config import config_from_run
+
+    before = (config_from_run(out) or {}).get("lora") or {}
+    now = dataclasses.asdict(cfg.lora)
+    changed = [k for k in now if k in before and before[k] != now[k]] + (
+        ["r"] if not before and now["r"] else []
+    )  # a run from before LoRA existed trained every weight
+    if changed:
+        raise ConfigError(
+            f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
+            f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
+            f"or start a new run"
+        )
 
 
 def rollout_sampling(cfg: Config) -> Sampling:
@@ -216,6 +256,8 @@ __all__ = [
     "Run",
     "Task",
     "check_epochs",
+    "check_same_lora",
+    "choose_engine",
     "main_reward",
     "pass_spec_of",
     "rollout_sampling",

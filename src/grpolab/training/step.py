@@ -285,6 +285,7 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
         "completion/length_max": float(lengths.max()),
         "completion/truncated_frac": float(batch.rollout.truncated.float().mean()),
         "tokens/generated": float(lengths.sum()),
+        **completion_stats(batch),
         "memory/peak_mb": peak_memory_mb(run.device),
         "params/trained": float(run.trained_params()),
         "time/step_s": time.perf_counter() - t_start,
@@ -293,6 +294,23 @@ def train_step(run: Run, step: int) -> tuple[dict, Batch]:
     if kl_measured:
         run.kl.update(metrics["kl"], len(batch.reward) * run.ranks.world)
     return metrics, batch
+
+
+def completion_stats(batch: Batch) -> dict:
+    """The statistics of the step's completions TRL logs too (docs/metrics.md): the shortest length, the
+    mean, shortest and longest length of the completions that ended (EOS; 0 when none did), the prompt tokens
+    (padding left out, one prompt per completion)."""
+    rollout = batch.rollout
+    lengths = rollout.lengths.float()  # (N,)
+    ended = lengths[~rollout.truncated]
+    out = {
+        "completion/length_min": float(lengths.min()),
+        "completion/ended_length_mean": float(ended.mean()) if len(ended) else 0.0,
+        "completion/ended_length_min": float(ended.min()) if len(ended) else 0.0,
+        "completion/ended_length_max": float(ended.max()) if len(ended) else 0.0,
+        "tokens/prompt": float(rollout.prompt_mask.sum()),
+    }
+    return out
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -16,7 +16,6 @@ writes after a step and at its end (checkpoints, stops, summary, report) in grpo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +24,20 @@ import torch
 
 from grpolab.algo.entropy import AdaptiveEntropy
 from grpolab.algo.kl import AdaptiveKL
-from grpolab.engine import EngineContext, EngineError, build_engine, choose, rollout_precision, rollout_probe
+from grpolab.engine import EngineContext, EngineError, build_engine, rollout_precision, rollout_probe
 from grpolab.engine.kv_cache import call_tokens
 from grpolab.engine.native.generate import eos_token_ids
 from grpolab.model import precision
-from grpolab.model.load import load_policy, load_tokenizer, model_dir, pick_device
-from grpolab.model.lora import attach, trainable_parameters
+from grpolab.model.load import (
+    load_policy,
+    load_tokenizer,
+    local_dir,
+    model_dir,
+    pick_device,
+    prepare_policy,
+    prepare_tokenizer,
+)
+from grpolab.model.lora import attach, is_peft, trainable_parameters
 from grpolab.model.optim import adamw, build_scheduler
 from grpolab.model.reference import FrozenCopy, reference_for, reference_kind, synced_reference
 from grpolab.model.template import set_template_kwargs
@@ -56,10 +63,18 @@ from grpolab.training.finish import (
     write_run_report,
     write_summary,
 )
-from grpolab.training.metrics import JsonlWriter, MetricsLogger, check_out_dir, make_out_dir, sample_table
+from grpolab.training.metrics import JsonlWriter, MetricsLogger, NoFile, check_out_dir, make_out_dir, sample_table
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.plan.check import check_run
-from grpolab.training.run import Run, check_epochs, pass_spec_of, rollout_sampling, samples_plainly
+from grpolab.training.run import (
+    Run,
+    check_epochs,
+    check_same_lora,
+    choose_engine,
+    pass_spec_of,
+    rollout_sampling,
+    samples_plainly,
+)
 from grpolab.training.step import train_step
 from grpolab.training.stops import RunStopped, StopSignals, check_reward_failures
 from grpolab.training.token_credit import sample_records
@@ -79,31 +94,24 @@ from grpolab.util.threads import (
 )
 
 
-def check_same_lora(out: Path, cfg: Config) -> None:
-    """A resumed run keeps its LoRA settings: its checkpoints hold an adapter of that shape (or a whole model)."""
-    from grpolab.training.config import config_from_run
-
-    before = (config_from_run(out) or {}).get("lora") or {}
-    now = dataclasses.asdict(cfg.lora)
-    changed = [k for k in now if k in before and before[k] != now[k]] + (
-        ["r"] if not before and now["r"] else []
-    )  # a run from before LoRA existed trained every weight
-    if changed:
-        raise ConfigError(
-            f"lora.{changed[0]}: cannot change when resuming (the run was trained with "
-            f"lora.{changed[0]}={before.get(changed[0], 0)!r}); continue with the same settings, "
-            f"or start a new run"
-        )
-
-
 def setup(
-    cfg: Config, *, resume: bool = False, training: bool = True, log: Callable[[str], None] = print, dist=None
+    cfg: Config,
+    *,
+    resume: bool = False,
+    training: bool = True,
+    log: Callable[[str], None] = print,
+    dist=None,
+    policy=None,
+    tokenizer=None,
 ) -> Run:
     """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
 
     training=False (evaluation) writes nothing and loads neither a reference model nor a critic.
     With lora.r > 0 the policy is a peft model whose adapter alone is trained; its reference is the
-    same network with the adapter off (grpolab.model.reference).
+    same network with the adapter off (grpolab.model.reference). policy, tokenizer: a model object and its
+    tokenizer built by the caller (TRL's model= and processing_class=), trained in place instead of loading
+    cfg.model (grpolab.model.load.prepare_policy); a peft model keeps its adapter and trains it, its
+    reference the adapter off. cfg.model then only names where it came from (a directory, or not).
     """
     out = Path(cfg.out)
     if training:
@@ -122,9 +130,12 @@ def setup(
     log(describe_threads(threads, wait, why=why))  # the first line (util.threads)
     if device.type == "cpu" and cfg.cpu_malloc == "keep":
         keep_freed_memory()
-    path = model_dir(cfg.model, log=log)
+    given = policy is not None
+    if given and tokenizer is None:
+        raise ConfigError("processing_class: a model object needs its tokenizer (processing_class=...)")
+    path = local_dir(cfg.model) if given else model_dir(cfg.model, log=log)
     torch.manual_seed(cfg.seed)
-    tokenizer = load_tokenizer(path)
+    tokenizer = prepare_tokenizer(tokenizer) if given else load_tokenizer(path)
     environments = load_environments(cfg.env, tokenizer, task.system_prompt)  # checked before any model load
     if environments is not None and environments.has_reward and cfg.env.reward_weight > 0:
         if any(f.name == ENV_REWARD for f in reward_fns):
@@ -144,8 +155,10 @@ def setup(
     log(f"rollout engine: {engine_name} ({why})")
     set_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # every prompt and conversation rendered
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
-    policy = load_policy(path, torch.device("cpu") if fsdp else device)
+    place = torch.device("cpu") if fsdp else device
+    policy = prepare_policy(policy, place) if given else load_policy(path, place)
     policy.train()
+    adapter = given and is_peft(policy)  # a peft model handed in: its adapter is what trains
     algo = cfg.algo
     advantage = GroupBaseline(algo)
     components = {}
@@ -155,9 +168,10 @@ def setup(
         advantage = components["critic"] = Critic(
             policy, algo, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay, device=device
         )
-    if training:
+    if training and not adapter:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
-    ref = reference_for(policy, reference_kind(algo.beta, algo.adaptive_kl, cfg.lora.r)) if training else None
+    lora_r = cfg.lora.r or int(adapter)
+    ref = reference_for(policy, reference_kind(algo.beta, algo.adaptive_kl, lora_r)) if training else None
     if training and algo.adaptive_entropy:  # its coefficient goes into each checkpoint (entropy_control.pt)
         components["entropy_control"] = AdaptiveEntropy.from_algo(algo)
     if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
@@ -243,15 +257,6 @@ def setup(
     )
 
 
-def choose_engine(cfg: Config, path: Path, device: torch.device, dist) -> tuple[str, str]:
-    """The rollout engine's name and why (grpolab.engine.choose); rollout.engine=vllm where it cannot run
-    is a usage error (exit 2), raised before anything is loaded or written."""
-    try:
-        return choose(cfg.rollout, model_path=path, device=device, distributed=dist is not None and dist.active)
-    except EngineError as e:
-        raise ConfigError(str(e)) from None
-
-
 def resume_state(run: Run, how: str = "--resume") -> int:
     """Load the newest checkpoint of run.out that verifies against its manifest (components included;
     a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none).
@@ -278,13 +283,21 @@ def resume_state(run: Run, how: str = "--resume") -> int:
 
 
 def train(
-    cfg: Config, *, resume: bool = False, console=None, report: ReportWriter | None = None, callbacks=None
+    cfg: Config,
+    *,
+    resume: bool = False,
+    console=None,
+    report: ReportWriter | None = None,
+    callbacks=None,
+    policy=None,
+    tokenizer=None,
 ) -> dict:
     """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary.
 
     report: writes OUT/report.html when cfg.report (the command line and grpolab.train pass
     grpolab.app.report.write_run_report); None writes none. callbacks: objects with hooks, or transformers
-    TrainerCallbacks (grpolab.training.callbacks); one can stop the run after a step."""
+    TrainerCallbacks (grpolab.training.callbacks); one can stop the run after a step. policy, tokenizer: a
+    model object and its tokenizer to train in place instead of loading cfg.model (`setup`)."""
     from grpolab.training.progress import Progress, print_summary
 
     hooks = Callbacks(callbacks)  # checked before anything runs (ConfigError, exit 2)
@@ -297,7 +310,7 @@ def train(
     # resume=auto: continue the run in OUT if there is one (every rank decides before the barrier
     # below, so before rank 0 writes anything: all see the same OUT); otherwise a new run
     resume = check_out_dir(Path(cfg.out), resume, auto=cfg.resume == "auto")
-    run = setup(cfg, resume=resume, log=log, dist=d)
+    run = setup(cfg, resume=resume, log=log, dist=d, policy=policy, tokenizer=tokenizer)
     check_run(run, log)  # before step 1: a warning when grpolab plan puts the peak over the device's memory
     distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
     start = resume_state(run, how) if resume else 0
@@ -312,7 +325,7 @@ def train(
     if start >= cfg.steps:
         log(f"{run.out} already finished {start} steps (steps={cfg.steps}); nothing to do")
     logger = (
-        _NoFile()
+        NoFile()
         if not main
         else MetricsLogger(
             run.out,
@@ -325,7 +338,7 @@ def train(
             listeners=[hooks.listener],
         )
     )
-    samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else _NoFile()
+    samples = JsonlWriter(run.out / "samples.jsonl", keep_until_step=start if resume else None) if main else NoFile()
     summary_path = run.out / "summary.json"
     prior = json.loads(summary_path.read_text()) if resume and summary_path.exists() else {}
     eval_set = run.task.eval_set()[: cfg.eval_size] if cfg.eval_size and main else []
@@ -334,11 +347,13 @@ def train(
         run.out,
         start,
         is_main=main,
+        rows=len(run.task) if hasattr(run.task, "epoch_rows") else None,
         objects={
             "model": run.policy,
             "processing_class": run.tokenizer,
             "optimizer": run.optimizer,
             "lr_scheduler": run.scheduler,
+            "reward_names": [f.name for f in run.reward_fns],
         },
     )
     # the one place an evaluation happens: Evaluator.evaluate_at; with eval_steps=0 the evaluations before
@@ -362,12 +377,13 @@ def train(
         with StopSignals(log=log) as signals:
             for step in range(start + 1, cfg.steps + 1):
                 hooks.step_begin(step)
+                run.updates = []  # filled by the step's update (none when dynamic sampling kept no group)
                 m, batch = engine_step(run, step)
                 m["threads"] = float(torch.get_num_threads())
                 watcher.update(m, batch)  # rolling length-reward correlation, collapse alerts
                 if evaluator.due(step):
                     m.update(evaluator.evaluate_at(step))
-                hooks.step_end(step, m)
+                hooks.step_end(step, m, run.updates)
                 logger.log(m)
                 if cfg.samples_per_step and not batch.empty:
                     records = sample_records(batch, step, cfg.samples_per_step, run=run)
@@ -466,22 +482,3 @@ def engine_step(run: Run, step: int):
 
 def _quiet(*args, **kwargs) -> None:
     """The console of a rank other than 0: says nothing."""
-
-
-class _NoFile:
-    """metrics.jsonl / samples.jsonl of a rank other than 0: written by rank 0 only."""
-
-    def log(self, record: dict) -> None:
-        pass
-
-    def track(self, record: dict) -> None:
-        pass
-
-    def log_table(self, name: str, rows: list, step: int) -> None:
-        pass
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

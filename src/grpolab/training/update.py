@@ -78,6 +78,7 @@ class Update:
     correct: bool  # weight each token by rollout.correction (the sampler is not the trainer)
     entropy_window: list = field(default_factory=lambda: [0.0, 0.0])  # sum_t k_t H_t, sum_t k_t of this update
     loss_infos: list = field(default_factory=list)  # ({metric: value}, weight) per micro-batch, as entropy_infos
+    updates: list = field(default_factory=list)  # per optimizer update: the lr it used, its grad norm and loss
     entropy_infos: list = field(default_factory=list)
     grad_norms: list = field(default_factory=list)
     n_nonfinite: int = 0
@@ -227,14 +228,32 @@ def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
         run.advantage.discard()
         u.n_nonfinite += 1
         run.nonfinite_streak += 1
+        u.updates.append(update_record(run, None, None))
         return
     if cfg.max_grad_norm > 0:
         u.grad_norms.append(norm)
+    u.updates.append(update_record(run, norm, loss_sum))
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()  # warm-up counts optimizer updates actually made
+    run.scheduler.step()
     run.advantage.step(cfg.max_grad_norm)
     run.nonfinite_streak = 0
+    u.n_synced += sync_reference(run)
+
+
+def update_record(run: Run, grad_norm: float | None, loss: float | None) -> dict:
+    """One optimizer update's record (Run.updates): the learning rate it uses (read before the schedule
+    moves on: what TRL logs as learning_rate), its gradient norm before clipping and its loss (None for
+    an update skipped for a non-finite loss or norm)."""
+    return {"learning_rate": run.scheduler.get_last_lr()[0], "grad_norm": grad_norm, "loss": loss}
+
+
+def skipped_update(run: Run, u: Update) -> None:
+    """An update whose prompt groups all have zero advantage (nothing computed): the weights stay, and the
+    schedule moves on as TRL's does (its update runs on a zero gradient), so the schedule's length is the
+    run's steps x mu x steps_per_generation whatever the rewards. Recorded with gradient norm and loss 0."""
+    u.updates.append(update_record(run, 0.0, 0.0))
+    run.scheduler.step()
     u.n_synced += sync_reference(run)
 
 
@@ -265,6 +284,7 @@ def update(run: Run, batch: Batch) -> dict:
                 int(x) for x in global_counts(d, len(part_rows), float(u.lmask[part_rows].sum()), len(part_batches))
             )  # this update's batch
             if not n_batches:  # every rank runs the same updates
+                skipped_update(run, u)
                 continue
             loss_sum = 0.0
             for rows in passes(d, part_batches, is_sharded(run.policy)):  # FSDP: every rank the same passes
@@ -277,12 +297,13 @@ def update(run: Run, batch: Batch) -> dict:
             optimizer_step(run, u, loss_sum)
             adapt_entropy(run, u)
     batch.old_logp, batch.last_logp, batch.entropy = u.old_logp, u.last_logp, u.entropy_tok  # not computed: 0
+    run.updates = u.updates
     return update_metrics(run, batch, u)
 
 
 def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
-    """The update's report: the weighted losses and entropy, the rows computed, skips, the learning rate,
-    beta, the gradient norm, the sampler's mismatch where it is not the trainer, FSDP's idle passes."""
+    """The update's report: the weighted losses and entropy, the rows computed, skips, the learning rate
+    the step's first update used, beta, the gradient norm, the sampler's mismatch where it is not the trainer, FSDP's idle passes."""
     algo, rollout = run.cfg.algo, batch.rollout
     batches = [rows for part in u.plan for rows in part]
     metrics = weighted_mean(u.loss_infos)
@@ -293,7 +314,7 @@ def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
             "update/seqs_computed": float(n_rows),
             "update/skipped": float(n_rows == 0),
             "update/nonfinite_skipped": float(u.n_nonfinite),
-            "lr": run.scheduler.get_last_lr()[0],
+            "lr": u.updates[0]["learning_rate"] if u.updates else run.scheduler.get_last_lr()[0],
             "kl/beta": run.kl.value,
         }
     )

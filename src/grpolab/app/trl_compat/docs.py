@@ -14,11 +14,27 @@ A TRL 1.16 GRPO script runs on grpolab with one import changed:
 ```python
 from grpolab import GRPOConfig, GRPOTrainer      # was: from trl import GRPOConfig, GRPOTrainer
 
-trainer = GRPOTrainer(model="smollm2-135m", reward_funcs=reward_len, args=GRPOConfig(output_dir="runs/x"),
-                      train_dataset=dataset)
-trainer.train()
-trainer.save_model("runs/x/final")               # a Hugging Face model directory (LoRA merged)
+model = AutoModelForCausalLM.from_pretrained(path)   # or model="smollm2-135m", a directory, a PeftModel
+trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_len,
+                      args=GRPOConfig(output_dir="runs/x"), train_dataset=dataset)
+trainer.train()                                  # trains `model` itself, in place
+trainer.state.log_history                        # TRL's rows: per optimizer step, TRL's metric names
+trainer.evaluate()                               # {"eval_reward": ..., ...}
+trainer.save_model("runs/x/final")               # trainer.model's save_pretrained (a peft model: its adapter)
 ```
+
+The trainer is the object TRL scripts hold, with grpolab's run inside (the same run `grpolab train` drives):
+the model object passed (or loaded from a name or directory, as TRL loads it) is the one trained, so
+`trainer.model.generate(...)` and `pipeline(model=trainer.model)` use the trained weights; `trainer.state` is
+a transformers `TrainerState` counting optimizer steps (`global_step`, `max_steps`, `epoch`, `log_history`
+in TRL's names and order, `best_metric` and `best_model_checkpoint` with `metric_for_best_model`); `train()`
+returns transformers' `TrainOutput` as TRL's; `evaluate(eval_dataset=None, metric_key_prefix="eval")`,
+`log_metrics`, `save_metrics`, `save_state`, `save_model`, `is_world_process_zero`, `accelerator` (one
+process's answers), `end()`, `create_model_card`, `train_dataset` / `eval_dataset`, `callback_handler`,
+`add_callback` / `pop_callback` / `remove_callback` do what TRL's do on one process. Callbacks get TRL's
+metric names in `logs` (`reward`, `reward_std`, `rewards/<fn>/mean`, `completions/mean_length`, `kl`,
+`entropy`, `clip_ratio/...`, `eval_reward`, ...); `metrics.jsonl` keeps grpolab's, and one table maps the two
+(docs/metrics.md, "TRL's names").
 
 `GRPOConfig` has TRL's field names, order and defaults (learning_rate 1e-06 with linear decay, beta 0.0,
 loss_type "dapo", max_completion_length 512, Adam beta2 0.999, seed 42, num_generations 8, ...); a real
@@ -55,10 +71,19 @@ model, with its tokenizer in `reward_processing_classes`; grpolab scores it as T
 `reward_weights` and logs `reward/<name>/mean` and `reward/<name>/std` (docs/rewards.md, "A learned reward
 model"). A hub id is refused: grpolab never downloads.
 
-Differences that remain: an `output_dir` that already holds a run is refused (TRL overwrites it);
-continue it with `trainer.train(resume_from_checkpoint=True)`. `save_model` writes the merged model of
-the newest checkpoint (TRL writes a LoRA adapter alone). With `eval_dataset`, grpolab also scores it
-before and after training.
+Differences that remain:
+- an `output_dir` that already holds a run is refused (TRL overwrites it); continue it with
+  `trainer.train(resume_from_checkpoint=True)`, which trains on to this trainer's `max_steps`;
+- checkpoints are grpolab's `OUT/checkpoints/step-NNNNNN` (N in generations), not `OUT/checkpoint-N`, so
+  `transformers.trainer_utils.get_last_checkpoint(OUT)` finds none, and a resumed trainer's
+  `state.log_history` starts at the resumed step (the rows before it are in `metrics.jsonl`);
+- TRL logs `clip_ratio/low_min`, `clip_ratio/high_max`, `eval_loss`, `eval_entropy` and `eval_clip_ratio/...`,
+  which grpolab has no number for (its evaluation generates and scores, with no loss pass); they are left out
+  of the rows. `entropy`, `kl` and the clip ratios are measured once per generation and repeated on each of
+  its optimizer steps; the evaluations during training carry no `eval_runtime`;
+- a model object is trained in fp32 (moved there in place) and sampled by grpolab's decode loop (vLLM needs
+  a directory); `optimizers`, `quantization_config`, `rollout_func` and hyperparameter search are refused;
+- with `eval_dataset`, grpolab also scores it before and after training (its summary, `trainer.summary`).
 
 Kinds: **map** (the value becomes the grpolab settings shown), **refused** (any value but TRL's default
 is an error naming the field and the reason), **ignored** (accepted, no effect, for the reason given).

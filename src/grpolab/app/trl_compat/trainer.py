@@ -1,98 +1,43 @@
-"""GRPOTrainer with TRL's constructor and methods, running grpolab.
+"""GRPOTrainer: the object a TRL 1.16 script holds, with grpolab's run inside.
 
-    from grpolab import GRPOConfig, GRPOTrainer
+    from grpolab import GRPOConfig, GRPOTrainer          # was: from trl import ...
 
-    trainer = GRPOTrainer(model="smollm2-135m", reward_funcs=reward_len, args=GRPOConfig(output_dir="runs/x"),
-                          train_dataset=dataset)
-    trainer.train()                  # grpolab.train with the config the mapping table gives
-    trainer.save_model("runs/x/final")   # a Hugging Face model directory (LoRA merged)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), processing_class=tok,
+                          reward_funcs=reward_len, args=GRPOConfig(output_dir="runs/x"), train_dataset=ds)
+    trainer.train()                 # grpolab.train on the mapped config, training trainer.model in place
+    trainer.state.log_history       # TRL's rows: per optimizer update, TRL's metric names
+    trainer.evaluate()              # {"eval_reward": ..., ...}
+    trainer.save_model()            # trainer.model (the trained weights) with save_pretrained
 
-Everything is checked when the trainer is built, as TRL checks it: a refused field, a reward model given
-by a hub id (grpolab never downloads; a local directory or a loaded model is scored as TRL scores it:
-grpolab.app.trl_compat.rewards), a dataset without a `prompt` column raise ConfigError (exit 2 on the
-command line).
+It is one thin layer over the Run the command line drives (grpolab.app.api.train -> grpolab.training.trainer):
+the model object (or the one loaded from a name or directory here, as TRL loads it) and the tokenizer are
+handed to the run, which trains that object; `state` is the transformers TrainerState the run's callbacks
+keep in optimizer updates (grpolab.training.callbacks.transformers_adapter), and metrics.jsonl keeps grpolab's
+names (grpolab.training.trl_names maps the two). Everything is checked when the trainer is built, as TRL
+checks it: a refused field, a reward model, a dataset without a `prompt` column raise ConfigError (exit 2 on
+the command line).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from grpolab.app.trl_compat import data as trl_data
+from grpolab.app.trl_compat.accelerator import Accelerator
 from grpolab.app.trl_compat.config import GRPOConfig, trl_recipe
+from grpolab.app.trl_compat.inputs import (
+    check_peft,
+    lora_settings,
+    model_name,
+    policy_of,
+    reward_specs,
+    source_of,
+    wrap_peft,
+    wrapped_targets,
+)
 from grpolab.util.fields import ConfigError
-
-PEFT_FIELDS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout"}
-PEFT_DEFAULTS = {
-    "bias": "none",
-    "use_rslora": False,
-    "use_dora": False,
-    "modules_to_save": None,
-    "layers_to_transform": None,
-    "init_lora_weights": True,
-}
-
-
-class TrainOutput(NamedTuple):
-    """What Trainer.train returns in transformers: the steps, the mean training loss, the metrics (here the
-    run's summary, OUT/summary.json)."""
-
-    global_step: int
-    training_loss: float
-    metrics: dict
-
-
-def _model_name(model: Any) -> str:
-    if isinstance(model, (str, Path)):
-        return Path(str(model)).name
-    return str(getattr(getattr(model, "config", None), "_name_or_path", "model")).rstrip("/").split("/")[-1]
-
-
-def _reward_specs(reward_funcs: Any, weights: list[float] | None, processing_classes: Any = None) -> list[dict]:
-    """reward_funcs -> grpolab reward specs: functions, grpolab reward names, reward models (a local
-    directory or a loaded model, with reward_processing_classes); a hub id is refused
-    (grpolab.app.trl_compat.rewards)."""
-    from grpolab.app.trl_compat.rewards import reward_specs
-
-    return reward_specs(reward_funcs, weights, processing_classes)
-
-
-def _lora(peft_config: Any, model_path: str | None) -> dict:
-    """peft's LoraConfig -> grpolab's lora.* (target_modules None: peft's default for the model type)."""
-    if peft_config is None:
-        return {}
-    if type(peft_config).__name__ != "LoraConfig":
-        raise ConfigError(f"peft_config: refused: grpolab trains LoRA adapters only, got {type(peft_config).__name__}")
-    for key, default in PEFT_DEFAULTS.items():
-        if (
-            getattr(peft_config, key, default) not in (default, None, False)
-            and getattr(peft_config, key, default) != default
-        ):
-            raise ConfigError(
-                f"peft_config.{key}={getattr(peft_config, key)!r}: refused: grpolab's adapter is "
-                f"plain LoRA ({key}={default!r})"
-            )
-    out = {dst: getattr(peft_config, src) for src, dst in PEFT_FIELDS.items()}
-    targets = peft_config.target_modules
-    if targets is None:
-        targets = _peft_default_targets(model_path)
-    out["target_modules"] = targets if isinstance(targets, str) else sorted(targets)
-    return out
-
-
-def _peft_default_targets(model_path: str | None) -> list[str]:
-    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
-    kind = None
-    if model_path is not None and (Path(model_path) / "config.json").exists():
-        kind = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
-    if kind not in DEFAULTS:
-        raise ConfigError(
-            "peft_config.target_modules: None means peft's default for the model type, which grpolab "
-            "cannot tell for this model; name the modules (e.g. 'all-linear')"
-        )
-    return list(DEFAULTS[kind])
 
 
 class GRPOTrainer:
@@ -116,6 +61,10 @@ class GRPOTrainer:
         rollout_func=None,
         environment_factory=None,
     ):
+        from transformers import TrainerControl
+
+        from grpolab.training.callbacks.transformers_adapter import TrainerCallbackAdapter, new_state
+
         for name, value, why in (
             (
                 "optimizers",
@@ -131,77 +80,143 @@ class GRPOTrainer:
             raise ConfigError(
                 "reward_funcs: give reward functions (or an environment_factory whose environment has get_reward)"
             )
-        self.args = args if args is not None else GRPOConfig(output_dir=f"{_model_name(model)}-GRPO")
+        self.args = args if args is not None else GRPOConfig(output_dir=f"{model_name(model)}-GRPO")
         self.recipe, self.notes, weights = trl_recipe(self.args)  # refused fields raise here
-        self.model = model
-        self.processing_class = processing_class
-        self.callbacks = list(callbacks or [])
-        self.environment_factory, self.tools = environment_factory, tools
+        self.reward_funcs = reward_funcs
         self.reward_specs = (
-            _reward_specs(reward_funcs, weights, reward_processing_classes) if reward_funcs is not None else None
+            reward_specs(reward_funcs, weights, reward_processing_classes) if reward_funcs is not None else None
         )
+        self.environment_factory, self.tools = environment_factory, tools
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.train_rows = trl_data.rows_of(train_dataset, "train_dataset") if train_dataset is not None else None
         self.eval_rows = trl_data.rows_of(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        model_path = str(model) if isinstance(model, (str, Path)) else None
-        self.recipe["lora"] = _lora(peft_config, model_path)
         if self.train_rows is not None:
             self.recipe["task_args"] = trl_data.task_args(self.train_rows, environment_factory is not None)
-        if processing_class is not None and model_path is not None:
-            self._check_processing_class(processing_class, model_path)
+        self.recipe["model"] = source_of(model)
+        path = str(model) if isinstance(model, (str, Path)) else None
+        if peft_config is not None:
+            check_peft(peft_config)  # before the model is loaded or wrapped
+        module, self.processing_class = policy_of(model, processing_class)
+        self.model = wrap_peft(module, peft_config)  # TRL wraps it here too: trainer.model is the peft model
+        self.recipe["lora"] = lora_settings(peft_config, path, wrapped=wrapped_targets(self.model, peft_config))
+        self.model_wrapped = self.model
+        self.accelerator = Accelerator()
+        self.optimizer = self.lr_scheduler = None
         self.summary: dict | None = None
+        self._adapter = TrainerCallbackAdapter(list(callbacks or []), args=self.args)
+        self._adapter.handler.model, self._adapter.handler.processing_class = self.model, self.processing_class
+        self.state = self._adapter.state = new_state(self.args, 0)
+        self.control = TrainerControl()
+        self.callback_handler.on_init_end(self.args, self.state, self.control)
 
-    @staticmethod
-    def _check_processing_class(tok: Any, model_path: str) -> None:
-        from grpolab.model.load import model_dir
+    # -- the Trainer's small methods -------------------------------------------------------------------------
 
-        named = getattr(tok, "name_or_path", None)
-        try:
-            same = (
-                named is not None
-                and Path(model_dir(model_path, log=lambda *_: None)).resolve() == Path(named).resolve()
-            )
-        except (ConfigError, OSError):
-            same = False
-        if not same:
-            raise ConfigError(
-                "processing_class: grpolab reads the tokenizer (and chat template) from the model "
-                "directory; save yours there (processing_class.save_pretrained(MODEL_DIR)) and leave "
-                "processing_class out"
-            )
+    @property
+    def callback_handler(self):
+        """transformers' CallbackHandler holding the callbacks (DefaultFlowCallback first)."""
+        return self._adapter.handler
+
+    def add_callback(self, callback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def is_world_process_zero(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def is_local_process_zero(self) -> bool:
+        return self.accelerator.is_local_main_process
 
     @property
     def output_dir(self) -> Path:
         return Path(self.recipe["out"])
 
-    def _model_setting(self) -> str:
-        if isinstance(self.model, (str, Path)):
-            return str(self.model)
-        if not hasattr(self.model, "save_pretrained"):
-            raise ConfigError(
-                f"model: expected a model name or directory, or a transformers model, got {type(self.model).__name__}"
-            )
-        path = self.output_dir / "initial_model"  # a model object: saved once, as the run's starting weights
-        self.model.save_pretrained(str(path))
-        if self.processing_class is None:
-            raise ConfigError("processing_class: a model object needs its tokenizer (processing_class=...)")
-        self.processing_class.save_pretrained(str(path))
-        return str(path)
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        """transformers' Trainer.log: the row (with epoch) into state.log_history, then the callbacks' on_log."""
+        logs = dict(logs)
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
-        """Run grpolab.train on the mapped config; resume_from_checkpoint (True or the output_dir) continues
-        the run in output_dir. Returns TrainOutput(global_step, training_loss, metrics=summary)."""
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        from transformers.trainer_pt_utils import log_metrics
+
+        log_metrics(self, split, metrics)
+
+    def metrics_format(self, metrics: dict) -> dict:
+        from transformers.trainer_pt_utils import metrics_format
+
+        return metrics_format(metrics)
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        from transformers.trainer_pt_utils import save_metrics
+
+        Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
+        save_metrics(self, split, metrics, combined)
+
+    def save_state(self) -> None:
+        """state as OUT/trainer_state.json (transformers' format)."""
+        if self.is_world_process_zero():
+            Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
+            self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
+
+    def end(self) -> None:
+        """transformers' Trainer.end: finishes the trackers (grpolab's close at the end of train())."""
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None) -> None:
+        """OUT/README.md: a short model card (the base model, the dataset, the method, the tags)."""
+        if not self.is_world_process_zero():
+            return
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        lines = [
+            "---",
+            f"base_model: {self.recipe.get('model', '')}",
+            f"tags: [{', '.join(['grpo', 'grpolab', *tags])}]",
+            "---",
+            "",
+            f"# {model_name or Path(self.args.output_dir).name}",
+            "",
+            f"Trained with GRPO by grpolab{f' on {dataset_name}' if dataset_name else ''}.",
+            "",
+        ]
+        Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(self.args.output_dir) / "README.md").write_text("\n".join(lines))
+
+    def push_to_hub(self, *args, **kwargs):
+        raise ConfigError(
+            "push_to_hub: refused: grpolab never contacts the Hugging Face Hub; upload output_dir yourself"
+        )
+
+    # -- training, evaluation, saving ------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: bool | str | None = None, trial=None, ignore_keys_for_eval=None):
+        """grpolab.train on the mapped config, training trainer.model in place. resume_from_checkpoint: True
+        (output_dir's newest checkpoint) or a checkpoint directory continues that run to this trainer's
+        max_steps. Returns transformers' TrainOutput(global_step in optimizer updates, training_loss, metrics)."""
         from rich.console import Console
+        from transformers.trainer_utils import TrainOutput
 
         from grpolab.app import api
 
+        if trial is not None:
+            raise ConfigError("trial: refused: grpolab has no hyperparameter search")
         console = Console()
         for note in self.notes:
             console.print(f"TRL compatibility: {note}")
         recipe = dict(self.recipe)
-        recipe["model"] = self._model_setting() if not resume_from_checkpoint else recipe.get("model", "")
-        kwargs: dict = {"environment_factory": self.environment_factory, "tools": self.tools, "console": console}
-        if self.callbacks:
-            kwargs["callbacks"] = self.callbacks
+        kwargs: dict = {
+            "environment_factory": self.environment_factory,
+            "tools": self.tools,
+            "console": console,
+            "callbacks": [self._adapter],
+            "policy": self.model,
+            "tokenizer": self.processing_class,
+        }
         if self.train_rows is not None:
             kwargs["dataset"] = self.train_rows
         if self.eval_rows is not None:
@@ -210,42 +225,61 @@ class GRPOTrainer:
         elif self.train_rows is not None:
             recipe["eval_size"] = 0  # TRL evaluates eval_dataset only
         if resume_from_checkpoint:
-            kwargs["resume"] = str(self.output_dir)
+            kwargs["resume"] = str(self._run_of(resume_from_checkpoint))
+            kwargs.update({k: recipe[k] for k in ("steps",) if k in recipe})  # a larger max_steps trains on
             recipe = None
+            self.state = self._adapter.state = self._resumed_state(kwargs["resume"])
         self.summary = api.train(recipe, rewards=self.reward_specs, **kwargs)
-        losses = [m.get("loss/policy") for m in _metrics(self.output_dir)]
-        losses = [x for x in losses if isinstance(x, (int, float))]
-        return TrainOutput(
-            int(self.summary.get("steps", 0)), sum(losses) / len(losses) if losses else float("nan"), self.summary
-        )
+        self.state = self._adapter.state
+        metrics = {k: v for k, v in self._adapter.output.items() if k != "total_flos"}  # as TRL returns them
+        return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
 
-    def save_model(self, output_dir: str | None = None) -> Path:
-        """The run's newest checkpoint as a Hugging Face model directory (a LoRA adapter merged into the
-        weights), written to output_dir (default: args.output_dir, beside the run's files)."""
-        import torch
+    def _run_of(self, resume) -> Path:
+        """The run directory a resume_from_checkpoint names: True -> output_dir; a checkpoint's directory -> the
+        run holding it; a run directory as it is."""
+        if resume is True:
+            return self.output_dir
+        path = Path(str(resume))
+        return path.parent if (path / "trainer_state.json").is_file() and not (path / "config.yaml").is_file() else path
 
-        from grpolab.app.export import checkpoint_of
-        from grpolab.model.load import load_policy
-        from grpolab.model.lora import is_peft
+    def _resumed_state(self, run: str):
+        """The TrainerState of the run's newest checkpoint (its log_history continued), or a new one."""
+        from transformers import TrainerState
 
-        target = Path(output_dir) if output_dir is not None else self.output_dir
-        ck = checkpoint_of(self.output_dir, log=lambda *_: None)
-        model = load_policy(ck, torch.device("cpu"))
-        if is_peft(model):
-            model = model.merge_and_unload()
-        from transformers import AutoTokenizer
+        from grpolab.training.checkpoint import latest_checkpoint
 
+        ck = latest_checkpoint(Path(run))
+        saved = ck / "trainer_state.json" if ck is not None else None
+        if saved is not None and saved.is_file() and "log_history" in json.loads(saved.read_text()):
+            return TrainerState.load_from_json(str(saved))
+        return self.state
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """grpolab's held-out evaluation of trainer.model on eval_dataset (default: the trainer's), with TRL's
+        metric names (eval_reward, eval_completions/mean_length, ...; grpolab's own after them), logged into
+        state.log_history and passed to the callbacks' on_evaluate. Returns the metrics."""
+        from grpolab.app.trl_compat.evaluate import evaluate_rows
+
+        rows = trl_data.rows_of(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_rows
+        if rows is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        row = evaluate_rows(self, rows, float(self.state.num_input_tokens_seen))
+        row = {(f"{metric_key_prefix}_{k[5:]}" if k.startswith("eval_") else k): v for k, v in row.items()}
+        row["epoch"] = self.state.epoch
+        self.state.log_history.append({**row, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, row)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, row)
+        return row
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> Path:
+        """trainer.model with save_pretrained (a peft model: its adapter, as TRL saves it) and the tokenizer,
+        into output_dir (default: args.output_dir)."""
+        target = Path(output_dir) if output_dir is not None else Path(self.args.output_dir)
         target.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(target), safe_serialization=True)
-        AutoTokenizer.from_pretrained(str(ck)).save_pretrained(str(target))
+        self.model.save_pretrained(str(target), safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(str(target))
         return target
 
 
-def _metrics(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-__all__ = ["GRPOTrainer", "TrainOutput"]
+__all__ = ["GRPOTrainer"]

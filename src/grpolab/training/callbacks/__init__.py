@@ -19,8 +19,9 @@ Hooks (each optional; `state` is the run's TrainingState):
 A hook stops the run by returning True or calling state.stop(reason): the step in progress finishes, a
 checkpoint is written, the held-out evaluation, summary and report follow as at a normal end, and the
 command exits 0. A transformers TrainerCallback (an instance or its class) is accepted as it is
-(grpolab.training.callbacks.transformers_adapter): it is called as transformers' Trainer calls it, and
-its control.should_training_stop stops the run, control.should_save writes a checkpoint.
+(grpolab.training.callbacks.transformers_adapter): it is called as TRL's GRPOTrainer calls it (per optimizer
+update, with TRL's metric names in `logs`), its control.should_training_stop stops the run, and
+control.should_save writes a checkpoint.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class TrainingState:
     """Who asked to stop, and why."""
     should_save: bool = False
     """Set to write a checkpoint after the current step (reset after it is written)."""
+    rows: int | None = None
+    """The training rows one epoch passes over (None for a task that generates its prompts)."""
+    updates: list[dict] = field(default_factory=list)
+    """The last step's optimizer updates (grpolab.training.run.Run.updates: the learning rate each used, its
+    gradient norm and loss), set before on_step_end."""
 
     def stop(self, reason: str = "") -> None:
         """End the run after the current step (checkpoint, evaluation, summary and report as at a normal end)."""
@@ -95,7 +101,7 @@ def as_callbacks(items) -> list:
         return []
     if not isinstance(items, (list, tuple)):
         items = [items]
-    out = []
+    out, trainer_callbacks = [], []
     for i, item in enumerate(items):
         from grpolab.training.callbacks.transformers_adapter import TrainerCallbackAdapter, is_trainer_callback
 
@@ -104,11 +110,17 @@ def as_callbacks(items) -> list:
                 raise ConfigError(_not_a_callback(i, item))
             item = item()
         if is_trainer_callback(item):
-            out.append(TrainerCallbackAdapter(item))
+            if not trainer_callbacks:  # every TrainerCallback shares one adapter, where the first stood
+                out.append(TrainerCallbackAdapter(trainer_callbacks))
+            trainer_callbacks.append(item)
         elif any(callable(getattr(item, h, None)) for h in HOOKS):
             out.append(item)
         else:
             raise ConfigError(_not_a_callback(i, item))
+    for item in out:
+        if isinstance(item, TrainerCallbackAdapter) and not item.handler.callbacks[1:]:
+            for cb in trainer_callbacks:
+                item.handler.add_callback(cb)
     return out
 
 
@@ -138,10 +150,14 @@ class Callbacks:
             if fn is not None and fn(self.state, *args) is True:
                 self.state.stop(f"{type(cb).__name__}.{hook} returned True")
 
-    def begin(self, cfg, out: Path, start: int, *, is_main: bool = True, objects: dict | None = None) -> None:
+    def begin(
+        self, cfg, out: Path, start: int, *, is_main: bool = True, rows: int | None = None, objects: dict | None = None
+    ) -> None:
         """on_train_begin. objects: what transformers passes a TrainerCallback (model, processing_class,
-        optimizer, lr_scheduler)."""
-        self.state = TrainingState(max_steps=cfg.steps, out=Path(out), config=cfg, step=start, is_main=is_main)
+        optimizer, lr_scheduler); rows: the training rows of an epoch (None: generated prompts)."""
+        self.state = TrainingState(
+            max_steps=cfg.steps, out=Path(out), config=cfg, step=start, is_main=is_main, rows=rows
+        )
         for cb in self.items:
             if hasattr(cb, "bind"):
                 cb.bind(self.state, objects or {})
@@ -151,8 +167,9 @@ class Callbacks:
         self.state.step = step
         self._call("on_step_begin")
 
-    def step_end(self, step: int, metrics: dict) -> None:
+    def step_end(self, step: int, metrics: dict, updates: list[dict] | None = None) -> None:
         self.state.step = step
+        self.state.updates = list(updates or [])
         self._call("on_step_end", metrics)
 
     def listener(self, record: dict) -> None:
