@@ -9,6 +9,7 @@ import re
 from grpolab.util.fields import ConfigError
 
 _KWARGS_ATTR = "grpolab_template_kwargs"
+_TRAINING_ATTR = "grpolab_training_template"
 
 
 def set_template_kwargs(tokenizer, kwargs: dict | None) -> None:
@@ -19,8 +20,18 @@ def set_template_kwargs(tokenizer, kwargs: dict | None) -> None:
 
 
 def template_kwargs(tokenizer) -> dict:
-    """The kwargs set_template_kwargs gave this tokenizer ({} when none)."""
-    return dict(getattr(tokenizer, _KWARGS_ATTR, None) or {})
+    """The kwargs set_template_kwargs gave this tokenizer ({} when none), with `chat_template` when
+    set_training_template gave it one."""
+    kw = dict(getattr(tokenizer, _KWARGS_ATTR, None) or {})
+    training = getattr(tokenizer, _TRAINING_ATTR, None)
+    return {**kw, "chat_template": training} if training else kw
+
+
+def set_training_template(tokenizer, text: str | None) -> None:
+    """Render every conversation of this tokenizer with the template `text` (None: its own again), e.g. a
+    family's append-only training template (grpolab.model.families); `tokenizer.chat_template`, which
+    checkpoints save, stays the model's own."""
+    setattr(tokenizer, _TRAINING_ATTR, text)
 
 
 def chat_prompts(tokenizer, prompts: list, system_prompt: str | None, raw_strings: bool = False) -> list[list[int]]:

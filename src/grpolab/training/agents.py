@@ -26,7 +26,7 @@ from grpolab.env.reward import ENV_REWARD, env_reward, env_reward_metrics
 from grpolab.env.rollout import Environments, roll_out
 from grpolab.env.settings import EnvConfig
 from grpolab.env.timeouts import limit_stuck_calls, short_error
-from grpolab.model.template import append_only_problem
+from grpolab.model.families import template_for_turns
 from grpolab.util.fields import ConfigError
 
 if TYPE_CHECKING:
@@ -36,9 +36,10 @@ PROCESS_KINDS = ("tools", "factory")
 """The environment kinds whose tool calls env.tool_process runs in a child process."""
 
 
-def _load_one(spec: str, s: EnvConfig, tokenizer, system_prompt: str | None, key: str):
+def _load_one(spec: str, s: EnvConfig, tokenizer, system_prompt: str | None, key: str, log=print):
     """(factory, tools, has_reward) of one environment spec, checked: it loads, and the chat template renders
-    a conversation with its tools append-only (else ConfigError, exit 2)."""
+    a conversation with its tools append-only, the model's own or its family's training template, said by
+    `log` (grpolab.model.families.template_for_turns; else ConfigError, exit 2)."""
     try:
         factory = load_environment(
             spec,
@@ -68,28 +69,31 @@ def _load_one(spec: str, s: EnvConfig, tokenizer, system_prompt: str | None, key
     tools = list(getattr(probe, "tools", None) or [])
     has_reward = bool(getattr(probe, "has_reward", True))
     close_environment(probe)
-    problem = append_only_problem(tokenizer, tools or None, system_prompt)
+    problem, note = template_for_turns(tokenizer, tools or None, system_prompt)
+    if note:
+        log(note)
     if problem:
         raise ConfigError(
             f"{key}={spec}: {problem}. A multi-turn trajectory is trained on the "
             f"tokens the template renders, so it must only ever append; use a model whose chat "
-            f"template does (the bundled SmolLM2's does)"
+            f"template does (the bundled SmolLM2's, Qwen2.5's, Qwen3's and Llama 3.1/3.2's do)"
         )
     return factory, tools, has_reward
 
 
-def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None) -> Environments | None:
-    """The run's environments (None when env.name and env.factories are empty), checked before training."""
+def load_environments(settings: EnvConfig, tokenizer, system_prompt: str | None, log=print) -> Environments | None:
+    """The run's environments (None when env.name and env.factories are empty), checked before training; `log`
+    says which chat template renders their conversations when it is not the model's own."""
     if not settings.enabled:
         return None
     limit_stuck_calls(settings.max_stuck_calls)
     limit_process_memory(settings.tool_memory_mb)
     if settings.name:
-        factory, tools, has_reward = _load_one(settings.name, settings, tokenizer, system_prompt, "env.name")
+        factory, tools, has_reward = _load_one(settings.name, settings, tokenizer, system_prompt, "env.name", log)
         return Environments(factory, tools, settings, has_reward=has_reward)
     routes, rewarded = {}, []
     for name, spec in settings.factories.items():
-        factory, tools, has_reward = _load_one(spec, settings, tokenizer, system_prompt, f"env.factories.{name}")
+        factory, tools, has_reward = _load_one(spec, settings, tokenizer, system_prompt, f"env.factories.{name}", log)
         routes[name] = (factory, tools)
         rewarded.append(has_reward)
     first = next(iter(routes.values()))
