@@ -201,7 +201,7 @@ def test_wrong_type(override, key, expected):
         (["device=tpu"], "device"),
         (["precision=fp8"], "precision"),
         (["eval_size=-1"], "eval_size"),
-        (["keep_checkpoints=0"], "keep_checkpoints"),
+        (["keep_checkpoints=-1"], "keep_checkpoints"),
         (["reward_timeout_s=0"], "reward_timeout_s"),
         (["reward_workers=0"], "reward_workers"),
         (["adam_betas=[0.9]"], "adam_betas"),

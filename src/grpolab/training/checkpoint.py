@@ -47,6 +47,7 @@ import torch
 
 from grpolab.model.optim import load_state
 from grpolab.parallel import distributed
+from grpolab.training.retention import checkpoints_to_delete
 from grpolab.util.fileio import atomic_write, fsync_dir, read_jsonl
 
 CHECKPOINTS = "checkpoints"
@@ -286,10 +287,8 @@ def save_checkpoint(
         raise
     atomic_write(root / LATEST, final.name + "\n")
 
-    if keep_last:
-        others = [p for _, p in _step_dirs(root) if p != final]
-        for p in others[: max(0, len(others) - (keep_last - 1))]:
-            shutil.rmtree(p, ignore_errors=True)
+    for p in checkpoints_to_delete([p for _, p in _step_dirs(root)], keep_last, keep=final):
+        shutil.rmtree(p, ignore_errors=True)  # keep_last newest remain (grpolab.training.retention)
     return final
 
 

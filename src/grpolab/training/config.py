@@ -142,8 +142,8 @@ class Config:
     """Stop the run (checkpoint, summary, report) at the first evaluation whose save_best metric (eval/accuracy when save_best is empty) reaches this value; needs eval_steps > 0. None: off."""
     save_every: int = 20
     """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
-    keep_checkpoints: int = 2
-    """How many checkpoints to keep on disk."""
+    keep_checkpoints: int = 1
+    """How many of the newest checkpoints to keep on disk (TRL's save_total_limit): 1 keeps the last, which `--resume` continues; 0 keeps every one. The best model (save_best, checkpoints/best) is kept besides."""
     resume: Resume = "never"
     """never (an `out` that already holds a run is refused; continue it with `grpolab train --resume OUT`) or auto: the same command starts a new run where `out` holds none, and otherwise continues the newest checkpoint that verifies, so that torchrun --max-restarts and requeued jobs recover by themselves; each continuation is recorded in OUT/restarts.jsonl (docs/distributed.md)."""
     samples_per_step: int = 4
@@ -378,7 +378,7 @@ def validate(cfg: Config) -> None:
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         *eval_checks(cfg),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),
-        (cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
+        (cfg.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0 (0 keeps every checkpoint)"),
         (cfg.samples_per_step >= 0, "samples_per_step", "must be >= 0"),
         (cfg.reward_timeout_s > 0, "reward_timeout_s", "must be > 0"),
         (cfg.reward_workers >= 1, "reward_workers", "must be >= 1"),

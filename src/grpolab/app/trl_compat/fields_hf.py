@@ -374,8 +374,9 @@ TRAINING_ARGUMENTS: list[Entry] = [
         None,
         "map",
         "keep_checkpoints",
-        to("keep_checkpoints", lambda v: 1_000_000 if v is None else int(v)),
-        "None keeps every checkpoint.",
+        to("keep_checkpoints", lambda v: 0 if v is None or int(v) <= 0 else int(v)),
+        "None (TRL's default) or <= 0 keeps every checkpoint (keep_checkpoints=0), as transformers' Trainer does; "
+        "grpolab's own default keeps the last (keep_checkpoints=1). The best model is kept besides.",
     ),
     refuse("enable_jit_checkpoint", False, "grpolab checkpoints on SIGTERM by itself (a graceful stop)"),
     refuse("push_to_hub", False, HUB),
