@@ -122,7 +122,6 @@ def test_docs_are_generated_from_the_table():
     [
         ("push_to_hub", True, "Hub"),
         ("hub_model_id", "me/model", "Hub"),
-        ("fp16", True, "bf16"),
         ("deepspeed", "ds.json", "fsdp"),
         ("optim", "adafactor", "AdamW"),
         ("loss_type", "nope", "dapo"),
@@ -134,6 +133,27 @@ def test_refused_fields_are_named_with_the_reason(field, value, words):
     with pytest.raises(ConfigError, match=field) as e:
         trl_recipe(GRPOConfig(**{field: value}))
     assert words in str(e.value)
+
+
+def test_fp16_trains_in_fp32_on_a_cpu_as_trl_does_and_is_refused_on_a_gpu(monkeypatch):
+    """fp16=True on a CPU: accelerate (TRL's trainer) makes no fp16 autocast there and no grad scaler, so TRL
+    trains fp32; grpolab maps it to precision=fp32 and says so. On a GPU, where TRL scales an fp16 loss,
+    grpolab has no such path: refused, naming bf16. Both with bf16=True: transformers' error."""
+    import torch
+
+    accelerate = pytest.importorskip("accelerate")
+    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    with acc.autocast():
+        out = torch.nn.Linear(4, 4)(torch.ones(2, 4))
+    assert out.dtype == torch.float32 and acc.scaler is None  # what TRL gets on a CPU
+    recipe, notes, _ = trl_recipe(GRPOConfig(fp16=True, use_cpu=True))
+    assert recipe["precision"] == "fp32" and any("fp16=True on a CPU" in n for n in notes)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match="fp16") as e:
+        trl_recipe(GRPOConfig(fp16=True))
+    assert "bf16=True" in str(e.value)
+    with pytest.raises(ConfigError, match="At most one of fp16 and bf16"):
+        trl_recipe(GRPOConfig(fp16=True, bf16=True, use_cpu=True))
 
 
 def test_optimizer_steps_become_generations():
