@@ -136,7 +136,7 @@ def setup(
     path = local_dir(cfg.model) if given else model_dir(cfg.model, log=log)
     torch.manual_seed(cfg.seed)
     tokenizer = prepare_tokenizer(tokenizer) if given else load_tokenizer(path)
-    environments = load_environments(cfg.env, tokenizer, task.system_prompt)  # checked before any model load
+    environments = load_environments(cfg.env, tokenizer, task.system_prompt, log)  # checked before any model load
     if environments is not None and environments.has_reward and cfg.env.reward_weight > 0:
         if any(f.name == ENV_REWARD for f in reward_fns):
             raise ConfigError(
