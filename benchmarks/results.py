@@ -123,6 +123,14 @@ CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
         "s",
         "lower",
     ),
+    "trl-suite": (
+        "TRL's own GRPOTrainer tests (its tests/test_grpo_trainer.py) with the import changed to grpolab "
+        "(benchmarks/trl_suite.py)",
+        "pass with grpolab",
+        "pass with TRL",
+        "tests",
+        "higher",
+    ),
     "humaneval": (
         "HumanEval canonical solutions graded 1.0 by the code reward",
         "canonical = 1.0",

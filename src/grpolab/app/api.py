@@ -327,7 +327,9 @@ def train(
     then the settings), or "auto" (the resume=auto setting: a new run where `out` holds none, else
     the run there continued; docs/distributed.md); console: a rich Console (default: a new one on stdout).
     environment_factory, tools, reward_funcs, train_dataset (and max_steps= among the settings): TRL's
-    GRPOTrainer spellings (the module docstring). eval_dataset: a file, or rows (written to
+    GRPOTrainer spellings (the module docstring); rows given as train_dataset are read as GRPOTrainer reads
+    them (grpolab.app.trl_compat.data.trl_reading: no answer column needed, a string prompt is the model's
+    input as it is, a stream read only as far as max_steps goes), rows given as dataset grpolab's way. eval_dataset: a file, or rows (written to
     OUT/eval_dataset.jsonl), evaluated instead of a share of the training rows. args: a GRPOConfig (grpolab's
     or trl's), mapped by grpolab.app.trl_compat (docs/migrating-from-trl.md); TRL field names among the
     settings (learning_rate=, per_device_train_batch_size=, ...) are mapped by the same table. callbacks: objects with any of the hooks on_train_begin,
@@ -354,6 +356,15 @@ def train(
             raise ConfigError("args: a TRL GRPOConfig is the config; give args= or config=, not both")
         config = trl_recipe(args)[0]
     settings, notes = trl_overrides(settings)
+    if train_dataset is not None and not isinstance(train_dataset, (str, Path)):  # TRL's name: TRL's reading
+        from grpolab.app.trl_compat.data import trl_reading
+
+        known = {**(config if isinstance(config, dict) else {}), **settings}
+        dataset, reading = trl_reading(
+            train_dataset, known, environment=environment_factory is not None, eval_given=eval_dataset is not None
+        )
+        given_args = settings.get("task_args") if isinstance(settings.get("task_args"), dict) else {}
+        settings = {**reading, **settings, "task_args": {**reading["task_args"], **given_args}}
     console = console or Console()
     for note in notes:
         console.print(f"TRL compatibility: {note}")

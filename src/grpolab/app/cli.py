@@ -15,6 +15,8 @@ from grpolab.util.fields import ConfigError
 USAGE_TRAIN = """grpolab train [RECIPE.yaml | RECIPE_NAME] [KEY=VALUE ...]
        grpolab train --resume OUT [KEY=VALUE ...]
        grpolab train --trl [KEY=VALUE ...]            # TRL's GRPOConfig defaults (docs/migrating-from-trl.md)
+       grpolab train --trl model_name_or_path=DIR dataset_name=DIR [dataset_config=NAME] [KEY=VALUE ...]
+                                                      # `trl grpo`'s script arguments, local paths only
 
 Train a policy with reinforcement learning from verifiable rewards. Settings: defaults <- recipe <-
 KEY=VALUE overrides (dotted for nested keys: algo.beta=0.04, task_args.digits=2).
@@ -54,14 +56,16 @@ def _train(argv: list[str]) -> int:
         if ns.trl:
             raise ConfigError(f"{args[0]!r}: --trl starts from TRL's defaults; it takes no recipe")
         recipe = load_recipe(args.pop(0))
-    elif ns.trl:
-        from grpolab.app.trl_compat.config import GRPOConfig, trl_recipe
-
-        recipe = trl_recipe(GRPOConfig())[0]
     bad = [a for a in args if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
-    args, notes = _trl_names(args)
+    data: tuple = (None, None)
+    if ns.trl and not ns.resume:
+        from grpolab.app.trl_compat.script_args import trl_command
+
+        recipe, args, notes, *data = trl_command(args)  # TRL's fields, trl grpo's script arguments
+    else:
+        args, notes = _trl_names(args)
     # before build_config imports torch: OpenMP reads its settings once; `auto` measures the load first
     prepare(thread_wait_of(recipe, args), measure=not ns.help)
     if ns.help:
@@ -80,6 +84,11 @@ def _train(argv: list[str]) -> int:
     from grpolab.training.trainer import train
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
+    if data[0] is not None:  # dataset_name: the rows as GRPOTrainer reads train_dataset
+        from grpolab.app.api import train as api_train
+
+        api_train(recipe, overrides=args, train_dataset=data[0], eval_dataset=data[1], console=Console())
+        return 0
     train(cfg, resume=bool(ns.resume), console=Console(), report=write_run_report)
     return 0
 
@@ -87,13 +96,22 @@ def _train(argv: list[str]) -> int:
 def _trl_names(args: list[str]) -> tuple[list[str], list[str]]:
     """KEY=VALUE overrides whose key is a TRL GRPOConfig field (and not grpolab's) converted through the
     mapping table (grpolab.app.trl_compat) into grpolab's KEY=VALUE; (overrides, notes)."""
+    import dataclasses
+
     import yaml
 
-    from grpolab.app.trl_compat.config import trl_overrides
+    from grpolab.app.trl_compat.config import trl_overrides, trl_value
+    from grpolab.app.trl_compat.fields import TABLE
+    from grpolab.training.config import Config
     from grpolab.training.recipe import parse_overrides
 
     top = [a for a in args if "." not in a.split("=", 1)[0]]
     parsed = parse_overrides(top)
+    own = {f.name for f in dataclasses.fields(Config)}
+    for a in top:  # a TRL name's text read as TRL's parser reads it (save_strategy=no is "no", not False)
+        key, _, raw = a.partition("=")
+        if key in TABLE and key not in own:
+            parsed[key] = trl_value(key, raw)
     converted, notes = trl_overrides(parsed)
     if converted == parsed:
         return args, notes

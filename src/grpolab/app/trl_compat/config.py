@@ -70,6 +70,29 @@ GRPOConfig = dataclasses.make_dataclass(
 )
 
 
+def trl_value(name: str, raw: str) -> Any:
+    """A command line's KEY=VALUE text of TRL field `name`, read as TRL's parser reads `--name VALUE`
+    (save_strategy=no is the string "no", shuffle_dataset=no is False, max_steps=5 the int 5); a YAML
+    list or mapping (reward_weights=[1, 0.5], model_init_kwargs={dtype: bfloat16}) is taken as it is,
+    null / None for a field whose default is None. ConfigError naming the field otherwise."""
+    import yaml
+    from transformers import HfArgumentParser
+
+    parsed = yaml.safe_load(raw) if raw.strip() else raw
+    if isinstance(parsed, (list, dict)):
+        return parsed
+    if raw.strip() in ("null", "None", "~") and TABLE[name].default is None:
+        return None
+    action = next(a for a in HfArgumentParser(GRPOConfig)._actions if f"--{name}" in a.option_strings)
+    try:
+        value = action.type(raw) if action.type is not None else raw
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{name}={raw!r}: not a value TRL's GRPOConfig takes for it ({e})") from e
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"{name}={raw!r}: TRL's choices are {', '.join(map(str, action.choices))}")
+    return [value] if action.nargs == "+" else value
+
+
 def _is_default(value: Any, default: Any) -> bool:
     value = value_of(value)
     empty = (None, "", [], {})
@@ -137,7 +160,8 @@ def trl_recipe(args: Any) -> tuple[dict, list[str], list[float] | None]:
     the GRPO preset (whose KL estimator k3 in the loss is TRL's)."""
     values = values_of(args)
     settings, notes = convert(values, list(TABLE))
-    recipe: dict = {"algo": {"name": "grpo"}}
+    # TRL raises at the first reward function that fails: a step whose completions all failed stops the run
+    recipe: dict = {"algo": {"name": "grpo"}, "max_reward_error_steps": 1}
     for path, val in settings.items():
         _set(recipe, path, val)
     weights = values.get("reward_weights")
@@ -175,4 +199,4 @@ def trl_overrides(settings: dict) -> tuple[dict, list[str]]:
     return out, notes
 
 
-__all__ = ["GRPOConfig", "convert", "trl_overrides", "trl_recipe", "values_of"]
+__all__ = ["GRPOConfig", "convert", "trl_overrides", "trl_recipe", "trl_value", "values_of"]

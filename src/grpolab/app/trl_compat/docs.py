@@ -46,7 +46,23 @@ anything but TRL's default, or is accepted and ignored where it cannot change wh
 On the command line the same names work beside grpolab's (`grpolab train max_steps=10 learning_rate=1e-6`),
 and `grpolab train --trl ...` starts from TRL's defaults instead of grpolab's. A TRL name brings TRL's
 meaning: the fields it reads besides itself take TRL's defaults (loss_type=grpo sets the clip range from
-epsilon=0.2).
+epsilon=0.2), and its value is read as TRL's parser reads it (`save_strategy=no` is the string "no").
+`grpolab train --trl` also takes `trl grpo`'s script arguments, with local paths only:
+`model_name_or_path=DIR dataset_name=DIR dataset_config=NAME dataset_train_split=train
+dataset_test_split=test reward_funcs=[pkg.module.fn] reward_model_name_or_path=DIR model_revision=...
+dtype=... use_peft=true lora_r=...`; a dataset folder laid out as on the hub (configs in its README), a
+`save_to_disk` folder or a .jsonl / .parquet / .csv file.
+
+Launchers: every field has TRL's type, so transformers' `HfArgumentParser` and TRL's
+`TrlParser((ScriptArguments, GRPOConfig, ModelConfig))` read grpolab's `GRPOConfig` as they read TRL's (the
+same options, conversions and choices; `--help` says what each becomes in grpolab), `--config recipe.yaml`
+included. TRL's own `trl/scripts/grpo.py` runs with its two imports changed (tests/test_trl_scripts.py).
+`model_init_kwargs` is read as the script fills it (`dtype` float32 or auto: fp32 weights; bfloat16:
+precision=bf16, weights kept fp32; `revision` and `attn_implementation` accepted with a note;
+`trust_remote_code=True` refused); `lr_scheduler_kwargs` gives transformers' schedules their options
+(cosine_with_min_lr's min_lr or min_lr_rate, ...; the same learning rate at every update as
+`transformers.get_scheduler`). A reward function failing on every completion of a step stops a run
+configured through GRPOConfig after that step (TRL raises at its first failure).
 
 Data, as TRL reads it: every row of `train_dataset` is trained on, in seeded, shuffled epochs
 (`num_train_epochs`; `max_steps=-1` lets the epochs decide the number of steps); evaluation reads
@@ -55,7 +71,14 @@ sampled at the training temperature; before and after training, and every `eval_
 `eval_strategy="steps"`); the prompt is the `prompt` column: a string is the model's input as it is (TRL's standard
 format, no chat template), a list of messages gets the chat template (conversational format); no answer
 column is needed, and every other column reaches the reward functions as keyword arguments. A
-map-style dataset (`__len__` and `__getitem__`, e.g. a torch `Dataset`) is read by index.
+map-style dataset (`__len__` and `__getitem__`, e.g. a torch `Dataset`) is read by index. A stream (a
+streaming `IterableDataset`, no length) needs `max_steps`, as in TRL, and is read in its own order only
+as far as the run goes (max_steps x prompts per step rows, the stream restarted where it ends): the rows
+read are kept in `OUT/dataset.jsonl`, so the run resumes. `grpolab.train(train_dataset=...)` reads rows the
+same way (`dataset=` is grpolab's own reading: an answer column, string prompts templated).
+
+How close this is, measured with TRL's own GRPOTrainer tests run with the import changed
+(`benchmarks/trl_suite.py`): [results.md](results.md).
 
 Steps: TRL counts optimizer steps, grpolab counts generations (one rollout batch, then its updates).
 With TRL's defaults they are the same; with `num_iterations` or `steps_per_generation` above
@@ -84,6 +107,12 @@ Differences that remain:
 - a model object is trained in fp32 (moved there in place) and sampled by grpolab's decode loop (vLLM needs
   a directory); `optimizers`, `quantization_config`, `rollout_func` and hyperparameter search are refused;
 - with `eval_dataset`, grpolab also scores it before and after training (its summary, `trainer.summary`).
+- `--help` of a parser holding `GRPOConfig` describes each field by what it becomes in grpolab, not in TRL's
+  words (the options, types, defaults and choices are TRL's); a model directory with its own code
+  (`auto_map`) is refused, with `trust_remote_code=True` too;
+- a reward function that raises is counted (`reward/<name>/error_frac`) and the run stops after the first
+  step on which it failed for every completion, where TRL stops at the raise itself;
+- the rows a stream gives are written to `OUT/dataset.jsonl` (max_steps x prompts per step of them).
 
 Kinds: **map** (the value becomes the grpolab settings shown), **refused** (any value but TRL's default
 is an error naming the field and the reason), **ignored** (accepted, no effect, for the reason given).
