@@ -303,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true", help="only print the table of the records there are")
     ap.add_argument("--table", type=Path, help="write the per-test table and totals as JSON here")
     ap.add_argument("--json", help="append the totals as a docs/results.md entry to this JSON-lines file")
-    ap.add_argument("--source", default="TRL tests/test_grpo_trainer.py", help="the file's origin, for the entry")
+    ap.add_argument(
+        "--source",
+        default="TRL's tests/test_grpo_trainer.py",
+        help="the file's origin (repository, commit), for the entry",
+    )
     a, extra = ap.parse_known_args(argv)
     if not a.test_file.is_file():
         raise SystemExit(f"{a.test_file}: not a file; extract TRL's tests/test_grpo_trainer.py there first")
@@ -325,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(HERE))
         import results
 
-        results.record(a.json, entries(t, a.source, "python benchmarks/trl_suite.py TEST_FILE"))
+        command = f"python benchmarks/trl_suite.py {a.test_file} ({a.source}, extracted)"
+        results.record(a.json, entries(t, a.source, command))
     return 0
 
 
