@@ -102,16 +102,8 @@ DRY = {
     "bench": {"prompts": 1, "G": 2, "new_tokens": 4, "steps": 1},
     "update": {"prompts": 2, "G": 2, "new_tokens": 4, "micro_batch": 2, "reps": 1},
     "decode": {"prompts": 2, "G": 2, "new_tokens": 4, "reps": 1},
-    "limits": {
-        "matmul": 60,
-        "cuda_tests": 60,
-        "models": 60,
-        "train": 90,
-        "memory": 120,
-        "bench": 180,
-        "update": 60,
-        "decode": 60,
-    },
+    # no limit per part: the dry run exercises the script on the CPU, where a part's time says nothing about
+    # a GPU; its parts share --budget-s, which tests/test_gpu_script.py derives from the machine's pace
 }
 
 
@@ -184,7 +176,9 @@ class Check:
     # --- plumbing ---------------------------------------------------------------------------------
 
     def limit(self, part: str) -> float:
-        return min(self.size["limits"].get(part, 60), max(1.0, self.deadline - time.monotonic()))
+        """The part's seconds: its own limit on a GPU, the budget's remainder on a dry run (which has none)."""
+        left = max(1.0, self.deadline - time.monotonic())
+        return left if self.dry else min(self.size["limits"].get(part, 60), left)
 
     def worker(self, name: str, spec: dict, part: str) -> dict:
         """A gpu_workers.py measurement in a process of its own with the part's time limit; on a dry run

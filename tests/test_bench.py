@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from child_limits import limit_s
 
 from grpolab.app.bench import agent as bench_agent
 from grpolab.app.bench import spec as bench_spec
@@ -49,14 +50,16 @@ def _env(extra_path: Path | None = None) -> dict:
     return env
 
 
-def bench_cli(args: list[str], cwd: Path, extra_path: Path | None = None, timeout: float = 300):
+def bench_cli(args: list[str], cwd: Path, extra_path: Path | None = None, processes: int = 3):
+    """`grpolab bench ARGS`, killed past the limit of its `processes` Python processes (the bench and its
+    workers; tests/child_limits.py): 3 for --against none (a grpolab worker, the matmul rate)."""
     return subprocess.run(
         [sys.executable, "-m", "grpolab.app.cli", "bench", *args],
         cwd=cwd,
         env=_env(extra_path),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=limit_s(processes),
     )
 
 
@@ -109,7 +112,9 @@ def test_against_none_prints_the_floor_table_and_a_json_line(tiny_model_dir, tmp
 def test_against_trl_runs_real_trl_and_reports_ratios(tiny_model_dir, tmp_path):
     """Setting (c) in miniature: LoRA and a reference pass on both sides, real TRL."""
     p = bench_cli(
-        ["--model", str(tiny_model_dir), "--trl-precision", "fp32", "--lora-r", "2", "--beta", "0.04", *TINY], tmp_path
+        ["--model", str(tiny_model_dir), "--trl-precision", "fp32", "--lora-r", "2", "--beta", "0.04", *TINY],
+        tmp_path,
+        processes=4,  # the bench, the log-prob check, a grpolab and a TRL worker
     )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json_line(p.stdout)
@@ -150,7 +155,7 @@ def test_the_comparison_itself():
 
 
 def test_missing_trl_exits_2_with_the_install_command(tiny_model_dir, tmp_path, no_trl):
-    p = bench_cli(["--model", str(tiny_model_dir), *TINY], tmp_path, extra_path=no_trl, timeout=120)
+    p = bench_cli(["--model", str(tiny_model_dir), *TINY], tmp_path, extra_path=no_trl, processes=1)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "pip install 'grpolab[bench]'" in p.stderr and "--against none" in p.stderr
     assert not [ln for ln in p.stdout.splitlines() if ln.startswith("{")]

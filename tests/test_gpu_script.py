@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_limits import limit_s
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ["env", "matmul", "cuda_tests", "models", "train", "memory", "bench", "decode", "update"]
+DRY_PROCESSES = 7  # gpu_check.py, pytest (cuda_tests), grpolab train, memory_plan.py, grpolab bench and its 2 workers
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +24,15 @@ def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-dry")
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
+    budget = limit_s(DRY_PROCESSES)  # the dry run's own bound: its parts share it (tests/child_limits.py)
     p = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run", "--no-trl", "--out", str(out)],
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run", "--no-trl", "--out", str(out)]
+        + ["--budget-s", f"{budget:.0f}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=budget + 120,  # past its budget the script kills its part and writes its results
     )
     return p, out
 
