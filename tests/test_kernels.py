@@ -92,7 +92,7 @@ def test_lean_decode_logits_same_with_and_without_the_kernel(monkeypatch):
     kernels.reset()
     st = decoder.LeanStepper(decoder.weights_of(model, torch.float32), 4)
     st.prefill(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
-    assert st.cache.attend is not None
+    assert st.cache.rope_attend is not None
     with_kernel = lean_logits(model, ids, mask, new)
     monkeypatch.setenv(kernels.DISABLE_ENV, "1")
     kernels.reset()
@@ -136,3 +136,87 @@ def test_loading_the_kernel_keeps_subnormal_floats(tiny_model_dir, tmp_path):
     )
     assert "SUBNORMALS True True True True" in res.stdout, (res.stdout[-2000:], res.stderr[-3000:])
     assert "smallest subnormal" not in res.stderr  # numpy's warning when FTZ is on
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+@pytest.mark.parametrize("nh,nkv,d", [(9, 3, 64), (4, 4, 16), (8, 2, 128), (6, 1, 32)])
+def test_rope_attend_writes_the_cache_and_attends_as_torch_does(nh, nkv, d):
+    """rope_attend = RoPE on q and k (the HF forward's rotate_half form), k and v into slot t of the
+    cache, then the attention over slots <= t: against kernels.rope_reference and the torch attention."""
+    rope_attend = kernels.rope_attend()
+    g = torch.Generator().manual_seed(nh + d)
+    N, cap = 5, 40
+    valid = torch.ones((N, cap), dtype=torch.bool)
+    valid[1, :7] = False  # left padding
+    valid[3, 2:5] = False  # holes
+    for t in (7, 8, 22, cap - 1):
+        qkv = torch.randn((N, (nh + 2 * nkv) * d), generator=g)
+        cos, sin = torch.randn((N, d), generator=g), torch.randn((N, d), generator=g)
+        k, v = torch.randn((N, nkv, cap, d), generator=g), torch.randn((N, nkv, cap, d), generator=g)
+        k_want, v_want = k.clone(), v.clone()
+        heads = qkv.view(N, nh + 2 * nkv, d)
+        qk = kernels.rope_reference(heads[:, : nh + nkv], cos[:, None], sin[:, None])
+        k_want[:, :, t], v_want[:, :, t] = qk[:, nh:], heads[:, nh + nkv :]
+        got = rope_attend(qkv, cos, sin, k, v, valid, t, nh, d**-0.5)
+        want = torch_attention(qk[:, :nh], k_want, v_want, valid, t + 1)
+        assert torch.allclose(got.view(N, nh, d), want, atol=1e-5, rtol=1e-4), t
+        assert torch.allclose(k, k_want, atol=1e-5, rtol=1e-5) and torch.equal(v, v_want)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_rope_attend_takes_nothing_it_cannot_read():
+    rope_attend = kernels.rope_attend()
+    N, nh, nkv, d, cap = 2, 4, 2, 8, 10
+    qkv, cs = torch.randn(N, (nh + 2 * nkv) * d), torch.randn(N, d)
+    k, v = torch.zeros(N, nkv, cap, d), torch.zeros(N, nkv, cap, d)
+    valid = torch.ones((N, cap), dtype=torch.bool)
+    assert rope_attend(qkv.bfloat16(), cs, cs, k, v, valid, 3, nh, 1.0) is None  # not fp32
+    assert rope_attend(qkv[:, :-1], cs, cs, k, v, valid, 3, nh, 1.0) is None  # not (nh + 2 nkv) d columns
+    assert rope_attend(qkv, cs, cs, k, v, valid, cap, nh, 1.0) is None  # slot beyond the cache
+    assert not k.any() and not v.any()  # and nothing was written
+
+
+def torch_draw(z, T, greedy, seed):
+    from grpolab.engine.native.sampling import inverse_cdf_sample, sampling_logp
+
+    logp = sampling_logp(z, T, 1.0)
+    tok = logp.argmax(-1) if greedy else inverse_cdf_sample(logp.exp(), torch.Generator().manual_seed(seed))
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+@pytest.mark.parametrize("T", [1.0, 0.6, 1.7])
+def test_sampler_draws_the_torch_paths_token_from_the_same_uniform_number(T):
+    """The fused sampler against torch's log_softmax -> exp -> cumsum -> searchsorted over a 49k vocabulary,
+    for seeds and temperatures: the same tokens, log-probs within float rounding; greedy is the first argmax."""
+    sample = kernels.sample()
+    z = torch.randn((16, 49152), generator=torch.Generator().manual_seed(7)) * 4
+    z[3, 100] = z[3, 200] = z[3].max() + 1  # a tie for the argmax: the first one, as torch.argmax
+    z[5, :40000] = float("-inf")  # probability 0: never drawn
+    for seed in range(6):
+        tok, lp = sample(z, T, False, torch.Generator().manual_seed(seed))
+        want_tok, want_lp = torch_draw(z, T, False, seed)
+        assert torch.equal(tok, want_tok), seed
+        assert torch.allclose(lp, want_lp, atol=2e-5, rtol=0), (lp - want_lp).abs().max()
+        assert int(tok[5]) >= 40000
+    tok, lp = sample(z, T, True, None)
+    want_tok, want_lp = torch_draw(z, T, True, 0)
+    assert torch.equal(tok, want_tok) and int(tok[3]) == 100
+    assert torch.allclose(lp, want_lp, atol=2e-5, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_sample_token_takes_the_fused_sampler_for_plain_fp32_logits_only(monkeypatch):
+    from grpolab.engine.native import sampling
+
+    z = torch.randn((4, 500), generator=torch.Generator().manual_seed(1))
+    calls = []
+    real = kernels.sample()
+    monkeypatch.setattr(kernels, "sample", lambda: lambda *a: calls.append(a) or real(*a))
+    fused = sampling.sample_token(z, 0.8, 1.0, False, torch.Generator().manual_seed(2))
+    assert len(calls) == 1
+    sampling.sample_token(z, 0.8, 0.9, False, torch.Generator().manual_seed(2))  # top_p: the torch path
+    sampling.sample_token(z.double(), 0.8, 1.0, False, torch.Generator().manual_seed(2))  # not fp32
+    assert len(calls) == 1
+    assert torch.equal(fused[0], torch_draw(z, 0.8, False, 2)[0])
+    assert real(z.t(), 1.0, False, None) is None  # a row not contiguous: the torch path

@@ -16,10 +16,13 @@ forward is exactly this (Llama, Qwen2, Mistral without a sliding window) the rol
 
 with its weights gathered once per rollout into the compute dtype (bf16 when the rollout runs bf16,
 which is what autocast computes the products in; a LoRA adapter merged in: W + s B A), so no weight is
-cast per token. On a CPU, bf16 weights are also reordered once into oneDNN's blocked layout
-(`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses): the same products
-to the bit, and faster for the few-row products of a decode step, whose weights come from memory at
-every token (docs/performance.md, "The lean decode step").
+cast per token. On a CPU, the weights are also reordered once into oneDNN's blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses; bf16: the same
+products to the bit, fp32: within float rounding, and in fp32 as `FP32_LAYOUT` says), faster for the
+few-row products of a decode step, whose weights come from memory at every token; each residual add is
+the product's own accumulation in fp32 (`residual`). Between the products, a decode step's RMSNorms,
+RoPE, KV-cache writes, attention and silu(g) * u are grpolab.engine.native.kernels' C calls, one per
+operation instead of torch's several (docs/performance.md, "The lean decode step").
 RoPE's cos/sin come from the model's own rotary module (its scaling rules included).
 Everything else falls back to the HF forward (`weights_of` returns None, with the reason).
 tests/test_decoder.py checks the logits against the HF forward and greedy rollouts against the HF path.
@@ -40,14 +43,13 @@ from grpolab.model.attention import LLAMA_FAMILY, grouped_query_attention
 def lean_decodes(decoder: str, model_type: str | None, dtype: torch.dtype | None, device_type: str) -> bool:
     """Whether a rollout of a `model_type` model in `dtype` (None: fp32) on a `device_type` device ("cpu",
     "cuda") runs the lean step, for the `decoder` setting: only for a LLAMA_FAMILY model type; then lean
-    always; auto where it was measured faster than the HF forward: bf16 on a CPU (in fp32 its fused
-    products gain nothing and it copies the weights per rollout, so there it was slower; on a GPU it is
-    not yet measured); hf never (docs/performance.md, "The lean decode step"). The native engine and
+    always; auto where it was measured faster than the HF forward: on a CPU, bf16 and fp32 (on a GPU it
+    is not yet measured); hf never (docs/performance.md, "The lean decode step"). The native engine and
     grpolab plan both decide by it; `weights_of` may still fall back for what the model type does not
     show (unsupported_reason)."""
     if model_type not in LLAMA_FAMILY:
         return False
-    return decoder == "lean" or (decoder == "auto" and dtype == torch.bfloat16 and device_type == "cpu")
+    return decoder == "lean" or (decoder == "auto" and device_type == "cpu")
 
 
 def model_type_of(model) -> str | None:
@@ -84,23 +86,29 @@ class Weights:
     packed: bool  # weights in oneDNN's layout: apply them with `linear` below, never F.linear
 
 
+FP32_LAYOUT = "onednn"
+"""How fp32 weights are applied on a CPU: "onednn" reordered into oneDNN's blocked layout (about 5% less
+CPU time per rollout than "nk" where measured, docs/devlog.md), "nk" as the model holds them, (out, in),
+by MKL's products (F.linear, addmm)."""
+
+
 def _packer(dtype: torch.dtype, device: torch.device, rows: int):
     """W -> W in the form `linear` applies: oneDNN's blocked layout for bf16 on a CPU where it works
-    (checked on one product against F.linear), else W itself. Returns (pack, packed)."""
-    if dtype != torch.bfloat16 or device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    (checked on one product against F.linear: the same to the bit), and for fp32 where FP32_LAYOUT says
+    so (within float rounding of F.linear); else W itself. Returns (pack, packed)."""
+    wanted = dtype == torch.bfloat16 or (dtype == torch.float32 and FP32_LAYOUT == "onednn")
+    if not wanted or device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return (lambda W: W), False
     try:
         W = torch.randn(8, 16, dtype=dtype)
         x = torch.randn(3, 16, dtype=dtype)
-        same = torch.equal(
-            torch.ops.mkldnn._linear_pointwise(
-                x, torch.ops.mkldnn._reorder_linear_weight(W, rows), None, "none", [], ""
-            ),
-            F.linear(x, W),
+        got = torch.ops.mkldnn._linear_pointwise(
+            x, torch.ops.mkldnn._reorder_linear_weight(W, rows), None, "none", [], ""
         )
     except (RuntimeError, AttributeError):  # a build without oneDNN's ops
         return (lambda W: W), False
-    if not same:
+    want = F.linear(x, W)
+    if not (torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, atol=1e-5)):
         return (lambda W: W), False
     return (lambda W: torch.ops.mkldnn._reorder_linear_weight(W.contiguous(), rows)), True
 
@@ -110,6 +118,18 @@ def linear(w: Weights, x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
     if w.packed:
         return torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], "")
     return F.linear(x, W, b)
+
+
+def residual(w: Weights, x: Tensor, a: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+    """x + a W^T + b for the fp32 residual stream x (N, H): in fp32 the sum is the product's own
+    accumulation (addmm's beta = 1, oneDNN's fused add), no second pass over x; in bf16 the product's
+    bf16 result is added to x in fp32, as autocast's forward adds it."""
+    if w.dtype != torch.float32:
+        return x + linear(w, a, W, b)
+    if w.packed:
+        return torch.ops.mkldnn._linear_pointwise.binary(a, x, W, b, "add")
+    out = torch.addmm(x, a, W.t())
+    return out if b is None else out.add_(b)
 
 
 def unsupported_reason(model) -> str | None:
@@ -224,9 +244,22 @@ def weights_of(model, dtype: torch.dtype, rows: int = 16) -> Weights | None:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), in fp32 (as the HF Llama norm computes it), by torch's
-    own kernel (one operation instead of six)."""
-    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+    """RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), in fp32 (as the HF Llama norm computes it): for rows
+    (N, H) on a CPU by grpolab.engine.native.kernels' one call, else by torch's own kernel."""
+    fused = kernels.rms_norm() if x.dim() == 2 else None
+    out = fused(x, weight, eps) if fused is not None else None
+    return out if out is not None else F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+
+
+def silu_mul(gu: Tensor) -> Tensor:
+    """silu(g) * u for the gate and up projections side by side, gu = [g u] (N, 2 I): one C call on fp32
+    CPU rows, else torch's operations."""
+    fused = kernels.silu_mul()
+    out = fused(gu) if fused is not None else None
+    if out is not None:
+        return out
+    g, u = gu.chunk(2, dim=-1)
+    return F.silu(g).mul_(u)
 
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -245,8 +278,11 @@ class KVCache:
         self.k = [torch.empty(shape, device=device) for _ in w.layers]
         self.v = [torch.empty(shape, device=device) for _ in w.layers]
         self.length = 0
-        # one decode step's attention by grpolab.engine.native.kernels' C kernel on a CPU (None: torch's products)
-        self.attend = kernels.decode_attention() if torch.device(device).type == "cpu" else None
+        # a decode step's attention by grpolab.engine.native.kernels' C kernels on a CPU (None: torch's
+        # operations): rope_attend from the q, k, v projections on, else decode_attention after torch's RoPE
+        cpu = torch.device(device).type == "cpu"
+        self.rope_attend = kernels.rope_attend() if cpu else None
+        self.attend = kernels.decode_attention() if cpu and self.rope_attend is None else None
 
     def rows(self, idx: Tensor | None = None, repeat: int = 1) -> None:
         """Keep rows `idx` (in that order), or repeat each row `repeat` times."""
@@ -254,35 +290,52 @@ class KVCache:
         self.k, self.v = [pick(t) for t in self.k], [pick(t) for t in self.v]
 
 
+def attention(w: Weights, cache: KVCache, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor) -> Tensor:
+    """Layer i's attention output (N, L, nh d) from its projections qkv (N, L, (nh + 2 nkv) d), having
+    written the new keys (RoPE'd) and values into cache slots [cache.length, cache.length + L); cos, sin
+    (N, L, d) fp32. One token per row: the C kernel; else torch's RoPE and grpolab.model.attention's
+    products (the attention of the training passes on a CPU)."""
+    N, L, _ = qkv.shape
+    nh, nkv, d = w.n_heads, w.n_kv, w.head_dim
+    start, end = cache.length, cache.length + L
+    if L == 1 and cache.rope_attend is not None and key_mask.stride(-1) == 1:
+        a = cache.rope_attend(
+            qkv[:, 0].float(), cos[:, 0], sin[:, 0], cache.k[i], cache.v[i], key_mask[:, 0, 0], start, nh, d**-0.5
+        )
+        if a is not None:
+            return a.view(N, 1, nh * d)
+    heads = qkv.view(N, L, nh + 2 * nkv, d).transpose(1, 2)
+    qk = rope(heads[:, : nh + nkv].float(), cos[:, None], sin[:, None])  # q and k at once, (N, nh + nkv, L, d)
+    cache.k[i][:, :, start:end] = qk[:, nh:]
+    cache.v[i][:, :, start:end] = heads[:, nh + nkv :]
+    a = None
+    if L == 1 and cache.attend is not None and key_mask.stride(-1) == 1:
+        a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d**-0.5)
+    if a is None:
+        a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
+    return a.reshape(N, L, nh * d)
+
+
 def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tensor) -> Tensor:
     """Logits (N, V) at the last of the L new tokens `ids` (N, L) at positions `pos` (N, L).
 
     The new keys/values go into cache slots [cache.length, cache.length + L); key_mask (N, 1, L, S')
-    with S' = cache.length + L, bool, is True where a query may look (not padding, not the future);
-    the attention is grpolab.model.attention's, the one the training passes use on a CPU."""
+    with S' = cache.length + L, bool, is True where a query may look (not padding, not the future).
+    The residual stream x is (N L, H) fp32; each residual add is the product's own accumulation in fp32
+    (`residual`)."""
     N, L = ids.shape
-    start = cache.length
-    end = start + L
-    x = w.embed[ids].float()  # (N, L, H)
+    x = F.embedding(ids, w.embed).float()  # (N, L, H)
     cos, sin = w.rotary(x, pos)
-    cos, sin = cos[:, None].float(), sin[:, None].float()  # (N, 1, L, d); RoPE in fp32, as under autocast
-    nh, nkv, d = w.n_heads, w.n_kv, w.head_dim
+    cos, sin = cos.float(), sin.float()  # (N, L, d); RoPE in fp32, as under autocast
+    x = x.view(N * L, -1)
     for i, lw in enumerate(w.layers):
-        qkv = linear(w, rms_norm(x, lw.ln1, w.eps).to(w.dtype), lw.qkv, lw.qkv_bias)  # (N, L, (nh + 2 nkv) d)
-        qk = rope(qkv[..., : (nh + nkv) * d].view(N, L, nh + nkv, d).transpose(1, 2).float(), cos, sin)  # q, k at once
-        cache.k[i][:, :, start:end] = qk[:, nh:]
-        cache.v[i][:, :, start:end] = qkv[..., (nh + nkv) * d :].view(N, L, nkv, d).transpose(1, 2)
-        a = None
-        if L == 1 and cache.attend is not None and key_mask.stride(-1) == 1:
-            a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d**-0.5)
-        if a is None:
-            a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
-        a = a.reshape(N, L, nh * d).to(w.dtype)
-        x = x + linear(w, a, lw.o, lw.o_bias)
-        g, u = linear(w, rms_norm(x, lw.ln2, w.eps).to(w.dtype), lw.gate_up).chunk(2, dim=-1)
-        x = x + linear(w, F.silu(g) * u, lw.down)
-    cache.length = end
-    h = rms_norm(x[:, -1], w.norm, w.eps).to(w.dtype)
+        qkv = linear(w, rms_norm(x, lw.ln1, w.eps).to(w.dtype), lw.qkv, lw.qkv_bias)  # (N L, (nh + 2 nkv) d)
+        a = attention(w, cache, i, qkv.view(N, L, -1), cos, sin, key_mask)
+        x = residual(w, x, a.view(N * L, -1).to(w.dtype), lw.o, lw.o_bias)
+        gu = linear(w, rms_norm(x, lw.ln2, w.eps).to(w.dtype), lw.gate_up)  # (N L, 2 I)
+        x = residual(w, x, silu_mul(gu), lw.down)
+    cache.length += L
+    h = rms_norm(x.view(N, L, -1)[:, -1], w.norm, w.eps).to(w.dtype)
     return linear(w, h, w.head, w.head_bias)
 
 

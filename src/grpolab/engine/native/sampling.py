@@ -117,7 +117,16 @@ def sample_token(
 
     Sampling distribution: `sampling_logp` (the repetition penalty needs `seen` (B, V) bool: the tokens
     of each row's sequence so far). greedy: its argmax (the penalty still applies, as in transformers).
+    With no filter (`is_plain`) on fp32 CPU logits, grpolab.engine.native.kernels' sampler draws the same
+    token from the same uniform number in one pass over the logits (its sums in another float order).
     """
+    if is_plain(top_p, filters) and logits.dtype == torch.float32 and logits.device.type == "cpu":
+        from grpolab.engine.native import kernels
+
+        fused = kernels.sample()
+        drawn = fused(logits, temperature, greedy, generator) if fused is not None else None
+        if drawn is not None:
+            return drawn
     logp = sampling_logp(logits, temperature, top_p, filters, seen)
     if greedy:
         tok = logp.argmax(-1)

@@ -1,18 +1,28 @@
 """Hand-written CPU kernels, compiled on first use with the machine's C compiler, loaded with ctypes.
 
-One so far: `decode_attention`, the attention of one decode step for every row and head
-(decode_attention.c). In the lean decode step (grpolab.engine.native.decoder) torch's batched products for it
-are many tiny ones (for SmolLM2, 48 (3 x 64) x (64 x S) products per layer), which read the cached keys
-and values far below the memory's speed; the kernel walks each (row, kv head) pair once and comes close
-to the cost of merely reading the cache (docs/performance.md, "The decode-attention kernel").
+The lean decode step (grpolab.engine.native.decoder) spends its time in the matrix products and, between
+them, in many small torch operations per layer that each read a few kilobytes and pay an operation's
+dispatch and a wake-up of every thread. These kernels do that work in one call each, in fp32:
 
-The source is compiled once per machine into grpolab's cache (`$GRPOLAB_CACHE/kernels`, by default
-`~/.cache/grpolab/kernels`), named by a hash of the source,
-the flags, the compiler's version and the CPU's flags (-march=native code never runs on another CPU),
-written to a temporary file and renamed into place. Before first use it is checked against the torch
-path on random inputs. Without a C compiler, on a platform other than Linux, when the build or the check
-fails, or with GRPOLAB_NO_C_KERNELS=1, `decode_attention()` returns None with the reason in
-`unavailable_reason()`, and the callers keep the torch path.
+- `decode_attention` (decode_attention.c): one decode step's attention for every row and head, walking
+  each (row, kv head) pair once (torch's batched products for it are many tiny ones, for SmolLM2 48
+  (3 x 64) x (64 x S) per layer; docs/performance.md, "The decode-attention kernel").
+- `rope_attend` (decode_step.c): from a layer's q, k, v projections of the new token to its attention
+  output: RoPE on q and k, k and v written into the KV cache, the attention; one call instead of some
+  twelve operations per layer.
+- `rms_norm`, `silu_mul` (decode_step.c): the layer's two norms and its MLP's silu(g) * u, one call each
+  instead of torch's six and three operations.
+- `sample` (decode_step.c): a token per row from softmax(z / T) by inverse CDF and its log-prob, in one
+  pass over the logits (torch's path makes six over the 49k-token vocabulary: divide, log-softmax, exp,
+  cumsum, searchsorted, gather).
+
+The sources are compiled once per machine into one library in grpolab's cache (`$GRPOLAB_CACHE/kernels`,
+by default `~/.cache/grpolab/kernels`), named by a hash of the sources, the flags, the compiler's version
+and the CPU's flags (-march=native code never runs on another CPU), written to a temporary file and
+renamed into place. Before first use each kernel is checked against the torch path on random inputs.
+Without a C compiler, on a platform other than Linux, when the build or a check fails, or with
+GRPOLAB_NO_C_KERNELS=1, a kernel's getter returns None with the reason in `unavailable_reason()`, and the
+callers keep the torch path.
 """
 
 from __future__ import annotations
@@ -28,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCES = (Path(__file__).with_name("decode_attention.c"), Path(__file__).with_name("decode_step.c"))
 # Not -ffast-math (nor -Ofast, -funsafe-math-optimizations): with those, GCC links crtfastmath.o into
 # the library, whose constructor sets flush-to-zero and denormals-are-zero in MXCSR when the library is
 # loaded, and every subnormal float of the process (numpy's, torch's) became zero from then on. The
-# flags below are the parts of -ffast-math the kernel's loops gain from (vectorised reductions and
+# flags below are the parts of -ffast-math the kernels' loops gain from (vectorised reductions and
 # expf without errno), none of which changes the floating-point environment.
 FLAGS = (
     "-O3",
@@ -48,6 +58,14 @@ FLAGS = (
 )
 DISABLE_ENV = "GRPOLAB_NO_C_KERNELS"
 _state: dict = {}
+_P, _I32, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+SIGNATURES = {  # C function -> its argument types (every one returns int: 0 done, else not taken)
+    "grpolab_decode_attention": [_P] * 5 + [_I32] * 7 + [_F32],
+    "grpolab_rope_attend": [_P, _I32, _P, _P, _P, _P, _P, _I32, _P] + [_I32] * 6 + [_F32],
+    "grpolab_sample": [_P, _I32, _I32, _I32, _F32, _P, _I32, _P, _P],
+    "grpolab_rms_norm": [_P, _I32, _I32, _I32, _P, _F32, _P],
+    "grpolab_silu_mul": [_P, _I32, _I32, _I32, _P],
+}
 
 
 def cache_dir() -> Path:
@@ -66,11 +84,12 @@ def _cpu_flags() -> str:
 
 
 def _build(cc: str) -> Path:
-    """The compiled library's path, compiling it first when the cache has none for this source,
+    """The compiled library's path, compiling it first when the cache has none for these sources,
     compiler and CPU. Raises RuntimeError with the compiler's message when the build fails."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
-    target = cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
+    text = [s.read_text() for s in SOURCES]
+    key = hashlib.sha256("\0".join([*text, " ".join(FLAGS), version, _cpu_flags()]).encode())
+    target = cache_dir() / f"grpolab_kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +97,7 @@ def _build(cc: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120, check=False
+            [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True, timeout=120, check=False
         )
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
@@ -90,6 +109,8 @@ def _build(cc: str) -> Path:
 
 
 def _load():
+    """({C name: function} of the kernels that passed their checks, {name: why not} of the others), or
+    (None, why) when none could be loaded."""
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         return None, f"{DISABLE_ENV} is set"
     if not sys.platform.startswith("linux"):
@@ -100,49 +121,109 @@ def _load():
     try:
         lib = ctypes.CDLL(str(_build(cc)))
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return None, f"the decode-attention kernel did not build or load: {e}"
-    fn = lib.grpolab_decode_attention
-    ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float]
-    fn.restype = i32
-    error = _self_check(fn)
-    if error is not None:
-        return None, error
-    return fn, None
+        return None, f"the decode kernels did not build or load: {e}"
+    fns, errors = {}, {}
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, _I32
+        fns[name] = fn
+    for name, check in CHECKS.items():
+        error = check(fns[name])
+        if error is not None:
+            errors[name] = error
+            del fns[name]
+    return fns, errors
 
 
-def _call(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, S: int, scale: float):
+def _fn(name: str):
+    if "fns" not in _state:
+        _state["fns"], _state["reason"] = _load()
+    fns = _state["fns"]
+    return None if fns is None else fns.get(name)
+
+
+def _fp32_rows(*ts: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in ts)
+
+
+def _call_attention(fn, q, k, v, valid, S: int, scale: float):
     if not (
-        q.dtype == k.dtype == v.dtype == torch.float32
+        _fp32_rows(q, k, v)
         and valid.dtype == torch.bool
         and valid.stride(-1) == 1
         and q.is_contiguous()
         and k.is_contiguous()
         and v.is_contiguous()
-        and q.device.type == "cpu"
     ):
         return None  # the C side reads raw fp32 rows and one byte per slot
     N, nh, d = q.shape
     out = torch.empty_like(q)
-    rc = fn(
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        valid.data_ptr(),
-        out.data_ptr(),
-        N,
-        nh,
-        k.shape[1],
-        d,
-        S,
-        k.shape[2],
-        valid.stride(0),
-        scale,
-    )
+    args = (q, k, v, valid, out)
+    rc = fn(*(t.data_ptr() for t in args), N, nh, k.shape[1], d, S, k.shape[2], valid.stride(0), scale)
     return out if rc == 0 else None
 
 
-def _self_check(fn) -> str | None:
+def _call_rope_attend(fn, qkv, cos, sin, k, v, valid, t: int, nh: int, scale: float):
+    if not (
+        _fp32_rows(qkv, cos, sin, k, v)
+        and qkv.dim() == 2
+        and cos.is_contiguous()
+        and sin.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+        and valid.dtype == torch.bool
+        and valid.stride(-1) == 1
+    ):
+        return None
+    N, nkv, cap, d = k.shape
+    if cos.shape != (N, d) or sin.shape != (N, d) or qkv.shape != (N, (nh + 2 * nkv) * d):
+        return None
+    out = torch.empty((N, nh * d))
+    rc = fn(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), valid.data_ptr(),
+        valid.stride(0), out.data_ptr(), N, nh, nkv, d, t, cap, scale,
+    )  # fmt: skip
+    return out if rc == 0 else None
+
+
+def _call_sample(fn, logits, temperature: float, greedy: bool, generator):
+    if not (_fp32_rows(logits) and logits.dim() == 2 and temperature > 0):
+        return None
+    N, V = logits.shape
+    u = torch.rand((N, 1), generator=generator) if not greedy else torch.zeros((N, 1))  # the torch path's draw
+    tok, logp = torch.empty(N, dtype=torch.long), torch.empty(N)
+    rc = fn(
+        logits.data_ptr(),
+        N,
+        V,
+        logits.stride(0),
+        1.0 / temperature,
+        u.data_ptr(),
+        int(greedy),
+        tok.data_ptr(),
+        logp.data_ptr(),
+    )
+    return (tok, logp) if rc == 0 else None
+
+
+def _call_rms_norm(fn, x, weight, eps: float):
+    if not (_fp32_rows(x, weight) and x.dim() == 2 and weight.is_contiguous() and weight.shape == x.shape[-1:]):
+        return None
+    out = torch.empty(x.shape)
+    fn(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), weight.data_ptr(), eps, out.data_ptr())
+    return out
+
+
+def _call_silu_mul(fn, gu):
+    if not (_fp32_rows(gu) and gu.dim() == 2 and gu.shape[1] % 2 == 0):
+        return None
+    N, I = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty((N, I))
+    fn(gu.data_ptr(), N, I, gu.stride(0), out.data_ptr())
+    return out
+
+
+def _check_attention(fn) -> str | None:
     """None when the kernel agrees with grpolab.model.attention on random inputs (padding included), else why not."""
     from grpolab.model.attention import grouped_query_attention
 
@@ -151,34 +232,154 @@ def _self_check(fn) -> str | None:
     q, k, v = (torch.randn(shape, generator=g) for shape in ((N, nh, d), (N, nkv, cap, d), (N, nkv, cap, d)))
     valid = torch.ones((N, cap), dtype=torch.bool)
     valid[0, :3] = False
-    got = _call(fn, q, k, v, valid, S, d**-0.5)
+    got = _call_attention(fn, q, k, v, valid, S, d**-0.5)
     want, _ = grouped_query_attention(None, q[:, :, None], k[:, :, :S], v[:, :, :S], valid[:, None, None, :S])
     if got is None or not torch.allclose(got, want.view(N, nh, d), atol=1e-5, rtol=1e-4):
         return "the decode-attention kernel disagreed with the torch path on its self-check"
     return None
 
 
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as the HF Llama forward applies it: x cos + rotate_half(x) sin, rotate_half([a, b]) = [-b, a]."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-b, a], dim=-1) * sin
+
+
+def _check_rope_attend(fn) -> str | None:
+    """None when rope_attend writes the cache and attends as RoPE + grpolab.model.attention do, else why not."""
+    from grpolab.model.attention import grouped_query_attention
+
+    g = torch.Generator().manual_seed(1)
+    N, nh, nkv, d, cap, t = 3, 6, 2, 16, 12, 8
+    qkv = torch.randn((N, (nh + 2 * nkv) * d), generator=g)
+    cos, sin = torch.randn((N, d), generator=g), torch.randn((N, d), generator=g)
+    k, v = torch.randn((N, nkv, cap, d), generator=g), torch.randn((N, nkv, cap, d), generator=g)
+    k0, v0 = k.clone(), v.clone()
+    valid = torch.ones((N, cap), dtype=torch.bool)
+    valid[0, :3] = False
+    got = _call_rope_attend(fn, qkv, cos, sin, k, v, valid, t, nh, d**-0.5)
+    heads = qkv.view(N, nh + 2 * nkv, d)
+    qk = rope_reference(heads[:, : nh + nkv], cos[:, None], sin[:, None])
+    k0[:, :, t], v0[:, :, t] = qk[:, nh:], heads[:, nh + nkv :]
+    S = t + 1
+    want, _ = grouped_query_attention(None, qk[:, :nh, None], k0[:, :, :S], v0[:, :, :S], valid[:, None, None, :S])
+    close = got is not None and torch.allclose(got, want.reshape(N, nh * d), atol=1e-5, rtol=1e-4)
+    if not (close and torch.allclose(k, k0, atol=1e-5, rtol=1e-5) and torch.equal(v, v0)):
+        return "the rope-attend kernel disagreed with the torch path on its self-check"
+    return None
+
+
+def _check_sample(fn) -> str | None:
+    """None when the sampler's log-probs are log_softmax(z / T)'s, its draws follow the CDF of the same
+    uniform numbers and greedy is the argmax, else why not."""
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn((4, 1000), generator=g) * 3
+    T = 0.7
+    logp = torch.log_softmax(z / T, -1)
+    u = torch.rand((4, 1), generator=torch.Generator().manual_seed(3))
+    want = torch.searchsorted(logp.exp().double().cumsum(-1), u.double(), right=True).squeeze(-1)
+    tok, lp = _call_sample(fn, z, T, False, torch.Generator().manual_seed(3))
+    best, lp_best = _call_sample(fn, z, T, True, None)
+    ok = (
+        torch.equal(tok, want)
+        and torch.allclose(lp, logp.gather(-1, tok[:, None]).squeeze(-1), atol=1e-5)
+        and torch.equal(best, z.argmax(-1))
+        and torch.allclose(lp_best, logp.max(-1).values, atol=1e-5)
+    )
+    return None if ok else "the sampling kernel disagreed with the torch path on its self-check"
+
+
+def _check_rms_norm(fn) -> str | None:
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn((5, 48), generator=g) * 3, torch.randn(48, generator=g)
+    got = _call_rms_norm(fn, x[:, :40], w[:40], 1e-6)
+    ok = got is not None and torch.allclose(
+        got, torch.nn.functional.rms_norm(x[:, :40], (40,), w[:40], 1e-6), atol=1e-5
+    )
+    return None if ok else "the RMSNorm kernel disagreed with torch's on its self-check"
+
+
+def _check_silu_mul(fn) -> str | None:
+    gu = torch.randn((4, 2 * 40), generator=torch.Generator().manual_seed(5)) * 8
+    got = _call_silu_mul(fn, gu[:, :60])
+    ok = got is not None and torch.allclose(
+        got, torch.nn.functional.silu(gu[:, :30]) * gu[:, 30:60], atol=1e-5, rtol=1e-5
+    )
+    return None if ok else "the silu-and-multiply kernel disagreed with torch's on its self-check"
+
+
+CHECKS = {
+    "grpolab_decode_attention": _check_attention,
+    "grpolab_rope_attend": _check_rope_attend,
+    "grpolab_sample": _check_sample,
+    "grpolab_rms_norm": _check_rms_norm,
+    "grpolab_silu_mul": _check_silu_mul,
+}
+
+
 def decode_attention():
     """The kernel as f(q (N, nh, d), k, v (N, nkv, cap, d), valid (N, >= S) bool, S, scale) -> (N, nh, d)
     or None (shapes it does not take, or inputs not fp32, contiguous and on the CPU). None when it is unavailable (see
     unavailable_reason). Built and checked once per process."""
-    if "fn" not in _state:
-        _state["fn"], _state["reason"] = _load()
-    fn = _state["fn"]
+    fn = _fn("grpolab_decode_attention")
+    return None if fn is None else lambda q, k, v, valid, S, scale: _call_attention(fn, q, k, v, valid, S, scale)
+
+
+def rope_attend():
+    """The kernel as f(qkv (N, (nh + 2 nkv) d), cos, sin (N, d), k, v (N, nkv, cap, d), valid (N, > t) bool, t,
+    nh, scale) -> attention output (N, nh d), having written RoPE(k) and v into slot t of k and v; or None
+    (inputs it does not take: nothing written). None when it is unavailable (see unavailable_reason)."""
+    fn = _fn("grpolab_rope_attend")
     if fn is None:
         return None
-    return lambda q, k, v, valid, S, scale: _call(fn, q, k, v, valid, S, scale)
+    return lambda qkv, cos, sin, k, v, valid, t, nh, scale: _call_rope_attend(
+        fn, qkv, cos, sin, k, v, valid, t, nh, scale
+    )
 
 
-def unavailable_reason() -> str | None:
-    """Why decode_attention() is None (None when it is available)."""
-    decode_attention()
-    return _state["reason"]
+def sample():
+    """The kernel as f(logits (N, V) fp32, temperature, greedy, generator) -> (token (N,), log-prob (N,)) of
+    softmax(z / T), drawing one torch.rand((N, 1), generator) as the torch path does (greedy: none); or
+    None (inputs it does not take). None when it is unavailable (see unavailable_reason)."""
+    fn = _fn("grpolab_sample")
+    return None if fn is None else lambda logits, T, greedy, gen: _call_sample(fn, logits, T, greedy, gen)
+
+
+def rms_norm():
+    """The kernel as f(x (N, H) fp32, weight (H,), eps) -> RMSNorm(x) (N, H) (grpolab_rms_norm), or None
+    (inputs it does not take). None when it is unavailable (see unavailable_reason)."""
+    fn = _fn("grpolab_rms_norm")
+    return None if fn is None else lambda x, weight, eps: _call_rms_norm(fn, x, weight, eps)
+
+
+def silu_mul():
+    """The kernel as f(gu (N, 2 I) fp32) -> silu(gu[:, :I]) * gu[:, I:] (N, I), or None (inputs it does not
+    take). None when it is unavailable (see unavailable_reason)."""
+    fn = _fn("grpolab_silu_mul")
+    return None if fn is None else lambda gu: _call_silu_mul(fn, gu)
+
+
+def unavailable_reason(name: str = "grpolab_decode_attention") -> str | None:
+    """Why the kernel `name` (a C function, SIGNATURES) is unavailable (None when it is available)."""
+    _fn(name)
+    if _state["fns"] is None:
+        return _state["reason"]
+    return _state["reason"].get(name)
 
 
 def reset() -> None:
-    """Forget the loaded kernel (tests: to load it again under other conditions)."""
+    """Forget the loaded kernels (tests: to load them again under other conditions)."""
     _state.clear()
 
 
-__all__ = ["DISABLE_ENV", "cache_dir", "decode_attention", "reset", "unavailable_reason"]
+__all__ = [
+    "DISABLE_ENV",
+    "cache_dir",
+    "decode_attention",
+    "reset",
+    "rms_norm",
+    "rope_attend",
+    "sample",
+    "silu_mul",
+    "unavailable_reason",
+]
