@@ -93,7 +93,12 @@ def test_against_none_prints_the_floor_table_and_a_json_line(tiny_model_dir, tmp
     assert set(rows) == {"generation", "reference", "update", "step"}
     assert rows["reference"]["flops"] > 0 and rows["update"]["flops"] == 3 * rows["generation"]["flops"]
     assert all(r["ratio"] > 0 for r in rows.values())  # measured time over the floor
-    assert res["matmul_flops"]["fp32"] > 0 and res["matmul_flops"]["bf16"] > 0 and res["threads"] == 1
+    rates = res["matmul_flops"]
+    assert rates["fp32"] > 0 and rates["bandwidth"] > 0 and res["threads"] == 1
+    assert rates.get("bf16", 0) > 0 or rates["bf16_not_timed"]  # timed where bf16 can pay, else why not
+    assert rows["generation"]["bytes"] > 0 and rows["generation"]["floor_s"] == max(
+        rows["generation"]["flop_floor_s"], rows["generation"]["memory_floor_s"]
+    )
     for text in (
         "s/step",
         "gen tok/s",
@@ -105,6 +110,8 @@ def test_against_none_prints_the_floor_table_and_a_json_line(tiny_model_dir, tmp
         "update",
         "2N(P+C)",
         "TFLOP/s",
+        "GB/s",
+        "mem fl s",
     ):
         assert text in p.stdout, text
 
@@ -278,3 +285,56 @@ def test_the_agent_setting_gives_both_sides_the_same_shapes_template_prompts_and
     assert check["agent_same_prompt_tokens"] and check["agent_same_tool_reply_tokens"]
     with pytest.raises(Exception, match="--max-turns"):
         bench_spec.parse_spec(["--max-turns", "2"])  # only the agent setting has turns
+
+
+def floor_summary(kv_slot_bytes=8) -> dict:
+    """A grpolab summary for the floor table: 2 sequences of P = 10 prompt and C = 4 completion tokens, N =
+    100 non-embedding parameters, V x H = 10 x 5, fp32 in every phase."""
+    step = {
+        "prompt_tokens_mean": 10.0,
+        "completion_tokens_mean": 4.0,
+        "seqs": 2.0,
+        "generation_s": 2.0,
+        "reference_s": 0.0,
+        "update_s": 3.0,
+        "step_s": 5.0,
+    }
+    prec = {"generation": "fp32", "reference": "fp32", "update": "fp32"}
+    return {"steps": [step], "params_non_embedding": 100, "vocab": 10, "hidden": 5, "kv_slot_bytes": kv_slot_bytes,
+            "phase_precision": prec}  # fmt: skip
+
+
+def test_the_floor_table_takes_the_larger_of_the_flop_and_the_memory_floor():
+    """Worked: generation FLOPs 2 x (2 x 100 x 14 + 2 x 10 x 5 x 4) = 6400, at 1000 FLOP/s 6.4 s; bytes
+    C b (N + VH) + n s ((C-1) P + C(C-1)/2) = 4 x 4 x 150 + 2 x 8 x (30 + 6) = 2976, at 100 B/s 29.76 s:
+    memory-bound, 2 s / 29.76 s. Update 3 x 6400 = 19200 FLOPs, 19.2 s. Step floor 29.76 + 19.2."""
+    from grpolab.app.bench.floor import floor_table, generation_bytes
+
+    assert generation_bytes(2, 10, 4, 100, 10, 5, weight_bytes=4, kv_slot=8) == 2976
+    rows = {
+        r["phase"]: r for r in floor_table(floor_summary(), {"fp32": 1000.0, "bandwidth": 100.0}, beta=0.0, lora=False)
+    }
+    g = rows["generation"]
+    assert g["flops"] == 6400 and g["flop_floor_s"] == pytest.approx(6.4) and g["bytes"] == 2976
+    assert g["memory_floor_s"] == pytest.approx(29.76) and g["floor_s"] == pytest.approx(29.76)
+    assert g["bound"] == "memory" and g["ratio"] == pytest.approx(2 / 29.76)
+    u = rows["update"]
+    assert u["flops"] == 19200 and u["floor_s"] == pytest.approx(19.2) and u["bound"] == "FLOPs"
+    assert rows["reference"]["floor_s"] == 0 and rows["reference"]["ratio"] is None
+    assert rows["step"]["floor_s"] == pytest.approx(48.96) and rows["step"]["ratio"] == pytest.approx(5 / 48.96)
+    fast = floor_table(floor_summary(), {"fp32": 1000.0, "bandwidth": 1000.0}, beta=0.0, lora=False)[0]
+    assert fast["memory_floor_s"] == pytest.approx(2.976) and fast["floor_s"] == pytest.approx(6.4)
+    assert fast["bound"] == "FLOPs" and fast["ratio"] == pytest.approx(2 / 6.4)
+
+
+def test_the_matmul_rate_shrinks_its_product_to_its_time_budget():
+    """A dtype the device computes slowly is timed on a small product: with no time to spare, 256^3."""
+    import torch
+
+    from grpolab.app.bench.floor import matmul_rate, memory_bandwidth
+
+    rate, size = matmul_rate(torch.device("cpu"), torch.float32, budget_s=0.0)
+    assert size == 256 and rate > 0
+    assert matmul_rate(torch.device("cpu"), torch.float32, n=512, budget_s=60.0)[1] == 512
+    bw, nbytes = memory_bandwidth(torch.device("cpu"), 8 << 20)
+    assert nbytes == 8 << 20 and bw > 0

@@ -4,8 +4,10 @@
     rounds   grpolab, TRL fp32, TRL bf16, grpolab, TRL fp32, ... each a fresh process (grpolab.app.bench.worker)
     summary  medians of the timed steps of every round, per configuration; grpolab/TRL ratios
 
-With --against none: grpolab alone, then the device's matmul rate, and each phase against its FLOP
-floor (grpolab.app.bench.floor).
+With --against none: grpolab alone, then the device's matmul rate and memory bandwidth, and each phase
+against its floor: the larger of its FLOPs at that rate and its bytes at that bandwidth
+(grpolab.app.bench.floor). A worker's step lines are passed on as they come, and a worker silent for
+QUIET_S seconds gets a line saying it still runs.
 """
 
 from __future__ import annotations
@@ -47,13 +49,38 @@ def run_worker(mode: str, spec_path: Path, tmp: Path, *extra: str, label: str) -
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, "-m", "grpolab.app.bench.worker", mode, str(spec_path), str(out), *extra]
     with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        rc = _watched(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env), log, label)
     if rc != 0 or not out.exists():
         text = log.read_text(errors="replace").strip().splitlines()
         mine = [ln for ln in text if ln.startswith("grpolab bench:")]
         tail = "\n".join(mine or text[-25:])
         raise WorkerFailed(f"{label} (exit {rc}):\n{tail}" if not mine else tail, rc if rc in (1, 2) else 1)
     return json.loads(out.read_text())
+
+
+QUIET_S = 5.0  # a worker silent this long gets a line saying it is still running
+PROGRESS = ("grpolab step", "TRL step")  # a worker's lines that the bench passes on as they come
+
+
+def _watched(proc, log: Path, label: str, quiet_s: float = QUIET_S) -> int:
+    """Wait for the worker `proc`, passing on its step lines (PROGRESS) as it writes them to `log`, and
+    after quiet_s seconds without one a line saying what still runs and for how long; its exit code."""
+    start = last = time.monotonic()
+    seen = 0
+    while True:
+        rc = proc.poll()
+        lines = log.read_text(errors="replace").splitlines()
+        for line in lines[seen:]:
+            if line.startswith(PROGRESS):
+                _progress(f"  {label}: {line.strip()}")
+                last = time.monotonic()
+        seen = len(lines)
+        if rc is not None:
+            return rc
+        if time.monotonic() - last >= quiet_s:
+            _progress(f"  {label}: running, {time.monotonic() - start:.0f} s")
+            last = time.monotonic()
+        time.sleep(0.25)
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -202,27 +229,51 @@ def table(result: dict) -> str:
             f"{result['grpolab_vs_fastest_trl']:.3f}"
         )
     if result.get("floor"):
-        fl = result["floor"]
-        rates = result["matmul_flops"]
-        lines += [
-            "",
-            f"matmul rate (2048^3, {result['device']}): fp32 {rates['fp32'] / 1e12:.3f} TFLOP/s, "
-            f"bf16 {rates['bf16'] / 1e12:.3f} TFLOP/s; each phase's floor at the rate of grpolab's "
-            f"precision in it ({', '.join(f'{k} {v}' for k, v in fl['precision'].items())})",
-            f"{'phase':12}{'seconds':>10}{'GFLOP':>10}{'floor s':>10}{'x floor':>9}",
-        ]
-        for row in fl["rows"]:
-            lines.append(
-                f"{row['phase']:12}{row['seconds']:10.2f}{row['flops'] / 1e9:10.1f}{row['floor_s']:10.3f}"
-                f"{_f(row['ratio'], '9.1f')}"
-            )
-        lines.append(
-            f"FLOPs per sequence: generation and reference 2N(P+C) + 2VHC, update "
-            f"{'4' if spec.lora_r else '6'}N(P+C) + {'4' if spec.lora_r else '6'}VHC; N = "
-            f"{fl['N']:,} non-embedding parameters, V x H = {fl['V']} x {fl['H']} (LM head, C positions), "
-            f"P = {fl['P']:.1f}, C = {fl['C']:.1f}, {fl['seqs']:.0f} sequences; attention left out"
-        )
+        lines += floor_lines(result, spec)
     return "\n".join(lines)
+
+
+def floor_lines(result: dict, spec: Spec) -> list[str]:
+    """The --against none table: each phase against its FLOP floor and (generation) its memory floor."""
+    fl, rates = result["floor"], result["matmul_flops"]
+    sizes = rates.get("sizes", {})
+    timed = ", ".join(
+        f"{p} {rates[p] / 1e12:.3f} TFLOP/s ({sizes.get(p, 2048)}^3)" for p in ("fp32", "bf16") if p in rates
+    )
+    lines = [
+        "",
+        f"matmul rate ({result['device']}): {timed}"
+        + (f"; bf16 not timed: {rates['bf16_not_timed']}" if rates.get("bf16_not_timed") else ""),
+    ]
+    if rates.get("bandwidth"):
+        lines.append(
+            f"memory bandwidth: {rates['bandwidth'] / 1e9:.1f} GB/s (reading a {rates['bandwidth_bytes'] / 1e6:.0f} MB "
+            f"buffer, the size of the decode step's weights, best of 3)"
+        )
+    lines += [
+        f"each phase's floor: the larger of its FLOPs at the rate of grpolab's precision in it "
+        f"({', '.join(f'{k} {v}' for k, v in fl['precision'].items())}) and the bytes it must read at that bandwidth",
+        f"{'phase':12}{'seconds':>10}{'GFLOP':>10}{'FLOP fl s':>11}{'GB read':>9}{'mem fl s':>10}{'floor s':>9}"
+        f"{'x floor':>9}  bound",
+    ]
+    for row in fl["rows"]:
+        lines.append(
+            f"{row['phase']:12}{row['seconds']:10.2f}{row['flops'] / 1e9:10.1f}{row.get('flop_floor_s', row['floor_s']):11.3f}"
+            f"{row.get('bytes', 0) / 1e9:9.2f}{row.get('memory_floor_s', 0):10.3f}{row['floor_s']:9.3f}"
+            f"{_f(row['ratio'], '9.2f')}  {row.get('bound') or '-'}"
+        )
+    k = "4" if spec.lora_r else "6"
+    lines.append(
+        f"FLOPs per sequence: generation and reference 2N(P+C) + 2VHC, update {k}N(P+C) + {k}VHC; N = "
+        f"{fl['N']:,} non-embedding parameters, V x H = {fl['V']} x {fl['H']} (LM head, C positions), "
+        f"P = {fl['P']:.1f}, C = {fl['C']:.1f}, {fl['seqs']:.0f} sequences; attention left out"
+    )
+    if fl.get("kv_slot_bytes"):
+        lines.append(
+            f"bytes of a rollout: C b (N + VH) + n s ((C-1) P + C(C-1)/2): b = {fl['weight_bytes']} bytes per weight, "
+            f"s = {fl['kv_slot_bytes']:,} KV-cache bytes per token and row, n = {fl['seqs']:.0f}"
+        )
+    return lines
 
 
 def _progress(msg: str) -> None:
@@ -294,8 +345,15 @@ def bench(spec: Spec) -> dict:
         else:
             from grpolab.app.bench.floor import floor_table
 
-            rates = run_worker("rate", spec_path, tmp, label="matmul rate")
             ours = configs[ours[0]]
+            used = sorted(set(ours["phase_precision"].values()))
+            weight_bytes = (4 if ours["phase_precision"]["generation"] == "fp32" else 2) * (
+                ours["params_non_embedding"] + ours["vocab"] * ours["hidden"]
+            )
+            _progress(f"grpolab bench: matmul rate ({', '.join(used)}) and memory bandwidth...")
+            rates = run_worker(
+                "rate", spec_path, tmp, "--precisions", ",".join(used), "--bytes", str(weight_bytes), label="rates"
+            )
             rows = floor_table(ours, rates, beta=spec.beta, lora=bool(spec.lora_r))
             s = ours["steps"]
             result["matmul_flops"] = rates
@@ -308,6 +366,8 @@ def bench(spec: Spec) -> dict:
                 "P": statistics.median(x["prompt_tokens_mean"] for x in s),
                 "C": statistics.median(x["completion_tokens_mean"] for x in s),
                 "seqs": statistics.median(x["seqs"] for x in s),
+                "kv_slot_bytes": ours.get("kv_slot_bytes"),
+                "weight_bytes": 4 if ours["phase_precision"]["generation"] == "fp32" else 2,
             }
     return result
 

@@ -140,8 +140,9 @@ def phase_precisions(run) -> dict:
 
 
 def model_sizes(model) -> dict:
-    """Parameter counts for the FLOP formulas: N without the input embedding (and without a tied LM
-    head, which is the same matrix), the LM head's V x H, vocabulary and hidden size."""
+    """Parameter counts for the floor's formulas: N without the input embedding (and without a tied LM
+    head, which is the same matrix), the LM head's V x H, vocabulary and hidden size, and the KV cache's
+    bytes per token and row (None where the config does not say)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     emb = base.get_input_embeddings().weight
     head = base.get_output_embeddings()
@@ -153,7 +154,18 @@ def model_sizes(model) -> dict:
             total += p.numel()
     tied = head.data_ptr() == emb.data_ptr()
     non_embedding = total - emb.numel() - (0 if tied else head.numel())
-    return {"params_non_embedding": int(non_embedding), "vocab": int(head.shape[0]), "hidden": int(head.shape[1])}
+    cfg = getattr(base, "config", None)
+    layers = getattr(cfg, "num_hidden_layers", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or (int(head.shape[1]) // heads if heads else None)
+    return {
+        "params_non_embedding": int(non_embedding),
+        "vocab": int(head.shape[0]),
+        "hidden": int(head.shape[1]),
+        # keys and values of every layer, per cached token and row, fp32 (the lean step's cache)
+        "kv_slot_bytes": 2 * layers * kv * head_dim * 4 if layers and kv and head_dim else None,
+    }
 
 
 def check_sequences(spec: Spec, n_prompts: int = 2, G: int = 2, max_tokens: int = 16):

@@ -4,7 +4,8 @@ peak memory is its own):
     python -m grpolab.app.bench.worker grpolab SPEC.json OUT.json          grpolab: warm-up + timed steps
     python -m grpolab.app.bench.worker trl SPEC.json OUT.json --precision bf16
     python -m grpolab.app.bench.worker check SPEC.json OUT.json [--trl-model DIR]   the log-prob check
-    python -m grpolab.app.bench.worker rate SPEC.json OUT.json             the device's matmul rates
+    python -m grpolab.app.bench.worker rate SPEC.json OUT.json [--precisions fp32,bf16] [--bytes N]
+                                                                 matmul rates, memory bandwidth
 
 The result is a JSON object written to OUT.json. Exit codes: 0 done, 1 the log-prob check failed or a
 measurement broke, 2 TRL is missing (the message says how to install it) or a setting is invalid.
@@ -171,18 +172,33 @@ def agent_token_check(spec: Spec, n_prompts: int = 2) -> dict:
     return out
 
 
-def run_rate(spec: Spec) -> dict:
-    from grpolab.app.bench.floor import matmul_rates
+def run_rate(spec: Spec, precisions: list[str], nbytes: int) -> dict:
+    """The matmul rate of each precision in `precisions` (the phases'), and of bf16 also where bf16 can
+    pay on this device (grpolab.model.precision.bf16_can_pay, decided in milliseconds: it says why not
+    otherwise), and the memory bandwidth of reading `nbytes` (grpolab.app.bench.floor)."""
+    from grpolab.app.bench.floor import matmul_rates, memory_bandwidth
     from grpolab.model.load import pick_device
+    from grpolab.model.precision import bf16_can_pay
 
-    return matmul_rates(pick_device(spec.device))
+    device = pick_device(spec.device)
+    timed, why_not = list(precisions), None
+    if "bf16" not in timed:
+        can, why = bf16_can_pay(device)
+        if can:
+            timed.append("bf16")
+        else:
+            why_not = why
+    rates = matmul_rates(device, timed)
+    rates["bandwidth"], rates["bandwidth_bytes"] = memory_bandwidth(device, nbytes)
+    rates["bf16_not_timed"] = why_not
+    return rates
 
 
 MODES = {  # what one worker process measures: mode -> fn(spec, parsed arguments) -> result dict
     "grpolab": lambda spec, a: run_grpolab(spec, a.engine),
     "trl": lambda spec, a: run_trl(spec, a.precision),
     "check": lambda spec, a: run_check(spec, a.trl_model),
-    "rate": lambda spec, a: run_rate(spec),
+    "rate": lambda spec, a: run_rate(spec, a.precisions.split(","), a.bytes),
 }
 
 
@@ -196,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", default="native", choices=["native", "vllm"], help="grpolab's rollout engine (mode grpolab)"
     )
     ap.add_argument("--trl-model", help="mode check: give TRL this model instead (a check that must fail)")
+    ap.add_argument("--precisions", default="fp32", help="mode rate: the precisions to time, comma-separated")
+    ap.add_argument("--bytes", type=int, default=1 << 28, help="mode rate: the bandwidth buffer's bytes")
     a = ap.parse_args(argv)
     with open(a.spec) as f:
         spec = Spec.from_dict(json.load(f))
