@@ -109,7 +109,7 @@ class Config:
     device: DeviceSetting = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda (the current GPU) or cuda:N (the GPU of index N)."""
     precision: PrecisionSetting = "auto"
-    """auto (per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, decided at start and kept on resume; bf16 on a bf16-capable GPU; grpolab.model.precision), bf16 or fp32. Weights and optimizer state stay fp32."""
+    """auto (fp32 on a CPU without bf16 instructions, decided from the CPU in milliseconds; elsewhere per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, timed for a few seconds at start, remembered per machine and model shape in $GRPOLAB_CACHE/precision and kept on resume; bf16 on a bf16-capable GPU; docs/performance.md, "precision=auto"), bf16 or fp32. Weights and optimizer state stay fp32."""
     lm_head_fp32: bool = False
     """The LM head of the update's and the reference's passes in fp32 under a bf16 autocast (its input cast to fp32, the matmul and log-softmax in fp32): the log-probs and the ratio without bf16 rounding in the logits, as ScaleRL recommends (TRL's cast_lm_head_to_fp32). With precision fp32 every pass is fp32 already."""
     cpu_malloc: CpuMalloc = "keep"
