@@ -40,6 +40,15 @@ REGRESSION = 0.05  # a ratio more than 5% worse than the previous entry's is fla
 CLAIMS: dict[str, tuple[str, str, str, str, str]] = {
     "bench-step": ("Step time against TRL's GRPOTrainer", "grpolab", "TRL", "s/step", "lower"),
     "bench-memory": ("Peak memory against TRL's GRPOTrainer", "grpolab", "TRL", "MB", "lower"),
+    "bench-floor": (
+        "grpolab bench --against none: each phase against its floor, the larger of its FLOPs at the measured "
+        "matmul rate and its bytes at the measured memory bandwidth (targets in fp32: generation at most 2.0x, "
+        "the step at most 1.35x)",
+        "measured",
+        "floor",
+        "s",
+        "lower",
+    ),
     "busy-step": (
         "The demo's step beside busy processes against alone (benchmarks/busy_machine.py; target: at most 2.5x)",
         "beside busy",
@@ -332,12 +341,54 @@ def render(entries: list[dict]) -> str:
 # ---- grpolab bench's JSON ----------------------------------------------------------------------
 
 
+def trl_config(name: str, c: dict) -> str:
+    """A TRL configuration in words: its precision and gradient checkpointing (True is TRL's default)."""
+    ckpt = c.get("gradient_checkpointing", not name.endswith("_nockpt"))
+    return f"TRL {c['precision']} (gradient_checkpointing={ckpt}{', its default' if ckpt else ''})"
+
+
+def floor_entries(run: dict, command: str) -> list[dict]:
+    """bench-floor entries of a `grpolab bench --against none` run: each phase's seconds against its floor."""
+    spec, fl = run["spec"], run["floor"]
+    c = run["configs"]["grpolab"]
+    isa = run.get("cpu", {})
+    where = f", torch at {isa['capability']}" if isa.get("capability") else ""
+    out = []
+    for row in fl["rows"]:
+        if not row["floor_s"]:
+            continue
+        setting = (
+            f"({spec['setting']}) {row['phase']}, grpolab {c['precision']}, bound by {row.get('bound') or 'FLOPs'}"
+            f"{where}"
+        )
+        out.append(entry("bench-floor", setting, row["seconds"], row["floor_s"], command=command))
+    return out
+
+
+def bench_command(run: dict) -> str:
+    """The grpolab bench command line of a run's JSON, with the variables that capped the CPU's instructions."""
+    spec = run["spec"]
+    env = " ".join(f"{k}={v}" for k, v in run.get("cpu", {}).get("env", {}).items())
+    flags = f"--setting {spec['setting']} --precision {spec['precision']}"
+    if spec.get("against") == "none":
+        flags += " --against none"
+    else:
+        flags += f" --trl-precision {spec['trl_precision']} --trl-checkpointing {spec.get('trl_checkpointing', 'on')}"
+    flags += f" --rounds {spec['rounds']} --steps {spec['steps']}" + (
+        f" --busy {spec['busy']}" if spec.get("busy") else ""
+    )
+    return (env + " " if env else "") + "grpolab bench " + flags
+
+
 def from_bench(run: dict, command: str) -> list[dict]:
     """Entries from the JSON `grpolab bench --json-out` writes: step time and peak memory of each
-    grpolab configuration against the fastest TRL configuration of the run."""
+    grpolab configuration against the fastest TRL configuration of the run (named with its gradient
+    checkpointing), or with --against none each phase against its floor."""
     configs = run["configs"]
     trl = {k: v for k, v in configs.items() if k.startswith("trl")}
     out = []
+    if run.get("floor"):
+        out += floor_entries(run, command)
     if not trl:
         return out
     best = min(trl, key=lambda k: trl[k]["s_per_step"])
@@ -348,7 +399,8 @@ def from_bench(run: dict, command: str) -> list[dict]:
         engine = c.get("engine", "native")
         setting = (
             f"({spec['setting']}) {spec['new_tokens']} tokens, beta {spec['beta']:g}, lora_r "
-            f"{spec['lora_r']}, engine {engine}, grpolab {c['precision']} vs TRL {trl[best]['precision']}"
+            f"{spec['lora_r']}, engine {engine}, grpolab {c['precision']} vs {trl_config(best, trl[best])}, "
+            f"the fastest of {len(trl)} TRL configuration{'s' if len(trl) > 1 else ''}"
         )
         if spec.get("busy"):  # both sides beside the same busy processes (grpolab bench --busy)
             setting += f", beside {spec['busy']} busy processes"
@@ -367,13 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "add-bench":
         run = json.loads(Path(a.run).read_text())
-        spec = run["spec"]
-        command = (
-            f"grpolab bench --setting {spec['setting']} --trl-precision {spec['trl_precision']} "
-            f"--rounds {spec['rounds']} --steps {spec['steps']}"
-            + (f" --busy {spec['busy']}" if spec.get("busy") else "")
-        )
-        record(a.json, from_bench(run, command))
+        record(a.json, from_bench(run, bench_command(run)))
         return 0
     text = render(load())
     if a.check:

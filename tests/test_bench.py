@@ -121,22 +121,25 @@ def test_against_trl_runs_real_trl_and_reports_ratios(tiny_model_dir, tmp_path):
     p = bench_cli(
         ["--model", str(tiny_model_dir), "--trl-precision", "fp32", "--lora-r", "2", "--beta", "0.04", *TINY],
         tmp_path,
-        processes=4,  # the bench, the log-prob check, a grpolab and a TRL worker
+        processes=5,  # the bench, the log-prob check, a grpolab and two TRL workers
     )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json_line(p.stdout)
     check = res["logp_check"]
     assert check["max_abs_diff"] <= 1e-3 and check["same_prompt_tokens"] and check["tokens"] > 0
-    assert set(res["configs"]) == {"grpolab", "trl_fp32"}
+    assert set(res["configs"]) == {"grpolab", "trl_fp32", "trl_fp32_nockpt"}  # TRL with and without checkpointing
     trl = res["configs"]["trl_fp32"]
     assert CONFIG_KEYS <= set(trl) and trl["gradient_checkpointing"] is True  # TRL's own default
+    assert res["configs"]["trl_fp32_nockpt"]["gradient_checkpointing"] is False
     assert trl["trained_params"] == res["configs"]["grpolab"]["trained_params"] < 100_000  # the same adapter
     assert trl["generated_tokens"] == res["configs"]["grpolab"]["generated_tokens"] == 16  # the same work
     r = res["ratios"]["trl_fp32"]
     assert r["s_per_step"] == pytest.approx(res["configs"]["grpolab"]["s_per_step"] / trl["s_per_step"])
     assert all(r[k] > 0 for k in ("s_per_step", "gen_tok_s", "train_tok_s", "peak_mb"))
-    assert res["fastest_trl"] == "trl_fp32" and res["grpolab_vs_fastest_trl"] == r["s_per_step"]
-    assert "grpolab / TRL fp32" in p.stdout and "log-prob check" in p.stdout
+    fastest = min(("trl_fp32", "trl_fp32_nockpt"), key=lambda n: res["configs"][n]["s_per_step"])
+    assert res["fastest_trl"] == fastest and res["grpolab_vs_fastest_trl"] == res["ratios"][fastest]["s_per_step"]
+    assert "grpolab / TRL fp32" in p.stdout and "grpolab / TRL fp32 no-ckpt" in p.stdout
+    assert "gradient_checkpointing=False" in p.stdout and "log-prob check" in p.stdout
 
 
 def test_logp_check_fails_on_a_different_model(tiny_model_dir, real_model_dir, tmp_path):
@@ -206,7 +209,22 @@ def test_presets_fill_what_the_flags_leave():
     assert bench_spec.parse_spec(["--setting", "b", "--new-tokens", "32"]).new_tokens == 32
     plain = bench_spec.parse_spec([])
     assert (plain.prompts, plain.G, plain.new_tokens, plain.steps, plain.rounds) == (2, 8, 64, 3, 2)
-    assert plain.trl_precisions() == ["fp32", "bf16"]
+    assert plain.trl_precisions() == ["fp32", "bf16"] and plain.trl_checkpointings() == ["on", "off"]
+    assert bench_spec.parse_spec(["--trl-checkpointing", "off"]).trl_checkpointings() == ["off"]
+
+
+def test_trl_without_checkpointing_runs_only_where_the_memory_allows(monkeypatch):
+    """Worked: TRL with checkpointing peaked at 1000 MB; without it runs with 1500 MB available
+    (NOCKPT_MEMORY = 1.5 x), not with 1400."""
+    import importlib
+
+    bench_main = importlib.import_module("grpolab.app.bench.main")  # the module (the package exports main())
+    runs = {"trl_fp32": [{"peak_mb": 1000.0, "device": "cpu"}], "trl_fp32_nockpt": []}
+    monkeypatch.setattr(bench_main, "available_mb", lambda: 1500.0)
+    assert bench_main._no_memory_for("trl_fp32_nockpt", runs) is None
+    monkeypatch.setattr(bench_main, "available_mb", lambda: 1400.0)
+    assert "1400 MB available, under 1.5 x the 1000 MB" in bench_main._no_memory_for("trl_fp32_nockpt", runs)
+    assert bench_main._no_memory_for("trl_fp32", runs) is None  # TRL's default always runs
 
 
 def test_the_reward_is_the_same_text_function_on_both_sides():

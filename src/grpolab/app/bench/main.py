@@ -26,6 +26,7 @@ from grpolab.util.procs import busy_processes
 from grpolab.util.threads import current, environ_without_plan
 
 PHASES = ("generation", "reference", "update")
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # a CPU's instructions capped
 
 
 class WorkerFailed(Exception):
@@ -81,6 +82,34 @@ def _watched(proc, log: Path, label: str, quiet_s: float = QUIET_S) -> int:
             _progress(f"  {label}: running, {time.monotonic() - start:.0f} s")
             last = time.monotonic()
         time.sleep(0.25)
+
+
+NOCKPT_MEMORY = 1.5  # TRL without checkpointing runs where this many times its checkpointed peak is available
+
+
+def available_mb() -> float | None:
+    """MemAvailable of /proc/meminfo in MB (None where unreadable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _no_memory_for(name: str, runs: dict) -> str | None:
+    """Why TRL without gradient checkpointing (`name` trl_P_nockpt) must not run: less memory available
+    than NOCKPT_MEMORY times what TRL's checkpointed run of the precision peaked at (on a CPU; without
+    checkpointing TRL keeps every layer's activations for the backward). None: it may run."""
+    ckpt = name.removesuffix("_nockpt")
+    if ckpt == name or not runs.get(ckpt):
+        return None
+    peak, avail = max(r["peak_mb"] for r in runs[ckpt]), available_mb()
+    if avail is None or runs[ckpt][0].get("device", "cpu") != "cpu" or avail >= NOCKPT_MEMORY * peak:
+        return None
+    return f"{avail:.0f} MB available, under {NOCKPT_MEMORY:g} x the {peak:.0f} MB TRL peaked at with checkpointing"
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -149,9 +178,10 @@ def _f(x, fmt: str) -> str:
 
 
 def _label(name: str, c: dict | None = None) -> str:
-    """A configuration's row label: `grpolab bf16`, `grpolab+vllm bf16`, `TRL fp32` (precision where known)."""
+    """A configuration's row label: `grpolab bf16`, `grpolab+vllm bf16`, `TRL fp32` (TRL's default
+    gradient_checkpointing=True), `TRL fp32 no-ckpt` (False)."""
     if name.startswith("trl_"):
-        return name.replace("trl_", "TRL ")
+        return name.replace("trl_", "TRL ").replace("_nockpt", " no-ckpt")
     base = name.replace("grpolab_", "grpolab+")
     return f"{base} {c['precision']}" if c else base
 
@@ -200,7 +230,7 @@ def table(result: dict) -> str:
             f"{_f(c['train_tok_s'], '13.1f')}{_f(c['peak_mb'], '9.0f')}   "
             + "".join(f"{_f(c['phases_s'][p], '13.2f')}" for p in PHASES)
         )
-    rows = [("grpolab / " + name.replace("trl_", "TRL "), r) for name, r in result.get("ratios", {}).items()]
+    rows = [("grpolab / " + _label(name), r) for name, r in result.get("ratios", {}).items()]
     rows += [(" / ".join(_label(n) for n in name.split("/")), r) for name, r in result.get("engine_ratios", {}).items()]
     for label, r in rows:
         lines.append(
@@ -223,9 +253,13 @@ def table(result: dict) -> str:
                 f"({', '.join(map(str, c['agent_prompt_tokens']))} tokens); same tool-reply tokens: "
                 f"{c['agent_same_tool_reply_tokens']}"
             )
+    if any(n.startswith("trl_") for n in result["configs"]):
+        lines.append("TRL: gradient_checkpointing=True (TRL's default); TRL no-ckpt: gradient_checkpointing=False")
+    for name, why in result.get("skipped", {}).items():
+        lines.append(f"{_label(name)} not run: {why}")
     if result.get("grpolab_vs_fastest_trl") is not None:
         lines.append(
-            f"\ngrpolab s/step / TRL's faster configuration ({result['fastest_trl']}): "
+            f"\ngrpolab s/step / TRL's fastest configuration ({_label(result['fastest_trl'])}): "
             f"{result['grpolab_vs_fastest_trl']:.3f}"
         )
     if result.get("floor"):
@@ -302,6 +336,10 @@ def bench(spec: Spec) -> dict:
             "device": device.type,
             "threads": spec.threads or torch.get_num_threads(),
             "thread_wait": {"grpolab": current("auto").describe(), "trl": "OpenMP's default"},
+            "cpu": {  # what the CPU ran: torch's kernels' capability and the variables that cap instruction sets
+                "capability": torch.backends.cpu.get_cpu_capability(),
+                "env": {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)},
+            },
         }
         if spec.against == "trl":
             _progress("grpolab bench: log-prob check (grpolab vs TRL on the same sequences, fp32)...")
@@ -315,10 +353,21 @@ def bench(spec: Spec) -> dict:
             order.append((name, "grpolab", ("--engine", engine)))
         if spec.against == "trl":
             for p in spec.trl_precisions():
-                runs[f"trl_{p}"] = []
-                order.append((f"trl_{p}", "trl", ("--precision", p)))
+                for ck in spec.trl_checkpointings():
+                    name = f"trl_{p}" if ck == "on" else f"trl_{p}_nockpt"
+                    runs[name] = []
+                    order.append((name, "trl", ("--precision", p, "--checkpointing", ck)))
+        skipped: dict[str, str] = {}
         for r in range(spec.rounds):
             for name, mode, extra in order:
+                if name in skipped:
+                    continue
+                why = _no_memory_for(name, runs)
+                if why:
+                    skipped[name] = why
+                    runs.pop(name)
+                    _progress(f"grpolab bench: {name} skipped: {why}")
+                    continue
                 t = time.perf_counter()
                 with busy_processes(spec.busy):  # --busy: the same load beside either side
                     res = run_worker(mode, spec_path, tmp, *extra, label=f"{name} round {r + 1}")
@@ -330,6 +379,8 @@ def bench(spec: Spec) -> dict:
                 )
         configs = {name: summarise(rs) for name, rs in runs.items()}
         result["configs"] = configs
+        if skipped:
+            result["skipped"] = skipped
         ours = [n for n in configs if n.startswith("grpolab")]
         if len(ours) > 1:  # grpolab+vLLM against grpolab native
             result["engine_ratios"] = {f"{n}/grpolab": ratios(configs[n], configs["grpolab"]) for n in ours[1:]}

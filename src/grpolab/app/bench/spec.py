@@ -33,6 +33,7 @@ LOGP_TOL = 1e-3  # fp32: max |log pi_grpolab - log pi_TRL| over the check's toke
 
 USAGE = """grpolab bench [--model smollm2-135m|DIR] [--setting a|b|c|agent] [--prompts 2] [--G 8] [--new-tokens 64]
                      [--beta 0] [--lora-r 0] [--max-turns 3] [--precision auto|fp32|bf16] [--trl-precision both]
+                     [--trl-checkpointing both]
                      [--device cpu|cuda|auto] [--against trl|none] [--steps 3] [--rounds 2] [--json-out FILE]
                      [--threads 0] [--lr 1e-6] [--seed 0] [--engine native|vllm|both] [--busy 0]
 
@@ -60,6 +61,7 @@ class Spec:
     lora_r: int = 0
     precision: str = "auto"  # grpolab's precision= (auto: grpolab.model.precision.choose)
     trl_precision: str = "both"
+    trl_checkpointing: str = "both"  # TRL's gradient_checkpointing: on (its default), off, or both configurations
     device: str = "auto"
     against: str = "trl"
     steps: int = 3
@@ -82,6 +84,9 @@ class Spec:
 
     def trl_precisions(self) -> list[str]:
         return ["fp32", "bf16"] if self.trl_precision == "both" else [self.trl_precision]
+
+    def trl_checkpointings(self) -> list[str]:
+        return ["on", "off"] if self.trl_checkpointing == "both" else [self.trl_checkpointing]
 
     def describe(self) -> str:
         ft = f"LoRA r={self.lora_r} on all linear layers" if self.lora_r else "full fine-tuning"
@@ -136,6 +141,13 @@ def parser() -> argparse.ArgumentParser:
         choices=["fp32", "bf16", "both"],
         help="TRL's precision (bf16=True/False); both = two TRL configurations (default)",
     )
+    ap.add_argument(
+        "--trl-checkpointing",
+        default="both",
+        choices=["on", "off", "both"],
+        help="TRL's gradient_checkpointing: on (its default), off, or both = two TRL configurations per "
+        "precision, off only where the memory allows (default both); the ratio is against the faster",
+    )
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument(
         "--against",
@@ -185,6 +197,7 @@ def parse_spec(argv: list[str]) -> Spec:
         G=ns.G,
         precision=ns.precision,
         trl_precision=ns.trl_precision,
+        trl_checkpointing=ns.trl_checkpointing,
         device=ns.device,
         against=ns.against,
         steps=ns.steps,

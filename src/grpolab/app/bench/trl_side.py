@@ -5,7 +5,8 @@ TRL keeps its own defaults except what makes the work equal to grpolab's: per_de
 num_iterations = 1: one generation per optimizer step, checked), max_completion_length = L and
 generation_kwargs={"min_new_tokens": L} (no early EOS), the same beta, learning rate, temperature 1,
 top_p 1, reward function and prompts (shuffle_dataset=False, in grpolab's order), no vLLM, no
-logging, no saving. Its defaults that stay: loss_type "dapo", gradient_checkpointing=True, AdamW.
+logging, no saving. Its defaults that stay: loss_type "dapo", AdamW; gradient_checkpointing is TRL's
+default (True) or False, the bench's two TRL configurations per precision (`checkpointing`).
 With LoRA: peft_config=LoraConfig(r, lora_alpha=2r, lora_dropout=0, target_modules="all-linear"), the
 same adapter as grpolab's lora.r=r lora.alpha=2r (every linear layer but the LM head).
 
@@ -52,6 +53,7 @@ def make_trainer(
     out_dir: str,
     max_steps: int,
     callbacks: list | None = None,
+    checkpointing: bool = True,
 ):
     """A GRPOTrainer on the setting; prompts are chat message lists, taken in order."""
     from datasets import Dataset
@@ -77,6 +79,7 @@ def make_trainer(
         seed=spec.seed,
         disable_tqdm=True,
         use_vllm=False,
+        gradient_checkpointing=checkpointing,
         **trl_shape_args(spec),
     )
     peft_config = None
@@ -279,7 +282,7 @@ def _step_clock(clock: _Clock, steps: list, agent: bool = False):
     return StepClock()
 
 
-def measure(spec: Spec, model_path: str, precision: str, prompts: list[list]) -> dict:
+def measure(spec: Spec, model_path: str, precision: str, prompts: list[list], checkpointing: bool = True) -> dict:
     """TRL trains 1 warm-up + spec.steps steps; per-step times, phases, tokens and peak memory."""
     import torch
 
@@ -288,7 +291,14 @@ def measure(spec: Spec, model_path: str, precision: str, prompts: list[list]) ->
     clock, steps = _Clock(), []
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-trl-") as tmp:
         trainer = make_trainer(
-            spec, model_path, precision, prompts, tmp, spec.steps + 1, callbacks=[_step_clock(clock, steps, spec.agent)]
+            spec,
+            model_path,
+            precision,
+            prompts,
+            tmp,
+            spec.steps + 1,
+            callbacks=[_step_clock(clock, steps, spec.agent)],
+            checkpointing=checkpointing,
         )
         clock.wrap(trainer)
         trainer.train()

@@ -2,7 +2,7 @@
 peak memory is its own):
 
     python -m grpolab.app.bench.worker grpolab SPEC.json OUT.json          grpolab: warm-up + timed steps
-    python -m grpolab.app.bench.worker trl SPEC.json OUT.json --precision bf16
+    python -m grpolab.app.bench.worker trl SPEC.json OUT.json --precision bf16 [--checkpointing off]
     python -m grpolab.app.bench.worker check SPEC.json OUT.json [--trl-model DIR]   the log-prob check
     python -m grpolab.app.bench.worker rate SPEC.json OUT.json [--precisions fp32,bf16] [--bytes N]
                                                                  matmul rates, memory bandwidth
@@ -66,7 +66,7 @@ def run_grpolab(spec: Spec, engine: str = "native") -> dict:
     return measure(spec, engine)
 
 
-def run_trl(spec: Spec, precision: str) -> dict:
+def run_trl(spec: Spec, precision: str, checkpointing: bool = True) -> dict:
     import tempfile
 
     from grpolab.app.bench.trl_side import import_trl, measure
@@ -74,7 +74,7 @@ def run_trl(spec: Spec, precision: str) -> dict:
     import_trl()  # before loading anything: a missing TRL says so at once
     prompts = step_prompts(spec, bench_task(spec), spec.steps + 1)
     with tempfile.TemporaryDirectory(prefix="grpolab-bench-model-") as tmp:
-        return measure(spec, bench_model_dir(spec, tmp), precision, prompts)
+        return measure(spec, bench_model_dir(spec, tmp), precision, prompts, checkpointing)
 
 
 def run_check(spec: Spec, trl_model: str | None = None) -> dict:
@@ -196,7 +196,7 @@ def run_rate(spec: Spec, precisions: list[str], nbytes: int) -> dict:
 
 MODES = {  # what one worker process measures: mode -> fn(spec, parsed arguments) -> result dict
     "grpolab": lambda spec, a: run_grpolab(spec, a.engine),
-    "trl": lambda spec, a: run_trl(spec, a.precision),
+    "trl": lambda spec, a: run_trl(spec, a.precision, a.checkpointing == "on"),
     "check": lambda spec, a: run_check(spec, a.trl_model),
     "rate": lambda spec, a: run_rate(spec, a.precisions.split(","), a.bytes),
 }
@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", default="native", choices=["native", "vllm"], help="grpolab's rollout engine (mode grpolab)"
     )
     ap.add_argument("--trl-model", help="mode check: give TRL this model instead (a check that must fail)")
+    ap.add_argument("--checkpointing", default="on", choices=["on", "off"], help="TRL's gradient_checkpointing")
     ap.add_argument("--precisions", default="fp32", help="mode rate: the precisions to time, comma-separated")
     ap.add_argument("--bytes", type=int, default=1 << 28, help="mode rate: the bandwidth buffer's bytes")
     a = ap.parse_args(argv)
