@@ -35,6 +35,7 @@ OPEN_STRINGS = {
     "algo.objective": "a registry (config.algo_choices)",
     "algo.aggregation": "a registry (config.algo_choices)",
     "algo.kl_estimator": "a registry (config.algo_choices)",
+    "algo.reward_aggregation": "a registry (config.algo_choices)",
     "env.name": "a built-in environment or a module:Name / file.py:Name spec",
     "lora.target_modules": "all-linear or layer names",
 }
