@@ -59,8 +59,8 @@ def launch(nproc: int, *args: str, check: bool = True):
 @pytest.fixture(scope="module")
 def pair(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
-    run(root / "one", tiny_model_dir, 4, 1, "steps=2", "save_every=1")
-    run(root / "two", tiny_model_dir, 2, 2, "steps=2", "save_every=1")
+    run(root / "one", tiny_model_dir, 4, 1, "steps=2", "save_every=1", "keep_checkpoints=0")
+    run(root / "two", tiny_model_dir, 2, 2, "steps=2", "save_every=1", "keep_checkpoints=0")
     return root / "one", root / "two"
 
 
@@ -118,7 +118,9 @@ def test_what_data_parallelism_does_not_support_is_refused(tiny_model_dir, tmp_p
 def test_fsdp_two_ranks_reach_the_parameters_of_one_process_on_the_global_batch(pair, tiny_model_dir, tmp_path):
     one, _ = pair
     out = tmp_path / "fsdp"
-    run(out, tiny_model_dir, 2, 2, "steps=2", "save_every=1", "fsdp=true")  # beta 0.04: a sharded reference too
+    run(
+        out, tiny_model_dir, 2, 2, "steps=2", "save_every=1", "keep_checkpoints=0", "fsdp=true"
+    )  # beta 0.04: a sharded reference too
     a, b = weights(one / "checkpoints" / "step-000002"), weights(out / "checkpoints" / "step-000002")
     assert sorted(a) == sorted(b)  # the whole model, saved as one process saves it (the tied head once)
     for k in a:
@@ -152,6 +154,7 @@ def test_fsdp_uneven_ranks_and_an_exact_resume(tiny_model_dir, tmp_path):
         "--sampled",
         "steps=2",
         "save_every=1",
+        "keep_checkpoints=0",
         "fsdp=true",
         "algo.beta=0",
         "rewards=[{name: test_uneven}]",
@@ -264,6 +267,7 @@ def test_a_sigkilled_worker_is_restarted_by_torchrun_and_the_run_resumes_exactly
         "2",
         "steps=2",
         "save_every=1",
+        "keep_checkpoints=0",
         "resume=auto",
     ]
     proc = subprocess.Popen(
@@ -321,7 +325,16 @@ def test_two_hosts_fsdp_reach_the_parameters_of_one_process(pair, tiny_model_dir
 
     one, _ = pair
     out = tmp_path / "fsdp2hosts"
-    args = [str(WORKER), str(out), str(tiny_model_dir), "2", "steps=2", "save_every=1", "fsdp=true"]
+    args = [
+        str(WORKER),
+        str(out),
+        str(tiny_model_dir),
+        "2",
+        "steps=2",
+        "save_every=1",
+        "keep_checkpoints=0",
+        "fsdp=true",
+    ]
     with TwoHosts() as hosts, open(tmp_path / "host0.log", "w+") as log:
         agents = [hosts.agent(h, [], args, _elastic_env(), log if h == 0 else None) for h in (0, 1)]
         codes = [a.wait(timeout=240) for a in agents]
@@ -341,7 +354,16 @@ def test_two_hosts_survive_a_lost_host(pair, tiny_model_dir, tmp_path):
 
     one, _ = pair
     out, hold = tmp_path / "ddp2hosts", tmp_path / "hold.pid"
-    args = [str(WORKER), str(out), str(tiny_model_dir), "2", "steps=2", "save_every=1", "resume=auto"]
+    args = [
+        str(WORKER),
+        str(out),
+        str(tiny_model_dir),
+        "2",
+        "steps=2",
+        "save_every=1",
+        "keep_checkpoints=0",
+        "resume=auto",
+    ]
     env = _elastic_env(GRPOLAB_TEST_HOLD=f"1:2:{hold}")
     with TwoHosts() as hosts:
         agents = [hosts.agent(h, ["--max-restarts", "1"], args, env) for h in (0, 1)]
