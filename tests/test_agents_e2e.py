@@ -84,7 +84,7 @@ def test_every_preset_trains_in_an_environment(name, chatty_model_dir, tmp_path)
 def test_lora_agent_run_resumes_exactly_and_evaluates(chatty_model_dir, tmp_path, capsys):
     """Two steps straight equal one step, then a resume for the second, bit for bit (LoRA adapter and all);
     `grpolab eval` of the run runs the environment."""
-    lora = ["lora.r=4", "save_every=1"]
+    lora = ["lora.r=4", "save_every=1", "keep_checkpoints=0"]
     straight = train(chatty_model_dir, tmp_path / "straight", *lora)
     part = train(chatty_model_dir, tmp_path / "part", *lora, "steps=1")
     assert main(["train", "--resume", str(part), "steps=2"]) == 0
@@ -184,7 +184,7 @@ def _wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout: float = 
 def test_sigterm_then_sigkill_of_an_agent_run_resume_exactly(chatty_model_dir, tmp_path):
     """SIGTERM mid-run finishes the step, checkpoints and exits 143; a SIGKILL later loses at most the step
     in flight; resumed each time, the final weights equal an uninterrupted agent run's, bit for bit."""
-    steps = ["steps=5", "save_every=1"]
+    steps = ["steps=5", "save_every=1", "keep_checkpoints=0"]
     straight = tmp_path / "straight"
     proc = _agent_cli(chatty_model_dir, straight, *steps)
     _, err = proc.communicate(timeout=300)
