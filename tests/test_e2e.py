@@ -113,7 +113,9 @@ def stable(m: dict) -> dict:
 @pytest.fixture(scope="module")
 def run_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The reference run: 2 steps with the varied reward, a checkpoint after each step."""
-    return train(tiny_model_dir, tmp_path_factory.mktemp("e2e") / "run", "steps=2", "save_every=1", VARIED)
+    return train(
+        tiny_model_dir, tmp_path_factory.mktemp("e2e") / "run", "steps=2", "save_every=1", "keep_checkpoints=0", VARIED
+    )
 
 
 # -- what a run leaves ----------------------------------------------------------------------------
@@ -150,7 +152,8 @@ def test_config_yaml_is_the_resolved_config(run_dir, tiny_model_dir):
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert to_dict(build_config(saved)) == saved  # reloadable as a recipe, unchanged by the round trip
     expected = build_config(
-        {}, [f"model={tiny_model_dir}", f"out={run_dir}", *SMALL, "steps=2", "save_every=1", VARIED]
+        {},
+        [f"model={tiny_model_dir}", f"out={run_dir}", *SMALL, "steps=2", "save_every=1", "keep_checkpoints=0", VARIED],
     )
     assert saved == to_dict(expected)
     assert saved["rewards"] == [{"name": "test_varied"}] and saved["algo"]["name"] == "grpo"
@@ -245,7 +248,7 @@ def test_resume_continues_exactly(run_dir, tiny_model_dir, tmp_path):
     assert yaml.safe_load((resumed / "config.yaml").read_text())["steps"] == 3
     assert json.loads((resumed / "summary.json").read_text())["steps"] == 3
 
-    straight = train(tiny_model_dir, tmp_path / "straight", "steps=3", "save_every=1", VARIED)
+    straight = train(tiny_model_dir, tmp_path / "straight", "steps=3", "save_every=1", "keep_checkpoints=0", VARIED)
     ref = read_jsonl(straight / "metrics.jsonl")
     # the same prompts and samples at step 3 (per-step RNG from (seed, step)), the same weights after it
     assert lines[2]["reward/mean"] == ref[2]["reward/mean"]

@@ -36,7 +36,7 @@ def varied_reward():
 
 def test_resume_auto_starts_a_run_then_continues_it(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    cmd = ["train", f"model={tiny_model_dir}", f"out={out}", *FAST, "save_every=1", "resume=auto"]
+    cmd = ["train", f"model={tiny_model_dir}", f"out={out}", *FAST, "save_every=1", "keep_checkpoints=0", "resume=auto"]
     assert main([*cmd, "steps=1"]) == 0  # nothing there yet: a new run, no restart recorded
     assert not (out / "restarts.jsonl").exists()
     # the same settings again (steps raised), through the Python API: continues after step 1
@@ -49,7 +49,20 @@ def test_resume_auto_starts_a_run_then_continues_it(tiny_model_dir, tmp_path, ca
     assert rec["time"] > 0 and rec["world_size"] == 1
     # the same run uninterrupted ends with the same weights, bit for bit
     straight = tmp_path / "straight"
-    assert main(["train", f"model={tiny_model_dir}", f"out={straight}", *FAST, "save_every=1", "steps=2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"model={tiny_model_dir}",
+                f"out={straight}",
+                *FAST,
+                "save_every=1",
+                "keep_checkpoints=0",
+                "steps=2",
+            ]
+        )
+        == 0
+    )
     last = "checkpoints/step-000002"
     assert not changed(weights(straight / last), weights(out / last))
     capsys.readouterr()

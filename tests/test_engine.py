@@ -264,6 +264,7 @@ def test_an_engine_that_refuses_the_weights_stops_the_run_with_the_checkpoint_in
             f"out={out}",
             "steps=3",
             "save_every=1",
+            "keep_checkpoints=0",
             "batch_size=8",
             "G=4",
             "max_new_tokens=4",
