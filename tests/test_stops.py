@@ -154,7 +154,10 @@ def test_random_sigkills_still_resume_bitwise_exactly(tiny_model_dir, tmp_path):
 
 
 def train_in_process(model: Path, out: Path, *args: str) -> int:
-    return main(["train", f"model={model}", f"out={out}", *FAST, "rewards=[{name: test_varied}]", *args])
+    """Every checkpoint is kept (keep_checkpoints=0): these tests compare earlier steps' weights."""
+    return main(
+        ["train", f"model={model}", f"out={out}", *FAST, "rewards=[{name: test_varied}]", "keep_checkpoints=0", *args]
+    )
 
 
 def test_a_nan_log_prob_skips_the_update_and_counts_it(tiny_model_dir, tmp_path, monkeypatch):
