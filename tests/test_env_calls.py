@@ -90,3 +90,70 @@ def test_huge_hostile_input_is_quick():
         items = parse_tool_calls(text)
         assert len(items) <= MAX_CALLS + 1
     assert time.monotonic() - t < 2.0
+
+
+# ----------------------------------------------------------------------------- Llama 3.x bare calls
+
+
+def test_a_llama_turn_is_one_bare_json_call():
+    """Llama 3.1/3.2's templates write a call as the whole turn, `{"name": ..., "parameters": {...}}`, no tags:
+    read as the call (the whitespace around it aside); "arguments" in its place is read too."""
+    text = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    assert parse_tool_calls(text) == [ToolCall("add", {"a": 2, "b": 3}, raw=text)]
+    assert parse_tool_calls("\n " + text + " \n") == [ToolCall("add", {"a": 2, "b": 3}, raw=text)]
+    assert parse_tool_calls('{"name": "add", "arguments": {"a": 1}}')[0].arguments == {"a": 1}
+    now = '{ "name" : "now", "parameters" : {} }'
+    assert parse_tool_calls(now) == [ToolCall("now", {}, raw=now)]
+    assert has_tool_call(text) and has_tool_call(" " + text)
+
+
+def test_text_that_is_not_a_bare_call_is_a_final_answer():
+    """Only a turn that opens with `{"name": "<tool>", "parameters":` is read as a call: prose, a call quoted
+    inside prose, and JSON answers of other shapes (a record with a "name" field) are answers, as before."""
+    answers = ['The answer is {"name": "add", "parameters": {}}.', '{"name": "Ada", "age": 36}', '{"answer": 5}']
+    for text in [*answers, '{"name": "now"}', "[1, 2]", "{}", "5"]:
+        assert parse_tool_calls(text) == [] and not has_tool_call(text), text
+
+
+def bare_reason(text: str) -> str:
+    (item,) = parse_tool_calls(text)
+    assert isinstance(item, ParseError) and item.expected == '{"name": "<tool>", "parameters": {...}} as the whole turn'
+    return item.reason
+
+
+def test_a_malformed_bare_call_is_a_parse_error_in_llamas_format():
+    """A turn that opens like a bare call but is not exactly one is a ParseError (never a final answer), its
+    reason the strict reader's, and `expected` says how Llama writes a call."""
+    assert "malformed JSON" in bare_reason('{"name": "add", "parameters": {"a": 2, "b": 3}')
+    assert "malformed JSON" in bare_reason('{"name": "add", "parameters": {}} and then I will answer.')
+    assert "malformed JSON" in bare_reason('{"name": "add", "parameters": {}}\n{"name": "add", "parameters": {}}')
+    assert '"parameters" must be a JSON object, got a string' in bare_reason('{"name": "add", "parameters": "a=2"}')
+    assert "non-empty string" in bare_reason('{"name": " ", "parameters": {}}')
+    assert "duplicate key 'a'" in bare_reason('{"name": "add", "parameters": {"a": 1, "a": 2}}')
+    assert "longer than" in bare_reason('{"name": "f", "parameters": {"x": "' + "a" * MAX_BLOCK_CHARS + '"}}')
+    assert parse_tool_calls('{"name": "f"} ' + block({"name": "g"}))[0].name == "g"  # tags win: Hermes format
+
+
+def test_a_llama_call_runs_and_a_malformed_one_gets_the_error_message():
+    """Worked example through a tool environment: the bare call runs the tool (2 + 3 -> "5"); a malformed one is
+    one tool message saying what is wrong and how Llama writes a call, and counts one parse event."""
+    from grpolab.env import FunctionTools
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first.
+            b: The second.
+        """
+        return a + b
+
+    env = FunctionTools([add])
+    ok = env.step('{"name": "add", "parameters": {"a": 2, "b": 3}}')
+    assert [m["content"] for m in ok.messages] == ["5"] and not ok.done and ok.events["parse"] == 0
+    bad = env.step('{"name": "add", "parameters": {"a": 2, "b": 3}')
+    (message,) = bad.messages
+    assert message["content"].startswith("Error: could not parse the tool call: malformed JSON")
+    assert message["content"].endswith('Write {"name": "<tool>", "parameters": {...}} as the whole turn.')
+    assert bad.events["parse"] == 1 and not bad.done
+    assert env.step("It is 5.").done

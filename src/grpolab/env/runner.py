@@ -138,8 +138,7 @@ class ToolRunner:
             events["parse"] += 1
             return {
                 "role": "tool",
-                "content": f"Error: could not parse the tool call: {item.reason}. "
-                'Write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.',
+                "content": f"Error: could not parse the tool call: {item.reason}. Write {item.expected}.",
             }
         if getattr(item, "repaired", 0):
             events["invalid_unicode"] += 1
