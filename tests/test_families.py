@@ -175,3 +175,76 @@ def test_the_bundled_template_and_the_digests():
     assert recognise(None) is None and recognise({"default": released("qwen3")}).name == "Qwen3"
     names = {"Qwen3": "qwen3", "Qwen2.5": "qwen2_5", "Llama 3.1": "llama3_1", "Llama 3.2": "llama3_2"}
     assert {f.name: set(f.digests) for f in FAMILIES} == {k: {digest(released(v))} for k, v in names.items()}
+
+
+# ----------------------------------------------------------------------------- Qwen2.5 and Llama 3.1/3.2
+
+OWN_CALL = {
+    "qwen2_5": WRITTEN_CALL,
+    "llama3_1": '{"name": "add", "parameters": {"a": 2, "b": 3}}',
+    "llama3_2": '{"name": "add", "parameters": {"a": 2, "b": 3}}',
+}
+"""How each family writes a call to add(a=2, b=3): Qwen2.5 in <tool_call> tags, Llama 3.x as the bare object."""
+
+
+def family_tokenizer(tok, name: str):
+    tok = with_template(tok, released(name))
+    if name.startswith("llama"):
+        tok.add_special_tokens({"additional_special_tokens": list(LLAMA)})
+        tok.eos_token = "<|eot_id|>"
+    return tok
+
+
+@pytest.fixture(scope="module", params=sorted(OWN_CALL))
+def append_only_family(request, tiny_tokenizer):
+    return request.param, family_tokenizer(tiny_tokenizer, request.param)
+
+
+def own_conversations(call: str) -> dict[str, list[dict]]:
+    return {
+        "tool loop, then feedback": [
+            {"role": "user", "content": "What is 2 + 3?"},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": "5"},
+            {"role": "assistant", "content": "2 + 3 = 5."},
+            {"role": "user", "content": "Not right. Try again."},
+            {"role": "assistant", "content": "5"},
+        ],
+        "two results in a row, two calls in turn": [
+            {"role": "user", "content": "Add 2 and 3, twice."},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": "5"},
+            {"role": "tool", "content": "5"},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": '{"sum": 5}'},
+            {"role": "assistant", "content": "Both 5."},
+        ],
+    }
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."], ids=["no system", "system"])
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["no tools", "tools"])
+def test_qwen2_5_and_llama_own_templates_are_append_only_turn_by_turn(append_only_family, system, tools):
+    """Qwen2.5's and Llama 3.1/3.2's released templates need no training template: with and without a system
+    message and tools, the probe passes, and for tool conversations in each family's own call format (Qwen2.5's
+    <tool_call> block, Llama's bare JSON, which grpolab.env.calls reads as the call) the text training builds
+    (the first generation prompt, then each model turn, its end of turn and the template's addition_text) is
+    the original's rendering of every prefix of the conversation, so the original renders them as it is."""
+    from grpolab.env.calls import parse_tool_calls
+    from grpolab.model.template import addition_text, render, turn_end
+
+    name, tok = append_only_family
+    assert append_only_problem(tok, tools, system) is None
+    assert [(c.name, c.arguments) for c in parse_tool_calls(OWN_CALL[name])] == [("add", {"a": 2, "b": 3})]
+    for label, conversation in own_conversations(OWN_CALL[name]).items():
+        convo = ([{"role": "system", "content": system}] if system else []) + conversation
+        turns = [i for i, m in enumerate(convo) if m["role"] == "assistant"]
+        built = render(tok, convo[: turns[0]], add_generation_prompt=True, tools=tools)
+        for a, nxt in zip(turns, turns[1:] + [None]):
+            closed = render(tok, convo[: a + 1], add_generation_prompt=False, tools=tools)
+            built += convo[a]["content"]
+            assert closed[: turn_end(tok, convo[: a + 1], tools)] == built + tok.eos_token, (name, label, a)
+            built += tok.eos_token
+            if nxt is not None:
+                built += addition_text(tok, convo[: a + 1], convo[a + 1 : nxt], tools)
+                assert render(tok, convo[:nxt], add_generation_prompt=True, tools=tools) == built, (name, label, a)
