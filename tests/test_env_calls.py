@@ -132,6 +132,8 @@ def test_a_malformed_bare_call_is_a_parse_error_in_llamas_format():
     assert "duplicate key 'a'" in bare_reason('{"name": "add", "parameters": {"a": 1, "a": 2}}')
     assert "longer than" in bare_reason('{"name": "f", "parameters": {"x": "' + "a" * MAX_BLOCK_CHARS + '"}}')
     assert parse_tool_calls('{"name": "f"} ' + block({"name": "g"}))[0].name == "g"  # tags win: Hermes format
+    deep = '{"name": "f", "parameters": ' + "[" * 1_000_000  # refused on its length alone, never decoded
+    assert "longer than" in bare_reason(deep) and "longer than" in bare_reason(" " * 100_000 + deep)
 
 
 def test_a_llama_call_runs_and_a_malformed_one_gets_the_error_message():
