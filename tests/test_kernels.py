@@ -82,6 +82,53 @@ def test_opt_out_and_missing_or_failing_compiler_leave_the_torch_path(fresh, mon
     assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())
 
 
+def test_the_library_name_changes_with_every_instruction_set_it_was_built_for():
+    """The cache key covers what -march=native chose: a library built on an AVX-512 CPU and cached (a
+    shared home, a copied cache) is never the file an AVX2-only CPU loads, nor an ARM CPU's x86 one."""
+    src, ver = ["int f(void) { return 0; }"], "gcc 12.2.0"
+    avx512 = "flags\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512_bf16 amx_tile\n"
+    avx2 = "flags\t: fpu sse2 avx avx2 fma\n"
+    isa512, isa2 = '"-march=sapphirerapids" -mavx2 -mavx512f', '"-march=znver2" -mavx2 -mno-avx512f'
+    name = kernels.library_name(src, kernels.FLAGS, ver, avx512, isa512)
+    assert name == kernels.library_name(src, kernels.FLAGS, ver, avx512, isa512)  # the same CPU reuses it
+    assert name.startswith("grpolab_kernels-") and name.endswith(".so")
+    others = {
+        kernels.library_name(src, kernels.FLAGS, ver, avx2, isa2),
+        kernels.library_name(src, kernels.FLAGS, ver, avx2, isa512),  # flags read differently, same compiler view
+        kernels.library_name(src, kernels.FLAGS, ver, avx512, isa2),
+        kernels.library_name(src, kernels.FLAGS, ver, "Features\t: fp asimd sve\n", "-mcpu=neoverse-v1"),
+        kernels.library_name(src, kernels.build_flags(""), ver, avx512, ""),
+    }
+    assert name not in others and len(others) == 5
+    assert "-march=native" not in kernels.build_flags("") and "-march=native" in kernels.build_flags(isa512)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_a_library_cached_for_another_cpu_is_not_loaded_here(fresh, monkeypatch):
+    """Build here, then pretend the same cache is seen from a CPU with other instructions: that CPU
+    builds its own library instead of loading this one; and a compiler that cannot say what native
+    means gets a portable build (no -march=native) that passes the self-checks."""
+    assert kernels.decode_attention() is not None, kernels.unavailable_reason()
+    here = set((fresh / "kernels").iterdir())
+    assert len(here) == 1
+    assert "-march" in kernels._native_isa(shutil.which("cc") or shutil.which("gcc"))  # gcc and clang say it
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "flags\t: fpu sse2 avx avx2 fma\n")
+    monkeypatch.setattr(kernels, "_native_isa", lambda cc: '"-march=znver2" -mavx2 -mno-avx512f')
+    kernels.reset()
+    assert kernels.decode_attention() is not None, kernels.unavailable_reason()
+    other = set((fresh / "kernels").iterdir()) - here
+    assert len(other) == 1
+    built = []
+    real_run = kernels.subprocess.run
+    monkeypatch.setattr(kernels, "_native_isa", lambda cc: "")
+    monkeypatch.setattr(kernels.subprocess, "run", lambda cmd, **kw: built.append(cmd) or real_run(cmd, **kw))
+    kernels.reset()
+    assert kernels.rope_attend() is not None, kernels.unavailable_reason("grpolab_rope_attend")
+    assert len(set((fresh / "kernels").iterdir()) - here - other) == 1
+    compile_cmd = [c for c in built if "-o" in c]
+    assert len(compile_cmd) == 1 and "-march=native" not in compile_cmd[0] and "-O3" in compile_cmd[0]
+
+
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
 def test_lean_decode_logits_same_with_and_without_the_kernel(monkeypatch):
     from test_decoder import lean_logits, prompts, tiny

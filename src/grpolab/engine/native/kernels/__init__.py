@@ -16,10 +16,14 @@ dispatch and a wake-up of every thread. These kernels do that work in one call e
   pass over the logits (torch's path makes six over the 49k-token vocabulary: divide, log-softmax, exp,
   cumsum, searchsorted, gather).
 
+The attention loop of the first two lives once, in attend.h, which both sources include (each inlines it
+with its own exponential: glibc's expf in decode_attention, the vectorisable exp_neg in rope_attend).
 The sources are compiled once per machine into one library in grpolab's cache (`$GRPOLAB_CACHE/kernels`,
-by default `~/.cache/grpolab/kernels`), named by a hash of the sources, the flags, the compiler's version
-and the CPU's flags (-march=native code never runs on another CPU), written to a temporary file and
-renamed into place. Before first use each kernel is checked against the torch path on random inputs.
+by default `~/.cache/grpolab/kernels`), named by a hash of the sources, the flags, the compiler's version,
+the CPU's flags and the instruction sets the compiler's -march=native chose (library_name: code built for
+one CPU is never loaded on another that lacks its instructions; where the compiler cannot say what
+native means, the library is built without -march=native), written to a temporary file and renamed into
+place. Before first use each kernel is checked against the torch path on random inputs.
 Without a C compiler, on a platform other than Linux, when the build or a check fails, or with
 GRPOLAB_NO_C_KERNELS=1, a kernel's getter returns None with the reason in `unavailable_reason()`, and the
 callers keep the torch path.
@@ -39,6 +43,7 @@ from pathlib import Path
 import torch
 
 SOURCES = (Path(__file__).with_name("decode_attention.c"), Path(__file__).with_name("decode_step.c"))
+HEADERS = (Path(__file__).with_name("attend.h"),)  # the attention loop both sources include
 # Not -ffast-math (nor -Ofast, -funsafe-math-optimizations): with those, GCC links crtfastmath.o into
 # the library, whose constructor sets flush-to-zero and denormals-are-zero in MXCSR when the library is
 # loaded, and every subnormal float of the process (numpy's, torch's) became zero from then on. The
@@ -76,20 +81,54 @@ def cache_dir() -> Path:
 
 
 def _cpu_flags() -> str:
+    """The CPU's instruction-set flags as the kernel lists them ("flags" on x86, "Features" on ARM), or ''."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         return ""
 
 
+def _native_isa(cc: str) -> str:
+    """What -march=native means to `cc` on this CPU: the driver's command lines under -###, where gcc
+    spells out the -march and every -m<extension> it turned on (clang its -target-cpu and
+    -target-feature), or '' when the compiler cannot say."""
+    try:
+        done = subprocess.run(
+            [cc, "-march=native", "-###", "-E", "-x", "c", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stderr if done.returncode == 0 else ""
+
+
+def build_flags(native_isa: str) -> tuple[str, ...]:
+    """FLAGS, less -march=native where the compiler could not say what it means here (native_isa ''):
+    such a library is built for the compiler's default target, which any CPU of this architecture runs."""
+    return FLAGS if native_isa else tuple(f for f in FLAGS if f != "-march=native")
+
+
+def library_name(texts: list[str], flags: tuple[str, ...], version: str, cpu_flags: str, native_isa: str) -> str:
+    """The cached library's file name: a hash of everything its machine code depends on, sources, flags,
+    compiler version and the instructions -march=native chose (the CPU's flags and the compiler's
+    reading of them), so that a library built on one CPU is never loaded on a CPU lacking any of them
+    (a shared home directory, a copied cache, a container moved to another host)."""
+    key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, cpu_flags, native_isa]).encode())
+    return f"grpolab_kernels-{key.hexdigest()[:16]}.so"
+
+
 def _build(cc: str) -> Path:
     """The compiled library's path, compiling it first when the cache has none for these sources,
-    compiler and CPU. Raises RuntimeError with the compiler's message when the build fails."""
+    compiler and CPU (library_name). Raises RuntimeError with the compiler's message when the build fails."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
-    text = [s.read_text() for s in SOURCES]
-    key = hashlib.sha256("\0".join([*text, " ".join(FLAGS), version, _cpu_flags()]).encode())
-    target = cache_dir() / f"grpolab_kernels-{key.hexdigest()[:16]}.so"
+    isa = _native_isa(cc)
+    flags = build_flags(isa)
+    texts = [s.read_text() for s in (*SOURCES, *HEADERS)]
+    target = cache_dir() / library_name(texts, flags, version, _cpu_flags(), isa)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +136,7 @@ def _build(cc: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True, timeout=120, check=False
+            [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True, timeout=120, check=False
         )
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")

@@ -1,9 +1,4 @@
-#include <math.h>
-#include <stdint.h>
-#include <float.h>
-#define MAXREP 16
-#define MAXD 256
-#define MAXS 512
+#include "attend.h"
 #define BLOCK 64
 #define MAXBLOCKS 8192 /* V up to MAXBLOCKS * BLOCK = 524288 tokens */
 /* grpolab's CPU decode step, the parts between the matrix products (grpolab.engine.native.kernels), in fp32.
@@ -24,25 +19,6 @@
    uniform draw u[n] in [0, 1) (greedy: the first argmax), and its log-prob (z_tok - max z) / T - log sum,
    in one pass over the logits: the sum of exp((z - max) / T) kept per block of BLOCK tokens, the draw's
    block found on those sums, then the token inside it. Returns 0, or 1 for V beyond its block buffer. */
-
-/* exp(x) for x <= 0 within 2 ulp (Cephes' expf: 2^n e^r, |r| <= ln 2 / 2, degree-6 polynomial), 0 below
-   -87 (and for -inf); branch-free, so the compiler vectorises the loops that call it (glibc's expf is a
-   call per value). */
-static inline float exp_neg(float x) {
-    const float zero = x < -87.f ? 0.f : 1.f; /* exactly 0 below: a token of probability 0 is never drawn */
-    x = x < -87.f ? -87.f : x;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    union { int32_t i; float f; } two = {.i = ((int32_t)n + 127) << 23};
-    return p * two.f * zero;
-}
 
 static void rope(const float *restrict x, const float *restrict c, const float *restrict s, float *restrict y,
                  int d) {
@@ -76,42 +52,7 @@ int grpolab_rope_attend(const float *qkv, int qkv_stride, const float *cosv, con
             for (int e = 0; e < d; e++) vb[(int64_t)t * d + e] = vnew[e];
             for (int r = 0; r < rep; r++) rope(row + (g * rep + r) * d, c, sn, qr + r * d, d);
             const uint8_t *restrict ok = valid + (int64_t)n * valid_stride;
-            float mx[MAXREP];
-            for (int r = 0; r < rep; r++) mx[r] = -FLT_MAX;
-            for (int j = 0; j < S; j++) {
-                const float *restrict kj = kb + (int64_t)j * d;
-                for (int r = 0; r < rep; r++) {
-                    const float *restrict q = qr + r * d;
-                    float acc = 0.f;
-                    #pragma omp simd reduction(+:acc)
-                    for (int e = 0; e < d; e++) acc += q[e] * kj[e];
-                    acc = ok[j] ? acc * scale : -FLT_MAX;
-                    s[r * S + j] = acc;
-                    mx[r] = acc > mx[r] ? acc : mx[r];
-                }
-            }
-            float inv[MAXREP];
-            for (int r = 0; r < rep; r++) {
-                float *restrict sr = s + r * S;
-                const float m = mx[r];
-                float sum = 0.f;
-                #pragma omp simd reduction(+:sum)
-                for (int j = 0; j < S; j++) { float x = ok[j] ? exp_neg(sr[j] - m) : 0.f; sr[j] = x; sum += x; }
-                inv[r] = 1.f / sum;
-            }
-            for (int i = 0; i < rep * d; i++) o[i] = 0.f;
-            for (int j = 0; j < S; j++) {
-                const float *restrict vj = vb + (int64_t)j * d;
-                for (int r = 0; r < rep; r++) {
-                    const float p = s[r * S + j];
-                    float *restrict orow = o + r * d;
-                    #pragma omp simd
-                    for (int e = 0; e < d; e++) orow[e] += p * vj[e];
-                }
-            }
-            float *restrict og = out + ((int64_t)n * nh + g * rep) * d;
-            for (int r = 0; r < rep; r++)
-                for (int e = 0; e < d; e++) og[r * d + e] = o[r * d + e] * inv[r];
+            attend_pair(qr, kb, vb, ok, out + ((int64_t)n * nh + g * rep) * d, rep, d, S, scale, s, o, 1);
         }
     }
     return 0;
