@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.engine.native import decoder as lean_decoder
 from grpolab.engine.native.decoder import lean_decodes
 from grpolab.model.reference import reference_kind
 from grpolab.training.config import Config, build_config
@@ -129,6 +130,7 @@ def regime_of(
         update_bytes=u,
         rollout_bytes=ro,
         lean=lean,
+        lean_fp32_layout=lean_decoder.FP32_LAYOUT,
         lora_r=lora,
         lora_targets=targets,
         lora_dropout=cfg.lora.dropout,

@@ -10,7 +10,8 @@ of whole steps):
   generation  the KV cache (the lean decoder's is fp32 and sized for the longest sequence, and is
               copied when finished rows leave the batch: grpolab.engine.native.decoder.KVCache; the model's own
               cache grows in the compute dtype), the weights in the compute dtype (the lean decoder's
-              layout, or autocast's cached casts of trained weights), the logits and sampling buffers;
+              copies, decode_weights: in fp32 on a CPU a blocked copy of every weight; or autocast's
+              cached casts of trained weights), the logits and sampling buffers;
               or, with an inference engine, its reserved share of the device instead
   reference   one no-grad micro-batch: its KV cache of every layer, the hidden states, one chunk of logits
   update      per micro-batch: every layer's saved activations (`layer_saved`; with checkpointing only
@@ -76,6 +77,9 @@ class Regime:
     rollout_bytes: int = 4
     lean: bool = False
     """The rollout runs grpolab.engine.native.decoder's lean step (else the model's own forward and cache)."""
+    lean_fp32_layout: str = "onednn"
+    """How the lean step holds fp32 weights on a CPU (grpolab.engine.native.decoder.FP32_LAYOUT): "onednn", a
+    blocked copy of every weight; "nk", the model's own, copying only the stacked q|k|v and gate|up."""
     lora_r: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_dropout: float = 0.0
@@ -242,6 +246,24 @@ def prompt_activations(s: Shape, w: Workload, r: Regime, n: int) -> int:
 # --- phases ------------------------------------------------------------------------------------------
 
 
+def decode_weights(s: Shape, r: Regime) -> int:
+    """Bytes of the weights the lean step gathers for a rollout (grpolab.engine.native.decoder.weights_of).
+
+    In bf16: c (L W_layer + 2 V H), every linear weight cast, and the head's cast beside its blocked copy
+    while oneDNN's layout is made (on a CPU). In fp32 on a CPU with the "onednn" layout: 4 (L W_layer +
+    V H), every weight reordered into a blocked copy of its own size (o, down and the head too; the
+    stacked q|k|v and gate|up copies are freed as each is reordered). Otherwise fp32 keeps o, down and
+    the head as they are: 4 L (W_qkv + W_gate + W_up), the stacked copies. L layers, W_layer a layer's
+    linear weights, V H the head's."""
+    if r.rollout_bytes != F32:
+        return r.rollout_bytes * (s.layers * s.layer_linear + 2 * s.embedding)
+    if r.device == "cpu" and r.lean_fp32_layout == "onednn":
+        return F32 * (s.layers * s.layer_linear + s.embedding)
+    d = s.linear_dims()
+    stacked = sum(d[k][0] * d[k][1] for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+    return F32 * s.layers * stacked
+
+
 def generation(s: Shape, w: Workload, r: Regime) -> dict[str, int]:
     """The rollout's own bytes (on top of the resident ones)."""
     if r.engine_share:
@@ -249,13 +271,8 @@ def generation(s: Shape, w: Workload, r: Regime) -> dict[str, int]:
     N, B, S = w.rows, w.prompts, w.prompt_tokens + w.max_new_tokens
     c = r.rollout_bytes
     out: dict[str, int] = {}
-    if r.lean:  # weights gathered once per rollout; fp32 keeps o, down and the head as they are
-        if c == F32:
-            d = s.linear_dims()
-            stacked = sum(d[k][0] * d[k][1] for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
-            out["decode weights"] = F32 * s.layers * stacked
-        else:  # + the head's unpacked copy while oneDNN's layout is made (CPU)
-            out["decode weights"] = c * (s.layers * s.layer_linear + 2 * s.embedding)
+    if r.lean:  # weights gathered once per rollout (decode_weights)
+        out["decode weights"] = decode_weights(s, r)
         cache = 2 * s.layers * N * s.kv_dim * S * F32
         out["KV cache"] = cache * (2 if r.rows_leave else 1) + 2 * s.layers * B * s.kv_dim * S * F32
     else:
@@ -395,4 +412,14 @@ def peak(s: Shape, w: Workload, r: Regime) -> Phase:
     return max(phases(s, w, r), key=lambda p: p.total)
 
 
-__all__ = ["Phase", "Regime", "Workload", "layer_saved", "pass_activations", "peak", "phases", "resident"]
+__all__ = [
+    "Phase",
+    "Regime",
+    "Workload",
+    "decode_weights",
+    "layer_saved",
+    "pass_activations",
+    "peak",
+    "phases",
+    "resident",
+]
