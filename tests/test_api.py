@@ -144,6 +144,21 @@ def test_progress_and_summary_printed_once(api_run):
     assert text.count("evaluating 2 held-out prompts") == 1
 
 
+def test_the_runs_tail_says_what_it_does_before_the_summary(api_run):
+    """After the last step a run writes its checkpoint, evaluates the held-out prompts again and draws its
+    report (on the default model seconds each, some 19 s together where nothing was printed): the
+    checkpoint and the report say so as they start, in that order, before the summary."""
+    text = api_run["stdout"]
+    marks = [
+        "step    2 ",
+        "saving the checkpoint of step 2, the last...",
+        "report.html (the run's plots)...",
+        "grpolab run summary",
+    ]
+    at = [text.find(m) for m in marks]
+    assert -1 not in at and at == sorted(at), (at, text[-3000:])
+
+
 def test_evaluate_a_run(api_run):
     sys.path.insert(0, str(api_run["root"]))
     try:

@@ -50,6 +50,7 @@ def write_run_report(run: Run, log, report: ReportWriter | None) -> None:
     fails costs a warning, never the run."""
     if not run.cfg.report or report is None:
         return
+    log(f"writing {run.out / 'report.html'} (the run's plots)...")
     try:
         report(run.out, run.device)
     except Exception as e:  # noqa: BLE001 (matplotlib missing, a plotting bug, a full disk...)

@@ -405,6 +405,8 @@ def train(
                     or keep
                     or evaluator.stop_reason
                 ):
+                    if step == cfg.steps:  # the run's tail says what it does: checkpoint, evaluation, report
+                        log(f"saving the checkpoint of step {step}, the last...")
                     hooks.saved(save_or_stop(run, step))
                 if evaluator.stop_reason:  # eval_stop_at: finished early, summary and report as at the end
                     log(f"stopping: {evaluator.stop_reason}")
