@@ -45,7 +45,7 @@ def test_auto_on_a_small_model_is_fp32_without_measuring(tiny_model, monkeypatch
 def test_auto_decides_each_phase_from_its_own_measurement(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     timings = iter([{"fp32": 1.0, "bf16": 0.6}, {"fp32": 1.0, "bf16": 1.4}])  # rollout, then update
-    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2, deadline=None: next(timings))
+    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2, deadline=None, warmup=None: next(timings))
     p = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds)
     assert (p.rollout, p.update) == (torch.bfloat16, None)
     assert "rollout bf16/fp32 time x0.60" in p.reason and "update bf16/fp32 time x1.40" in p.reason
@@ -93,14 +93,16 @@ def test_the_rollout_probe_scales_its_steps_to_the_run_and_pays_the_set_up_once(
 def test_the_rollout_probe_takes_the_run_s_shape(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     seen = []
-    monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 1.0)
+    monkeypatch.setattr(precision, "update_seconds", lambda m, dt, **kw: 1.0)
     choose("auto", tiny_model, CPU, rows=256, tokens=48, rollout_probe=lambda m, dt, **kw: seen.append(kw) or 1.0)
-    assert {(kw["rows"], kw["tokens"]) for kw in seen} == {(precision.MAX_PROBE_ROWS, 48)}
+    shapes = [(kw["rows"], kw["tokens"]) for kw in seen]
+    # a warm-up of each precision on one row (its first-call costs), then the timed calls at the run's shape
+    assert shapes[:2] == [(1, precision.PROBE_STEPS)] * 2 and set(shapes[2:]) == {(precision.MAX_PROBE_ROWS, 48)}
 
 
 def test_an_engine_with_its_own_kernels_sets_the_rollout_and_only_the_update_is_timed(tiny_model, monkeypatch):
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
-    monkeypatch.setattr(precision, "update_seconds", lambda m, dt: 0.5 if dt is torch.bfloat16 else 1.0)
+    monkeypatch.setattr(precision, "update_seconds", lambda m, dt, **kw: 0.5 if dt is torch.bfloat16 else 1.0)
     p = choose(
         "auto",
         tiny_model,
@@ -132,14 +134,17 @@ def test_a_measured_answer_is_cached_per_machine_and_shape_and_read_back(tiny_mo
     monkeypatch.setattr(precision, "SMALL_MODEL_PARAMS", 0)
     timings = itertools.cycle([{"fp32": 1.0, "bf16": 0.5}, {"fp32": 1.0, "bf16": 2.0}])  # rollout, update
     measured, told = [], []
-    monkeypatch.setattr(precision, "time_both", lambda fn, reps=2, deadline=None: measured.append(1) or next(timings))
+    monkeypatch.setattr(
+        precision, "time_both", lambda fn, reps=2, deadline=None, warmup=None: measured.append(1) or next(timings)
+    )
     first = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=8, log=told.append)
     assert (first.rollout, first.update) == (torch.bfloat16, None) and len(measured) == 2
-    assert len(told) == 1 and told[0].startswith("precision=auto: timing bf16 against fp32 on the policy")
+    assert told[0].startswith("precision=auto: timing bf16 against fp32 on the policy, the rollout and the update")
+    assert len(told) == 2 and told[1].startswith("precision=auto: rollout bf16/fp32 time x0.50 (")  # then the update
     files = list((tmp_path / "cache" / "precision").glob("*.json"))
     assert len(files) == 1
     again = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=8, log=told.append)
-    assert len(measured) == 2 and len(told) == 1  # read, not measured, nothing announced
+    assert len(measured) == 2 and len(told) == 2  # read, not measured, nothing announced
     assert (again.rollout, again.update) == (first.rollout, first.update) and again.seconds == first.seconds
     assert again.reason.startswith("auto, cached: measured on this machine") and str(files[0]) in again.reason
     other = choose("auto", tiny_model, CPU, rollout_probe=decode_seconds, rows=4)  # another rollout shape
@@ -168,6 +173,11 @@ def test_the_probe_stops_repeating_at_its_deadline_and_at_a_hopeless_bf16_warm_u
     # no deadline: the warm-ups and `reps` pairs
     precision.time_both(fn({"fp32": 2.0, "bf16": 1.0}), reps=3)
     assert calls == ["fp32", "bf16"] * 4
+    calls.clear()
+    # a warm-up of its own (smaller: it only pays the first call's costs), then the timed pairs
+    warmed = []
+    best = precision.time_both(fn({"fp32": 2.0, "bf16": 1.0}), reps=2, warmup=lambda dt: warmed.append(dt) or 0.1)
+    assert warmed == [None, torch.bfloat16] and calls == ["fp32", "bf16"] * 2 and best == {"fp32": 2.0, "bf16": 1.0}
     calls.clear()
     # a bf16 warm-up over SLOW_WARMUP x fp32's: bf16 cannot pay, and the warm-ups are the answer
     slow = {"fp32": 1.0, "bf16": precision.SLOW_WARMUP * 1.0 + 0.1}

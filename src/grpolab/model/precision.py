@@ -5,10 +5,11 @@ what the CPU has (grpolab.model.cpu_bf16.bf16_can_pay), without timing anything.
 whether bf16 autocast pays still depends on the machine: on one 2-core AVX512-BF16 CPU it was slower than
 fp32 for both generation and forward+backward, on another of the same kind faster for both
 (benchmarks/bench_cpu.py; docs/performance.md, "precision=auto"), so no fixed rule is right. There
-`auto` times both precisions on the policy itself, alternating: a rollout of the run's width
-(its rows, at most MAX_PROBE_ROWS), a few decode steps scaled to the run's length, and one small
-forward+backward, repeated while PROBE_BUDGET_S lasts, and keeps bf16 for a phase only where it was at
-least `BF16_MARGIN` faster. The answer is remembered per machine and model shape in grpolab's cache
+`auto` times both precisions on the policy itself, alternating after a warm-up of each on one row: a
+rollout of the run's width (its rows, at most MAX_PROBE_ROWS), a few decode steps scaled to the run's
+length, and one small forward+backward, repeated while PROBE_BUDGET_S lasts, and keeps bf16 for a phase
+only where it was at least `BF16_MARGIN` faster; a line says when it starts and another each phase's
+ratio as it is measured. The answer is remembered per machine and model shape in grpolab's cache
 ($GRPOLAB_CACHE/precision, grpolab.model.precision_cache), so the next run with that shape reads it. A rollout engine with its own kernels (vLLM) is not timed through grpolab's
 decoder: its rollout precision is the engine's rule (grpolab.engine.rollout_precision). On a CUDA GPU
 with bf16 support `auto` is bf16 (not measured: there it is the standard choice). The choice is
@@ -36,6 +37,7 @@ PROBE_STEPS = 6  # decode steps the rollout probe times; a rollout's further tok
 MAX_PROBE_ROWS = 16  # the rollout probe decodes the run's rows, at most this many
 UPDATE_PROBE_ROWS = 4  # sequences of the update probe's forward+backward
 PROBE_BUDGET_S = 4.0  # the probe repeats its timings while this lasts (its first pair of each phase always runs)
+WARMUP_UPDATE = {"rows": 1, "prompt": 4, "completion": 4}  # the update's warm-up: every weight's gradient, few tokens
 SLOW_WARMUP = 3.0  # a bf16 warm-up this many times fp32's ends the phase: bf16 cannot pay there
 SMALL_MODEL_PARAMS = 10_000_000  # below this a matmul is too small for bf16 to pay: fp32, not measured
 FILE = "precision.json"
@@ -101,11 +103,12 @@ def update_seconds(model, dtype, *, rows: int = UPDATE_PROBE_ROWS, prompt: int =
     return dt
 
 
-def time_both(fn, reps: int = 2, *, deadline: float | None = None) -> dict[str, float]:
-    """Best of up to `reps` timings of fn(dtype) for fp32 and bf16, alternating, after one warm-up of each.
+def time_both(fn, reps: int = 2, *, deadline: float | None = None, warmup=None) -> dict[str, float]:
+    """Best of up to `reps` timings of fn(dtype) for fp32 and bf16, alternating, after one warm-up of each
+    (warmup(dtype), by default fn(dtype): a smaller call that pays the same first-call costs will do).
     After the first pair no further pair starts past `deadline` (time.perf_counter()); a bf16 warm-up
     SLOW_WARMUP times fp32's ends it at once (bf16 cannot pay; its time is that warm-up's)."""
-    warm = {name: fn(DTYPES[name]) for name in ("fp32", "bf16")}  # kernels, allocator, autocast's first cast
+    warm = {name: (warmup or fn)(DTYPES[name]) for name in ("fp32", "bf16")}  # kernels, allocator, autocast
     if warm["bf16"] > SLOW_WARMUP * warm["fp32"]:
         return warm
     best = {"fp32": float("inf"), "bf16": float("inf")}
@@ -126,9 +129,13 @@ def measure(
     tokens: int = PROBE_STEPS,
     engine_rollout: tuple[torch.dtype | None, str] | None = None,
     budget: float = PROBE_BUDGET_S,
+    log: Callable[[str], None] | None = None,
 ) -> Precision:
     """Time both precisions on `model` for the rollout (and the update when training) and choose, each
-    phase repeating its timings within its share of `budget` seconds (time_both). `rows`,
+    phase repeating its timings within its share of `budget` seconds (time_both) after a warm-up of each
+    precision on one row (WARMUP: what a first call pays once, the weights' copies and their pages, the
+    kernels' set-up, is the same for one row as for many; the timed calls are the run's shape). `log` is
+    told each phase's ratio as it is measured, before the next phase starts. `rows`,
     `tokens`: the shape of the run's rollouts (sequences per generate call, at most MAX_PROBE_ROWS, and
     new tokens): the lean step's gain over fp32 differs with both. `rollout_probe`: the rollout engine's
     timing of one rollout (grpolab.engine.native.probe.decode_seconds for grpolab's own decoder);
@@ -146,11 +153,22 @@ def measure(
             if engine_rollout is None:
                 model.eval()
                 seconds["rollout"] = time_both(
-                    lambda dt: rollout_probe(model, dt, rows=rows, tokens=tokens), deadline=start + budget / phases
+                    lambda dt: rollout_probe(model, dt, rows=rows, tokens=tokens),
+                    warmup=lambda dt: rollout_probe(model, dt, rows=1, tokens=PROBE_STEPS),
+                    deadline=start + budget / phases,
                 )
+                if training and log is not None:
+                    r = seconds["rollout"]["bf16"] / seconds["rollout"]["fp32"]
+                    log(
+                        f"precision=auto: rollout bf16/fp32 time x{r:.2f} ({time.perf_counter() - start:.1f} s); timing the update..."
+                    )
             model.train(was_training)
             if training:
-                seconds["update"] = time_both(lambda dt: update_seconds(model, dt), deadline=start + budget)
+                seconds["update"] = time_both(
+                    lambda dt: update_seconds(model, dt),
+                    warmup=lambda dt: update_seconds(model, dt, **WARMUP_UPDATE),
+                    deadline=start + budget,
+                )
         finally:
             model.train(was_training)
     took = time.perf_counter() - start
@@ -223,10 +241,11 @@ def choose(
             reason = f"auto, cached: measured on this machine for this shape at {entry.get('measured_at', '?')} ({path}; delete it to measure again): {data.get('reason', '')}"
             return Precision.from_json({**data, "reason": reason})
     if log is not None:
+        phases = " and ".join(p for p, on in (("the rollout", engine_rollout is None), ("the update", training)) if on)
         log(
-            f"precision=auto: timing bf16 against fp32 on the policy (about {PROBE_BUDGET_S:.0f} s; this CPU: {why})..."
+            f"precision=auto: timing bf16 against fp32 on the policy, {phases}, once for this machine and shape (this CPU: {why})..."
         )
-    prec = measure(model, rollout_probe=rollout_probe, engine_rollout=engine_rollout, **shape)
+    prec = measure(model, rollout_probe=rollout_probe, engine_rollout=engine_rollout, log=log, **shape)
     if key is not None:
         precision_cache.write(key, prec.to_json())
     return prec
