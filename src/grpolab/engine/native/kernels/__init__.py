@@ -96,6 +96,7 @@ def _native_isa(cc: str) -> str:
     try:
         done = subprocess.run(
             [cc, "-march=native", "-###", "-E", "-x", "c", os.devnull],
+            cwd=Path(__file__).parent,  # clang's lines name the working directory: one fixed folder
             capture_output=True,
             text=True,
             timeout=30,
