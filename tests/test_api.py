@@ -141,17 +141,19 @@ def test_progress_and_summary_printed_once(api_run):
     text = api_run["stdout"]
     assert text.count("step    1 ") == 1 and text.count("step    2 ") == 1
     assert text.count("grpolab run summary") == 1
-    assert text.count("evaluating 2 held-out prompts") == 1
+    assert text.count("evaluating 2 held-out prompts before training") == 1
+    assert text.count("evaluating 2 held-out prompts after training") == 1
 
 
 def test_the_runs_tail_says_what_it_does_before_the_summary(api_run):
     """After the last step a run writes its checkpoint, evaluates the held-out prompts again and draws its
-    report (on the default model seconds each, some 19 s together where nothing was printed): the
-    checkpoint and the report say so as they start, in that order, before the summary."""
+    report (on the default model seconds each, some 19 s together where nothing was printed): each says so
+    as it starts, in that order, before the summary."""
     text = api_run["stdout"]
     marks = [
         "step    2 ",
         "saving the checkpoint of step 2, the last...",
+        "evaluating 2 held-out prompts after training (greedy)...",
         "report.html (the run's plots)...",
         "grpolab run summary",
     ]

@@ -330,6 +330,8 @@ class Evaluator:
             return self.last
         if not self.run.cfg.eval_size:
             return None
+        if self.eval_set:
+            self.run.log(f"evaluating {len(self.eval_set)} held-out prompts after training ({self.describe()})...")
         self.evaluate_at(steps)
         return self.last
 
