@@ -282,7 +282,7 @@ def test_a_tool_using_signal_alarm_fails_on_worker_threads_and_says_so(model, tm
         (
             [f"env.factories.counter={TRL}:CounterEnv", f"rewards=[{{name: '{CHECKS}:varied'}}]"],
             [{"prompt": "Go."}] * 5,
-            "has `environment=None`, which is not among env.factories (counter)",
+            "has `environment=None`, which is not among the environments of env.factories (counter)",
         ),
         (
             [f"env.name={CHECKS}:OwnGeneratorEnv", "task=env", f"rewards=[{{name: '{CHECKS}:varied'}}]"],

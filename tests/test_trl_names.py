@@ -104,7 +104,8 @@ def test_an_update_with_nothing_to_learn_moves_the_schedule_on():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=1e-3)
     sched = build_scheduler(opt, "linear", total=4, warmup=0)
-    run = SimpleNamespace(scheduler=sched, cfg=SimpleNamespace(algo=SimpleNamespace(sync_ref_model=False)))
+    algo = SimpleNamespace(sync_ref_model=False, entropy_coef=0.0, adaptive_entropy=False)
+    run = SimpleNamespace(scheduler=sched, cfg=SimpleNamespace(algo=algo))
     u = Update.__new__(Update)
     u.updates, u.n_synced = [], 0
     skipped_update(run, u)

@@ -113,8 +113,9 @@ def test_log_history_has_trls_rows_names_and_order(both):
     trl, ours = both["trl"]["rows"], both["grpolab"]["rows"]
     assert [r["step"] for r in ours] == [r["step"] for r in trl]  # 4 update rows, eval, 4, eval, closing row
     for a, b in zip(trl, ours):
-        if "eval_reward" in a:  # grpolab's own eval_... keys follow TRL's; runtimes only in evaluate()'s row
-            assert [k for k in _keys(b) if k in a] == _keys(a, RUNTIME - set(b))
+        if "eval_reward" in a:  # grpolab's own eval_... keys follow TRL's; runtimes and eval_loss only in
+            # evaluate()'s row (the training run's evaluations make no loss pass)
+            assert [k for k in _keys(b) if k in a] == _keys(a, (RUNTIME | {"eval_loss"}) - set(b))
         else:
             assert _keys(b) == _keys(a)
     lr = [r["learning_rate"] for r in trl if "learning_rate" in r]

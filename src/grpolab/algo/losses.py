@@ -418,7 +418,9 @@ def policy_loss(
     loss/policy (the objective without KL), kl (mean k_t; only when ref_logp is given), loss/kl
     (beta * kl when the KL is in the loss, else 0), clip/frac, clip/low_frac, clip/high_frac, clip/dual_frac,
     ratio/mean, approx_kl (mean of (rho - 1) - log rho: KL(old || new), Schulman 2020), adv/mean, and
-    with an entropy bonus loss/entropy (entropy_coef * the mean entropy).
+    with an entropy bonus loss/entropy (entropy_coef * the mean entropy) and loss/entropy_term (the bonus
+    subtracted from this micro-batch's loss, a sum and not a mean: loss + loss/entropy_term is the loss
+    without the bonus, TRL's policy_loss).
     """
     if algo.objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {algo.objective!r}; known: {', '.join(sorted(OBJECTIVES))}")
@@ -460,10 +462,12 @@ def policy_loss(
 
     loss = AGGREGATIONS[algo.aggregation](total_tok, mask, n_seq=n_seq, n_tok=n_tok, max_len=max_len)
     coef = algo.entropy_coef if entropy_coef is None else float(entropy_coef)
+    bonus = None
     if coef != 0.0:
         if entropy is None:
             raise ValueError("algo.entropy_coef needs the policy's entropy (entropy=..., with its gradient)")
-        loss = loss - entropy_bonus(entropy.float(), mask, n_tok, coef, masks.get("entropy"))
+        bonus = entropy_bonus(entropy.float(), mask, n_tok, coef, masks.get("entropy"))
+        loss = loss - bonus
 
     with torch.no_grad():
         log_ratio = _importance_log_ratio(logp.detach(), old_logp, mask)  # (b, T)
@@ -482,8 +486,9 @@ def policy_loss(
         if kl_tok is not None:  # the KL to the reference, measured where it is used
             metrics["kl"] = masked_mean(kl_tok, mask)
             metrics["loss/kl"] = beta * metrics["kl"] if algo.kl_in_loss else 0.0
-        if coef != 0.0:
+        if bonus is not None:
             metrics["loss/entropy"] = coef * masked_mean(entropy.detach(), mask * masks.get("entropy", 1.0))
+            metrics["loss/entropy_term"] = float(bonus.detach())
         for name, keep in masks.items():  # the share of valid tokens each mask drops
             metrics[f"mask/{name}_dropped_frac"] = 1.0 - masked_mean(keep, mask)
     return loss, metrics

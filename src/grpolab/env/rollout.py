@@ -75,8 +75,8 @@ class Environments:
         name = e.meta.get(ROUTE_COLUMN)
         if name not in self.routes:
             raise ConfigError(
-                f"example {e.id!r} has `{ROUTE_COLUMN}={name!r}`, which is not among env.factories "
-                f"({', '.join(sorted(self.routes))}); give every row an `{ROUTE_COLUMN}` column naming one"
+                f"example {e.id!r} has `{ROUTE_COLUMN}={name!r}`, which is not among the environments of "
+                f"env.factories ({', '.join(sorted(self.routes))}); give every row an `{ROUTE_COLUMN}` column naming one"
             )
         return self.routes[name]
 

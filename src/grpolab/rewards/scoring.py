@@ -164,6 +164,26 @@ def _warn_once(rf: RewardFn, kind: str, message: str) -> None:
     log.warning("%s (logged once per run for each function and kind of failure)", message)
 
 
+def _warn_all_none(fns: list[RewardFn], none: dict[str, list[int]], examples, completions, n: int) -> None:
+    """TRL's warning when every reward function returned None for a completion (its total is then 0.0, a
+    score no function gave): the first such completion's fields, once per call."""
+    if not fns or not all(rf.name in none for rf in fns):
+        return
+    common = set.intersection(*(set(none[rf.name]) for rf in fns))
+    if not common:
+        return
+    j = min(common)
+    e = examples[j] if j < len(examples) else None
+    fields = {"prompt": getattr(e, "prompt", None), "completion": completions[j]}
+    log.warning(
+        "All reward functions returned None for the following kwargs:\n%s\nPlease ensure that at least one "
+        "reward function returns a valid reward (%d of %d completions had none; their total reward is 0.0).",
+        fields,
+        len(common),
+        n,
+    )
+
+
 def _batch_call(f: Callable, texts: list, examples: list[Example], context: dict[str, object]) -> Callable[[], object]:
     """One call of a batch function over a group, with the group's context when it takes it."""
     if context and getattr(f, "takes_context", False):
@@ -356,6 +376,7 @@ def score_completions(
         if skipped:
             none[rf.name] = skipped
 
+    _warn_all_none(fns, none, examples, completions, n)
     # a None's 0.0 adds nothing; weights can take a total past the bound too
     total = [clip_score(sum(rf.weight * per_fn[rf.name][j] for rf in fns))[0] for j in range(n)]
     metrics: dict[str, float] = {}

@@ -31,6 +31,7 @@ from grpolab.algo.stats import (
 )
 from grpolab.batch import Example
 from grpolab.engine.base import Sampling
+from grpolab.training.eval_loss import batch_loss, eval_loss_applies
 from grpolab.training.run import Run
 from grpolab.training.step import rollout_and_score
 from grpolab.util.fields import ConfigError
@@ -49,6 +50,7 @@ def evaluate(
     num_generations: int | None = None,
     temperature: float | None = None,
     ks: list[int] | None = None,
+    loss: bool = False,
 ) -> dict:
     """Score `examples` through run.engine: one greedy completion per prompt (num_generations 0, the
     default of cfg.eval_num_generations) or n sampled ones at `temperature` (cfg.eval_temperature).
@@ -59,7 +61,9 @@ def evaluate(
     "accuracy_ci_method" (wilson: greedy 0/1 scores; bootstrap: over prompts), "pass@k" {k: {"estimate",
     "ci"}} (unbiased, Chen et al. 2021; ks default 1, 2, 4, ..., n), "extraction" {verifier: shares of
     no_answer / wrong / right} for verifiers with answer_found, "per_prompt" {"id", "correct", "score"}
-    (what a paired comparison needs) and, in an environment, "turns"}. {} for no examples.
+    (what a paired comparison needs) and, in an environment, "turns"}. {} for no examples. loss: also
+    "loss", the training loss of the evaluation's completions (grpolab.training.eval_loss: the mean over its
+    chunks, weighted by their completions), where eval_loss_applies.
     """
     if not examples:
         return {}
@@ -80,6 +84,8 @@ def evaluate(
     totals, lengths, turns, truncated = [], [], [], []
     per_fn: dict[str, list[float]] = {f.name: [] for f in run.reward_fns}
     correct, score = [], []
+    losses: list[tuple[float, int]] = []  # (a chunk's loss, its completions)
+    loss = loss and eval_loss_applies(run)
     shares = {name: [0, 0, 0] for name in checks}  # no_answer, wrong, right
     for s in range(0, len(examples), chunk_size):
         chunk = examples[s : s + chunk_size]
@@ -88,6 +94,8 @@ def evaluate(
         )  # multi-turn in an environment too
         if "env/turns_mean" in info:
             turns.append((info["env/turns_mean"], len(chunk)))
+        if loss:
+            losses.append(batch_loss(run, chunk, rollout, scores))
         totals += scores.total
         skipped = set(scores.none.get(main, ()))  # a TRL-form main reward that does not apply: left out
         per = scores.per_fn[main]
@@ -119,6 +127,8 @@ def evaluate(
         "zero_std_frac": sum(len(set(totals[i : i + G])) == 1 for i in range(0, len(totals), G)) / len(examples),
         "rewards": {name: {"mean": _mean(v), "std": _std(v)} for name, v in per_fn.items()},
     }
+    if losses:
+        out["loss"] = sum(value * n for value, n in losses) / sum(n for _, n in losses)
     if turns:  # in an environment: model turns per trajectory
         out["turns"] = sum(t * n for t, n in turns) / len(examples)
     out["samples_per_prompt"] = G
@@ -192,6 +202,8 @@ def eval_metrics(res: dict) -> dict:
     }
     if "turns" in res:
         m["eval/turns"] = res["turns"]
+    if "loss" in res:
+        m["eval/loss"] = res["loss"]
     keys = ("reward_std", "length_min", "length_max", "truncated_frac", "zero_std_frac")
     for key in (*keys, "ended_length_mean", "ended_length_min", "ended_length_max"):
         if key in res:  # evaluations recorded before these were kept have none

@@ -46,12 +46,15 @@ UPDATE = (
     ("clip_ratio/low_mean", "clip/low_frac"),
     ("clip_ratio/high_mean", "clip/high_frac"),
     ("clip_ratio/region_mean", "clip/frac"),
+    ("policy_loss", "loss of each update without the entropy bonus (Run.updates, with an entropy bonus only)"),
+    ("entropy_coef", "the entropy coefficient after each update (Run.updates, with an entropy bonus only)"),
     ("step_time", "time/step_s, shared out over the step's updates"),
 )
 """What each optimizer update adds (loss, grad_norm and learning_rate are transformers' own, first in a row;
 kl only where TRL logs it: beta != 0)."""
 
 EVAL = (
+    ("eval_loss", "eval/loss"),
     ("eval_completions/mean_length", "eval/length"),
     ("eval_completions/min_length", "eval/length_min"),
     ("eval_completions/max_length", "eval/length_max"),
@@ -70,7 +73,6 @@ EVAL = (
 MISSING = (
     "clip_ratio/low_min",
     "clip_ratio/high_max",
-    "eval_loss",
     "eval_entropy",
     "eval_clip_ratio/low_mean",
     "eval_clip_ratio/high_mean",
@@ -79,15 +81,30 @@ MISSING = (
     "eval_clip_ratio/high_max",
 )
 """TRL's metrics grpolab has no number for (its clip ratios are token shares of the whole step, with no
-per-sequence minimum or maximum; its evaluation generates and scores, with no loss pass)."""
+per-sequence minimum or maximum; its evaluation's one loss pass, grpolab.training.eval_loss, reports the loss
+alone; eval_loss is there only where the loss needs no reference or critic, which evaluation does not load)."""
 
-DIRECT = {"loss": "loss", "grad_norm": "grad_norm", "learning_rate": "lr", "step_time": "time/step_s"}
-"""The entries of UPDATE whose grpolab side is a metric of the step (described above, not a plain name)."""
+DIRECT = {
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "learning_rate": "lr",
+    "step_time": "time/step_s",
+    "policy_loss": "",
+    "entropy_coef": "entropy/coef",
+}
+"""The entries of UPDATE whose grpolab side is a metric of the step (described above, not a plain name; ""
+where metrics.jsonl has none)."""
+
+GRPOLAB_BARE = frozenset({"approx_kl", "entropy", "grad_norm", "kl", "lr", "step", "threads", "loss"})
+"""grpolab's own metric names without a "/"; any other such key of a step's row is a reward function's
+log_metric(name, value), which TRL logs under that name."""
 
 
 def _pairs():
     for trl, ours in GENERATION + UPDATE + EVAL:
-        yield trl, DIRECT.get(trl, ours)
+        mine = DIRECT.get(trl, ours)
+        if mine:
+            yield trl, mine
 
 
 def _pattern(name: str) -> re.Pattern:
@@ -130,6 +147,7 @@ class TrlLog:
         self.grad_norm = self.learning_rate = None
         self.num_tokens = num_tokens  # TRL's state.num_input_tokens_seen
         self.all_losses: list[float] = []  # every update's loss: the run's training_loss
+        self.entropy_coef: float | None = None  # with an entropy bonus: the coefficient after the last update
 
     def _names(self, table) -> list[tuple[str, str]]:
         out = []
@@ -147,6 +165,9 @@ class TrlLog:
         for trl, ours in self._names(GENERATION[1:]):
             if ours in row:
                 self.metrics.setdefault(trl, []).append(row[ours])
+        for name, value in row.items():  # a reward function's log_metric(name, value)
+            if "/" not in name and name not in GRPOLAB_BARE and isinstance(value, (int, float)):
+                self.metrics.setdefault(name, []).append(value)
 
     def add_update(self, row: dict, update: dict, step_time: float) -> None:
         """One optimizer update: its loss, gradient norm and learning rate (`update`, a Run.updates record),
@@ -156,9 +177,13 @@ class TrlLog:
         if loss is not None:
             self.all_losses.append(float(loss))
         self.grad_norm, self.learning_rate = update.get("grad_norm"), update.get("learning_rate")
-        for trl, ours in UPDATE[3:-1]:
+        for trl, ours in UPDATE[3:-3]:
             if ours in row and (trl != "kl" or self.kl):
                 self.metrics.setdefault(trl, []).append(row[ours])
+        for trl in ("policy_loss", "entropy_coef"):  # with an entropy bonus: the update's own
+            if trl in update:
+                self.metrics.setdefault(trl, []).append(update[trl])
+        self.entropy_coef = update.get("entropy_coef", self.entropy_coef)
         self.metrics.setdefault("step_time", []).append(step_time)
 
     def row(self, epoch: float) -> dict:
@@ -170,6 +195,14 @@ class TrlLog:
         out["learning_rate"] = self.learning_rate
         out.update({k: _nanmean(v) for k, v in self.metrics.items()})
         out["epoch"] = epoch
+        self.metrics, self.losses = {}, []
+        return out
+
+    def residual(self) -> dict:
+        """TRL's means of what the updates since the last row added (not transformers' loss, gradient norm
+        and learning rate), the buffers emptied: GRPOTrainer.log merges them into whatever row is logged
+        next, the closing train_runtime/train_loss row when the run ends between logging steps."""
+        out = {k: _nanmean(v) for k, v in self.metrics.items()}
         self.metrics, self.losses = {}, []
         return out
 

@@ -77,6 +77,7 @@ class Update:
     is_clipped: Tensor
     correct: bool  # weight each token by rollout.correction (the sampler is not the trainer)
     entropy_window: list = field(default_factory=lambda: [0.0, 0.0])  # sum_t k_t H_t, sum_t k_t of this update
+    entropy_term: float = 0.0  # the entropy bonus subtracted from this update's loss (its micro-batches' sum)
     loss_infos: list = field(default_factory=list)  # ({metric: value}, weight) per micro-batch, as entropy_infos
     updates: list = field(default_factory=list)  # per optimizer update: the lr it used, its grad norm and loss
     entropy_infos: list = field(default_factory=list)
@@ -188,6 +189,7 @@ def micro_batch_loss(
     )
     loss, value_info = run.advantage.add_loss(loss, u.spec, sl, batch)
     loss.backward()
+    u.entropy_term += info.pop("loss/entropy_term", 0.0)
     u.loss_infos.append(({**info, **value_info}, float(sl.completion_mask.sum())))
     return float(loss.detach())
 
@@ -208,6 +210,8 @@ def adapt_entropy(run: Run, u: Update) -> None:
     total, count = global_counts(run.ranks, *u.entropy_window)
     control.update(total / max(count, 1.0))
     u.entropy_window[:] = [0.0, 0.0]
+    if u.updates:
+        u.updates[-1]["entropy_coef"] = control.coef  # TRL logs the coefficient the controller just set
 
 
 def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
@@ -216,7 +220,8 @@ def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
     weights stay as they were) and counted."""
     cfg, d = run.cfg, run.ranks
     sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
-    loss_sum = global_counts(d, loss_sum)[0]
+    loss_sum, entropy_term = global_counts(d, loss_sum, u.entropy_term)
+    u.entropy_term = 0.0
     # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
     norm = float(
         torch.nn.utils.clip_grad_norm_(
@@ -232,7 +237,7 @@ def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
         return
     if cfg.max_grad_norm > 0:
         u.grad_norms.append(norm)
-    u.updates.append(update_record(run, norm, loss_sum))
+    u.updates.append(update_record(run, norm, loss_sum, entropy_term))
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
@@ -241,11 +246,19 @@ def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
     u.n_synced += sync_reference(run)
 
 
-def update_record(run: Run, grad_norm: float | None, loss: float | None) -> dict:
+def update_record(run: Run, grad_norm: float | None, loss: float | None, entropy_term: float = 0.0) -> dict:
     """One optimizer update's record (Run.updates): the learning rate it uses (read before the schedule
     moves on: what TRL logs as learning_rate), its gradient norm before clipping and its loss (None for
-    an update skipped for a non-finite loss or norm)."""
-    return {"learning_rate": run.scheduler.get_last_lr()[0], "grad_norm": grad_norm, "loss": loss}
+    an update skipped for a non-finite loss or norm). With an entropy bonus (fixed or adaptive) also
+    TRL's policy_loss, the loss without the bonus (loss + the bonus subtracted), and entropy_coef, the
+    coefficient (the adaptive control's, set after the update by adapt_entropy)."""
+    record = {"learning_rate": run.scheduler.get_last_lr()[0], "grad_norm": grad_norm, "loss": loss}
+    algo = run.cfg.algo
+    if algo.entropy_coef != 0.0 or algo.adaptive_entropy:
+        record["policy_loss"] = None if loss is None else loss + entropy_term
+        control = run.components.get("entropy_control")
+        record["entropy_coef"] = control.coef if control is not None else algo.entropy_coef
+    return record
 
 
 def skipped_update(run: Run, u: Update) -> None:

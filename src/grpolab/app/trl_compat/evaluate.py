@@ -17,7 +17,8 @@ from grpolab.training.trl_names import trl_eval_row
 
 
 def evaluate_rows(trainer, rows: list[dict], num_tokens: float) -> dict:
-    """TRL's eval metrics of trainer.model on `rows`: eval_runtime, eval_samples_per_second,
+    """TRL's eval metrics of trainer.model on `rows`: eval_loss (the training loss of the evaluation's
+    completions, grpolab.training.eval_loss; where it applies), eval_runtime, eval_samples_per_second,
     eval_steps_per_second, eval_num_tokens (TRL's: the training tokens so far, `num_tokens`), then
     grpolab.training.trl_names.trl_eval_row's (eval_reward, ...)."""
     from grpolab.app import api
@@ -28,7 +29,7 @@ def evaluate_rows(trainer, rows: list[dict], num_tokens: float) -> dict:
     with (
         tempfile.TemporaryDirectory(prefix="grpolab-eval-") as tmp,
         api._registered(trainer.reward_specs) as specs,
-        api._environments(trainer.environment_factory, trainer.tools) as env,
+        api._environments(trainer.environment_factory, trainer._tools) as env,
     ):
         data = trl_data.write_rows(rows, Path(tmp) / "eval.jsonl", "eval_dataset")
         recipe = {k: v for k, v in trainer.recipe.items() if k not in ("resume",)}
@@ -46,17 +47,19 @@ def evaluate_rows(trainer, rows: list[dict], num_tokens: float) -> dict:
         cfg = build_config(recipe)
         run = setup(cfg, training=False, log=lambda *_: None, policy=trainer.model, tokenizer=trainer.processing_class)
         start = time.time()
-        res = evaluate(run, run.task.eval_set()[: cfg.eval_size])
+        res = evaluate(run, run.task.eval_set()[: cfg.eval_size], loss=True)
         runtime = time.time() - start
         run.engine.close()
     batches = max(1, -(-len(rows) // max(1, cfg.eval_batch)))
-    out = {
+    row = trl_eval_row(eval_metrics(res), [f.name for f in run.reward_fns])
+    out = {k: row.pop(k) for k in ("eval_loss",) if k in row}  # transformers' first key
+    out |= {
         "eval_runtime": round(runtime, 4),
         "eval_samples_per_second": round(len(rows) / runtime, 3) if runtime else 0.0,
         "eval_steps_per_second": round(batches / runtime, 3) if runtime else 0.0,
         "eval_num_tokens": num_tokens,
     }
-    out.update(trl_eval_row(eval_metrics(res), [f.name for f in run.reward_fns]))
+    out.update(row)
     return out
 
 

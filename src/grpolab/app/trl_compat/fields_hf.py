@@ -308,7 +308,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     refuse("torch_compile", False, "grpolab does not torch.compile the policy"),
     refuse("torch_compile_backend", None, "grpolab does not torch.compile the policy"),
     refuse("torch_compile_mode", None, "grpolab does not torch.compile the policy"),
-    refuse("use_liger_kernel", False, "grpolab has no Liger kernels (its own lm-head pass is chunked)"),
+    refuse("use_liger_kernel", False, "grpolab has no Liger kernels (its own lm_head pass is chunked)"),
     refuse("liger_kernel_config", None, "grpolab has no Liger kernels"),
     ignore("use_cache", False, "the rollout always decodes with a KV cache and the training pass never keeps one"),
     refuse("neftune_noise_alpha", None, "NEFTune noise is an SFT technique grpolab does not have"),

@@ -94,7 +94,8 @@ def source_of(model: Any) -> str:
 def policy_of(model: Any, processing_class: Any):
     """(module, tokenizer) of TRL's model= and processing_class=: a name or directory is loaded here (fp32, on
     the CPU; grpolab.model.load), its tokenizer too unless processing_class is given; an object is kept as it
-    is (the run trains it in place), and needs processing_class."""
+    is (the run trains it in place), its tokenizer without processing_class loaded from the local directory
+    the object was loaded from (its config's _name_or_path), as TRL does."""
     from grpolab.model.load import load_policy, load_tokenizer, model_dir
 
     if isinstance(model, (str, Path)):
@@ -108,8 +109,14 @@ def policy_of(model: Any, processing_class: Any):
             f"model: expected a model name or directory, or a transformers causal LM (or a peft model of "
             f"one), got {type(model).__name__}"
         )
-    if processing_class is None:
-        raise ConfigError("processing_class: a model object needs its tokenizer (processing_class=...)")
+    if processing_class is None:  # TRL: AutoTokenizer.from_pretrained of the name the model was loaded from
+        where = source_of(model)
+        if not Path(where).is_dir():
+            raise ConfigError(
+                f"processing_class: the model object was loaded from {where!r}, not a local directory, so its "
+                f"tokenizer cannot be loaded from there (grpolab never downloads); pass processing_class=tokenizer"
+            )
+        return model, load_tokenizer(model_dir(where, log=lambda *_: None))
     return model, processing_class
 
 

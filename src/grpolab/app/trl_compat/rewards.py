@@ -34,8 +34,8 @@ def processing_classes(classes: Any, n: int) -> list:
     out = _as_list(classes)
     if len(out) != n:
         raise ConfigError(
-            f"reward_processing_classes: {len(out)} for {n} reward functions; give one per reward function "
-            f"(None for a function)"
+            f"reward_processing_classes: {len(out)} for {n} reward functions: the number of reward processing "
+            f"classes must match the number of reward functions; give one per reward function (None for a function)"
         )
     return out
 

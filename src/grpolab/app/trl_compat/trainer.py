@@ -26,7 +26,18 @@ from pathlib import Path
 
 from grpolab.app.trl_compat import data as trl_data
 from grpolab.app.trl_compat.accelerator import Accelerator
+from grpolab.app.trl_compat.checks import (
+    check_sources,
+    environment_rewards,
+    environment_tools,
+    reward_func_name,
+    reward_weight_tensor,
+    router_aux_loss,
+    stream_loader_settings,
+    warn_sequence_level,
+)
 from grpolab.app.trl_compat.config import GRPOConfig, trl_recipe
+from grpolab.app.trl_compat.entries import value_of
 from grpolab.app.trl_compat.inputs import (
     check_peft,
     lora_settings,
@@ -37,6 +48,7 @@ from grpolab.app.trl_compat.inputs import (
     wrap_peft,
     wrapped_targets,
 )
+from grpolab.app.trl_compat.rewards import processing_classes
 from grpolab.util.fields import ConfigError
 
 
@@ -76,28 +88,51 @@ class GRPOTrainer:
         ):
             if value is not None:
                 raise ConfigError(f"{name}: refused: {why}")
-        if reward_funcs is None and environment_factory is None:
-            raise ConfigError(
-                "reward_funcs: give reward functions (or an environment_factory whose environment has get_reward)"
-            )
         self.args = args if args is not None else GRPOConfig(output_dir=f"{model_name(model)}-GRPO")
+        check_sources(self.args, reward_funcs, train_dataset, environment_factory)
         self.recipe, self.notes, weights = trl_recipe(self.args)  # refused fields raise here
-        self.reward_funcs = reward_funcs
+        warn_sequence_level(self.args)
         self.reward_specs = (
             reward_specs(reward_funcs, weights, reward_processing_classes) if reward_funcs is not None else None
         )
-        self.environment_factory, self.tools = environment_factory, tools
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        funcs = [f for f in funcs if f is not None]
+        self.reward_processing_classes = processing_classes(reward_processing_classes, len(funcs))
+        own = environment_rewards(environment_factory)  # TRL's columns of get_reward, weight 1 each
+        self.reward_funcs = funcs + [fn for _, fn in own]
+        self.reward_func_names = [reward_func_name(spec) for spec in self.reward_specs or []] + [n for n, _ in own]
+        self.reward_weights = reward_weight_tensor(
+            [s.get("weight", 1.0) for s in self.reward_specs or []] + [1.0] * len(own)
+        )
+        self.environment_factory, self._tools = environment_factory, tools
+        self.tools = environment_tools(environment_factory, tools)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.train_rows = trl_data.rows_of(train_dataset, "train_dataset") if train_dataset is not None else None
-        self.eval_rows = trl_data.rows_of(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        if self.train_rows is not None:
-            self.recipe["task_args"] = trl_data.task_args(self.train_rows, environment_factory is not None)
+        self.train_rows = None
+        if train_dataset is not None:
+            self.train_rows, reading = trl_data.trl_reading(
+                train_dataset, self.recipe, environment=environment_factory is not None, eval_given=False
+            )
+            self.recipe["task_args"] = reading["task_args"]
+            self.recipe.update({k: v for k, v in reading.items() if k in ("shuffle",)})
+            if trl_data.is_stream(train_dataset):
+                stream_loader_settings(self.args)
+        self.eval_sets = trl_data.eval_sets(eval_dataset) if eval_dataset is not None else None
+        self.eval_rows = (
+            trl_data.rows_of(eval_dataset, "eval_dataset") if eval_dataset is not None and not self.eval_sets else None
+        )
+        if self.eval_sets and str(value_of(self.args.eval_strategy)) != "no":
+            raise ConfigError(
+                f"eval_dataset: several evaluation sets ({', '.join(self.eval_sets)}) with eval_strategy="
+                f"{value_of(self.args.eval_strategy)!r}: grpolab's training run evaluates one set; give one set, or "
+                f"keep eval_strategy='no' and call trainer.evaluate() (which evaluates each)"
+            )
         self.recipe["model"] = source_of(model)
         path = str(model) if isinstance(model, (str, Path)) else None
         if peft_config is not None:
             check_peft(peft_config)  # before the model is loaded or wrapped
         module, self.processing_class = policy_of(model, processing_class)
         self.model = wrap_peft(module, peft_config)  # TRL wraps it here too: trainer.model is the peft model
+        self.aux_loss_enabled = router_aux_loss(self.model, self.args, self.notes)
         self.recipe["lora"] = lora_settings(peft_config, path, wrapped=wrapped_targets(self.model, peft_config))
         self.model_wrapped = self.model
         self.accelerator = Accelerator()
@@ -110,6 +145,12 @@ class GRPOTrainer:
         self.callback_handler.on_init_end(self.args, self.state, self.control)
 
     # -- the Trainer's small methods -------------------------------------------------------------------------
+
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's entropy coefficient: args.entropy_coef, then the adaptive control's after each update."""
+        log = self._adapter.log
+        return log.entropy_coef if log is not None and log.entropy_coef is not None else float(self.args.entropy_coef)
 
     @property
     def callback_handler(self):
@@ -211,7 +252,7 @@ class GRPOTrainer:
         recipe = dict(self.recipe)
         kwargs: dict = {
             "environment_factory": self.environment_factory,
-            "tools": self.tools,
+            "tools": self._tools,
             "console": console,
             "callbacks": [self._adapter],
             "policy": self.model,
@@ -257,9 +298,16 @@ class GRPOTrainer:
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """grpolab's held-out evaluation of trainer.model on eval_dataset (default: the trainer's), with TRL's
         metric names (eval_reward, eval_completions/mean_length, ...; grpolab's own after them), logged into
-        state.log_history and passed to the callbacks' on_evaluate. Returns the metrics."""
+        state.log_history and passed to the callbacks' on_evaluate. Several sets (a dict or DatasetDict):
+        each evaluated in turn, as transformers does, its metrics named eval_<name>_... Returns the metrics."""
         from grpolab.app.trl_compat.evaluate import evaluate_rows
 
+        sets = trl_data.eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        if sets:  # transformers: each set evaluated in turn, its metrics named {prefix}_{name}_...
+            metrics: dict = {}
+            for name, set_rows in sets.items():
+                metrics.update(self.evaluate(set_rows, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
         rows = trl_data.rows_of(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_rows
         if rows is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")

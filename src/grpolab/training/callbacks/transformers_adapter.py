@@ -252,7 +252,8 @@ class TrainerCallbackAdapter:
 
     def on_train_end(self, run_state, summary: dict) -> None:
         """on_epoch_end, the run's closing row (train_runtime, train_samples_per_second, train_steps_per_second,
-        total_flos, train_loss, epoch) logged, on_train_end."""
+        total_flos, train_loss, then TRL's means of the updates since the last logging step, as
+        GRPOTrainer.log merges them, and epoch) logged, on_train_end."""
         self._fire("on_epoch_end", run_state)
         runtime = round(time.time() - self.started, 4)
         done = self.state.global_step - self.start_step
@@ -264,6 +265,7 @@ class TrainerCallbackAdapter:
             "train_steps_per_second": round(done / runtime, 3) if runtime else 0.0,
             "total_flos": 0.0,
             "train_loss": sum(losses) / len(losses) if losses else 0.0,
+            **(self.log.residual() if self.log else {}),  # TRL's: the updates since the last logging step
             "epoch": self.state.epoch,
         }
         self._log(run_state, dict(self.output))
