@@ -266,3 +266,31 @@ def test_prepare_measures_before_torch_only_where_the_wait_can_matter(monkeypatc
     assert prepare("auto", {"GOMP_SPINCOUNT": "5"}) == "user"
     assert prepare("passive", {}) == "passive"
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "model=m", "steps=1"],
+        ["train", "max_steps=3", "learning_rate=1e-6", "num_generations=2"],  # TRL's names and values
+        ["train", "--trl", "max_steps=3"],
+        ["eval", "model=m", "--n", "2"],
+    ],
+)
+def test_the_commands_decide_the_wait_before_anything_imports_torch(argv):
+    """OpenMP reads its wait policy once, when torch starts it: `train` and `eval` decide theirs (and
+    measure the load) before any import of torch, TRL's names and values read through transformers
+    included. A fresh interpreter records whether torch was loaded when `prepare` ran, then stops."""
+    code = (
+        "import sys\n"
+        "import grpolab.util.threads as t\n"
+        "def record(*a, **k):\n"
+        "    print('TORCH_LOADED' if 'torch' in sys.modules else 'TORCH_NOT_LOADED')\n"
+        "    raise SystemExit(0)\n"
+        "t.prepare = record\n"
+        "from grpolab.app.cli import main\n"
+        f"main({argv!r})\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "TORCH_NOT_LOADED" in res.stdout, res.stdout + res.stderr[-2000:]

@@ -59,6 +59,9 @@ def _train(argv: list[str]) -> int:
     bad = [a for a in args if "=" not in a]
     if bad:
         raise ConfigError(f"{bad[0]!r}: expected KEY=VALUE (only the first argument may be a recipe file)")
+    # before anything imports torch (build_config, TRL's names and values read through transformers):
+    # OpenMP reads its settings once; `auto` measures the load first
+    prepare(thread_wait_of(recipe, args), measure=not ns.help)
     data: tuple = (None, None)
     if ns.trl and not ns.resume:
         from grpolab.app.trl_compat.script_args import trl_command
@@ -66,8 +69,6 @@ def _train(argv: list[str]) -> int:
         recipe, args, notes, *data = trl_command(args)  # TRL's fields, trl grpo's script arguments
     else:
         args, notes = _trl_names(args)
-    # before build_config imports torch: OpenMP reads its settings once; `auto` measures the load first
-    prepare(thread_wait_of(recipe, args), measure=not ns.help)
     if ns.help:
         print(USAGE_TRAIN)
         print(help_text(build_config(recipe, args)))
