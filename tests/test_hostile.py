@@ -800,7 +800,6 @@ TOOLS_EX = Example(
         '{"name": "shell", "arguments": {"cmd": "rm -rf /"}}',  # unknown tool
         '{"name": "calculator", "arguments": {"expression": "__import__(\'os\').system(\'id\')"}}',
         '{"name": "calculator", "arguments": {"expression": "9**9**9**9"}}',
-        '{"name": "calculator", "arguments": {"expression": "2*3"}, "extra": 1}',
         '{"name": "calculator", "arguments": {"expression": "' + "1+" * 100_000 + '1"}}',
         '["calculator", {"expression": "2*3"}]',
         "",

@@ -128,3 +128,44 @@ def test_build_tool_call():
         build_rewards([{"name": "tool_call", "partial_parse": 0.5, "partial_tool": 0.2, "partial_args": 0.2}])
     with pytest.raises(ConfigError, match="max_depth"):
         build_rewards([{"name": "tool_call", "max_depth": 0}])
+
+
+ROW = {"expression": "0.175 * 2340"}
+
+
+@pytest.mark.parametrize(
+    "completion,runs,expected",
+    [
+        (call("calculator", ROW), True, 1.0),  # Hermes/Qwen
+        (json.dumps({"name": "calculator", "parameters": ROW}), True, 1.0),  # Llama 3.x: the whole turn
+        ("\n " + json.dumps({"name": "calculator", "parameters": ROW}) + "\n", True, 1.0),
+        (json.dumps({"name": "calculator", "arguments": ROW}), True, 1.0),  # bare, "arguments" as the key
+        (json.dumps({"name": "calculator", "parameters": {"expression": "1"}}), True, 0.0),  # wrong result
+        (json.dumps({"name": "calculator", "parameters": ROW}) + " so it is 409.5", False, 0.0),  # text after
+        ('{"name": "calculator", "parameters": {"expression": "0.175 * 2340"}', False, 0.0),  # unclosed
+        ("The answer: " + json.dumps({"name": "calculator", "parameters": ROW}), False, 0.0),  # not the whole turn
+    ],
+)
+def test_both_call_formats_score_as_the_environment_reads_them(completion, runs, expected):
+    """The reward reads a completion's calls with the environments' parser (grpolab.util.tool_calls): a Llama
+    3.x bare call scores as its Hermes block does, and what the environment would not run as a call scores 0."""
+    from grpolab.env.calls import ToolCall, parse_tool_calls
+
+    calls = parse_tool_calls(completion)
+    assert (bool(calls) and isinstance(calls[-1], ToolCall)) == runs  # what the environment reads
+    assert tool_call_score(completion, EX) == expected
+
+
+def test_the_reward_reads_what_the_environment_runs():
+    """Keys besides name and arguments are ignored and a missing "arguments" is {} (the environment runs such a
+    call); the last call is scored, an unclosed last block is no call, as the environment reads the turn."""
+    from grpolab.env.calls import ToolCall, parse_tool_calls
+
+    extra = '<tool_call>{"name": "calculator", "arguments": {"expression": "0.175*2340"}, "id": 1}</tool_call>'
+    assert isinstance(parse_tool_calls(extra)[0], ToolCall) and tool_call_score(extra, EX) == 1.0
+    no_args = '<tool_call>{"name": "calculator"}</tool_call>'
+    assert parse_tool_calls(no_args)[0].arguments == {}
+    assert tool_call_score(no_args, EX, partial_parse=0.1, partial_tool=0.2) == 0.2  # parsed; {} lacks "expression"
+    unclosed = call("calculator", ROW) + '<tool_call>{"name": "calculator"'
+    assert tool_call_score(unclosed, EX) == 0.0
+    assert tool_call_score(call("calculator", ROW), EX, max_chars=10) == 0.0  # the reward's own bound

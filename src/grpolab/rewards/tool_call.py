@@ -1,10 +1,13 @@
-"""The `tool_call` reward: one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, checked strictly.
+"""The `tool_call` reward: the completion's last tool call, read as the environments read it, checked strictly.
 
-The last `<tool_call>` block of the completion is scored in stages; each stage must pass before the
-next is tried, and the score is that of the last stage reached:
+The calls are read by the one tool-call parser, grpolab.util.tool_calls (the environments' too): Hermes/Qwen
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, or Llama 3.x's bare call, the whole
+completion one `{"name": ..., "parameters": {...}}` object. The last call read is scored in stages; each
+stage must pass before the next is tried, and the score is that of the last stage reached:
 
-    1. the payload is strict JSON (see strict_json_loads) of the form
-       {"name": str, "arguments": object} and nothing else            -> partial_parse
+    1. the last call parses (strict JSON, see strict_json_loads: a string "name", "arguments" (Llama:
+       "parameters") an object, or absent for {}; other keys ignored, as the environments ignore
+       them)                                                           -> partial_parse
     2. the name is one of the tools offered in example.meta["tools"]  -> partial_tool
     3. the arguments are valid against that tool's JSON schema        -> partial_args
     4. the call is right                                               -> 1.0
@@ -24,22 +27,20 @@ from functools import lru_cache
 import jsonschema
 
 from grpolab.batch import Example
-from grpolab.rewards.extract import last_tag_content
 from grpolab.rewards.tools import TOOL_FUNCTIONS, ToolError, run_tool
 from grpolab.util.fields import ConfigError
 from grpolab.util.strict_json import StrictJSONError, strict_json_loads
+from grpolab.util.tool_calls import ToolCall, parse_tool_calls
 from grpolab.util.values import plain_equal
 
+__all__ = ["StrictJSONError", "last_call", "make_tool_call", "strict_json_loads", "tool_call_score", "validate_args"]
 
-def parse_call(payload: str, *, max_chars: int = 4096, max_depth: int = 8) -> tuple[str, dict]:
-    """(name, arguments) of a tool-call payload, or StrictJSONError."""
-    obj = strict_json_loads(payload.strip(), max_chars=max_chars, max_depth=max_depth)
-    if type(obj) is not dict or set(obj) != {"name", "arguments"}:
-        raise StrictJSONError('expected exactly {"name": ..., "arguments": {...}}')
-    name, args = obj["name"], obj["arguments"]
-    if type(name) is not str or not 0 < len(name) <= 64 or type(args) is not dict:
-        raise StrictJSONError("name must be a short string and arguments an object")
-    return name, args
+
+def last_call(completion: str, *, max_chars: int = 4096, max_depth: int = 8) -> ToolCall | None:
+    """The completion's last tool call as grpolab.util.tool_calls reads it (a block longer than `max_chars`
+    or nested deeper than `max_depth` does not parse), or None when there is none or it does not parse."""
+    calls = parse_tool_calls(completion, max_chars=max_chars, max_depth=max_depth)
+    return calls[-1] if calls and isinstance(calls[-1], ToolCall) else None
 
 
 @lru_cache(maxsize=256)
@@ -71,15 +72,10 @@ def tool_call_score(
     tools = {t["name"]: t for t in meta.get("tools", [])}
     if not tools:
         raise ValueError("tool_call reward needs example.meta['tools']")
-    if len(completion) > 200_000:
-        completion = completion[-200_000:]
-    payload = last_tag_content(completion, "tool_call")
-    if payload is None:
+    call = last_call(completion, max_chars=max_chars, max_depth=max_depth)
+    if call is None:
         return 0.0
-    try:
-        name, args = parse_call(payload, max_chars=max_chars, max_depth=max_depth)
-    except StrictJSONError:
-        return 0.0
+    name, args = call.name, call.arguments
     if name not in tools:
         return partial_parse
     if not validate_args(tools[name].get("parameters", {"type": "object"}), args):

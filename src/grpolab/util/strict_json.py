@@ -4,7 +4,7 @@ Refused, each with a reason a model can read: text longer than `max_chars`, nest
 `max_depth` (checked by one linear scan before decoding, so a deep payload never reaches the decoder's
 recursion limit), NaN/Infinity, a non-finite or overlong number, an integer with more than
 `max_int_digits` digits, and a key written twice in one object. Used by the `tool_call` verifier and
-by the multi-turn tool-call parser (grpolab.env.calls).
+by the tool-call parser (grpolab.util.tool_calls).
 """
 
 from __future__ import annotations

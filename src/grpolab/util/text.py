@@ -7,7 +7,7 @@ result, an exception's message). Such a string cannot be encoded as UTF-8: a fas
 (`TypeError`), and writing it to a UTF-8 file raises `UnicodeEncodeError`.
 
 `safe_text(s)` is the one repair, applied where text enters the token stream, the metrics or a file
-(grpolab.env.calls for what the model's JSON decodes to, grpolab.env.runner for everything an environment
+(grpolab.util.tool_calls for what the model's JSON decodes to, grpolab.env.runner for everything an environment
 returns, grpolab.env.rollout for the model's decoded turns); each repair is counted by the caller
 (env/errors_invalid_unicode):
 
