@@ -9,6 +9,7 @@ saw, evaluate()'s keys, and that trainer.model is the object passed in, trained 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +24,9 @@ def reward_len(completions, **kwargs):
     return [len(c) / 10 for c in completions]
 
 
-def script(lib: str, model_dir, out, max_steps: int = 8, resume: bool = False) -> dict:
-    """The user's script; `lib` is the only thing that changes ("trl" or "grpolab")."""
+def script(lib: str, model_dir, out, max_steps: int = 8, resume: bool | str = False, keep: int | None = None) -> dict:
+    """The user's script; `lib` is the only thing that changes ("trl" or "grpolab"). resume: True, or a
+    checkpoint's path; keep: save_total_limit."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -53,6 +55,7 @@ def script(lib: str, model_dir, out, max_steps: int = 8, resume: bool = False) -
         steps_per_generation=2,
         logging_steps=1,
         save_steps=4,
+        save_total_limit=keep,
         eval_strategy="steps",
         eval_steps=4,
         per_device_eval_batch_size=4,
@@ -70,7 +73,7 @@ def script(lib: str, model_dir, out, max_steps: int = 8, resume: bool = False) -
         eval_dataset=ds.select(range(2)),
         callbacks=[RewardWatch()],
     )
-    result = trainer.train(resume_from_checkpoint=True if resume else None)
+    result = trainer.train(resume_from_checkpoint=resume or None)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -142,16 +145,113 @@ def test_the_model_object_is_trained_in_place(both):
         assert got["generated"][1] > 0 and got["state_file"] and got["is_main"], lib
 
 
+def _checkpoints(out) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
+
+
 def test_resume_from_checkpoint_trains_on_to_the_new_max_steps(tiny_model_dir, tmp_path):
-    """A finished 4-step run, then a new trainer (a fresh model object) with max_steps=8 and
-    resume_from_checkpoint=True: both train the 4 further optimizer steps. TRL's log_history also keeps the
-    first run's rows (restored from checkpoint-4/trainer_state.json); grpolab's starts at the resumed step
-    (docs/migrating-from-trl.md lists it)."""
+    """A finished 4-step run; transformers' get_last_checkpoint(output_dir) finds the same checkpoint-N under
+    both libraries (N in optimizer steps: num_iterations=2 x steps_per_generation=2 updates per generation),
+    from_pretrained loads it, its trainer_state.json is transformers' (global_step, max_steps, the log so far).
+    Then a new trainer (a fresh model object) with max_steps=8 and resume_from_checkpoint=that path: both train
+    the 4 further optimizer steps, log_history keeps the first run's rows up to its checkpoint before the new
+    ones, and save_total_limit=1 leaves checkpoint-8 alone."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+    from transformers.trainer_utils import get_last_checkpoint
+
     got = {}
     for lib in ("trl", "grpolab"):
-        first = script(lib, tiny_model_dir, tmp_path / lib, max_steps=4)
-        again = script(lib, tiny_model_dir, tmp_path / lib, max_steps=8, resume=True)
+        out = tmp_path / lib
+        first = script(lib, tiny_model_dir, out, max_steps=4, keep=1)
+        last = get_last_checkpoint(str(out))
+        model = AutoModelForCausalLM.from_pretrained(last)
+        state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+        again = script(lib, tiny_model_dir, out, max_steps=8, resume=last, keep=1)
         assert (first["global_step"], again["global_step"], again["max_steps"]) == (4, 8, 8), lib
         assert again["trained"] and again["same_object"], lib
-        got[lib] = [r["step"] for r in again["rows"] if r["step"] > 4]
+        got[lib] = {
+            "last": Path(last).name,
+            "loaded": type(model).__name__,
+            "state": (state["global_step"], state["max_steps"], [r["step"] for r in state["log_history"]]),
+            "steps": [r["step"] for r in again["rows"]],
+            "after": (Path(get_last_checkpoint(str(out))).name, _checkpoints(out)),
+        }
     assert got["grpolab"] == got["trl"]
+    assert got["trl"]["last"] == "checkpoint-4" and got["trl"]["after"] == ("checkpoint-8", ["checkpoint-8"])
+    assert got["trl"]["state"] == (4, 4, [1, 2, 3, 4, 4])  # 4 update rows and the evaluation at 4
+    # the first run's rows up to its checkpoint (its closing row and evaluate() came after it), then 4 more,
+    # the evaluation at 8, the closing row, evaluate()
+    assert got["trl"]["steps"] == [1, 2, 3, 4, 4, 5, 6, 7, 8, 8, 8, 8]
+
+
+def _reference(lib: str, model_dir, out, beta: float, peft: bool, train: bool = False) -> dict:
+    """trainer.ref_model as a script reads it, after construction (and after one optimizer update)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    mod = importlib.import_module(lib)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    peft_config = None
+    if peft:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = mod.GRPOConfig(
+        output_dir=str(out),
+        max_steps=1,
+        beta=beta,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        report_to="none",
+        bf16=False,
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+    )
+    trainer = mod.GRPOTrainer(
+        model=model,
+        processing_class=AutoTokenizer.from_pretrained(str(model_dir)),
+        reward_funcs=reward_len,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [f"Count to {i}" for i in range(4)]}),
+        peft_config=peft_config,
+    )
+    ref = trainer.ref_model
+    seen = {"ref": ref is None and None, "calls": 0}
+    if ref is not None:
+        state = ref.state_dict()
+        seen["ref"] = (type(ref).__name__, ref is not trainer.model, ref.training)
+        seen["initial"] = sorted(initial) == sorted(state) and all(torch.equal(initial[k], state[k]) for k in state)
+    if train:
+        held = ref
+        for m in ref.modules():  # the reference pass of the KL term runs this object
+            m.register_forward_hook(lambda *_: seen.__setitem__("calls", seen["calls"] + 1))
+        trainer.train()
+        state = trainer.ref_model.state_dict()
+        seen["after"] = (
+            trainer.ref_model is held,
+            all(torch.equal(initial[k], state[k]) for k in state),
+            any(not torch.equal(initial[k], v) for k, v in model.state_dict().items()),
+        )
+    return seen
+
+
+@pytest.mark.parametrize("beta, peft", [(0.0, False), (0.04, False), (0.04, True)], ids=["beta0", "beta", "peft"])
+def test_ref_model_is_trls(tiny_model_dir, tmp_path, beta, peft):
+    """trainer.ref_model: None without a KL term (beta=0.0) and with PEFT (the adapter off is the reference);
+    otherwise a separate model of the policy's class holding the initial weights, under both libraries."""
+    got = {lib: _reference(lib, tiny_model_dir, tmp_path / lib, beta, peft) for lib in ("trl", "grpolab")}
+    assert got["grpolab"] == got["trl"]
+    assert (got["trl"]["ref"] is None) == (beta == 0.0 or peft)
+
+
+def test_ref_model_is_the_reference_the_run_uses(tiny_model_dir, tmp_path):
+    """After train() grpolab's trainer.ref_model is still the object it held: the KL term's reference passes
+    ran it, its weights are the initial ones while the policy's moved."""
+    seen = _reference("grpolab", tiny_model_dir, tmp_path / "run", 0.04, False, train=True)
+    assert seen["calls"] > 0 and seen["after"] == (True, True, True)

@@ -317,6 +317,7 @@ def train(
     callbacks=None,
     policy=None,
     tokenizer=None,
+    reference=None,
     **settings,
 ) -> dict:
     """Train and return the summary (the dict written to OUT/summary.json).
@@ -338,7 +339,8 @@ def train(
     TrainerCallback): the run then ends as at its last step, with a checkpoint, summary and report
     (grpolab.training.callbacks). report_to= (a setting) picks the trackers (docs/metrics.md, "Trackers").
     policy, tokenizer: a model object and its tokenizer, trained in place instead of loading `model`
-    (which then only records where it came from; grpolab.app.trl_compat's GRPOTrainer passes them).
+    (which then only records where it came from; grpolab.app.trl_compat's GRPOTrainer passes them); reference:
+    a frozen copy of that model, the reference of the KL term (the GRPOTrainer's ref_model).
     """
     from rich.console import Console
 
@@ -402,6 +404,7 @@ def train(
                 callbacks=hooks,
                 policy=policy,
                 tokenizer=tokenizer,
+                reference=reference,
             )
 
 

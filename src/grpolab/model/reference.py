@@ -22,15 +22,23 @@ import contextlib
 
 import torch
 
-from grpolab.model.load import frozen_copy
+from grpolab.model.load import frozen_copy, prepare_policy
 from grpolab.model.lora import is_peft
 
 
 class FrozenCopy:
     """pi_ref as a frozen copy of the policy's initial weights."""
 
-    def __init__(self, policy):
-        self.frozen = frozen_copy(policy)
+    def __init__(self, policy, given=None):
+        """A frozen copy of `policy`; or `given`, a copy of the policy's initial weights the caller made and holds
+        (TRL's trainer.ref_model), made ready in place as the policy was (prepare_policy: fp32, the policy's
+        device, grpolab's attention) and frozen, so that what the caller holds is the reference the run uses."""
+        if given is None:
+            self.frozen = frozen_copy(policy)
+            return
+        self.frozen = prepare_policy(given, next(policy.parameters()).device).requires_grad_(False).eval()
+        if _shapes(self.frozen) != _shapes(policy):
+            raise ValueError("reference: the given model's weights are not the policy's (names or shapes differ)")
 
     @contextlib.contextmanager
     def model(self):
@@ -119,14 +127,21 @@ REFERENCES = {"copy": FrozenCopy, "adapter_off": AdapterOff}
 """Each kind of reference_kind but "none", and the class that holds it."""
 
 
-def reference_for(policy, kind: str) -> FrozenCopy | AdapterOff | None:
+def _shapes(model) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+def reference_for(policy, kind: str, given=None) -> FrozenCopy | AdapterOff | None:
     """The reference of `kind` (reference_kind) for a run that trains `policy`: None, a frozen copy, or
-    the policy with its adapter off (a peft policy)."""
+    the policy with its adapter off (a peft policy). given: the caller's own copy of the policy's initial
+    weights (TRL's trainer.ref_model), used as the frozen copy (FrozenCopy); only for kind "copy"."""
     if kind == "none":
         return None
     if kind == "adapter_off" and not is_peft(policy):
         raise ValueError("reference_for: adapter_off needs the LoRA (peft) policy; this one has no adapter")
-    return REFERENCES[kind](policy)
+    if given is not None and kind != "copy":
+        raise ValueError(f"reference_for: a given reference model serves as a frozen copy, not as {kind}")
+    return FrozenCopy(policy, given) if given is not None else REFERENCES[kind](policy)
 
 
 __all__ = ["AdapterOff", "FrozenCopy", "mix_into", "reference_for", "reference_kind", "synced_reference"]

@@ -47,7 +47,7 @@ import torch
 
 from grpolab.model.optim import load_state
 from grpolab.parallel import distributed
-from grpolab.training.retention import checkpoints_to_delete
+from grpolab.training.retention import checkpoints_to_delete, remove_checkpoint
 from grpolab.util.fileio import atomic_write, fsync_dir, read_jsonl
 
 CHECKPOINTS = "checkpoints"
@@ -288,7 +288,7 @@ def save_checkpoint(
     atomic_write(root / LATEST, final.name + "\n")
 
     for p in checkpoints_to_delete([p for _, p in _step_dirs(root)], keep_last, keep=final):
-        shutil.rmtree(p, ignore_errors=True)  # keep_last newest remain (grpolab.training.retention)
+        remove_checkpoint(p)  # keep_last newest remain, each with its views (grpolab.training.retention)
     return final
 
 

@@ -4,13 +4,17 @@ A checkpoint of the 135M model with its AdamW state is about 1.6 GB, so by defau
 (the one `--resume` continues) and, with save_best, the best model besides (a copy under another name,
 grpolab.training.checkpoint.save_model_copy); keep_checkpoints=0 keeps every one. The rule reads the
 list of complete step checkpoints that grpolab.training.checkpoint enumerates, so it holds whatever those
-directories are called.
+directories are called. A checkpoint goes with its views (OUT/checkpoint-N, grpolab.training.checkpoint_views):
+remove_checkpoint deletes those first, so that no checkpoint-N outlives the checkpoint it shows.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Collection, Sequence
 from pathlib import Path
+
+from grpolab.training.checkpoint_views import remove_views_of
 
 
 def checkpoints_to_delete(
@@ -27,3 +31,10 @@ def checkpoints_to_delete(
         return []
     others = [p for p in listed if p != keep]
     return [p for p in others[: max(0, len(others) - (keep_last - 1))] if p not in set(protect)]
+
+
+def remove_checkpoint(step_dir: Path) -> None:
+    """Delete step checkpoint `step_dir` (OUT/checkpoints/step-NNNNNN): its views OUT/checkpoint-N first, then
+    the directory, so that a crash in between leaves a checkpoint without a view, never a view without it."""
+    remove_views_of(step_dir)
+    shutil.rmtree(step_dir, ignore_errors=True)

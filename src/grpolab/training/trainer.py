@@ -103,6 +103,7 @@ def setup(
     dist=None,
     policy=None,
     tokenizer=None,
+    reference=None,
 ) -> Run:
     """Load models, task, rewards and optimizer. Raises ConfigError before writing anything.
 
@@ -111,7 +112,8 @@ def setup(
     same network with the adapter off (grpolab.model.reference). policy, tokenizer: a model object and its
     tokenizer built by the caller (TRL's model= and processing_class=), trained in place instead of loading
     cfg.model (grpolab.model.load.prepare_policy); a peft model keeps its adapter and trains it, its
-    reference the adapter off. cfg.model then only names where it came from (a directory, or not).
+    reference the adapter off. cfg.model then only names where it came from (a directory, or not). reference:
+    the caller's frozen copy of that model (TRL's trainer.ref_model), used as the reference of a KL term.
     """
     out = Path(cfg.out)
     if training:
@@ -171,7 +173,8 @@ def setup(
     if training and not adapter:
         policy = attach(policy, cfg.lora)  # lora.r > 0: a peft model, only the adapter trainable
     lora_r = cfg.lora.r or int(adapter)
-    ref = reference_for(policy, reference_kind(algo.beta, algo.adaptive_kl, lora_r)) if training else None
+    kind = reference_kind(algo.beta, algo.adaptive_kl, lora_r)
+    ref = reference_for(policy, kind, reference if kind == "copy" else None) if training else None
     if training and algo.adaptive_entropy:  # its coefficient goes into each checkpoint (entropy_control.pt)
         components["entropy_control"] = AdaptiveEntropy.from_algo(algo)
     if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
@@ -291,13 +294,15 @@ def train(
     callbacks=None,
     policy=None,
     tokenizer=None,
+    reference=None,
 ) -> dict:
     """Run `cfg.steps` steps (continuing the newest checkpoint when resuming). Returns the summary.
 
     report: writes OUT/report.html when cfg.report (the command line and grpolab.train pass
     grpolab.app.report.write_run_report); None writes none. callbacks: objects with hooks, or transformers
     TrainerCallbacks (grpolab.training.callbacks); one can stop the run after a step. policy, tokenizer: a
-    model object and its tokenizer to train in place instead of loading cfg.model (`setup`)."""
+    model object and its tokenizer to train in place instead of loading cfg.model (`setup`); reference: its frozen
+    copy, the KL term's reference (`setup`)."""
     from grpolab.training.progress import Progress, print_summary
 
     hooks = Callbacks(callbacks)  # checked before anything runs (ConfigError, exit 2)
@@ -310,7 +315,7 @@ def train(
     # resume=auto: continue the run in OUT if there is one (every rank decides before the barrier
     # below, so before rank 0 writes anything: all see the same OUT); otherwise a new run
     resume = check_out_dir(Path(cfg.out), resume, auto=cfg.resume == "auto")
-    run = setup(cfg, resume=resume, log=log, dist=d, policy=policy, tokenizer=tokenizer)
+    run = setup(cfg, resume=resume, log=log, dist=d, policy=policy, tokenizer=tokenizer, reference=reference)
     check_run(run, log)  # before step 1: a warning when grpolab plan puts the peak over the device's memory
     distributed.barrier(d)  # every rank has checked OUT before rank 0 writes into it
     start = resume_state(run, how) if resume else 0

@@ -21,6 +21,8 @@ trainer.train()                                  # trains `model` itself, in pla
 trainer.state.log_history                        # TRL's rows: per optimizer step, TRL's metric names
 trainer.evaluate()                               # {"eval_reward": ..., ...}
 trainer.save_model("runs/x/final")               # trainer.model's save_pretrained (a peft model: its adapter)
+get_last_checkpoint("runs/x")                    # runs/x/checkpoint-N (N in optimizer steps), from_pretrained loads it
+trainer.train(resume_from_checkpoint=True)       # or that path: a new trainer trains on to its max_steps
 ```
 
 The trainer is the object TRL scripts hold, with grpolab's run inside (the same run `grpolab train` drives):
@@ -31,7 +33,13 @@ in TRL's names and order, `best_metric` and `best_model_checkpoint` with `metric
 returns transformers' `TrainOutput` as TRL's; `evaluate(eval_dataset=None, metric_key_prefix="eval")`,
 `log_metrics`, `save_metrics`, `save_state`, `save_model`, `is_world_process_zero`, `accelerator` (one
 process's answers), `end()`, `create_model_card`, `train_dataset` / `eval_dataset`, `callback_handler`,
-`add_callback` / `pop_callback` / `remove_callback` do what TRL's do on one process. Callbacks get TRL's
+`add_callback` / `pop_callback` / `remove_callback` do what TRL's do on one process; `ref_model` is TRL's
+(None when `beta` is 0.0 or with PEFT, else a separate frozen model holding the initial weights: the one the
+KL term reads). Checkpoints are where transformers looks for them: beside each grpolab checkpoint
+(`OUT/checkpoints/step-NNNNNN`, N in generations) `OUT/checkpoint-N` (N in optimizer steps, TRL's
+`global_step`) holds hard links to its model and tokenizer files and transformers' `trainer_state.json`, so
+`get_last_checkpoint(OUT)` finds it, `from_pretrained` loads it, and `train(resume_from_checkpoint=...)`
+continues `state.log_history` from it as TRL does; `save_total_limit` removes both together. Callbacks get TRL's
 metric names in `logs` (`reward`, `reward_std`, `rewards/<fn>/mean`, `completions/mean_length`, `kl`,
 `entropy`, `clip_ratio/...`, `eval_reward`, ...); `metrics.jsonl` keeps grpolab's, and one table maps the two
 (docs/metrics.md, "TRL's names").
@@ -97,9 +105,9 @@ model"). A hub id is refused: grpolab never downloads.
 Differences that remain:
 - an `output_dir` that already holds a run is refused (TRL overwrites it); continue it with
   `trainer.train(resume_from_checkpoint=True)`, which trains on to this trainer's `max_steps`;
-- checkpoints are grpolab's `OUT/checkpoints/step-NNNNNN` (N in generations), not `OUT/checkpoint-N`, so
-  `transformers.trainer_utils.get_last_checkpoint(OUT)` finds none, and a resumed trainer's
-  `state.log_history` starts at the resumed step (the rows before it are in `metrics.jsonl`);
+- `OUT/checkpoint-N` holds the model, the tokenizer and `trainer_state.json`, not the optimizer, scheduler and
+  RNG states (those are in the grpolab checkpoint it stands beside), and `resume_from_checkpoint` continues
+  the run's newest checkpoint whichever `checkpoint-N` of the run it names;
 - TRL logs `clip_ratio/low_min`, `clip_ratio/high_max`, `eval_loss`, `eval_entropy` and `eval_clip_ratio/...`,
   which grpolab has no number for (its evaluation generates and scores, with no loss pass); they are left out
   of the rows. `entropy`, `kl` and the clip ratios are measured once per generation and repeated on each of

@@ -137,11 +137,25 @@ def wrapped_targets(model: Any, peft_config: Any):
     return model if peft_config is not None else None
 
 
+def reference_model(model, beta: float):
+    """TRL's trainer.ref_model: None when beta == 0.0 (no KL term) or for a peft model (its reference is the
+    same network with the adapter off); else a frozen copy of the model's weights as given (TRL loads the same
+    weights again from the model's directory), which the run then uses as its reference
+    (grpolab.model.reference.FrozenCopy): the object the trainer holds is the one the KL term reads."""
+    from grpolab.model.load import frozen_copy
+    from grpolab.model.lora import is_peft
+
+    if beta == 0.0 or is_peft(model):
+        return None
+    return frozen_copy(model)
+
+
 __all__ = [
     "check_peft",
     "lora_settings",
     "model_name",
     "policy_of",
+    "reference_model",
     "reward_specs",
     "source_of",
     "wrap_peft",

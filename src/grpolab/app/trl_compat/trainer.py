@@ -8,6 +8,8 @@
     trainer.state.log_history       # TRL's rows: per optimizer update, TRL's metric names
     trainer.evaluate()              # {"eval_reward": ..., ...}
     trainer.save_model()            # trainer.model (the trained weights) with save_pretrained
+    trainer.ref_model               # the KL term's frozen reference (None when beta == 0.0 or with PEFT)
+    get_last_checkpoint(OUT)        # OUT/checkpoint-N (N in optimizer steps; grpolab.training.checkpoint_views)
 
 It is one thin layer over the Run the command line drives (grpolab.app.api.train -> grpolab.training.trainer):
 the model object (or the one loaded from a name or directory here, as TRL loads it) and the tokenizer are
@@ -20,7 +22,6 @@ the command line).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from grpolab.app.trl_compat.inputs import (
     lora_settings,
     model_name,
     policy_of,
+    reference_model,
     reward_specs,
     source_of,
     wrap_peft,
@@ -132,13 +134,15 @@ class GRPOTrainer:
             check_peft(peft_config)  # before the model is loaded or wrapped
         module, self.processing_class = policy_of(model, processing_class)
         self.model = wrap_peft(module, peft_config)  # TRL wraps it here too: trainer.model is the peft model
+        self.beta = float(self.args.beta)
+        self.ref_model = reference_model(self.model, self.beta)  # the run's reference (train() hands it over)
         self.aux_loss_enabled = router_aux_loss(self.model, self.args, self.notes)
         self.recipe["lora"] = lora_settings(peft_config, path, wrapped=wrapped_targets(self.model, peft_config))
         self.model_wrapped = self.model
         self.accelerator = Accelerator()
         self.optimizer = self.lr_scheduler = None
         self.summary: dict | None = None
-        self._adapter = TrainerCallbackAdapter(list(callbacks or []), args=self.args)
+        self._adapter = TrainerCallbackAdapter(list(callbacks or []), args=self.args, views=True)
         self._adapter.handler.model, self._adapter.handler.processing_class = self.model, self.processing_class
         self.state = self._adapter.state = new_state(self.args, 0)
         self.control = TrainerControl()
@@ -257,6 +261,7 @@ class GRPOTrainer:
             "callbacks": [self._adapter],
             "policy": self.model,
             "tokenizer": self.processing_class,
+            "reference": self.ref_model,
         }
         if self.train_rows is not None:
             kwargs["dataset"] = self.train_rows
@@ -284,16 +289,14 @@ class GRPOTrainer:
         return path.parent if (path / "trainer_state.json").is_file() and not (path / "config.yaml").is_file() else path
 
     def _resumed_state(self, run: str):
-        """The TrainerState of the run's newest checkpoint (its log_history continued), or a new one."""
-        from transformers import TrainerState
-
+        """The TrainerState saved with the run's newest checkpoint, in its OUT/checkpoint-N (log_history, the
+        tokens seen, the best metric: continued as TRL continues them), or this trainer's own where there is none."""
         from grpolab.training.checkpoint import latest_checkpoint
+        from grpolab.training.checkpoint_views import saved_state
 
         ck = latest_checkpoint(Path(run))
-        saved = ck / "trainer_state.json" if ck is not None else None
-        if saved is not None and saved.is_file() and "log_history" in json.loads(saved.read_text()):
-            return TrainerState.load_from_json(str(saved))
-        return self.state
+        saved = saved_state(ck) if ck is not None else None
+        return saved if saved is not None else self.state
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """grpolab's held-out evaluation of trainer.model on eval_dataset (default: the trainer's), with TRL's

@@ -10,7 +10,8 @@ step is one generation and algo.mu x algo.steps_per_generation optimizer updates
                                         in TRL's names and order (grpolab.training.trl_names); evaluations as
                                         eval_... rows; the end's train_runtime/train_loss row
     on_evaluate(metrics=...)            after each evaluation row
-    on_save(checkpoint=path)            after a checkpoint is written (checkpoint: grpolab's addition)
+    on_save(checkpoint=path)            after a checkpoint is written (checkpoint: grpolab's addition; a
+                                        GRPOTrainer's run: its view OUT/checkpoint-N, written just before)
     on_epoch_end, on_train_end          at the end
 
 Each gets (args, state, control) and transformers' kwargs (model, processing_class, optimizer, lr_scheduler,
@@ -92,9 +93,10 @@ class TrainerCallbackAdapter:
 
     callbacks: TrainerCallbacks (instances or classes); args: what they get as `args` (None: the run's
     training_arguments); state: a TrainerState to continue (a resumed GRPOTrainer's), else one is made at
-    the start of the run."""
+    the start of the run; views: write OUT/checkpoint-N beside each checkpoint (a GRPOTrainer's run,
+    grpolab.training.checkpoint_views)."""
 
-    def __init__(self, callbacks=(), args=None, state=None):
+    def __init__(self, callbacks=(), args=None, state=None, views: bool = False):
         from transformers import DefaultFlowCallback, TrainerControl
         from transformers.trainer_callback import CallbackHandler
 
@@ -103,6 +105,7 @@ class TrainerCallbackAdapter:
             items.insert(0, DefaultFlowCallback)
         self.handler = CallbackHandler(items, None, None, None, None)
         self.args, self.state, self.control = args, state, TrainerControl()
+        self.views = views
         self.per = 1
         self.log: TrlLog | None = None
         self.started = 0.0
@@ -237,18 +240,39 @@ class TrainerCallbackAdapter:
         keys = [k for k in record if k != "step"]
         if not keys or not all(k.startswith("eval/") for k in keys):
             return
-        strategy = str(
-            getattr(getattr(self.args, "eval_strategy", "no"), "value", getattr(self.args, "eval_strategy", "no"))
-        )
+        strategy = self._strategy("eval_strategy", "no")
         at_start = int(record.get("step", 0)) == 0
         if strategy == "no" or (at_start and not getattr(self.args, "eval_on_start", False)):
             return
         self.evaluated(run_state, record)
 
     def on_save(self, run_state, checkpoint) -> None:
-        if checkpoint is not None and self.state.best_global_step == self.state.global_step:
+        """After grpolab's checkpoint `checkpoint` (rank 0; None elsewhere): with `views`, its view
+        OUT/checkpoint-N holding this state (grpolab.training.checkpoint_views), unless args.save_strategy is
+        "no" (TRL writes none then); then on_save, given the view (else grpolab's directory)."""
+        if checkpoint is not None and self.views and self._strategy("save_strategy", "steps") != "no":
+            from grpolab.training.checkpoint_views import view_name, write_view
+
+            if self.state.best_global_step == self.state.global_step:  # as the Trainer names it, before saving
+                self.state.best_model_checkpoint = str(Path(run_state.out) / view_name(self.state.global_step))
+            view = write_view(
+                Path(run_state.out), Path(checkpoint), self.state.global_step, self.state, self._stateful()
+            )
+            checkpoint = view if view is not None else checkpoint
+        elif checkpoint is not None and self.state.best_global_step == self.state.global_step:
             self.state.best_model_checkpoint = str(checkpoint)
         self._fire("on_save", run_state, checkpoint=checkpoint)  # grpolab's addition: the directory written
+
+    def _strategy(self, name: str, default: str) -> str:
+        value = getattr(self.args, name, default)
+        return str(getattr(value, "value", value))
+
+    def _stateful(self) -> list:
+        """The TrainerControl and the callbacks that are transformers ExportableStates (what a Trainer records
+        in state.stateful_callbacks at each checkpoint)."""
+        from transformers.trainer_callback import ExportableState
+
+        return [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
 
     def on_train_end(self, run_state, summary: dict) -> None:
         """on_epoch_end, the run's closing row (train_runtime, train_samples_per_second, train_steps_per_second,
