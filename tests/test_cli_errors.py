@@ -51,7 +51,7 @@ USAGE_ERRORS = {
     "batch_not_divisible": (["batch_size=10", "G=4"], ["batch_size", "G=4", "multiple"]),
     "temperature_zero": (["temperature=0"], ["temperature", "> 0"]),
     "top_p_too_big": (["top_p=1.5"], ["top_p", "(0, 1]"]),
-    "bad_precision": (["precision=fp8"], ["precision: must be one of auto, bf16, fp32; got 'fp8'"]),
+    "bad_precision": (["precision=fp8"], ["precision: must be one of auto, bf16, fp16, fp32; got 'fp8'"]),
     "bad_device": (["device=gpu"], ["device: must be one of auto, cpu, cuda, cuda:N", "'gpu'"]),
     "bad_list_element": (["reflection_phrases=[wait, 3]"], ["reflection_phrases[1]: must be a string, got 3"]),
     "bad_thread_wait": (["thread_wait=spin"], ["thread_wait", "passive", "'spin'"]),

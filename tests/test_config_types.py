@@ -111,7 +111,7 @@ def test_the_literals_agree_with_the_registries_they_name():
     assert WAIT_SETTINGS == typing.get_args(ThreadWait) == ("auto", "short", "brief", "passive", "active", "openmp")
     assert THREADS == typing.get_args(RewardThread) and KINDS == typing.get_args(EnvKind)
     assert KL_PLACEMENTS == typing.get_args(KlPlacement) == ("in_loss", "in_reward")
-    assert choices(field_types(Config)["precision"]) == ["auto", "bf16", "fp32"]
+    assert choices(field_types(Config)["precision"]) == ["auto", "bf16", "fp16", "fp32"]
 
 
 @pytest.mark.parametrize("key", sorted(SWITCHES))
@@ -126,8 +126,8 @@ def test_a_value_outside_a_switch_names_the_key_and_every_choice(key):
 
 
 def test_the_precision_message_in_full():
-    with pytest.raises(ConfigError, match=r"^precision: must be one of auto, bf16, fp32; got 'fp16'$"):
-        build_config(None, ["precision=fp16"])
+    with pytest.raises(ConfigError, match=r"^precision: must be one of auto, bf16, fp16, fp32; got 'fp8'$"):
+        build_config(None, ["precision=fp8"])
 
 
 def test_a_yaml_boolean_is_not_taken_for_a_choice():
@@ -205,7 +205,7 @@ def test_thread_wait_is_checked_by_its_type_before_torch():
 
 def test_help_lists_each_switch_values():
     text = help_text()
-    assert "\n  precision='auto'  one of: auto, bf16, fp32\n" in text
+    assert "\n  precision='auto'  one of: auto, bf16, fp16, fp32\n" in text
     assert "\n  device='auto'  one of: auto, cpu, cuda, cuda:N\n" in text
     assert "\n  rollout.correction='token_truncate'  one of: token_truncate, token_mask," in text
     assert "\n  algo.kl_placement='in_loss'  one of: in_loss, in_reward\n" in text
@@ -217,7 +217,7 @@ def test_the_configuration_page_lists_each_switch_values():
 
     page = render()
     row = next(line for line in page.splitlines() if line.startswith("| `precision` |"))
-    assert row.endswith("One of: `auto`, `bf16`, `fp32`. |"), row
+    assert row.endswith("One of: `auto`, `bf16`, `fp16`, `fp32`. |"), row
     row = next(line for line in page.splitlines() if line.startswith("| `env.tool_thread` |"))
     assert row.endswith("One of: `worker`, `main`. |"), row
 
@@ -230,9 +230,9 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_cli_refuses_a_wrong_switch_with_exit_2_before_loading_a_model(tmp_path):
-    res = _cli(["train", "precision=fp16", f"out={tmp_path / 'run'}"], tmp_path)
+    res = _cli(["train", "precision=fp8", f"out={tmp_path / 'run'}"], tmp_path)
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
-    assert "precision: must be one of auto, bf16, fp32; got 'fp16'" in res.stderr
+    assert "precision: must be one of auto, bf16, fp16, fp32; got 'fp8'" in res.stderr
     assert "Traceback" not in res.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written: no run directory, no model cache
 
@@ -240,7 +240,7 @@ def test_cli_refuses_a_wrong_switch_with_exit_2_before_loading_a_model(tmp_path)
 def test_cli_help_prints_the_choices(tmp_path):
     res = _cli(["train", "--help"], tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "  precision='auto'  one of: auto, bf16, fp32\n" in res.stdout
+    assert "  precision='auto'  one of: auto, bf16, fp16, fp32\n" in res.stdout
     assert "  thread_wait='auto'  one of: auto, short, brief, passive, active, openmp\n" in res.stdout
 
 

@@ -138,3 +138,51 @@ def test_two_training_steps_on_cuda(cuda_tiny_dir, tmp_path):
     assert all(r["memory/peak_mb"] > 0 for r in rows)  # the CUDA allocator's peak
     assert (out / "checkpoints" / "step-000002" / "model.safetensors").is_file()
     assert "device: cuda" in (out / "config.yaml").read_text()
+
+
+def test_two_fp16_training_steps_on_cuda_scale_the_loss_and_resume(cuda_tiny_dir, tmp_path, monkeypatch):
+    """precision=fp16 on the GPU: fp16 autocast, the loss scaled by GradScaler("cuda"); the scale is logged
+    and kept in each checkpoint, and a run resumed from step 1 ends with step 2's weights."""
+    import shutil
+
+    from e2e_helpers import changed, varied_score, weights
+
+    from grpolab import rewards as rewards_mod
+    from grpolab.app.cli import main
+
+    monkeypatch.setitem(rewards_mod.REWARDS, "test_varied", lambda: varied_score)
+    args = [
+        f"model={cuda_tiny_dir}",
+        "device=cuda",
+        "precision=fp16",
+        "rewards=[{name: test_varied}]",
+        "lr=1e-3",
+        "steps=2",
+        "batch_size=8",
+        "G=4",
+        "max_new_tokens=8",
+        "micro_batch=4",
+        "eval_size=4",
+        "save_every=1",
+        "keep_checkpoints=0",
+        "progress=false",
+        "report=false",
+    ]
+    out = tmp_path / "run"
+    assert main(["train", f"out={out}", *args]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["update/loss_scale"] > 0 and r["update/nonfinite_skipped"] == 0 for r in rows)
+    ck1, ck2 = (out / "checkpoints" / f"step-00000{i}" for i in (1, 2))
+    assert (ck2 / "loss_scale.pt").is_file()
+    assert changed(weights(ck1), weights(ck2)) or any(r["update/overflow_skipped"] for r in rows)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-000002")
+    (resumed / "checkpoints" / "latest").write_text("step-000001\n")
+    assert main(["train", "--resume", str(resumed), *args]) == 0
+    ck = resumed / "checkpoints" / "step-000002"
+    assert torch.load(ck / "loss_scale.pt", weights_only=True) == torch.load(ck2 / "loss_scale.pt", weights_only=True)
+    a, b = weights(ck2), weights(ck)
+    # within float noise: CUDA's backward may add in another order from run to run (atomics)
+    assert max(float((a[k].float() - b[k].float()).abs().max()) for k in a) < 1e-5

@@ -137,9 +137,11 @@ def test_model_init_kwargs_map():
     assert bf16[0]["precision"] == "bf16" and any("weights stay fp32" in n for n in bf16[1])
     assert trl_recipe(GRPOConfig(output_dir="o", model_init_kwargs={"dtype": torch.bfloat16}))[0]["precision"] == "bf16"
     assert trl_recipe(GRPOConfig(output_dir="o", model_init_kwargs='{"dtype": "bfloat16"}'))[0]["precision"] == "bf16"
+    fp16 = trl_recipe(GRPOConfig(output_dir="o", bf16=False, model_init_kwargs={"dtype": "float16"}))
+    assert fp16[0]["precision"] == "fp16" and any("fp16 compute (precision=fp16)" in n for n in fp16[1])
     for kwargs, match in (
         ({"trust_remote_code": True}, "never runs code from a model directory"),
-        ({"dtype": "float16"}, "float16 has no loss-scaled path"),
+        ({"dtype": "int8"}, "give float32, bfloat16, float16 or auto"),
         ({"quantization_config": {"load_in_4bit": True}}, "model_init_kwargs.quantization_config"),
     ):
         with pytest.raises(ConfigError, match=match):

@@ -135,10 +135,11 @@ def test_refused_fields_are_named_with_the_reason(field, value, words):
     assert words in str(e.value)
 
 
-def test_fp16_trains_in_fp32_on_a_cpu_as_trl_does_and_is_refused_on_a_gpu(monkeypatch):
+def test_fp16_trains_in_fp32_on_a_cpu_as_trl_does_and_loss_scaled_on_a_cuda_gpu(monkeypatch):
     """fp16=True on a CPU: accelerate (TRL's trainer) makes no fp16 autocast there and no grad scaler, so TRL
-    trains fp32; grpolab maps it to precision=fp32 and says so. On a GPU, where TRL scales an fp16 loss,
-    grpolab has no such path: refused, naming bf16. Both with bf16=True: transformers' error."""
+    trains fp32; grpolab maps it to precision=fp32 and says so. On a CUDA GPU, where TRL scales an fp16 loss,
+    precision=fp16 (autocast, GradScaler: grpolab.model.loss_scale); on MPS refused, naming bf16. Both with
+    bf16=True: transformers' error."""
     import torch
 
     accelerate = pytest.importorskip("accelerate")
@@ -149,6 +150,11 @@ def test_fp16_trains_in_fp32_on_a_cpu_as_trl_does_and_is_refused_on_a_gpu(monkey
     recipe, notes, _ = trl_recipe(GRPOConfig(fp16=True, use_cpu=True))
     assert recipe["precision"] == "fp32" and any("fp16=True on a CPU" in n for n in notes)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    recipe, notes, _ = trl_recipe(GRPOConfig(fp16=True))
+    assert recipe["precision"] == "fp16" and any("GradScaler" in n for n in notes)
+    assert trl_recipe(GRPOConfig(fp16=True, use_cpu=True))[0]["precision"] == "fp32"  # TRL trains on the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     with pytest.raises(ConfigError, match="fp16") as e:
         trl_recipe(GRPOConfig(fp16=True))
     assert "bf16=True" in str(e.value)

@@ -111,7 +111,7 @@ class VllmEngine:
         _environment()
         from vllm import LLM
 
-        self.dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        self.dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
         self.eager = settings.vllm_eager
         self.tokenizer, self.eos_ids, self.version = tokenizer, set(eos_ids), 0
         self.device, self.released = device, False

@@ -16,6 +16,9 @@ with bf16 support `auto` is bf16 (not measured: there it is the standard choice)
 printed, written to OUT/precision.json and reused on resume, so a resumed run computes in the same
 precision as the run it continues.
 
+`precision=fp16` (a CUDA GPU only) is fp16 autocast for both phases, the update's loss scaled
+(grpolab.model.loss_scale); it is never chosen by `auto`.
+
 Weights and optimizer state stay fp32 in every case; autocast supplies the low precision.
 """
 
@@ -41,7 +44,7 @@ WARMUP_UPDATE = {"rows": 1, "prompt": 4, "completion": 4}  # the update's warm-u
 SLOW_WARMUP = 3.0  # a bf16 warm-up this many times fp32's ends the phase: bf16 cannot pay there
 SMALL_MODEL_PARAMS = 10_000_000  # below this a matmul is too small for bf16 to pay: fp32, not measured
 FILE = "precision.json"
-NAMES = {None: "fp32", torch.bfloat16: "bf16"}
+NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 DTYPES = {v: k for k, v in NAMES.items()}
 RolloutProbe = Callable[..., float]
 """(model, dtype, *, rows, tokens) -> seconds of one rollout: the rollout engine's own timing."""
@@ -197,7 +200,7 @@ def choose(
     cache: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> Precision:
-    """The precision of a run: `setting` fp32 / bf16 as given; auto as described in this module's
+    """The precision of a run: `setting` fp32 / bf16 / fp16 as given; auto as described in this module's
     docstring. `recorded`: a precision.json of the run being resumed, which wins for auto; `rows`,
     `tokens`: the shape of its rollouts and `rollout_probe` the engine's timing of one (measure);
     `engine_rollout`: (dtype, why) of a rollout engine that does not decode with the policy
@@ -209,6 +212,8 @@ def choose(
         return Precision(None, None, "precision=fp32")
     if setting == "bf16":
         return Precision(torch.bfloat16, torch.bfloat16, "precision=bf16")
+    if setting == "fp16":  # loss-scaled in the update (grpolab.model.loss_scale, which says where it runs)
+        return Precision(torch.float16, torch.float16, "precision=fp16, the update's loss scaled")
     if recorded is not None and recorded.exists():
         data = json.loads(recorded.read_text())
         return Precision.from_json({**data, "reason": f"as recorded in {recorded} ({data.get('reason', '')})"})

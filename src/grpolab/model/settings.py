@@ -11,8 +11,9 @@ from typing import Annotated, Literal
 
 from grpolab.util.fields import Pattern
 
-PrecisionSetting = Literal["auto", "bf16", "fp32"]
-"""The `precision` setting: auto (grpolab.model.precision decides per phase), bf16 (autocast) or fp32."""
+PrecisionSetting = Literal["auto", "bf16", "fp16", "fp32"]
+"""The `precision` setting: auto (grpolab.model.precision decides per phase), bf16 (autocast), fp16 (autocast
+with loss scaling, CUDA only: grpolab.model.loss_scale) or fp32."""
 
 DeviceName = Literal["auto", "cpu", "cuda"]
 """The named `device` settings: auto (CUDA when present, else the CPU), cpu or cuda (the current GPU)."""

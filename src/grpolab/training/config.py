@@ -109,7 +109,7 @@ class Config:
     device: DeviceSetting = "auto"
     """auto (CUDA when present, else CPU), cpu, cuda (the current GPU) or cuda:N (the GPU of index N)."""
     precision: PrecisionSetting = "auto"
-    """auto (fp32 on a CPU without bf16 instructions, decided from the CPU in milliseconds; elsewhere per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, timed for a few seconds at start, remembered per machine and model shape in $GRPOLAB_CACHE/precision and kept on resume; bf16 on a bf16-capable GPU; docs/performance.md, "precision=auto"), bf16 or fp32. Weights and optimizer state stay fp32."""
+    """auto (fp32 on a CPU without bf16 instructions, decided from the CPU in milliseconds; elsewhere per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, timed for a few seconds at start, remembered per machine and model shape in $GRPOLAB_CACHE/precision and kept on resume; bf16 on a bf16-capable GPU; docs/performance.md, "precision=auto"), bf16, fp16 (a CUDA GPU only: fp16 autocast, the update's loss scaled by torch.amp.GradScaler, an overflowing update skipped and counted in update/overflow_skipped, the scale saved in each checkpoint; refused on a CPU, where bf16 is the low precision) or fp32. Weights and optimizer state stay fp32."""
     lm_head_fp32: bool = False
     """The LM head of the update's and the reference's passes in fp32 under a bf16 autocast (its input cast to fp32, the matmul and log-softmax in fp32): the log-probs and the ratio without bf16 rounding in the logits, as ScaleRL recommends (TRL's cast_lm_head_to_fp32). With precision fp32 every pass is fp32 already."""
     cpu_malloc: CpuMalloc = "keep"
@@ -495,6 +495,6 @@ def _option_lines(prefix: str, settings) -> list[str]:
 
 
 def _value_line(key: str, value, typ) -> str:
-    """`  KEY=value`, and for a switch the values its type allows: `  precision='auto'  one of: auto, bf16, fp32`."""
+    """`  KEY=value`, and for a switch the values its type allows: `  precision='auto'  one of: auto, bf16, fp16, fp32`."""
     allowed = choices(typ)
     return f"  {key}={value!r}" + (f"  one of: {', '.join(allowed)}" if allowed else "")

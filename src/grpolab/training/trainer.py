@@ -38,6 +38,7 @@ from grpolab.model.load import (
     prepare_tokenizer,
 )
 from grpolab.model.lora import attach, is_peft, trainable_parameters
+from grpolab.model.loss_scale import LOSS_SCALE, fp16_refusal, loss_scaler
 from grpolab.model.optim import adamw, build_scheduler
 from grpolab.model.reference import FrozenCopy, reference_for, reference_kind, synced_reference
 from grpolab.model.template import set_template_kwargs
@@ -157,6 +158,8 @@ def setup(
     log(f"rollout engine: {engine_name} ({why})")
     set_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # every prompt and conversation rendered
     fsdp = dist is not None and dist.fsdp  # FSDP2: loaded on the CPU, each rank's shard then moves to the device
+    if cfg.precision == "fp16" and (why := fp16_refusal(device, sharded=fsdp, critic=cfg.algo.uses_critic)):
+        raise ConfigError(why)  # before any model is loaded
     place = torch.device("cpu") if fsdp else device
     policy = prepare_policy(policy, place) if given else load_policy(path, place)
     policy.train()
@@ -179,6 +182,8 @@ def setup(
         components["entropy_control"] = AdaptiveEntropy.from_algo(algo)
     if ref is not None and algo.sync_ref_model:  # its moving weights go into each checkpoint (reference.pt)
         components["reference"] = synced_reference(ref, fsdp)
+    if training and cfg.precision == "fp16":  # its scale goes into each checkpoint (loss_scale.pt)
+        components[LOSS_SCALE] = loss_scaler(device)
     if fsdp:
         ref = sharding.shard_models(policy, ref, dist, device)
     prec = precision.choose(

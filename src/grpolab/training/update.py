@@ -7,8 +7,9 @@ shape -> advantages).
     for each epoch, each part:
         micro_batch_pass -> record_first_pass (first epoch: log pi_old, correction weights, entropy)
                          -> micro_batch_loss  (policy_loss + a critic's value loss, backpropagated)
-        optimizer_step                        clip, AdamW, schedule, critic, reference sync; a
-                                              non-finite update is skipped and counted
+        optimizer_step                        (fp16: unscale) clip, AdamW, schedule, critic, reference
+                                              sync; a non-finite update (fp16: an overflow) is skipped
+                                              and counted
     update_metrics(run, batch, u)             the update's report
 """
 
@@ -26,6 +27,7 @@ from grpolab.algo.masks import policy_masks
 from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.batch import Batch, Rollout
+from grpolab.model.loss_scale import LOSS_SCALE, finish_step, scale_loss, scale_of, unscale_and_clip
 from grpolab.model.passes import PassSpec, idle_pass, micro_batches, policy_logp, sampled_token_logp, slice_groups
 from grpolab.parallel.distributed import global_counts, sum_gradients
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
@@ -83,6 +85,7 @@ class Update:
     entropy_infos: list = field(default_factory=list)
     grad_norms: list = field(default_factory=list)
     n_nonfinite: int = 0
+    n_overflow: int = 0  # precision=fp16: updates skipped because the scaled gradient overflowed
     n_idle: int = 0
     n_synced: int = 0
 
@@ -188,7 +191,7 @@ def micro_batch_loss(
         entropy=entropy if needs_entropy(algo) else None,
     )
     loss, value_info = run.advantage.add_loss(loss, u.spec, sl, batch)
-    loss.backward()
+    scale_loss(run.components.get(LOSS_SCALE), loss).backward()  # precision=fp16: S * loss
     u.entropy_term += info.pop("loss/entropy_term", 0.0)
     u.loss_infos.append(({**info, **value_info}, float(sl.completion_mask.sum())))
     return float(loss.detach())
@@ -215,30 +218,33 @@ def adapt_entropy(run: Run, u: Update) -> None:
 
 
 def optimizer_step(run: Run, u: Update, loss_sum: float) -> None:
-    """The global-batch gradient, clipped (its norm recorded), then AdamW, the schedule, the critic and
-    the reference's sync; an update whose loss or gradient norm is not finite is skipped instead (the
-    weights stay as they were) and counted."""
+    """The global-batch gradient (precision=fp16: divided by the loss scale, grpolab.model.loss_scale),
+    clipped (its norm recorded), then AdamW, the schedule, the critic and the reference's sync; an update
+    whose loss or gradient norm is not finite is skipped instead (the weights stay as they were) and
+    counted. Under fp16 a finite loss with a non-finite gradient is the scaler's overflow: skipped as
+    GradScaler skips it, the scale halved, and counted apart (u.n_overflow), not toward
+    max_nonfinite_updates' stop; the schedule does not move on a skipped update (as transformers' Trainer)."""
     cfg, d = run.cfg, run.ranks
+    scaler = run.components.get(LOSS_SCALE)
     sum_gradients(d, run.policy.parameters())  # the global-batch gradient on every rank
     loss_sum, entropy_term = global_counts(d, loss_sum, u.entropy_term)
     u.entropy_term = 0.0
-    # max_norm inf measures the norm without clipping (the grads are multiplied by exactly 1)
-    norm = float(
-        torch.nn.utils.clip_grad_norm_(
-            run.policy.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        )
-    )
-    if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+    norm, overflow = unscale_and_clip(scaler, run.optimizer, run.policy.parameters(), cfg.max_grad_norm)
+    if overflow or not (math.isfinite(loss_sum) and math.isfinite(norm)):  # skip this update, keep the weights
+        finish_step(scaler, run.optimizer, apply=False)  # fp16: the scale backs off
         run.optimizer.zero_grad(set_to_none=True)
         run.advantage.discard()
-        u.n_nonfinite += 1
-        run.nonfinite_streak += 1
+        if overflow and math.isfinite(loss_sum):
+            u.n_overflow += 1
+        else:
+            u.n_nonfinite += 1
+            run.nonfinite_streak += 1
         u.updates.append(update_record(run, None, None))
         return
     if cfg.max_grad_norm > 0:
         u.grad_norms.append(norm)
     u.updates.append(update_record(run, norm, loss_sum, entropy_term))
-    run.optimizer.step()
+    finish_step(scaler, run.optimizer, apply=True)
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     run.advantage.step(cfg.max_grad_norm)
@@ -333,6 +339,8 @@ def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
     )
     if algo.sync_ref_model:
         metrics["ref/synced"] = float(u.n_synced)
+    if (scale := scale_of(run.components.get(LOSS_SCALE))) is not None:  # precision=fp16
+        metrics["update/overflow_skipped"], metrics["update/loss_scale"] = float(u.n_overflow), scale
     if (control := run.components.get("entropy_control")) is not None:  # the coefficient the next update applies
         metrics["entropy/coef"], metrics["entropy/coef_applied"] = control.coef, control.applied
     if algo.mask_truncated_completions:

@@ -162,7 +162,7 @@ GRPO_FIELDS: list[Entry] = [
         "map",
         "precision",
         model_init_kwargs,
-        "dtype bfloat16 -> precision=bf16 (weights stay fp32), float32 / auto -> as bf16 says; "
+        "dtype bfloat16 -> precision=bf16, float16 -> precision=fp16 (weights stay fp32), float32 / auto -> as bf16 says; "
         "attn_implementation, revision, device_map accepted with a note; trust_remote_code=True and "
         "other keys refused (grpolab.app.trl_compat.fields_model).",
     ),

@@ -5,7 +5,7 @@ See grpolab.app.trl_compat.entries for the kinds of entry."""
 from __future__ import annotations
 
 from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
-from grpolab.app.trl_compat.fields_model import NOTES
+from grpolab.app.trl_compat.fields_precision import bf16_setting, fp16_setting
 from grpolab.app.trl_compat.fields_schedule import scheduler, scheduler_kwargs
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
@@ -106,31 +106,6 @@ def _only(name: str, allowed: tuple, why: str):
         return {}
 
     return convert
-
-
-def _bf16(v, a) -> dict:
-    if a.get("fp16"):
-        return {}
-    return {"precision": {None: "auto", True: "bf16", False: "fp32"}[v]}
-
-
-def _fp16(v, a) -> dict:
-    """fp16=True where TRL 1.16 trains in fp32 (a CPU: accelerate makes neither an fp16 autocast nor a grad
-    scaler there) -> precision=fp32, with a note; on a GPU refused: grpolab has no loss-scaled fp16 path."""
-    if not v:
-        return {}
-    if a.get("bf16"):
-        raise fail("fp16", v, "At most one of fp16 and bf16 can be True, but not both (as transformers says)")
-    import torch
-
-    if a.get("use_cpu") or not (torch.cuda.is_available() or torch.backends.mps.is_available()):
-        return {
-            "precision": "fp32",
-            NOTES: ["fp16=True on a CPU: trained in fp32, as TRL 1.16 trains it there (no fp16 autocast on a CPU)"],
-        }
-    raise fail(
-        "fp16", v, "grpolab has no fp16 (loss-scaled) path on a GPU; use bf16=True (fp32 weights, bf16 autocast)"
-    )
 
 
 def _report_to(v, a) -> dict:
@@ -282,7 +257,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         None,
         "map",
         "precision",
-        _bf16,
+        bf16_setting,
         "None (TRL: bf16 unless fp16) -> precision=auto: bf16 autocast on a bf16 GPU, on a CPU only where "
         "measured faster; True -> bf16; False -> fp32. Weights stay fp32, as in TRL.",
     ),
@@ -291,9 +266,11 @@ TRAINING_ARGUMENTS: list[Entry] = [
         False,
         "map",
         "precision",
-        _fp16,
-        "True on a CPU (use_cpu=True, or no GPU) -> precision=fp32, as TRL trains it there (accelerate has no "
-        "fp16 autocast on a CPU); on a GPU refused: grpolab has no loss-scaled fp16 path, use bf16=True.",
+        fp16_setting,
+        "True on a CUDA GPU -> precision=fp16: fp16 autocast, the loss scaled by torch.amp.GradScaler (an "
+        "overflowing update skipped, the scale kept in checkpoints), weights fp32, as TRL; on a CPU (use_cpu=True, "
+        "or no GPU) -> precision=fp32, as TRL trains it there (accelerate has no fp16 autocast on a CPU); on MPS "
+        "refused (use bf16=True).",
     ),
     ignore("bf16_full_eval", False, EVAL_LOOP),
     ignore("fp16_full_eval", False, EVAL_LOOP),

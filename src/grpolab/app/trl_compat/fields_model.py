@@ -6,8 +6,9 @@ So each key means:
 
     dtype               float32 / None (TRL's default): fp32 weights, as grpolab's, precision as bf16 says;
                         bfloat16: bf16 compute (precision=bf16; grpolab keeps fp32 master weights, TRL
-                        would hold the weights in bf16); auto: the checkpoint's dtype, which grpolab does
-                        not take (fp32 weights, precision as bf16 says); float16: refused (no fp16 path)
+                        would hold the weights in bf16); float16: precision=fp16 (fp16 autocast, the loss
+                        scaled; a CUDA GPU only, refused elsewhere by the run); auto: the checkpoint's dtype,
+                        which grpolab does not take (fp32 weights, precision as bf16 says)
     attn_implementation accepted: grpolab chooses the attention kernel itself (the same numbers)
     revision            accepted: a local directory has one revision (grpolab never reads the hub)
     trust_remote_code   True refused: grpolab never runs code from a model directory
@@ -28,7 +29,7 @@ from grpolab.app.trl_compat.entries import fail
 NOTES = "__notes__"
 """The key under which a conversion returns notes (not a setting)."""
 
-DTYPES = {None: None, "float32": None, "bfloat16": "bf16", "auto": None}
+DTYPES = {None: None, "float32": None, "bfloat16": "bf16", "float16": "fp16", "auto": None}
 """model_init_kwargs.dtype -> grpolab's precision (None: as bf16 / precision say)."""
 
 ACCEPTED = {
@@ -66,12 +67,13 @@ def model_init_kwargs(v: Any, a: dict) -> dict:
                 raise fail(
                     f"model_init_kwargs.{key}",
                     value,
-                    "grpolab keeps fp32 weights and computes in fp32 or bf16: give float32, bfloat16 or auto "
-                    "(float16 has no loss-scaled path here)",
+                    "grpolab keeps fp32 weights and computes in fp32, bf16 or fp16: give float32, bfloat16, "
+                    "float16 or auto",
                 )
             if DTYPES[name] is not None:
                 out["precision"] = DTYPES[name]
-                notes.append(f"model_init_kwargs.{key}={name}: bf16 compute (precision=bf16); weights stay fp32")
+                prec = DTYPES[name]
+                notes.append(f"model_init_kwargs.{key}={name}: {prec} compute (precision={prec}); weights stay fp32")
             elif name == "auto":
                 notes.append(f"model_init_kwargs.{key}=auto: grpolab loads fp32 weights whatever the checkpoint holds")
         elif key == "trust_remote_code":

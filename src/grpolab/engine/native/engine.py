@@ -16,6 +16,7 @@ from grpolab.engine.base import Sampling, TurnLimits
 from grpolab.engine.native.decoder import lean_decodes, model_type_of
 from grpolab.engine.native.generate import generate
 from grpolab.engine.native.turns import Respond, Trajectory, generate_turns
+from grpolab.model.precision import NAMES
 from grpolab.parallel.fsdp import gathered
 
 
@@ -39,7 +40,7 @@ class NativeEngine:
 
     def describe(self) -> str:
         how = "lean decode step" if self.lean else "the model's own forward"
-        return f"native ({how}, {'bf16' if self.dtype == torch.bfloat16 else 'fp32'})"
+        return f"native ({how}, {NAMES[self.dtype]})"
 
     def generate(
         self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int, generator: torch.Generator | None = None

@@ -1,0 +1,40 @@
+"""TRL's compute fields in grpolab's terms: bf16 and fp16 (the `precision` setting). Part of the mapping table (grpolab.app.trl_compat.fields_hf holds their entries)."""
+
+from __future__ import annotations
+
+from grpolab.app.trl_compat.entries import fail
+from grpolab.app.trl_compat.fields_model import NOTES
+
+
+def bf16_setting(v, a) -> dict:
+    """bf16: None -> precision=auto, True -> bf16, False -> fp32 (fp16=True decides instead: fp16_setting)."""
+    if a.get("fp16"):
+        return {}
+    return {"precision": {None: "auto", True: "bf16", False: "fp32"}[v]}
+
+
+def fp16_setting(v, a) -> dict:
+    """fp16=True on a CUDA GPU -> precision=fp16: fp16 autocast with the loss scaled by torch.amp.GradScaler,
+    as TRL trains it there through accelerate (grpolab.model.loss_scale); where TRL 1.16 trains in fp32 (a
+    CPU: accelerate makes neither an fp16 autocast nor a grad scaler there) -> precision=fp32, with a note;
+    on an Apple GPU (MPS) refused: grpolab's scaler runs on CUDA."""
+    if not v:
+        return {}
+    if a.get("bf16"):
+        raise fail("fp16", v, "At most one of fp16 and bf16 can be True, but not both (as transformers says)")
+    import torch
+
+    if not a.get("use_cpu") and torch.cuda.is_available():
+        return {
+            "precision": "fp16",
+            NOTES: ["fp16=True: fp16 autocast, the loss scaled by torch.amp.GradScaler; weights stay fp32, as in TRL"],
+        }
+    if a.get("use_cpu") or not torch.backends.mps.is_available():
+        return {
+            "precision": "fp32",
+            NOTES: ["fp16=True on a CPU: trained in fp32, as TRL 1.16 trains it there (no fp16 autocast on a CPU)"],
+        }
+    raise fail("fp16", v, "grpolab's loss-scaled fp16 runs on CUDA GPUs, not on MPS; use bf16=True")
+
+
+__all__ = ["bf16_setting", "fp16_setting"]
