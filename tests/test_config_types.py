@@ -25,7 +25,7 @@ OPEN_STRINGS = {
     "out": "a directory path",
     "model": "a model name, directory or .gguf file",
     "task": "a name of grpolab.tasks.TASKS, a registry filled by code",
-    "save_best": "an eval metric, eval/pass@K for any K (a pattern checked by training.config.eval_checks)",
+    "save_best": "an eval metric, eval/pass@K for any K (a pattern checked by training.config_checks.eval_checks)",
     "run_name": "free text",
     "project": "free text",
     "report_to": "names of grpolab.training.trackers.TRACKERS, a registry filled by code",
@@ -38,6 +38,7 @@ OPEN_STRINGS = {
     "algo.reward_aggregation": "a registry (config.algo_choices)",
     "env.name": "a built-in environment or a module:Name / file.py:Name spec",
     "lora.target_modules": "all-linear or layer names",
+    "compile_backend": "torch._dynamo's backends, a registry filled by torch and plugins (model.compiling checks it)",
 }
 """The string settings whose values are open-ended, each with why; every other string setting is a switch."""
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from grpolab.algo.gae import completion_values
 from grpolab.batch import GroupSlice, Rollout
 from grpolab.model.checkpointing import checkpointed
+from grpolab.model.compiling import Compiler, compiled
 from grpolab.model.logprobs import grouped_completion_logp
 
 
@@ -39,6 +40,8 @@ class PassSpec:
     """Activation checkpointing of the policy's decoder layers in the update pass (grpolab.model.checkpointing)."""
     head_fp32: bool = False
     """The LM head in fp32 whatever the autocast (grpolab.model.logprobs; the run's lm_head_fp32)."""
+    compiler: Compiler | None = None
+    """torch.compile's options for the policy's decoder layers in the update pass; None: eager (grpolab.model.compiling)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the passes (a no-op in fp32)."""
@@ -171,10 +174,11 @@ def sampled_token_logp(
 def policy_logp(
     spec: PassSpec, policy: nn.Module, part: GroupSlice, *, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """slice_logp of the policy on `part`, its decoder layers checkpointed when spec.checkpoint; sharded, a
+    """slice_logp of the policy on `part`, its decoder layers checkpointed when spec.checkpoint, compiled when
+    spec.compiler; sharded, a
     one-column slice gets a masked second column so that the pass makes the same module calls (and so
     the same collectives) on every rank."""
-    with checkpointed(policy, spec.checkpoint):
+    with checkpointed(policy, spec.checkpoint), compiled(policy, spec.compiler):
         if not is_sharded(policy) or part.width > 1:
             return slice_logp(spec, policy, part, with_entropy=with_entropy)
         wide = GroupSlice(

@@ -15,6 +15,9 @@ PrecisionSetting = Literal["auto", "bf16", "fp16", "fp32"]
 """The `precision` setting: auto (grpolab.model.precision decides per phase), bf16 (autocast), fp16 (autocast
 with loss scaling, CUDA only: grpolab.model.loss_scale) or fp32."""
 
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+"""The `compile_mode` setting: torch.compile's modes (grpolab.model.compiling)."""
+
 DeviceName = Literal["auto", "cpu", "cuda"]
 """The named `device` settings: auto (CUDA when present, else the CPU), cpu or cuda (the current GPU)."""
 CudaDevice = Annotated[str, Pattern(r"cuda:\d+", "cuda:N", "the CUDA GPU of index N")]

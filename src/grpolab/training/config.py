@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +21,10 @@ from grpolab.algo.schedules import LrScheduler, schedule_options
 from grpolab.engine.settings import Decoder, RolloutConfig, validate_rollout
 from grpolab.env.settings import EnvConfig, validate_env
 from grpolab.model.lora import LoraConfig, validate_lora
-from grpolab.model.settings import DeviceSetting, PrecisionSetting
+from grpolab.model.settings import CompileMode, DeviceSetting, PrecisionSetting
 from grpolab.parallel.allocator import CpuMalloc
 from grpolab.rewards.contract import RewardThread
+from grpolab.training.config_checks import compile_checks, eval_checks
 from grpolab.training.ranges import range_checks
 from grpolab.training.recipe import deep_update, merge_into, parse_overrides
 from grpolab.util.fields import ConfigError, choices, coerce_field, field_docs, field_types
@@ -70,6 +70,12 @@ class Config:
     """Sequences per forward/backward pass (gradient accumulation), rounded to whole groups of G (at least one group); only memory and speed depend on it."""
     grad_checkpointing: bool = False
     """Activation checkpointing of the policy's decoder layers in the update: each layer keeps only its input and is recomputed in the backward, for less memory per micro-batch and one more forward pass of the layers (grpolab.model.checkpointing; `grpolab plan` shows what it saves)."""
+    compile: bool = False
+    """torch.compile the policy's decoder layers in the update's forward and backward (grpolab.model.compiling; TRL's torch_compile). The first update pays the compilation, and each new shape of a micro-batch another (docs/performance.md, "compile=true"; on a CPU inductor needs a C++ compiler); later updates run compiled. Same gradients within float rounding. Refused with grad_checkpointing (its replay restores the layer's KV-cache slot from Python, which dynamo cannot trace: the layers would run eager) and with fsdp."""
+    compile_backend: str = "inductor"
+    """torch.compile's backend (TRL's torch_compile_backend): inductor, or another name torch._dynamo.list_backends() gives."""
+    compile_mode: CompileMode = "default"
+    """torch.compile's mode (TRL's torch_compile_mode)."""
     max_new_tokens: int = 32
     """Completion length limit in tokens; a completion that reaches it is flagged truncated."""
     temperature: float = 1.0
@@ -236,39 +242,6 @@ def check_sampling_kwargs(cfg: Config) -> None:
             raise ConfigError(f"generation_kwargs.{key}: {msg}, got {cfg.generation_kwargs[key]!r}")
 
 
-def eval_checks(cfg: Config) -> list[tuple[bool, str, str]]:
-    """The evaluation settings' checks, as (ok, key, message) rows of validate()."""
-    metric = cfg.save_best or "eval/accuracy"
-    m = re.fullmatch(r"eval/(accuracy|reward|pass@(\d+))", metric)
-    n = max(1, cfg.eval_num_generations)
-    return [
-        (cfg.eval_steps >= 0, "eval_steps", "must be >= 0 (0: evaluate only before and after training)"),
-        (cfg.eval_num_generations >= 0, "eval_num_generations", "must be >= 0 (0: one greedy completion per prompt)"),
-        (cfg.eval_temperature > 0, "eval_temperature", "must be > 0"),
-        (
-            m is not None,
-            "save_best",
-            f"{metric!r} is not an eval metric; use eval/accuracy, eval/reward or eval/pass@K",
-        ),
-        (
-            m is None or m.group(2) is None or 1 <= int(m.group(2)) <= n,
-            "save_best",
-            f"{metric}: K must be between 1 and eval_num_generations={cfg.eval_num_generations} (greedy: only pass@1)",
-        ),
-        (
-            not (cfg.save_best or cfg.eval_stop_at is not None) or cfg.eval_size > 0,
-            "eval_size",
-            "must be > 0 for save_best or eval_stop_at (they read the held-out evaluation)",
-        ),
-        (
-            cfg.eval_stop_at is None or cfg.eval_steps > 0,
-            "eval_stop_at",
-            "needs eval_steps > 0 (the run evaluates only before and after training otherwise)",
-        ),
-        (not cfg.save_best or not cfg.fsdp, "save_best", "is not supported with fsdp=true (the model is sharded)"),
-    ]
-
-
 def _default_reflection_phrases() -> list[str]:
     from grpolab.training.diagnostics import DEFAULT_REFLECTION_PHRASES
 
@@ -377,6 +350,7 @@ def validate(cfg: Config) -> None:
         (cfg.eval_size >= 0, "eval_size", "must be >= 0"),
         (cfg.eval_batch >= 1, "eval_batch", "must be >= 1"),
         *eval_checks(cfg),
+        *compile_checks(cfg),
         (cfg.save_every >= 0, "save_every", "must be >= 0"),
         (cfg.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0 (0 keeps every checkpoint)"),
         (cfg.samples_per_step >= 0, "samples_per_step", "must be >= 0"),

@@ -21,6 +21,7 @@ from torch import nn
 from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine.base import RolloutEngine, Sampling
 from grpolab.engine.native.sampling import is_plain
+from grpolab.model.compiling import Compiler, check_compiler
 from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
@@ -205,7 +206,10 @@ def samples_plainly(sampling: Sampling) -> bool:
 
 def pass_spec_of(cfg: Config, device: torch.device, amp_dtype: torch.dtype | None) -> PassSpec:
     """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
-    scoring passes, sampling temperature, micro-batch size, activation checkpointing of the update."""
+    scoring passes, sampling temperature, micro-batch size, activation checkpointing and torch.compile of the
+    update (a backend that cannot compile on `device`: ConfigError, grpolab.model.compiling.check_compiler)."""
+    compiler = Compiler(cfg.compile_backend, cfg.compile_mode) if cfg.compile else None
+    check_compiler(compiler, device)
     return PassSpec(
         device,
         amp_dtype,
@@ -213,6 +217,7 @@ def pass_spec_of(cfg: Config, device: torch.device, amp_dtype: torch.dtype | Non
         cfg.micro_batch,
         checkpoint=cfg.grad_checkpointing,
         head_fp32=cfg.lm_head_fp32,
+        compiler=compiler,
     )
 
 

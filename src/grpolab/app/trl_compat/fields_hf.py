@@ -5,7 +5,12 @@ See grpolab.app.trl_compat.entries for the kinds of entry."""
 from __future__ import annotations
 
 from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
-from grpolab.app.trl_compat.fields_precision import bf16_setting, fp16_setting
+from grpolab.app.trl_compat.fields_precision import (
+    bf16_setting,
+    fp16_setting,
+    read_with_torch_compile,
+    torch_compile_setting,
+)
 from grpolab.app.trl_compat.fields_schedule import scheduler, scheduler_kwargs
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
@@ -282,9 +287,18 @@ TRAINING_ARGUMENTS: list[Entry] = [
         "grpolab checkpoints each decoder layer (non-reentrant); "
         "the kwargs choose a torch.utils.checkpoint variant, same gradients",
     ),
-    refuse("torch_compile", False, "grpolab does not torch.compile the policy"),
-    refuse("torch_compile_backend", None, "grpolab does not torch.compile the policy"),
-    refuse("torch_compile_mode", None, "grpolab does not torch.compile the policy"),
+    Entry(
+        "torch_compile",
+        False,
+        "map",
+        "compile",
+        torch_compile_setting,
+        "True (or a backend or mode given) -> compile=true: torch.compile of the policy's decoder layers in the "
+        "update (the first update compiles; on a CPU inductor needs a C++ compiler); refused with "
+        "gradient_checkpointing=True, TRL's default (grpolab's checkpointed layers cannot be compiled): set it False.",
+    ),
+    Entry("torch_compile_backend", None, "map", "compile_backend", read_with_torch_compile, "None -> inductor."),
+    Entry("torch_compile_mode", None, "map", "compile_mode", read_with_torch_compile, "None -> default."),
     refuse("use_liger_kernel", False, "grpolab has no Liger kernels (its own lm_head pass is chunked)"),
     refuse("liger_kernel_config", None, "grpolab has no Liger kernels"),
     ignore("use_cache", False, "the rollout always decodes with a KV cache and the training pass never keeps one"),

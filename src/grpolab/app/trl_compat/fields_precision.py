@@ -1,9 +1,11 @@
-"""TRL's compute fields in grpolab's terms: bf16 and fp16 (the `precision` setting). Part of the mapping table (grpolab.app.trl_compat.fields_hf holds their entries)."""
+"""TRL's compute fields in grpolab's terms: bf16 and fp16 (the `precision` setting), torch_compile with its
+backend and mode (`compile`, grpolab.model.compiling). Part of the mapping table (grpolab.app.trl_compat.fields_hf holds their entries)."""
 
 from __future__ import annotations
 
 from grpolab.app.trl_compat.entries import fail
 from grpolab.app.trl_compat.fields_model import NOTES
+from grpolab.training.config_checks import COMPILE_WITH_CHECKPOINTING
 
 
 def bf16_setting(v, a) -> dict:
@@ -37,4 +39,25 @@ def fp16_setting(v, a) -> dict:
     raise fail("fp16", v, "grpolab's loss-scaled fp16 runs on CUDA GPUs, not on MPS; use bf16=True")
 
 
-__all__ = ["bf16_setting", "fp16_setting"]
+def torch_compile_setting(v, a) -> dict:
+    """torch_compile=True, or a torch_compile_backend / torch_compile_mode given (transformers then turns it on)
+    -> compile=true, compile_backend (TRL's None: inductor, as transformers sets it), compile_mode (None:
+    default). With gradient_checkpointing=True (TRL's default) refused: grpolab's checkpointed layers cannot be
+    compiled (COMPILE_WITH_CHECKPOINTING)."""
+    backend, mode = a.get("torch_compile_backend"), a.get("torch_compile_mode")
+    if not (v or backend is not None or mode is not None):
+        return {}
+    if a.get("gradient_checkpointing"):
+        why = COMPILE_WITH_CHECKPOINTING.replace(
+            "compile=true with grad_checkpointing=true", "with gradient_checkpointing=True"
+        )
+        raise fail("torch_compile", v, why)
+    return {"compile": True, "compile_backend": backend or "inductor", "compile_mode": mode or "default"}
+
+
+def read_with_torch_compile(v, a) -> dict:
+    """torch_compile_backend / torch_compile_mode: their settings are written by torch_compile_setting."""
+    return {}
+
+
+__all__ = ["bf16_setting", "fp16_setting", "read_with_torch_compile", "torch_compile_setting"]
