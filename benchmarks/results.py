@@ -347,12 +347,17 @@ def trl_config(name: str, c: dict) -> str:
     return f"TRL {c['precision']} (gradient_checkpointing={ckpt}{', its default' if ckpt else ''})"
 
 
+def cpu_words(run: dict) -> str:
+    """ ", torch at AVX2": the instruction set torch's CPU kernels ran at, as grpolab bench recorded it ("" if not)."""
+    isa = run.get("cpu", {})
+    return f", torch at {isa['capability']}" if isa.get("capability") else ""
+
+
 def floor_entries(run: dict, command: str) -> list[dict]:
     """bench-floor entries of a `grpolab bench --against none` run: each phase's seconds against its floor."""
     spec, fl = run["spec"], run["floor"]
     c = run["configs"]["grpolab"]
-    isa = run.get("cpu", {})
-    where = f", torch at {isa['capability']}" if isa.get("capability") else ""
+    where = cpu_words(run)
     out = []
     for row in fl["rows"]:
         if not row["floor_s"]:
@@ -400,7 +405,7 @@ def from_bench(run: dict, command: str) -> list[dict]:
         setting = (
             f"({spec['setting']}) {spec['new_tokens']} tokens, beta {spec['beta']:g}, lora_r "
             f"{spec['lora_r']}, engine {engine}, grpolab {c['precision']} vs {trl_config(best, trl[best])}, "
-            f"the fastest of {len(trl)} TRL configuration{'s' if len(trl) > 1 else ''}"
+            f"the fastest of {len(trl)} TRL configuration{'s' if len(trl) > 1 else ''}{cpu_words(run)}"
         )
         if spec.get("busy"):  # both sides beside the same busy processes (grpolab bench --busy)
             setting += f", beside {spec['busy']} busy processes"
