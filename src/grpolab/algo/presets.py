@@ -192,6 +192,11 @@ class AlgoConfig:
     entropy_target: float = 0.2
     """Target mean token entropy (nats) of the adaptive entropy control, measured over the tokens the policy
     term reads (the high-entropy ones with top_entropy_quantile < 1)."""
+    router_aux_loss_coef: float | None = None
+    """Weight c of a mixture-of-experts model's router load-balancing loss (Switch Transformer's aux,
+    grpolab.algo.router): each micro-batch adds c * aux / micro-batches (TRL 1.16's router_aux_loss_coef).
+    null: the model config's router_aux_loss_coef where the model returns router logits (Mixtral, Qwen2-MoE,
+    Qwen3-MoE, ...), else 0; 0: off. Dense models: nothing asked, nothing computed (another value is an error)."""
 
     @property
     def kl_in_loss(self) -> bool:

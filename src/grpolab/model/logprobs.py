@@ -90,6 +90,7 @@ def grouped_completion_logp(
     temperature: float = 1.0,
     with_entropy: bool = False,
     head_fp32: bool = False,
+    router=None,
 ):
     """`completion_logp` for groups that share a prompt, running each prompt through the model once.
 
@@ -98,10 +99,20 @@ def grouped_completion_logp(
     and the completions attend to them (autograd flows back through the repeat), so a group costs
     P + G*C token positions instead of G*(P + C). Same numbers as `completion_logp` on the repeated
     prompts, up to float rounding.
+
+    router: a grpolab.model.moe.RouterLogits that collects a mixture of experts' router logits (the
+    backbone asked for them): the prompt's tokens weighted G (each stands for its G copies), the
+    completions' by their mask, the last completion token included (it predicts nothing, but a pass over
+    the whole sequences routes it), so that they are the router logits of the G * (P + C) positions.
     """
     body = backbone(model)
     P = prompt_ids.shape[1]
-    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True)
+    routed = {} if router is None else {"output_router_logits": True}
+    out = body(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True, **routed
+    )
+    if router is not None:
+        router.add(out.router_logits, prompt_mask * G)
     cache = cache_of(out)
     h_first = out.last_hidden_state[:, -1:]  # (B, 1, H): predicts the first completion token
     pm = prompt_mask
@@ -111,16 +122,20 @@ def grouped_completion_logp(
         pm = prompt_mask.repeat_interleave(G, 0)  # (N, P)
     mask = torch.cat([pm, completion_mask.long()], dim=1)  # (N, P+C)
     C = completion_ids.shape[1]
-    if C > 1:
-        pos = positions(mask)[:, P : P + C - 1]  # (N, C-1)
-        h_rest = body(
-            input_ids=completion_ids[:, :-1],
-            attention_mask=mask[:, : P + C - 1],
+    n = C if router is not None else C - 1  # the completion tokens run through the model
+    if n > 0:
+        pos = positions(mask)[:, P : P + n]  # (N, n)
+        out = body(
+            input_ids=completion_ids[:, :n],
+            attention_mask=mask[:, : P + n],
             position_ids=pos,
             use_cache=True,
             **with_cache(body, cache),
-        ).last_hidden_state  # (N, C-1, H)
-        h = torch.cat([h_first, h_rest], dim=1)  # (N, C, H)
+            **routed,
+        )
+        if router is not None:
+            router.add(out.router_logits, mask[:, P:])
+        h = torch.cat([h_first, out.last_hidden_state[:, : C - 1]], dim=1)  # (N, C, H)
     else:
         h = h_first
     return _head_logp(model, h, completion_ids, temperature, with_entropy, head_fp32)

@@ -22,6 +22,7 @@ from grpolab.batch import GroupSlice, Rollout
 from grpolab.model.checkpointing import checkpointed
 from grpolab.model.compiling import Compiler, compiled
 from grpolab.model.logprobs import grouped_completion_logp
+from grpolab.model.moe import RouterAux, RouterLogits
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class PassSpec:
     """The LM head in fp32 whatever the autocast (grpolab.model.logprobs; the run's lm_head_fp32)."""
     compiler: Compiler | None = None
     """torch.compile's options for the policy's decoder layers in the update pass; None: eager (grpolab.model.compiling)."""
+    router: RouterAux | None = None
+    """A mixture of experts' load-balancing term of the update (grpolab.model.moe); None: no router logits asked."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the passes (a no-op in fp32)."""
@@ -99,10 +102,16 @@ def slice_groups(rollout: Rollout, rows: Tensor, device: torch.device) -> GroupS
 
 
 def slice_logp(
-    spec: PassSpec, model: nn.Module, part: GroupSlice, *, with_entropy: bool = False
+    spec: PassSpec,
+    model: nn.Module,
+    part: GroupSlice,
+    *,
+    with_entropy: bool = False,
+    router: RouterLogits | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi (b, C') of the slice's completion tokens under `model` (fp32), and the entropy at each
-    position when asked; logits divided by the sampling temperature, under the spec's autocast."""
+    position when asked; logits divided by the sampling temperature, under the spec's autocast. router:
+    collects the slice's MoE router logits (grpolab.model.logprobs.grouped_completion_logp)."""
     with spec.autocast():
         logp, entropy = grouped_completion_logp(
             model,
@@ -114,6 +123,7 @@ def slice_logp(
             temperature=spec.temperature,
             with_entropy=with_entropy,
             head_fp32=spec.head_fp32,
+            router=router,
         )
     if part.attention_mask is not None:  # environment tokens: context only, exactly 0 and no gradient
         model_token = part.completion_mask.bool()
@@ -172,15 +182,20 @@ def sampled_token_logp(
 
 
 def policy_logp(
-    spec: PassSpec, policy: nn.Module, part: GroupSlice, *, with_entropy: bool = False
+    spec: PassSpec,
+    policy: nn.Module,
+    part: GroupSlice,
+    *,
+    with_entropy: bool = False,
+    router: RouterLogits | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """slice_logp of the policy on `part`, its decoder layers checkpointed when spec.checkpoint, compiled when
     spec.compiler; sharded, a
     one-column slice gets a masked second column so that the pass makes the same module calls (and so
-    the same collectives) on every rank."""
+    the same collectives) on every rank. router: collects the pass's MoE router logits (spec.router)."""
     with checkpointed(policy, spec.checkpoint), compiled(policy, spec.compiler):
         if not is_sharded(policy) or part.width > 1:
-            return slice_logp(spec, policy, part, with_entropy=with_entropy)
+            return slice_logp(spec, policy, part, with_entropy=with_entropy, router=router)
         wide = GroupSlice(
             part.rows,
             part.prompt_ids,
@@ -189,7 +204,7 @@ def policy_logp(
             torch.nn.functional.pad(part.completion_mask, (0, 1)),
             part.G,
         )
-        logp, entropy = slice_logp(spec, policy, wide, with_entropy=with_entropy)
+        logp, entropy = slice_logp(spec, policy, wide, with_entropy=with_entropy, router=router)
     return logp[:, :1], entropy[:, :1] if entropy is not None else None
 
 

@@ -6,11 +6,12 @@ and scores: the chunk's rewards shaped and turned into advantages as a step's ar
 the run's advantage component), one no-grad pass of the policy over its groups, and grpolab.algo.losses.
 policy_loss with old = the pass's own log-probs:
 
-    L = AGG( l_it(rho = 1, A_i) )  -  entropy_coef * mean_t H_t
+    L = AGG( l_it(rho = 1, A_i) )  -  entropy_coef * mean_t H_t  +  c * aux
 
 The objective's own terms at rho = 1 (-A for the clipped family, -sg(min(1, eps_high)) A log pi for CISPO, ...)
-are kept as they are. The loss is defined only where it needs nothing the evaluation does not have:
-`eval_loss_applies` (no KL to a reference, no critic).
+are kept as they are; c * aux is a mixture of experts' router load-balancing term (grpolab.model.moe: the mean
+of its micro-batches' aux, TRL's aux of the batch when the chunk is one micro-batch). The loss is defined only
+where it needs nothing the evaluation does not have: `eval_loss_applies` (no KL to a reference, no critic).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from grpolab.algo.losses import policy_loss
 from grpolab.batch import Batch
+from grpolab.model.moe import RouterLogits
 from grpolab.model.passes import all_groups, micro_batches, policy_logp, slice_groups
 from grpolab.rewards.scoring import Scores
 from grpolab.training.run import Run
@@ -47,9 +49,12 @@ def batch_loss(run: Run, examples: list, rollout, scores: Scores) -> tuple[float
     n_seq, n_tok = int(lmask.shape[0]), int(lmask.sum())
     control = run.components.get("entropy_control")  # the coefficient the next update would apply
     total = 0.0
-    for rows in micro_batches(rollout, all_groups(rollout), run.pass_spec.micro_batch):
+    aux = run.pass_spec.router  # an MoE's load-balancing term, or None
+    batches = micro_batches(rollout, all_groups(rollout), run.pass_spec.micro_batch)
+    for rows in batches:
         sl = slice_groups(rollout, rows, run.device)
-        logp, ent = policy_logp(run.pass_spec, run.policy, sl, with_entropy=needs_entropy(algo))
+        router = RouterLogits() if aux is not None else None
+        logp, ent = policy_logp(run.pass_spec, run.policy, sl, with_entropy=needs_entropy(algo), router=router)
         a = adv[rows] if adv.dim() == 1 else adv[rows, : sl.width]
         loss, _ = policy_loss(
             logp,
@@ -64,6 +69,8 @@ def batch_loss(run: Run, examples: list, rollout, scores: Scores) -> tuple[float
             entropy_coef=control.applied if control is not None else None,
         )
         total += float(loss)
+        if router is not None:  # TRL's evaluation adds c * aux, not divided (no accumulation)
+            total += aux.coef * float(aux.loss(router)) / len(batches)
     return total, n_seq
 
 

@@ -22,6 +22,7 @@ from grpolab.algo.kl import AdaptiveKL
 from grpolab.engine.base import RolloutEngine, Sampling
 from grpolab.engine.native.sampling import is_plain
 from grpolab.model.compiling import Compiler, check_compiler
+from grpolab.model.moe import RouterAux
 from grpolab.model.passes import PassSpec
 from grpolab.model.precision import Precision
 from grpolab.parallel.distributed import SINGLE, Dist
@@ -204,10 +205,13 @@ def samples_plainly(sampling: Sampling) -> bool:
     return is_plain(sampling.top_p, sampling.filters)
 
 
-def pass_spec_of(cfg: Config, device: torch.device, amp_dtype: torch.dtype | None) -> PassSpec:
+def pass_spec_of(
+    cfg: Config, device: torch.device, amp_dtype: torch.dtype | None, router: RouterAux | None = None
+) -> PassSpec:
     """What the model passes (grpolab.model.passes) need of the run: device, autocast dtype of the
     scoring passes, sampling temperature, micro-batch size, activation checkpointing and torch.compile of the
-    update (a backend that cannot compile on `device`: ConfigError, grpolab.model.compiling.check_compiler)."""
+    update (a backend that cannot compile on `device`: ConfigError, grpolab.model.compiling.check_compiler),
+    and an MoE's router load-balancing term (grpolab.model.moe.router_aux_of)."""
     compiler = Compiler(cfg.compile_backend, cfg.compile_mode) if cfg.compile else None
     check_compiler(compiler, device)
     return PassSpec(
@@ -218,6 +222,7 @@ def pass_spec_of(cfg: Config, device: torch.device, amp_dtype: torch.dtype | Non
         checkpoint=cfg.grad_checkpointing,
         head_fp32=cfg.lm_head_fp32,
         compiler=compiler,
+        router=router,
     )
 
 

@@ -38,7 +38,7 @@ from grpolab.algo.kl import kl_per_token
 from grpolab.algo.losses import SEQUENCE_RATIO, clip_decision, shown_ratio
 from grpolab.algo.presets import AlgoConfig
 from grpolab.batch import Batch
-from grpolab.training.update import computed_groups
+from grpolab.training.update import computed_groups, every_group
 
 if TYPE_CHECKING:
     from grpolab.training.run import Run
@@ -149,12 +149,7 @@ def sample_records(batch: Batch, step: int, k: int, *, run: Run | None = None) -
     limit = run.cfg.sample_tokens if run is not None else 0
     if out and limit > 0 and batch.adv is not None:
         credit = token_credit(
-            batch,
-            list(range(len(out))),
-            run.tokenizer,
-            run.cfg.algo,
-            limit,
-            computes_every_group=run.advantage.computes_every_group,
+            batch, list(range(len(out))), run.tokenizer, run.cfg.algo, limit, computes_every_group=every_group(run)
         )
         for rec, tokens in zip(out, credit):
             rec["tokens"] = tokens

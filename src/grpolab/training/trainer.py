@@ -39,6 +39,7 @@ from grpolab.model.load import (
 )
 from grpolab.model.lora import attach, is_peft, trainable_parameters
 from grpolab.model.loss_scale import LOSS_SCALE, fp16_refusal, loss_scaler
+from grpolab.model.moe import router_aux_of
 from grpolab.model.optim import adamw, build_scheduler
 from grpolab.model.reference import FrozenCopy, reference_for, reference_kind, synced_reference
 from grpolab.model.template import set_template_kwargs
@@ -165,6 +166,7 @@ def setup(
     policy.train()
     adapter = given and is_peft(policy)  # a peft model handed in: its adapter is what trains
     algo = cfg.algo
+    router = router_aux_of(policy, algo.router_aux_loss_coef)  # an MoE's load-balancing term, or None
     advantage = GroupBaseline(algo)
     components = {}
     if training and algo.uses_critic:  # before the adapter: the critic copies the plain backbone
@@ -252,7 +254,7 @@ def setup(
         advantage=advantage,
         kl=AdaptiveKL.from_algo(algo),
         sampling=sampling,
-        pass_spec=pass_spec_of(cfg, device, prec.update),
+        pass_spec=pass_spec_of(cfg, device, prec.update, router),
         plain_sampling=samples_plainly(sampling),
         ref=ref,
         log=log,

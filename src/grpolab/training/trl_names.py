@@ -38,9 +38,10 @@ GENERATION = (
 """What a generation adds to TRL's log, once, on its first optimizer update."""
 
 UPDATE = (
-    ("loss", "loss of each update (Run.updates; loss/policy + loss/kl in metrics.jsonl)"),
+    ("loss", "loss of each update (Run.updates; loss/policy + loss/kl [+ c x loss/aux] in metrics.jsonl)"),
     ("grad_norm", "grad_norm of each update (Run.updates; their mean in metrics.jsonl)"),
     ("learning_rate", "lr of each update (Run.updates; the step's first in metrics.jsonl)"),
+    ("aux_loss", "loss/aux"),
     ("kl", "kl"),
     ("entropy", "entropy"),
     ("clip_ratio/low_mean", "clip/low_frac"),
@@ -51,7 +52,7 @@ UPDATE = (
     ("step_time", "time/step_s, shared out over the step's updates"),
 )
 """What each optimizer update adds (loss, grad_norm and learning_rate are transformers' own, first in a row;
-kl only where TRL logs it: beta != 0)."""
+aux_loss only with a mixture of experts' router term; kl only where TRL logs it: beta != 0)."""
 
 EVAL = (
     ("eval_loss", "eval/loss"),

@@ -6,7 +6,8 @@ shape -> advantages).
                                               whole computed groups (computed_groups), the loss mask
     for each epoch, each part:
         micro_batch_pass -> record_first_pass (first epoch: log pi_old, correction weights, entropy)
-                         -> micro_batch_loss  (policy_loss + a critic's value loss, backpropagated)
+                         -> micro_batch_loss  (policy_loss + a critic's value loss + an MoE's router
+                                              load-balancing term, backpropagated)
         optimizer_step                        (fp16: unscale) clip, AdamW, schedule, critic, reference
                                               sync; a non-finite update (fp16: an overflow) is skipped
                                               and counted
@@ -28,6 +29,7 @@ from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.batch import Batch, Rollout
 from grpolab.model.loss_scale import LOSS_SCALE, finish_step, scale_loss, scale_of, unscale_and_clip
+from grpolab.model.moe import RouterLogits
 from grpolab.model.passes import PassSpec, idle_pass, micro_batches, policy_logp, sampled_token_logp, slice_groups
 from grpolab.parallel.distributed import global_counts, sum_gradients
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
@@ -35,10 +37,16 @@ from grpolab.training.metrics import weighted_mean
 from grpolab.training.run import Run
 
 
+def every_group(run: Run) -> bool:
+    """Whether the update computes every prompt group whatever its advantages: the advantage component's
+    (a critic's value loss) or an MoE's router load-balancing term (TRL's covers every sequence)."""
+    return run.advantage.computes_every_group or run.pass_spec.router is not None
+
+
 def computed_groups(batch: Batch, algo: AlgoConfig, computes_every_group: bool) -> Tensor:
     """(B,) bool: the prompt groups update() runs through the policy. A group whose sequences all have
     zero advantage adds nothing to the policy gradient and is skipped, unless a KL term in the loss
-    (with a reference) or the advantage component (a critic's value loss) needs every group.
+    (with a reference) or `computes_every_group` (`every_group`: a critic, a router term) needs every group.
     grpolab.training.token_credit asks this too, to mark the rows never computed."""
     rollout = batch.rollout
     adv_tok = per_token(batch.adv, rollout.completion_ids.shape)  # (N, C)
@@ -83,6 +91,7 @@ class Update:
     loss_infos: list = field(default_factory=list)  # ({metric: value}, weight) per micro-batch, as entropy_infos
     updates: list = field(default_factory=list)  # per optimizer update: the lr it used, its grad norm and loss
     entropy_infos: list = field(default_factory=list)
+    aux_losses: list = field(default_factory=list)  # an MoE's router load-balancing loss, per micro-batch
     grad_norms: list = field(default_factory=list)
     n_nonfinite: int = 0
     n_overflow: int = 0  # precision=fp16: updates skipped because the scaled gradient overflowed
@@ -102,7 +111,7 @@ def plan_update(run: Run, batch: Batch) -> Update:
     """Micro-batches of whole computed groups per part; log pi_old taken now when there are several parts."""
     algo, rollout, spec = run.cfg.algo, batch.rollout, run.pass_spec
     N, C = rollout.completion_ids.shape
-    computed = computed_groups(batch, algo, run.advantage.computes_every_group)  # (B,)
+    computed = computed_groups(batch, algo, every_group(run))  # (B,)
     parts = generation_parts(N // rollout.G, algo.steps_per_generation)
     old_logp = torch.zeros((N, C))
     exact = run.engine.samples_from_trainer
@@ -124,20 +133,23 @@ def plan_update(run: Run, batch: Batch) -> Update:
 
 
 def micro_batch_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor | None, entropy: bool):
-    """The policy's pass over one micro-batch: (slice, log pi_theta (b, C'), entropy), its log-probs kept
-    as the last pass's; None for FSDP's idle pass (a rank without a micro-batch joins its all-gathers)."""
+    """The policy's pass over one micro-batch: (slice, log pi_theta (b, C'), entropy, an MoE's router
+    load-balancing loss aux or None), its log-probs kept as the last pass's; None for FSDP's idle pass (a
+    rank without a micro-batch joins its all-gathers)."""
     if rows is None:
         idle_pass(u.spec, run.policy, rollout)
         u.n_idle += 1
         return None
     sl = slice_groups(rollout, rows, u.spec.device)
-    logp, ent = policy_logp(u.spec, run.policy, sl, with_entropy=entropy)  # (b, C')
+    router = RouterLogits() if u.spec.router is not None else None
+    logp, ent = policy_logp(u.spec, run.policy, sl, with_entropy=entropy, router=router)  # (b, C')
     u.last_logp[rows, : sl.width] = logp.detach().cpu()
-    return sl, logp, ent
+    aux = u.spec.router.loss(router) if router is not None else None
+    return sl, logp, ent, aux
 
 
 def record_first_pass(
-    run: Run, u: Update, rollout: Rollout, rows: Tensor, sl, logp: Tensor, entropy: Tensor, first_part: bool
+    run: Run, u: Update, rollout: Rollout, rows: Tensor, sl, logp: Tensor, entropy: Tensor, aux, first_part: bool
 ) -> None:
     """The first epoch's pass: log pi_old (the weights have not moved yet), the sampler's correction
     weights against it (grpolab.algo.sampler), and the entropy for the report."""
@@ -159,11 +171,23 @@ def record_first_pass(
 
 
 def micro_batch_loss(
-    run: Run, batch: Batch, u: Update, rows: Tensor, sl, logp: Tensor, entropy: Tensor, n_seq: int, n_tok: int
+    run: Run,
+    batch: Batch,
+    u: Update,
+    rows: Tensor,
+    sl,
+    logp: Tensor,
+    entropy: Tensor,
+    aux: Tensor | None,
+    counts: tuple[int, int, int],
 ) -> float:
     """The policy objective (and a critic's value loss) of one micro-batch, backpropagated; its value. The
     policy term's token masks (grpolab.algo.masks) are taken here, and the entropy over the tokens the
-    policy term reads is added to the update's window (the adaptive entropy control's measurement)."""
+    policy term reads is added to the update's window (the adaptive entropy control's measurement).
+    counts: the update's (n_seq, n_tok, micro-batches) over every process. An MoE's router load-balancing
+    loss adds c * aux / micro-batches, as TRL adds it to each micro-batch's loss (divided by the gradient
+    accumulation steps): the update's gradient is that of c times its micro-batches' mean aux."""
+    n_seq, n_tok, n_batches = counts
     algo, width, dev = run.cfg.algo, sl.width, run.device
     kl_in_loss = batch.ref_logp is not None and algo.kl_in_loss
     old, adv, lmask = (x[rows, :width].to(dev) for x in (u.old_logp, u.adv_tok, u.lmask))
@@ -191,6 +215,9 @@ def micro_batch_loss(
         entropy=entropy if needs_entropy(algo) else None,
     )
     loss, value_info = run.advantage.add_loss(loss, u.spec, sl, batch)
+    if aux is not None:
+        loss = loss + u.spec.router.coef * aux / n_batches
+        u.aux_losses.append(float(aux.detach()))
     scale_loss(run.components.get(LOSS_SCALE), loss).backward()  # precision=fp16: S * loss
     u.entropy_term += info.pop("loss/entropy_term", 0.0)
     u.loss_infos.append(({**info, **value_info}, float(sl.completion_mask.sum())))
@@ -292,7 +319,9 @@ def update(run: Run, batch: Batch) -> dict:
     each token's policy term is weighted by the rollout.correction weight of log pi_old against the
     sampler's log-probs (grpolab.algo.sampler), computed in the first pass and kept for every epoch.
     The loss reads `loss_mask` (truncated completions left out on request); algo.entropy_coef adds the
-    entropy bonus; algo.sync_ref_model updates the reference every sync_ref_model_steps updates.
+    entropy bonus; algo.sync_ref_model updates the reference every sync_ref_model_steps updates. A mixture of
+    experts with a router term (run.pass_spec.router, algo.router_aux_loss_coef) adds c * aux / micro-batches
+    per micro-batch (`micro_batch_loss`) and computes every group.
     """
     algo, rollout, d = run.cfg.algo, batch.rollout, run.ranks
     u = plan_update(run, batch)
@@ -312,7 +341,7 @@ def update(run: Run, batch: Batch) -> dict:
                     continue
                 if epoch == 0:
                     record_first_pass(run, u, rollout, rows, *out, first_part=p == 0)
-                loss_sum += micro_batch_loss(run, batch, u, rows, *out, n_seq, n_tok)
+                loss_sum += micro_batch_loss(run, batch, u, rows, *out, (n_seq, n_tok, n_batches))
             optimizer_step(run, u, loss_sum)
             adapt_entropy(run, u)
     batch.old_logp, batch.last_logp, batch.entropy = u.old_logp, u.last_logp, u.entropy_tok  # not computed: 0
@@ -327,6 +356,8 @@ def update_metrics(run: Run, batch: Batch, u: Update) -> dict:
     batches = [rows for part in u.plan for rows in part]
     metrics = weighted_mean(u.loss_infos)
     metrics.update(weighted_mean(u.entropy_infos))
+    if u.aux_losses:  # TRL's aux_loss: the mean over the micro-batches
+        metrics["loss/aux"] = sum(u.aux_losses) / len(u.aux_losses)
     n_rows = sum(len(b) for b in batches)
     metrics.update(
         {

@@ -1,7 +1,7 @@
 """What TRL 1.16's GRPOTrainer checks and sets up when it is built, beyond the config's fields: where the data
 and the rewards come from, the warning of a sequence-level ratio under a token-summed loss, the reward
-functions' names and weights as TRL lists them, a stream's data-loader settings, and the MoE router's
-auxiliary loss (which grpolab does not add; said)."""
+functions' names and weights as TRL lists them, a stream's data-loader settings, and whether the MoE
+router's auxiliary loss is on (TRL's aux_loss_enabled)."""
 
 from __future__ import annotations
 
@@ -134,21 +134,18 @@ def stream_loader_settings(args: Any) -> None:
     args.dataloader_num_workers = 0
 
 
-def router_aux_loss(model: Any, args: Any, notes: list[str]) -> bool:
-    """TRL's aux_loss_enabled: the model is a mixture of experts that returns its router logits
-    (output_router_logits in its config) with a coefficient that is not 0. TRL then adds the router's
-    load-balancing loss; grpolab does not, and says so in the run's notes."""
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+def router_aux_loss(model: Any, args: Any) -> tuple[bool, float]:
+    """TRL's (aux_loss_enabled, router_aux_loss_coef): whether the update adds the router's load-balancing loss
+    (a mixture of experts that returns its router logits, with a coefficient other than 0) and the coefficient
+    (args.router_aux_loss_coef, else the model config's; grpolab.model.moe.router_aux_of). A coefficient other
+    than 0 on a model without routers: ConfigError (a ValueError, as TRL raises)."""
+    from grpolab.model.moe import router_aux_of, text_config
+
     coef = getattr(args, "router_aux_loss_coef", None)
-    coef = getattr(text, "router_aux_loss_coef", 0.0) if coef is None else coef
-    enabled = hasattr(text, "output_router_logits") and bool(coef)
-    if enabled:
-        notes.append(
-            f"the model is a mixture of experts with router_aux_loss_coef={coef}: TRL adds the router's "
-            "load-balancing loss (aux_loss) to the loss, grpolab does not (its loss is the policy objective alone)"
-        )
-    return enabled
+    aux = router_aux_of(model, coef)
+    if aux is not None:
+        return True, aux.coef
+    return False, float(getattr(text_config(model), "router_aux_loss_coef", 0.0) if coef is None else coef)
 
 
 __all__ = [

@@ -120,6 +120,9 @@ Differences that remain:
   (`auto_map`) is refused, with `trust_remote_code=True` too;
 - a reward function that raises is counted (`reward/<name>/error_frac`) and the run stops after the first
   step on which it failed for every completion, where TRL stops at the raise itself;
+- a mixture of experts' router load-balancing loss (`router_aux_loss_coef`) is TRL's term, c x aux per micro-batch;
+  grpolab's micro-batches are whole groups where TRL shuffles the completions before cutting its accumulation
+  steps, so with several micro-batches per optimizer step each `aux_loss` is over other tokens (with one, the same);
 - the rows a stream gives are written to `OUT/dataset.jsonl` (max_steps x prompts per step of them).
 
 Kinds: **map** (the value becomes the grpolab settings shown), **refused** (any value but TRL's default

@@ -172,7 +172,14 @@ GRPO_FIELDS: list[Entry] = [
         "grpolab never runs code from a model directory (Llama, Qwen2, Mistral, ... as transformers ships "
         "them); with False a directory with custom code raises transformers' error, as in TRL",
     ),
-    refuse("router_aux_loss_coef", None, "mixture-of-experts router losses are not in grpolab's loss"),
+    same(
+        "router_aux_loss_coef",
+        "algo.router_aux_loss_coef",
+        None,
+        "A mixture of experts' router load-balancing loss, c x aux per micro-batch / micro-batches (None: the model "
+        "config's coefficient where the model returns router logits, else off; dense models: no cost; a value "
+        "other than 0 on a dense model is an error, as in TRL).",
+    ),
     ignore(
         "disable_dropout", False, "grpolab's supported model families (Llama, Qwen2, Mistral) have no active dropout"
     ),

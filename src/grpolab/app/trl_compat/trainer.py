@@ -136,7 +136,7 @@ class GRPOTrainer:
         self.model = wrap_peft(module, peft_config)  # TRL wraps it here too: trainer.model is the peft model
         self.beta = float(self.args.beta)
         self.ref_model = reference_model(self.model, self.beta)  # the run's reference (train() hands it over)
-        self.aux_loss_enabled = router_aux_loss(self.model, self.args, self.notes)
+        self.aux_loss_enabled, self.router_aux_loss_coef = router_aux_loss(self.model, self.args)
         self.recipe["lora"] = lora_settings(peft_config, path, wrapped=wrapped_targets(self.model, peft_config))
         self.model_wrapped = self.model
         self.accelerator = Accelerator()
