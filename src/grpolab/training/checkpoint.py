@@ -28,7 +28,7 @@ Integrity: the manifest lists the size and sha256 of every file. `verify_checkpo
 and `latest_good_checkpoint` (what resume uses) walks back from the newest checkpoint to the first
 one that verifies, naming each bad file it skips: a truncated or bit-flipped file never loads.
 
-Continuations: each resume of a run adds one line to OUT/restarts.jsonl (record_restart).
+Continuations: each resume of a run adds one line to OUT/restarts.jsonl (grpolab.training.resume).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 
 from grpolab.model.optim import load_state
-from grpolab.parallel import distributed
 from grpolab.training.retention import checkpoints_to_delete, remove_checkpoint
-from grpolab.util.fileio import atomic_write, fsync_dir, read_jsonl
+from grpolab.util.fields import ConfigError
+from grpolab.util.fileio import atomic_write, fsync_dir
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -235,6 +235,7 @@ def save_checkpoint(
     *,
     keep_last: int | None = 2,
     components: dict | None = None,
+    model_only: bool = False,
 ) -> Path:
     """Write `out_dir/checkpoints/step-NNNNNN/` atomically, point `latest` at it, prune old ones.
 
@@ -248,6 +249,9 @@ def save_checkpoint(
                 added. Raises TypeError before anything is renamed if it is not serialisable.
     keep_last:  keep this many newest checkpoints (the one just written always stays); None or 0
                 keeps all.
+    model_only: the model, tokenizer and trainer_state alone (the save_only_model setting, TRL's): no
+                optimizer, scheduler, component or RNG state, and "model_only": true in trainer_state, so
+                that load_checkpoint refuses to resume from it.
     Returns the final checkpoint directory.
     """
     if keep_last is not None and keep_last < 0:
@@ -256,6 +260,9 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(root)  # left by an earlier crash (one writer per run directory)
     state = {**trainer_state, "step": int(step), "format": FORMAT_VERSION, "saved_at": time.time()}
+    if model_only:
+        state["model_only"] = True
+        optimizer = scheduler = components = None
     state_text = json.dumps(state, indent=2, sort_keys=True)  # fail early on unserialisable state
 
     final = root / checkpoint_name(step)
@@ -270,7 +277,8 @@ def save_checkpoint(
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         for name, component in (components or {}).items():
             torch.save(component.state_dict(), tmp / f"{name}.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
+        if not model_only:
+            torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(state_text, encoding="utf-8")
         _write_manifest(tmp)  # last: it vouches for everything above
         _fsync_tree(tmp)
@@ -431,13 +439,19 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler, *, components: 
     Loads the weights (safetensors) into `model` in place (dtype and device of `model` are kept),
     the optimizer and scheduler states (each may be None to skip), and the python / numpy / torch
     (CPU, CUDA) RNG states, and each component's NAME.pt. Raises FileNotFoundError for a directory
-    that is not a complete checkpoint (or lacks a component's file) and RuntimeError when the weights
-    do not match the model.
+    that is not a complete checkpoint (or lacks a component's file), RuntimeError when the weights
+    do not match the model, and ConfigError (exit 2) for a model-only checkpoint (save_only_model).
     """
     ckpt_dir = Path(ckpt_dir)
     if not _is_complete(ckpt_dir):
         raise FileNotFoundError(f"{ckpt_dir}: not a complete checkpoint (no trainer_state.json / weights)")
     state = json.loads((ckpt_dir / "trainer_state.json").read_text(encoding="utf-8"))
+    if state.get("model_only"):
+        raise ConfigError(
+            f"{ckpt_dir}: written with save_only_model=true (TRL's save_only_model), it holds the model alone, "
+            f"without the optimizer, scheduler and RNG states a run continues from, so no run resumes from it. "
+            f"Load it with from_pretrained, or start a new run from its weights: grpolab train model={ckpt_dir} ..."
+        )
     _load_model_weights(ckpt_dir, model)
     if optimizer is not None:
         load_state(optimizer, torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True))
@@ -455,45 +469,3 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer, scheduler, *, components: 
     if rng.is_file():
         _set_rng_state(torch.load(rng, map_location="cpu", weights_only=True))
     return state
-
-
-RESTARTS = "restarts.jsonl"
-
-
-def record_restart(run, step: int, checkpoint: str | None, how: str) -> None:
-    """One line of OUT/restarts.jsonl (rank 0) per continuation of a run: the step it continues after,
-    the checkpoint, the time, how it was continued, torchrun's restart count when under torchrun, the
-    steps that had been logged after that checkpoint and are trained again, and the cause where known."""
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    # the largest over the ranks (every rank calls this): after a lost host, the new host's agent counts from 0
-    highest = distributed.global_max(run.ranks, float(count) if count and count.isdigit() else -1.0)
-    if not run.ranks.main:
-        return
-    restart = int(highest) if highest >= 0 else None
-    logged = (
-        [r.get("step") for r in read_jsonl(run.out / "metrics.jsonl")] if (run.out / "metrics.jsonl").exists() else []
-    )
-    redone = sorted(x for x in logged if isinstance(x, int) and x > step)
-    cause = (
-        f"torchrun restarted the workers (restart {restart} of at most "
-        f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}): a worker of the previous attempt failed or was lost"
-        if restart
-        else "the same command was run again (resume=auto): a relaunched or requeued job"
-        if how == "resume=auto"
-        else None
-    )
-    record = {
-        "step": step,
-        "checkpoint": checkpoint,
-        "time": time.time(),
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "how": how,
-        "torchelastic_restart_count": restart,
-        "world_size": run.ranks.world,
-        "steps_redone": redone,
-        "cause": cause,
-    }
-    with open(run.out / RESTARTS, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())

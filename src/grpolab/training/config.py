@@ -46,6 +46,10 @@ class Config:
     """Number of training steps (one rollout batch + `algo.mu` x `algo.steps_per_generation` optimizer updates each); -1 with num_train_epochs set: as many steps as the epochs take."""
     seed: int = 0
     """Seed for prompts, sampling and initialisation; the same seed gives the same run on the same machine."""
+    full_determinism: bool = False
+    """torch's deterministic algorithms from the run's start on, as transformers' enable_full_determinism sets them (TRL's full_determinism; grpolab.model.numerics): torch.use_deterministic_algorithms(True) (an operation without a deterministic implementation raises), cuDNN deterministic and not benchmarking, CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1 and FLASH_ATTENTION_DETERMINISTIC=1 in the environment, python's and numpy's random seeded too. Slower on a GPU; the process keeps them after the run."""
+    tf32: bool | None = None
+    """TF32 for fp32 matmuls and convolutions, set at the run's start as transformers sets it (TRL's tf32; grpolab.model.numerics): true on a CUDA GPU of the Ampere generation or newer, and refused (exit 2) anywhere else, as transformers refuses it; false: IEEE fp32 (nothing to switch off without such a GPU); null: torch's setting as it is. The process keeps it after the run."""
     model: str = "smollm2-135m"
     """Policy model: `smollm2-135m` (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face model directory, or a local .gguf file. Never downloaded."""
     task: str = "arithmetic"
@@ -136,6 +140,8 @@ class Config:
     # -- evaluation during the run: sampling, pass@k with intervals, the best checkpoint (docs/evaluation.md)
     eval_steps: int = 0
     """Score the held-out set every N steps too, logging eval/ metrics (accuracy, pass@k and their 95% intervals, the answer extraction shares) in metrics.jsonl at steps 0, N, 2N, ... and the last step; 0: only before and after training, in summary.json."""
+    eval_delay: int = 0
+    """No evaluation during the run before step eval_delay (TRL's eval_delay): of the evaluations every eval_steps steps and the one at the last step, only those at steps >= eval_delay happen; the evaluations before and after training (summary.json) are kept."""
     eval_num_generations: int = 0
     """Completions sampled per held-out prompt (at eval_temperature), for pass@k at k = 1, 2, 4, ..., n with bootstrap intervals over the prompts; 0: one greedy completion per prompt (accuracy with a Wilson interval)."""
     eval_temperature: float = 1.0
@@ -150,6 +156,8 @@ class Config:
     """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
     keep_checkpoints: int = 1
     """How many of the newest checkpoints to keep on disk (TRL's save_total_limit): 1 keeps the last, which `--resume` continues; 0 keeps every one. The best model (save_best, checkpoints/best) is kept besides."""
+    save_only_model: bool = False
+    """Checkpoints that hold the model (weights or adapter), its tokenizer and trainer_state.json only, without the optimizer, scheduler, RNG or component states (TRL's save_only_model): smaller, loadable with from_pretrained (or as model=), but no run continues from them: `--resume` refuses them (exit 2)."""
     resume: Resume = "never"
     """never (an `out` that already holds a run is refused; continue it with `grpolab train --resume OUT`) or auto: the same command starts a new run where `out` holds none, and otherwise continues the newest checkpoint that verifies, so that torchrun --max-restarts and requeued jobs recover by themselves; each continuation is recorded in OUT/restarts.jsonl (docs/distributed.md)."""
     samples_per_step: int = 4
@@ -199,6 +207,8 @@ class Config:
     """With num_train_epochs: each epoch visits the rows in a new seeded order (data_seed, else seed); false keeps the data's order (TRL's shuffle_dataset)."""
     data_seed: int | None = None
     """Seed of the epochs' row order (TRL's data_seed); null: seed."""
+    ignore_data_skip: bool = False
+    """With num_train_epochs, on a resume: the epoch the run was in starts again from its first row, instead of the run taking the rows it would have taken next (TRL's ignore_data_skip: that epoch's rows already trained on come again)."""
 
     @property
     def max_completion_tokens(self) -> int:

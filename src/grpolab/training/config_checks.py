@@ -21,6 +21,7 @@ def eval_checks(cfg) -> list[tuple[bool, str, str]]:
     n = max(1, cfg.eval_num_generations)
     return [
         (cfg.eval_steps >= 0, "eval_steps", "must be >= 0 (0: evaluate only before and after training)"),
+        (cfg.eval_delay >= 0, "eval_delay", "must be >= 0 (0: evaluate from the first eval_steps on)"),
         (cfg.eval_num_generations >= 0, "eval_num_generations", "must be >= 0 (0: one greedy completion per prompt)"),
         (cfg.eval_temperature > 0, "eval_temperature", "must be > 0"),
         (

@@ -288,9 +288,12 @@ class Evaluator:
         return self.run.cfg.eval_steps
 
     def due(self, step: int) -> bool:
-        """Evaluate after `step`: every eval_steps steps and at the last one (only when eval_steps > 0)."""
+        """Evaluate after `step`: every eval_steps steps and at the last one (only when eval_steps > 0), from
+        step eval_delay on (transformers' DefaultFlowCallback: global_step % eval_steps == 0, or the last step,
+        and eval_delay <= global_step)."""
         cfg = self.run.cfg
-        return self.every > 0 and cfg.eval_size > 0 and (step % self.every == 0 or step == cfg.steps)
+        on_schedule = self.every > 0 and (step % self.every == 0 or step == cfg.steps)
+        return on_schedule and cfg.eval_size > 0 and step >= cfg.eval_delay
 
     def at_start(self, prior: dict | None) -> dict | None:
         """The evaluation before training (step 0): `prior` when the run recorded it, else measured; with

@@ -24,13 +24,16 @@ ReportWriter = Callable[[Path, torch.device], None]
 
 
 def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
-    """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt).
+    """One atomic checkpoint: policy, optimizer, scheduler, RNG, and every component (critic.pt); with
+    save_only_model the policy alone (grpolab.training.checkpoint.save_checkpoint's model_only).
     `policy`/`optimizer`: stand-ins holding the gathered full states of a sharded run (grpolab.parallel.fsdp)."""
     from grpolab.training.checkpoint import save_checkpoint
 
     state = {"step": step, "world_size": run.ranks.world}
     if run.kl.adaptive:
         state["kl_beta"] = run.kl.value
+    if run.data_shift:
+        state["data_shift"] = run.data_shift
     return save_checkpoint(
         run.out,
         step,
@@ -41,6 +44,7 @@ def save(run: Run, step: int, policy=None, optimizer=None) -> Path:
         state,
         keep_last=run.cfg.keep_checkpoints,
         components=run.components,
+        model_only=run.cfg.save_only_model,
     )
 
 

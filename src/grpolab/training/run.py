@@ -125,6 +125,9 @@ class Run:
     each used, its gradient norm and loss; what TRL logs once per optimizer step."""
     reward_error_streak: dict[str, int] = field(default_factory=dict)
     """Per reward function: steps in a row on which it failed on every completion (cfg.max_reward_error_steps)."""
+    data_shift: int = 0
+    """Rows the epochs' sequence is moved back by (a continuation with ignore_data_skip: grpolab.training.resume),
+    saved in each checkpoint."""
 
     @property
     def ranks(self) -> Dist:

@@ -149,7 +149,7 @@ def collect(run: Run, step: int) -> Batch:
             break
         if epochs and not n_groups:  # the epochs' next rows
             drawn = task.epoch_rows(
-                (step - 1) * need * d.world,
+                (step - 1) * need * d.world - run.data_shift,  # ignore_data_skip: grpolab.training.resume
                 need * d.world,
                 cfg.seed if cfg.data_seed is None else cfg.data_seed,
                 cfg.shuffle,

@@ -40,6 +40,7 @@ from grpolab.model.load import (
 from grpolab.model.lora import attach, is_peft, trainable_parameters
 from grpolab.model.loss_scale import LOSS_SCALE, fp16_refusal, loss_scaler
 from grpolab.model.moe import router_aux_of
+from grpolab.model.numerics import start_numerics
 from grpolab.model.optim import adamw, build_scheduler
 from grpolab.model.reference import FrozenCopy, reference_for, reference_kind, synced_reference
 from grpolab.model.template import set_template_kwargs
@@ -68,6 +69,7 @@ from grpolab.training.finish import (
 from grpolab.training.metrics import JsonlWriter, MetricsLogger, NoFile, check_out_dir, make_out_dir, sample_table
 from grpolab.training.options import check_engine_kwargs, lr_updates
 from grpolab.training.plan.check import check_run
+from grpolab.training.resume import resume_state
 from grpolab.training.run import (
     Run,
     check_epochs,
@@ -138,7 +140,7 @@ def setup(
     if given and tokenizer is None:
         raise ConfigError("processing_class: a model object needs its tokenizer (processing_class=...)")
     path = local_dir(cfg.model) if given else model_dir(cfg.model, log=log)
-    torch.manual_seed(cfg.seed)
+    start_numerics(cfg.seed, cfg.tf32, cfg.full_determinism)  # torch.manual_seed; TF32, deterministic algorithms
     tokenizer = prepare_tokenizer(tokenizer) if given else load_tokenizer(path)
     environments = load_environments(cfg.env, tokenizer, task.system_prompt, log)  # checked before any model load
     if environments is not None and environments.has_reward and cfg.env.reward_weight > 0:
@@ -265,31 +267,6 @@ def setup(
         engine=engine,
         trainer_state=trainer_state(0, cfg.steps),
     )
-
-
-def resume_state(run: Run, how: str = "--resume") -> int:
-    """Load the newest checkpoint of run.out that verifies against its manifest (components included;
-    a damaged newer one is skipped with a message naming the bad file); returns its step (0 if none).
-    Rank 0 records the continuation in OUT/restarts.jsonl (see record_restart)."""
-    from grpolab.training.checkpoint import latest_good_checkpoint, load_checkpoint, record_restart
-
-    ck = latest_good_checkpoint(run.out, log=run.log)
-    if ck is None:
-        record_restart(run, 0, None, how)
-        return 0
-    policy, optimizer = sharding.load_views(run)  # FSDP: the full states are sharded into the run's
-    state = load_checkpoint(ck, policy, optimizer, run.scheduler, components=run.components)
-    world = (run.dist or distributed.SINGLE).world
-    if int(state.get("world_size", 1)) != world:
-        raise ConfigError(
-            f"--resume {run.out}: {ck.name} was written by {state.get('world_size', 1)} processes and "
-            f"this run has {world}; resume with the same number (torchrun --nproc_per_node "
-            f"{state.get('world_size', 1)}): each rank's share of the batch depends on it"
-        )
-    if run.kl.adaptive and "kl_beta" in state:
-        run.kl.value = state["kl_beta"]
-    record_restart(run, int(state["step"]), ck.name, how)
-    return int(state["step"])
 
 
 def train(

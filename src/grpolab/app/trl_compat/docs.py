@@ -123,7 +123,14 @@ Differences that remain:
 - a mixture of experts' router load-balancing loss (`router_aux_loss_coef`) is TRL's term, c x aux per micro-batch;
   grpolab's micro-batches are whole groups where TRL shuffles the completions before cutting its accumulation
   steps, so with several micro-batches per optimizer step each `aux_loss` is over other tokens (with one, the same);
-- the rows a stream gives are written to `OUT/dataset.jsonl` (max_steps x prompts per step of them).
+- the rows a stream gives are written to `OUT/dataset.jsonl` (max_steps x prompts per step of them);
+- a checkpoint written with `save_only_model=True` is refused by `resume_from_checkpoint` (exit 2 on the
+  command line), where transformers' Trainer goes on silently with a fresh optimizer, schedule and RNG;
+- `use_transformers_continuous_batching=True` samples with grpolab's rollout engine under the same settings;
+  TRL's path also casts the model's weights to bf16 (or fp16) in place before generating and trains them so,
+  where grpolab keeps fp32 weights;
+- `grpolab train --trl resume_from_checkpoint=...` is refused (`trl grpo` passes the field to `train()`):
+  continue a run with `grpolab train --resume OUTPUT_DIR`.
 
 Kinds: **map** (the value becomes the grpolab settings shown), **refused** (any value but TRL's default
 is an error naming the field and the reason), **ignored** (accepted, no effect, for the reason given).

@@ -26,6 +26,7 @@ import json
 from grpolab.app.trl_compat.entries import Entry, config_has, fail, ignore, refuse, same, to, value_of
 from grpolab.app.trl_compat.fields_hf import TRAINING_ARGUMENTS, _batch
 from grpolab.app.trl_compat.fields_model import model_init_kwargs
+from grpolab.app.trl_compat.fields_run import CONTINUOUS_BATCHING, CONTINUOUS_BATCHING_CONFIG, TRANSFORMERS_PAGED
 
 LOSS_TYPES = {
     "grpo": ("clipped", "seq_mean"),
@@ -428,9 +429,9 @@ GRPO_FIELDS: list[Entry] = [
     ignore("num_completions_to_print", None, "see log_completions"),
     ignore("log_unique_prompts", False, "see log_completions"),
     refuse("log_completions_hub_repo", None, "grpolab never contacts the Hugging Face Hub"),
-    refuse("use_transformers_continuous_batching", False, "grpolab's rollout engines are native and vllm"),
-    refuse("transformers_continuous_batching_config", None, "grpolab's rollout engines are native and vllm"),
-    refuse("use_transformers_paged", False, "grpolab's rollout engines are native and vllm"),
+    CONTINUOUS_BATCHING,
+    CONTINUOUS_BATCHING_CONFIG,
+    TRANSFORMERS_PAGED,
     Entry(
         "vllm_importance_sampling_cap",
         None,

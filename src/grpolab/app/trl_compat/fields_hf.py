@@ -11,7 +11,20 @@ from grpolab.app.trl_compat.fields_precision import (
     read_with_torch_compile,
     torch_compile_setting,
 )
+from grpolab.app.trl_compat.fields_run import (
+    ENABLE_JIT_CHECKPOINT,
+    EVAL_DELAY,
+    FULL_DETERMINISM,
+    IGNORE_DATA_SKIP,
+    LABEL_SMOOTHING_FACTOR,
+    OPTIM_ARGS,
+    OPTIM_TARGET_MODULES,
+    RESUME_FROM_CHECKPOINT,
+    SAVE_ONLY_MODEL,
+    TF32,
+)
 from grpolab.app.trl_compat.fields_schedule import scheduler, scheduler_kwargs
+from grpolab.app.trl_compat.steps import generation_split, to_steps, updates_per_step
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
 LOGS = (
@@ -27,50 +40,6 @@ EVAL_LOOP = "a knob of transformers' prediction loop; grpolab's evaluation gener
 NOT_TRAINING = "a flag read by example scripts, not by the trainer"
 BEST = "eval/reward"
 """grpolab's save_best metric for TRL's best model: the mean evaluation reward (TRL's eval_reward)."""
-
-
-def generation_split(a: dict) -> tuple[int, int]:
-    """(TRL's steps_per_generation, grpolab's algo.steps_per_generation) of TRL fields `a`, as TRL's
-    GRPOConfig.__post_init__ settles them (one process): both None -> steps_per_generation =
-    gradient_accumulation_steps; generation_batch_size = per_device_train_batch_size x steps_per_generation.
-    grpolab's counts optimizer updates per rollout: TRL's / gradient_accumulation_steps."""
-    per_device, accum = int(a["per_device_train_batch_size"]), int(a["gradient_accumulation_steps"])
-    spg, gbs = a["steps_per_generation"], a["generation_batch_size"]
-    if gbs is not None:
-        if int(gbs) % per_device:
-            raise fail("generation_batch_size", gbs, f"must be a multiple of per_device_train_batch_size={per_device}")
-        if spg is not None and int(spg) * per_device != int(gbs):
-            raise fail("generation_batch_size", gbs, f"give it or steps_per_generation={spg}, not both")
-        spg = int(gbs) // per_device
-    spg = accum if spg is None else int(spg)
-    if spg < 1 or spg % accum:
-        raise fail(
-            "steps_per_generation",
-            spg,
-            f"grpolab splits a generation batch into whole optimizer updates: "
-            f"give a multiple of gradient_accumulation_steps={accum}",
-        )
-    return spg, spg // accum
-
-
-def updates_per_step(a: dict) -> int:
-    """TRL optimizer steps per grpolab step (one generation): num_iterations x grpolab's
-    algo.steps_per_generation (TRL generates every steps_per_generation x num_iterations micro-steps)."""
-    return int(a["num_iterations"]) * generation_split(a)[1]
-
-
-def to_steps(name: str, v, a: dict) -> int:
-    """TRL's optimizer steps (max_steps, warmup_steps, eval_steps, save_steps) -> grpolab's steps (rollouts)."""
-    per = updates_per_step(a)
-    if int(v) % per:
-        raise fail(
-            name,
-            v,
-            f"TRL counts optimizer steps, {per} per generation here (num_iterations x "
-            f"steps_per_generation / gradient_accumulation_steps); grpolab counts generations: "
-            f"give a multiple of {per}",
-        )
-    return int(v) // per
 
 
 def _batch(v, a) -> dict:
@@ -228,7 +197,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         ),
         "adamw_torch_fused and adamw_torch are grpolab's AdamW; other optimizers are refused.",
     ),
-    refuse("optim_args", None, "grpolab's AdamW takes its settings from learning_rate, adam_beta1/2, weight_decay"),
+    OPTIM_ARGS,
     same("weight_decay", "weight_decay", 0.0),
     Entry("adam_beta1", 0.9, "map", "adam_betas[0]", _betas),
     Entry("adam_beta2", 0.999, "map", "adam_betas[1]", _betas),
@@ -240,7 +209,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         _only("adam_epsilon", (1e-08,), "grpolab's AdamW uses torch's eps 1e-8 and has no setting for it"),
         "Only 1e-8 (torch's AdamW default, which grpolab uses) is accepted.",
     ),
-    refuse("optim_target_modules", None, "only for the GaLore/APOLLO optimizers, which grpolab does not have"),
+    OPTIM_TARGET_MODULES,
     Entry(
         "gradient_accumulation_steps",
         1,
@@ -256,7 +225,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         "grpolab's token-level losses already divide by the tokens of the whole batch over every process",
     ),
     same("max_grad_norm", "max_grad_norm", 1.0),
-    refuse("label_smoothing_factor", 0.0, "a supervised-learning loss option; GRPO's loss has no labels"),
+    LABEL_SMOOTHING_FACTOR,
     Entry(
         "bf16",
         None,
@@ -279,7 +248,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ),
     ignore("bf16_full_eval", False, EVAL_LOOP),
     ignore("fp16_full_eval", False, EVAL_LOOP),
-    refuse("tf32", None, "grpolab leaves torch's TF32 setting as it is"),
+    TF32,
     same("gradient_checkpointing", "grad_checkpointing", True, "TRL's default is on."),
     ignore(
         "gradient_checkpointing_kwargs",
@@ -360,7 +329,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         lambda v, a: {},
         "Read with eval_strategy (optimizer steps, converted to generations as max_steps).",
     ),
-    refuse("eval_delay", 0, "grpolab evaluates from the first eval_steps on"),
+    EVAL_DELAY,
     Entry("per_device_eval_batch_size", 8, "map", "eval_batch", to("eval_batch", int)),
     ignore("prediction_loss_only", False, EVAL_LOOP),
     ignore("eval_on_start", False, "grpolab scores eval_dataset before the first step whenever one is given"),
@@ -369,7 +338,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("eval_accumulation_steps", None, EVAL_LOOP),
     ignore("include_for_metrics", [], EVAL_LOOP),
     ignore("batch_eval_metrics", False, EVAL_LOOP),
-    refuse("save_only_model", False, "grpolab's checkpoints always hold the optimizer state, so that they resume"),
+    SAVE_ONLY_MODEL,
     Entry(
         "save_strategy",
         "steps",
@@ -397,7 +366,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         "None (TRL's default) or <= 0 keeps every checkpoint (keep_checkpoints=0), as transformers' Trainer does; "
         "grpolab's own default keeps the last (keep_checkpoints=1). The best model is kept besides.",
     ),
-    refuse("enable_jit_checkpoint", False, "grpolab checkpoints on SIGTERM by itself (a graceful stop)"),
+    ENABLE_JIT_CHECKPOINT,
     refuse("push_to_hub", False, HUB),
     refuse("hub_token", None, HUB),
     refuse("hub_private_repo", None, HUB),
@@ -415,9 +384,9 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ),
     refuse("metric_for_best_model", None, "grpolab's best checkpoint is the one with the best evaluation reward"),
     refuse("greater_is_better", None, "grpolab's best checkpoint is the one with the highest evaluation reward"),
-    refuse("ignore_data_skip", False, "a resumed run takes exactly the rows it would have taken (seeded epochs)"),
+    IGNORE_DATA_SKIP,
     ignore("restore_callback_states_from_checkpoint", False, "callbacks keep no state in grpolab's checkpoints"),
-    refuse("full_determinism", False, "grpolab seeds every step; torch's deterministic algorithms are not forced"),
+    FULL_DETERMINISM,
     same("seed", "seed", 42),
     same("data_seed", "data_seed", None, "Seeds the epochs' row order; None: seed."),
     Entry("use_cpu", False, "map", "device", to("device", lambda v: "cpu" if v else "auto")),
@@ -467,11 +436,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("do_train", False, NOT_TRAINING),
     ignore("do_eval", False, NOT_TRAINING),
     ignore("do_predict", False, NOT_TRAINING),
-    refuse(
-        "resume_from_checkpoint",
-        None,
-        "call trainer.train(resume_from_checkpoint=True) or run `grpolab train --resume OUTPUT_DIR`",
-    ),
+    RESUME_FROM_CHECKPOINT,
     ignore("local_rank", -1, "set by the launcher; grpolab reads torchrun's environment"),
 ]
 

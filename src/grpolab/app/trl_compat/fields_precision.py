@@ -1,5 +1,6 @@
 """TRL's compute fields in grpolab's terms: bf16 and fp16 (the `precision` setting), torch_compile with its
-backend and mode (`compile`, grpolab.model.compiling). Part of the mapping table (grpolab.app.trl_compat.fields_hf holds their entries)."""
+backend and mode (`compile`, grpolab.model.compiling), tf32 (the `tf32` setting, grpolab.model.numerics). Part of
+the mapping table (grpolab.app.trl_compat.fields_hf and fields_run hold their entries)."""
 
 from __future__ import annotations
 
@@ -55,9 +56,28 @@ def torch_compile_setting(v, a) -> dict:
     return {"compile": True, "compile_backend": backend or "inductor", "compile_mode": mode or "default"}
 
 
+def tf32_setting(v, a) -> dict:
+    """tf32 as transformers' TrainingArguments.__post_init__ leaves torch (grpolab.model.numerics): True -> tf32=true,
+    refused where no CUDA GPU of the Ampere generation or newer is present (transformers' ValueError); False ->
+    tf32=false; None -> TF32 on (tf32=true) when torch_compile is on (or its backend or mode given) on such a GPU
+    and fp16 is off or bf16 on, as transformers turns it on for torch.compile; else nothing (torch's setting)."""
+    from grpolab.model.numerics import TF32_UNAVAILABLE, tf32_available
+
+    if v is None:
+        compiled = a.get("torch_compile") or any(
+            a.get(k) is not None for k in ("torch_compile_backend", "torch_compile_mode")
+        )
+        bf16 = a.get("bf16") if a.get("bf16") is not None else not a.get("fp16")  # TRL: bf16 unless fp16
+        on = compiled and (not a.get("fp16") or bf16) and tf32_available()
+        return {"tf32": True} if on else {}
+    if v and not tf32_available():
+        raise fail("tf32", v, f"{TF32_UNAVAILABLE} (transformers' error); this machine has none: leave tf32 None")
+    return {"tf32": bool(v)}
+
+
 def read_with_torch_compile(v, a) -> dict:
     """torch_compile_backend / torch_compile_mode: their settings are written by torch_compile_setting."""
     return {}
 
 
-__all__ = ["bf16_setting", "fp16_setting", "read_with_torch_compile", "torch_compile_setting"]
+__all__ = ["bf16_setting", "fp16_setting", "read_with_torch_compile", "tf32_setting", "torch_compile_setting"]

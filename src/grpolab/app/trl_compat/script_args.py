@@ -167,6 +167,11 @@ def trl_command(args: list[str]) -> tuple[dict, list[str], list[str], Any, Any]:
             trl.setdefault(head, {})[rest] = parse_overrides([f"x={raw}"])["x"]
         else:
             own.append(arg)
+    if trl.get("resume_from_checkpoint"):  # `trl grpo` hands it to trainer.train(); the field itself is only stored
+        raise ConfigError(
+            f"resume_from_checkpoint={trl['resume_from_checkpoint']!r}: on grpolab's command line a run continues "
+            f"with `grpolab train --resume OUTPUT_DIR [max_steps=N]` (its newest checkpoint)"
+        )
     script = parse_overrides(raw_script)
     settings, trl_extra = script_settings(script)
     if trl_extra.get("model_init_kwargs"):

@@ -272,7 +272,8 @@ class GRPOTrainer:
             recipe["eval_size"] = 0  # TRL evaluates eval_dataset only
         if resume_from_checkpoint:
             kwargs["resume"] = str(self._run_of(resume_from_checkpoint))
-            kwargs.update({k: recipe[k] for k in ("steps",) if k in recipe})  # a larger max_steps trains on
+            # a larger max_steps trains on; ignore_data_skip is read on resume, as the Trainer reads it
+            kwargs.update({k: recipe[k] for k in ("steps", "ignore_data_skip") if k in recipe})
             recipe = None
             self.state = self._adapter.state = self._resumed_state(kwargs["resume"])
         self.summary = api.train(recipe, rewards=self.reward_specs, **kwargs)

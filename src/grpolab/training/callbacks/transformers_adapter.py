@@ -58,8 +58,10 @@ def training_arguments(cfg, out: Path):
         logging_steps=1,
         save_steps=(cfg.save_every or cfg.steps) * per,
         save_strategy="steps",
+        save_only_model=cfg.save_only_model,
         eval_strategy="steps",  # every evaluation the run makes is passed on, the one before training too
         eval_steps=(cfg.eval_steps or cfg.steps) * per,
+        eval_delay=cfg.eval_delay * per,
         eval_on_start=bool(cfg.eval_size),
         report_to="none",
         run_name=cfg.run_name or out.resolve().name,
