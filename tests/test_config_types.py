@@ -39,6 +39,7 @@ OPEN_STRINGS = {
     "env.name": "a built-in environment or a module:Name / file.py:Name spec",
     "lora.target_modules": "all-linear or layer names",
     "compile_backend": "torch._dynamo's backends, a registry filled by torch and plugins (model.compiling checks it)",
+    "rollout.structured_outputs_regex": "a regular expression, compiled by vLLM's structured outputs",
 }
 """The string settings whose values are open-ended, each with why; every other string setting is a switch."""
 

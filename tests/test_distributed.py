@@ -380,3 +380,46 @@ def test_two_hosts_survive_a_lost_host(pair, tiny_model_dir, tmp_path):
     (rec,) = read_jsonl(out / "restarts.jsonl")
     assert rec["step"] == 1 and rec["checkpoint"] == "step-000001" and rec["torchelastic_restart_count"] == 1
     _close_to(one, out)
+
+
+def test_trl_fsdp_under_torchrun_shards_the_run(tiny_model_dir, tmp_path):
+    """TRL's fsdp (grpolab.app.trl_compat.fields_fsdp) under torchrun: `torchrun --nproc_per_node 2 -m grpolab
+    train --trl fsdp=full_shard ...` runs sharded with FSDP2 (its idle-pass count is in the step's row)."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "grpolab",
+        "train",
+        "--trl",
+        "fsdp=full_shard",
+        "gradient_checkpointing=false",
+        f"output_dir={out}",
+        f"model={tiny_model_dir}",
+        "task=arithmetic",
+        "max_steps=1",
+        "per_device_train_batch_size=8",  # grpolab's batch: two groups of 4, one per process
+        "num_generations=4",
+        "max_completion_length=4",
+        "learning_rate=1e-3",
+        "report_to=none",
+        "bf16=false",
+        "eval_size=0",
+        "progress=false",
+        "report=false",
+        "threads=1",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1] and "update/idle_passes" in rows[0]

@@ -336,3 +336,37 @@ def test_a_model_vllm_cannot_start_stops_before_anything_is_written(vllm_model_d
     assert proc.returncode == 1, err[-2000:]
     assert "vLLM failed to start" in err and "rollout.engine=native" in err
     assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
+
+
+def test_the_sampling_params_carry_the_regex_as_trl_builds_them():
+    """TRL's colocated vLLM: SamplingParams(structured_outputs=StructuredOutputsParams(regex=...)), the regex
+    winning over a structured_outputs of generation_kwargs; no regex, no constraint."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from grpolab.engine.vllm_engine import vllm_sampling_kwargs
+
+    sampling = Sampling(max_new_tokens=4, extra={"structured_outputs": StructuredOutputsParams(choice=["a"])})
+    kw = vllm_sampling_kwargs(sampling, max_tokens=4, n=2, seed=0, eos_ids={0}, regex=r"\d+")
+    assert kw["structured_outputs"] == StructuredOutputsParams(regex=r"\d+")
+    assert "structured_outputs" not in vllm_sampling_kwargs(
+        Sampling(max_new_tokens=4), max_tokens=4, n=1, seed=0, eos_ids={0}
+    )
+
+
+def test_a_regex_constrains_every_completion_and_the_native_engine_refuses_it(vllm_model_dir, tmp_path):
+    """rollout.structured_outputs_regex (TRL's vllm_structured_outputs_regex): every completion the run samples,
+    in training and in evaluation, matches the regex (the random model alone never writes one); the native
+    engine refuses it, naming the key."""
+    import re
+
+    from grpolab.app.cli import main
+
+    regex = "(yes|no)[0-9]{2}"
+    out = tmp_path / "regex"
+    err = run_cli(vllm_model_dir, out, "steps=1", f"rollout.structured_outputs_regex='{regex}'", "eval_size=2")
+    assert "structured outputs" in " ".join(err.split())
+    texts = [r["completion"] for r in read_jsonl(out / "samples.jsonl")]
+    assert texts and all(re.fullmatch(regex, t) for t in texts), texts
+    assert json.loads((out / "summary.json").read_text())["eval_after"]["n"] == 2
+    bad = ["train", f"model={vllm_model_dir}", f"out={tmp_path / 'native'}", "rollout.structured_outputs_regex=a+"]
+    assert main([*bad, "rollout.engine=native"]) == 2

@@ -89,7 +89,12 @@ def test_every_field_has_one_entry_and_a_reason_where_it_is_not_mapped():
 def test_every_mapped_path_is_a_grpolab_setting():
     values = {name: e.default for name, e in TABLE.items()}
     values.update(
-        eval_strategy="steps", save_strategy="best", warmup_steps=0.1, steps_per_generation=2, report_to=["tensorboard"]
+        eval_strategy="steps",
+        save_strategy="best",
+        metric_for_best_model="reward",
+        warmup_steps=0.1,
+        steps_per_generation=2,
+        report_to=["tensorboard"],
     )
     paths = set()
     for e in TABLE.values():
@@ -213,6 +218,7 @@ def test_sampling_evaluation_and_tracker_fields_convert():
             report_to=["wandb", "tensorboard"],
             run_name="r1",
             load_best_model_at_end=True,
+            metric_for_best_model="reward",
             loss_type="sapo",
             sapo_temperature_neg=2.0,
             entropy_coef=0.01,

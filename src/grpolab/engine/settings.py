@@ -37,6 +37,8 @@ class RolloutConfig:
     """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache)."""
     vllm_gpu_memory: float = 0.3
     """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
+    structured_outputs_regex: str | None = None
+    """vLLM only: every completion constrained to match this regular expression (vLLM's structured outputs, SamplingParams(structured_outputs=StructuredOutputsParams(regex=...)), as TRL's vllm_structured_outputs_regex), in training and evaluation rollouts alike; the native engine refuses it. The update's log-probs stay the policy's own, unconstrained: the correction below weighs the gap, as in TRL. null: off."""
     correction: Correction = "token_truncate"
     """Importance-sampling correction of the sampler/trainer mismatch when the engine is not the trainer (vllm): token_truncate (w_t = min(pi_old/pi_sampler, C), as verl's default), token_mask, sequence_truncate, sequence_mask (TRL 1.16's default) or none. The native engine samples from the trainer's own weights and needs none."""
     correction_clip: float = 2.0

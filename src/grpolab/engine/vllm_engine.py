@@ -1,7 +1,8 @@
 """vLLM as the rollout engine, in this process beside the trainer (colocated, as TRL's
 `vllm_mode="colocate"`): token ids in, token ids and per-token log-probs out.
 
-    start:   LLM(model dir, dtype, prefix caching, logprobs after temperature/top-p, no tokenizer)
+    start:   LLM(model dir, dtype, prefix caching, logprobs after temperature/top-p, no tokenizer unless a
+             structured-outputs regex needs it)
     step:    generate: one request per prompt with n = G, each with its own seed from the step's
              generator (vLLM gives child k of a request seed + k), so a fixed seed repeats a run
     after a step's rollouts: release: on a CPU the KV cache's memory freed for the update
@@ -112,6 +113,7 @@ class VllmEngine:
         from vllm import LLM
 
         self.dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
+        self.regex = settings.structured_outputs_regex
         self.eager = settings.vllm_eager
         self.tokenizer, self.eos_ids, self.version = tokenizer, set(eos_ids), 0
         self.device, self.released = device, False
@@ -133,7 +135,7 @@ class VllmEngine:
                 max_model_len=max_model_len,
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
-                skip_tokenizer_init=True,
+                skip_tokenizer_init=self.regex is None,  # structured outputs compile the regex over its vocabulary
                 **extra,
             )
         except Exception as e:  # noqa: BLE001 (vLLM's start-up raises many kinds)
@@ -145,8 +147,9 @@ class VllmEngine:
             torch.set_num_threads(threads)
 
     def describe(self) -> str:
+        regex = "" if self.regex is None else "structured outputs, "
         return (
-            f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, "
+            f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, {regex}"
             f"started in {self.startup_s:.0f} s)"
         )
 
@@ -154,7 +157,9 @@ class VllmEngine:
         from vllm import SamplingParams
 
         return SamplingParams(
-            **vllm_sampling_kwargs(sampling, max_tokens=max_tokens, n=n, seed=seed, eos_ids=self.eos_ids)
+            **vllm_sampling_kwargs(
+                sampling, max_tokens=max_tokens, n=n, seed=seed, eos_ids=self.eos_ids, regex=self.regex
+            )
         )
 
     def _run(self, prompts: list[list[int]], params: list) -> list:
@@ -297,12 +302,16 @@ class VllmEngine:
             del llm
 
 
-def vllm_sampling_kwargs(sampling: Sampling, *, max_tokens: int, n: int, seed: int, eos_ids: set[int]) -> dict:
+def vllm_sampling_kwargs(
+    sampling: Sampling, *, max_tokens: int, n: int, seed: int, eos_ids: set[int], regex: str | None = None
+) -> dict:
     """vLLM SamplingParams keywords for `sampling`: temperature, top_p, top_k, min_p and
     repetition_penalty as grpolab's native sampler reads them (vLLM's penalty has the same form,
     z / p for z > 0 and z * p otherwise, on prompt and completion tokens), then `sampling.extra`
     (generation_kwargs) on top. Greedy is temperature 0 with no filter but the penalty. vLLM applies
-    min_p before top-k/top-p, transformers after them; they agree unless min_p and top_p are both set."""
+    min_p before top-k/top-p, transformers after them; they agree unless min_p and top_p are both set.
+    `regex` (rollout.structured_outputs_regex): structured_outputs=StructuredOutputsParams(regex=...), as TRL's
+    colocated vLLM builds it (winning over a structured_outputs of generation_kwargs, as there)."""
     greedy = sampling.greedy
     kw = dict(
         n=n,
@@ -320,6 +329,10 @@ def vllm_sampling_kwargs(sampling: Sampling, *, max_tokens: int, n: int, seed: i
         ignore_eos=not eos_ids,
     )  # no stop ids: vLLM would still stop at the config's EOS
     kw.update(sampling.extra)
+    if regex is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kw["structured_outputs"] = StructuredOutputsParams(regex=regex)
     return kw
 
 

@@ -122,6 +122,8 @@ class Config:
     """auto (fp32 on a CPU without bf16 instructions, decided from the CPU in milliseconds; elsewhere per phase: bf16 autocast where it measured at least 10% faster than fp32 on this machine, timed for a few seconds at start, remembered per machine and model shape in $GRPOLAB_CACHE/precision and kept on resume; bf16 on a bf16-capable GPU; docs/performance.md, "precision=auto"), bf16, fp16 (a CUDA GPU only: fp16 autocast, the update's loss scaled by torch.amp.GradScaler, an overflowing update skipped and counted in update/overflow_skipped, the scale saved in each checkpoint; refused on a CPU, where bf16 is the low precision) or fp32. Weights and optimizer state stay fp32."""
     lm_head_fp32: bool = False
     """The LM head of the update's and the reference's passes in fp32 under a bf16 autocast (its input cast to fp32, the matmul and log-softmax in fp32): the log-probs and the ratio without bf16 rounding in the logits, as ScaleRL recommends (TRL's cast_lm_head_to_fp32). With precision fp32 every pass is fp32 already."""
+    neftune_alpha: float | None = None
+    """NEFTune (Jain et al. 2023; TRL's neftune_noise_alpha): uniform noise in [-1, 1] x alpha / sqrt(L d) added to the input embeddings of the update's passes (L the sequence's length, d the embedding width; grpolab.model.neftune), never to the rollout's, the reference's or the evaluation's; null: off. The paper used 5 to 15."""
     cpu_malloc: CpuMalloc = "keep"
     """On a CPU under glibc: keep (freed memory stays in the process and is reused, so a new tensor does not fault its pages in anew; grpolab.parallel.allocator) or system (malloc as it is)."""
     decoder: Decoder = "auto"
@@ -149,9 +151,11 @@ class Config:
     eval_pass_threshold: float = 1.0
     """A completion passes (counts as correct for pass@k and the extraction report) when its main reward is at least this."""
     save_best: str = ""
-    """Keep the best model by an eval metric (higher is better), e.g. eval/accuracy or eval/pass@1 (eval/pass@K needs K <= eval_num_generations): written to OUT/checkpoints/best (weights and tokenizer, with best.json) at each evaluation that improves it, never pruned; empty: off."""
+    """Keep the best model by an eval metric the run's evaluation logs (higher is better unless save_best_higher says otherwise or its name ends in loss), e.g. eval/accuracy, eval/reward, eval/pass@1 (eval/pass@K needs K <= eval_num_generations), eval/loss (the training loss of the evaluation's completions, measured where it needs no reference or critic), eval/length or eval/reward/NAME/mean: written to OUT/checkpoints/best (weights and tokenizer, with best.json) at each evaluation that improves it, never pruned; empty: off."""
+    save_best_higher: bool | None = None
+    """Whether a higher save_best metric is better (TRL's greater_is_better); null: higher unless the metric's name ends in loss, as transformers decides it."""
     eval_stop_at: float | None = None
-    """Stop the run (checkpoint, summary, report) at the first evaluation whose save_best metric (eval/accuracy when save_best is empty) reaches this value; needs eval_steps > 0. None: off."""
+    """Stop the run (checkpoint, summary, report) at the first evaluation whose save_best metric (eval/accuracy when save_best is empty) reaches this value (at or above it; at or below it where lower is better, save_best_higher); needs eval_steps > 0. None: off."""
     save_every: int = 20
     """Write a checkpoint every N steps and at the end (0: only at the end). `--resume` continues from the newest one; a checkpoint of the 135M model with its AdamW state is about 1.6 GB."""
     keep_checkpoints: int = 1
@@ -349,6 +353,7 @@ def validate(cfg: Config) -> None:
         (cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
         (cfg.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)"),
         (cfg.max_nonfinite_updates >= 1, "max_nonfinite_updates", "must be >= 1"),
+        (cfg.neftune_alpha is None or cfg.neftune_alpha >= 0, "neftune_alpha", "must be >= 0, or null for off"),
         (
             cfg.algo.overlong_buffer <= cfg.max_completion_tokens,
             "algo.overlong_buffer",

@@ -14,10 +14,23 @@ COMPILE_WITH_CHECKPOINTING = (
 )
 
 
+EVAL_METRIC = re.compile(
+    r"eval/(accuracy(_lo|_hi)?|reward|reward_std|loss|length|length_min|length_max|truncated_frac|zero_std_frac"
+    r"|ended_length_(mean|min|max)|turns|pass@(\d+)(_lo|_hi)?|reward/.+/(mean|std)|extract/.+/(no_answer|wrong|right))"
+)
+"""The metrics of an evaluation (grpolab.training.evaluation.eval_metrics) that can rank evaluations: save_best's
+and eval_stop_at's. Group 4 is pass@K's K."""
+
+EVAL_METRIC_NAMES = (
+    "eval/accuracy, eval/reward, eval/loss, eval/length, eval/pass@K, eval/reward/NAME/mean, eval/reward_std, "
+    "eval/truncated_frac, eval/zero_std_frac, eval/ended_length_mean, eval/turns, eval/extract/NAME/right, ..."
+)
+
+
 def eval_checks(cfg) -> list[tuple[bool, str, str]]:
     """The evaluation settings' checks, as (ok, key, message) rows of validate()."""
     metric = cfg.save_best or "eval/accuracy"
-    m = re.fullmatch(r"eval/(accuracy|reward|pass@(\d+))", metric)
+    m = EVAL_METRIC.fullmatch(metric)
     n = max(1, cfg.eval_num_generations)
     return [
         (cfg.eval_steps >= 0, "eval_steps", "must be >= 0 (0: evaluate only before and after training)"),
@@ -27,10 +40,10 @@ def eval_checks(cfg) -> list[tuple[bool, str, str]]:
         (
             m is not None,
             "save_best",
-            f"{metric!r} is not an eval metric; use eval/accuracy, eval/reward or eval/pass@K",
+            f"{metric!r} is not an eval metric; use one the evaluation logs: {EVAL_METRIC_NAMES} (docs/evaluation.md)",
         ),
         (
-            m is None or m.group(2) is None or 1 <= int(m.group(2)) <= n,
+            m is None or m.group(4) is None or 1 <= int(m.group(4)) <= n,
             "save_best",
             f"{metric}: K must be between 1 and eval_num_generations={cfg.eval_num_generations} (greedy: only pass@1)",
         ),
@@ -59,4 +72,4 @@ def compile_checks(cfg) -> list[tuple[bool, str, str]]:
     ]
 
 
-__all__ = ["COMPILE_WITH_CHECKPOINTING", "compile_checks", "eval_checks"]
+__all__ = ["COMPILE_WITH_CHECKPOINTING", "EVAL_METRIC", "EVAL_METRIC_NAMES", "compile_checks", "eval_checks"]

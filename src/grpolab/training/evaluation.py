@@ -278,6 +278,7 @@ class Evaluator:
         self.run, self.eval_set, self.logger, self.on_evaluate = run, eval_set, logger, on_evaluate
         cfg = run.cfg
         self.metric = cfg.save_best or "eval/accuracy"
+        self.higher = higher_is_better(self.metric, cfg.save_best_higher)
         self.last: dict | None = None
         self.last_step = -1
         self.stop_reason: str | None = None
@@ -318,17 +319,21 @@ class Evaluator:
         from grpolab.parallel import distributed
         from grpolab.parallel import fsdp as sharding
 
+        loss = self.metric == "eval/loss"  # measured when it ranks the evaluations
         with sharding.gathered(self.run.policy):  # FSDP: rank 0's evaluation unsharded (every rank enters)
-            res = evaluate(self.run, self.eval_set) if self.eval_set else {}
+            res = evaluate(self.run, self.eval_set, loss=loss) if self.eval_set else {}
         self.last, self.last_step = res or None, step
         metrics = eval_metrics(res)
+        if res and self.run.cfg.save_best and self.metric not in metrics:
+            raise ConfigError(missing_metric(self.metric, metrics))
         value = metrics.get(self.metric)
-        if value is not None and self.run.cfg.save_best and (self.best is None or value > self.best["value"]):
+        better = value is not None and (self.best is None or improves(value, self.best["value"], self.higher))
+        if self.run.cfg.save_best and better:
             self.best = {"step": step, "metric": self.metric, "value": value}
             save_best_model(self.run, self.best)
             metrics["eval/best"] = value
         stop_at = self.run.cfg.eval_stop_at
-        reached = stop_at is not None and step > 0 and value is not None and value >= stop_at
+        reached = stop_at is not None and step > 0 and value is not None and not improves(stop_at, value, self.higher)
         if distributed.global_counts(self.run.ranks, 1.0 if reached else 0.0)[0]:
             self.stop_reason = (
                 f"{self.metric} = {value:.4g} reached eval_stop_at={stop_at:g} after step {step}"
@@ -352,6 +357,30 @@ class Evaluator:
 
 
 BEST = "best"
+
+
+def higher_is_better(metric: str, setting: bool | None) -> bool:
+    """Whether a higher `metric` is the better model: `setting` (save_best_higher) where given, else higher
+    unless the name ends in loss (transformers' greater_is_better default)."""
+    return not metric.endswith("loss") if setting is None else bool(setting)
+
+
+def improves(value: float, best: float, higher: bool) -> bool:
+    """value > best where higher is better, value < best otherwise (ties keep the earlier model, as
+    transformers' _determine_best_metric keeps it)."""
+    return value > best if higher else value < best
+
+
+def missing_metric(metric: str, metrics: dict) -> str:
+    """The error of a save_best metric that this run's evaluation does not log, naming the ones it does."""
+    why = (
+        " (the evaluation's loss is measured only where the training loss needs no reference or critic: "
+        "algo.beta=0, no adaptive KL, no critic)"
+        if metric == "eval/loss"
+        else ""
+    )
+    logged = ", ".join(k for k in sorted(metrics) if k not in ("eval/prompts", "eval/samples_per_prompt"))
+    return f"save_best: this run's evaluation logs no {metric}{why}; it logs {logged}"
 
 
 def _read_best(out: Path) -> dict | None:
@@ -388,4 +417,14 @@ def summary_fields(before: dict | None, after: dict | None, evaluator: Evaluator
     return out
 
 
-__all__ = ["BEST", "Evaluator", "compare", "eval_metrics", "evaluate", "save_best_model", "summary_fields"]
+__all__ = [
+    "BEST",
+    "Evaluator",
+    "compare",
+    "eval_metrics",
+    "evaluate",
+    "higher_is_better",
+    "improves",
+    "save_best_model",
+    "summary_fields",
+]

@@ -25,8 +25,14 @@ def extra_generation_kwargs(cfg: Config) -> dict:
 
 
 def check_engine_kwargs(cfg: Config, engine_name: str) -> None:
-    """generation_kwargs beyond the sampling options reach only vLLM; the native engine refuses them by name
-    (exit 2) before any model is loaded."""
+    """generation_kwargs beyond the sampling options, and rollout.structured_outputs_regex, reach only vLLM; the
+    native engine refuses them by name (exit 2) before any model is loaded."""
+    if cfg.rollout.structured_outputs_regex is not None and engine_name != "vllm":
+        raise ConfigError(
+            f"rollout.structured_outputs_regex: only vLLM constrains decoding (its structured outputs); the "
+            f"{engine_name} rollout engine samples every token the policy gives: use rollout.engine=vllm "
+            f"(TRL: use_vllm=True), or drop the regex"
+        )
     extra = extra_generation_kwargs(cfg)
     if extra and engine_name != "vllm":
         raise ConfigError(

@@ -30,6 +30,7 @@ from grpolab.algo.sampler import correction_weights, mismatch_metrics
 from grpolab.batch import Batch, Rollout
 from grpolab.model.loss_scale import LOSS_SCALE, finish_step, scale_loss, scale_of, unscale_and_clip
 from grpolab.model.moe import RouterLogits
+from grpolab.model.neftune import noisy_embeddings
 from grpolab.model.passes import PassSpec, idle_pass, micro_batches, policy_logp, sampled_token_logp, slice_groups
 from grpolab.parallel.distributed import global_counts, sum_gradients
 from grpolab.parallel.fsdp import gathered, is_sharded, passes
@@ -142,7 +143,8 @@ def micro_batch_pass(run: Run, u: Update, rollout: Rollout, rows: Tensor | None,
         return None
     sl = slice_groups(rollout, rows, u.spec.device)
     router = RouterLogits() if u.spec.router is not None else None
-    logp, ent = policy_logp(u.spec, run.policy, sl, with_entropy=entropy, router=router)  # (b, C')
+    with noisy_embeddings(run.policy, run.cfg.neftune_alpha, sl.prompt_ids.shape[1] + sl.width):  # NEFTune
+        logp, ent = policy_logp(u.spec, run.policy, sl, with_entropy=entropy, router=router)  # (b, C')
     u.last_logp[rows, : sl.width] = logp.detach().cpu()
     aux = u.spec.router.loss(router) if router is not None else None
     return sl, logp, ent, aux

@@ -123,6 +123,14 @@ Differences that remain:
 - a mixture of experts' router load-balancing loss (`router_aux_loss_coef`) is TRL's term, c x aux per micro-batch;
   grpolab's micro-batches are whole groups where TRL shuffles the completions before cutting its accumulation
   steps, so with several micro-batches per optimizer step each `aux_loss` is over other tokens (with one, the same);
+- `neftune_noise_alpha` noises the update's passes (the loss, whose first epoch gives log pi_old), as TRL's hook
+  does in training mode; TRL's model is in training mode while transformers' `generate` samples too, so its
+  rollouts are noised where grpolab's (and TRL's vLLM ones) are not, and TRL's separate old-log-prob pass
+  (`num_iterations` > 1) is noised where grpolab takes log pi_old from its first update pass or the rollout; a
+  group's G completions share their prompt's noise (TRL draws it per sequence);
+- the best model (`load_best_model_at_end`, `save_strategy="best"`) can be the model before training: grpolab
+  evaluates `eval_dataset` before the first step and that evaluation competes; `metric_for_best_model="loss"`
+  (the default with `load_best_model_at_end`) needs `beta=0.0` (grpolab measures `eval_loss` only there);
 - the rows a stream gives are written to `OUT/dataset.jsonl` (max_steps x prompts per step of them);
 - a checkpoint written with `save_only_model=True` is refused by `resume_from_checkpoint` (exit 2 on the
   command line), where transformers' Trainer goes on silently with a fresh optimizer, schedule and RNG;

@@ -270,9 +270,23 @@ GRPO_FIELDS: list[Entry] = [
         ),
         "colocate only.",
     ),
-    refuse("vllm_model_impl", "vllm", "grpolab runs vLLM's own model implementation"),
+    refuse(
+        "vllm_model_impl",
+        "vllm",
+        "vLLM's Transformers backend decorates transformers' decoder class (LlamaModel, ...) in place for its "
+        "torch.compile (support_torch_compile), and grpolab's trainer, in the same process, then fails on its own "
+        "model of that class (no attribute do_not_compile); grpolab's vLLM runs vLLM's own implementation, TRL's "
+        "default",
+    ),
     ignore("vllm_enable_sleep_mode", False, "grpolab releases vLLM's KV cache during every update by itself"),
-    refuse("vllm_structured_outputs_regex", None, "grpolab does not constrain decoding"),
+    same(
+        "vllm_structured_outputs_regex",
+        "rollout.structured_outputs_regex",
+        None,
+        "use_vllm=True: every completion (training and evaluation) constrained to the regex by vLLM's structured "
+        "outputs, StructuredOutputsParams(regex=...) in SamplingParams as TRL builds it; the native engine refuses "
+        "it (only vLLM constrains decoding).",
+    ),
     ignore("vllm_server_base_url", None, VLLM_ONLY),
     ignore("vllm_server_host", "0.0.0.0", VLLM_ONLY),
     ignore("vllm_server_port", 8000, VLLM_ONLY),

@@ -5,6 +5,8 @@ See grpolab.app.trl_compat.entries for the kinds of entry."""
 from __future__ import annotations
 
 from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
+from grpolab.app.trl_compat.fields_best import BEST_FIELDS
+from grpolab.app.trl_compat.fields_fsdp import FSDP_FIELDS
 from grpolab.app.trl_compat.fields_precision import (
     bf16_setting,
     fp16_setting,
@@ -38,8 +40,6 @@ DDP = (
 )
 EVAL_LOOP = "a knob of transformers' prediction loop; grpolab's evaluation generates and scores (eval_dataset)"
 NOT_TRAINING = "a flag read by example scripts, not by the trainer"
-BEST = "eval/reward"
-"""grpolab's save_best metric for TRL's best model: the mean evaluation reward (TRL's eval_reward)."""
 
 
 def _batch(v, a) -> dict:
@@ -110,8 +110,8 @@ def _save_strategy(v, a) -> dict:
         if not isinstance(steps, int) and not float(steps).is_integer():
             raise fail("save_steps", steps, "grpolab saves every N steps; give a whole number")
         return {"save_every": to_steps("save_steps", steps, a)}
-    if v == "best":
-        return {"save_best": BEST}
+    if v == "best":  # the best model: read with load_best_model_at_end (grpolab.app.trl_compat.fields_best)
+        return {}
     raise fail("save_strategy", v, "grpolab saves every save_steps steps and at the end; use 'steps' or 'no'")
 
 
@@ -271,7 +271,13 @@ TRAINING_ARGUMENTS: list[Entry] = [
     refuse("use_liger_kernel", False, "grpolab has no Liger kernels (its own lm_head pass is chunked)"),
     refuse("liger_kernel_config", None, "grpolab has no Liger kernels"),
     ignore("use_cache", False, "the rollout always decodes with a KV cache and the training pass never keeps one"),
-    refuse("neftune_noise_alpha", None, "NEFTune noise is an SFT technique grpolab does not have"),
+    same(
+        "neftune_noise_alpha",
+        "neftune_alpha",
+        None,
+        "NEFTune: U(-1, 1) x alpha / sqrt(L d) on the input embeddings of the update's passes, as transformers' "
+        "hook; not on rollouts (TRL's transformers-generate rollouts are noised, its vLLM ones are not).",
+    ),
     ignore("torch_empty_cache_steps", None, "only when the CUDA cache is emptied; no value changes"),
     refuse("auto_find_batch_size", False, "TRL refuses it for GRPO too (the batch must hold whole groups)"),
     ignore("logging_strategy", "steps", LOGS),
@@ -346,7 +352,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
         "save_every (save_best)",
         _save_strategy,
         "steps: a checkpoint every save_steps steps; no: only the final one (grpolab always writes it); "
-        "best: save_best='eval/reward'.",
+        "best: the best model by metric_for_best_model (save_best; see load_best_model_at_end).",
     ),
     Entry(
         "save_steps",
@@ -374,16 +380,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     refuse("hub_strategy", "every_save", HUB),
     refuse("hub_always_push", False, HUB),
     refuse("hub_revision", None, HUB),
-    Entry(
-        "load_best_model_at_end",
-        False,
-        "map",
-        "save_best",
-        lambda v, a: {"save_best": BEST} if v else {},
-        "Keep the model with the best mean evaluation reward in output_dir/checkpoints/best.",
-    ),
-    refuse("metric_for_best_model", None, "grpolab's best checkpoint is the one with the best evaluation reward"),
-    refuse("greater_is_better", None, "grpolab's best checkpoint is the one with the highest evaluation reward"),
+    *BEST_FIELDS,  # load_best_model_at_end, metric_for_best_model, greater_is_better
     IGNORE_DATA_SKIP,
     ignore("restore_callback_states_from_checkpoint", False, "callbacks keep no state in grpolab's checkpoints"),
     FULL_DETERMINISM,
@@ -391,7 +388,13 @@ TRAINING_ARGUMENTS: list[Entry] = [
     same("data_seed", "data_seed", None, "Seeds the epochs' row order; None: seed."),
     Entry("use_cpu", False, "map", "device", to("device", lambda v: "cpu" if v else "auto")),
     ignore("accelerator_config", None, "grpolab does not run under accelerate"),
-    refuse("parallelism_config", None, "launch with torchrun (data parallel) and fsdp=true (docs/distributed.md)"),
+    refuse(
+        "parallelism_config",
+        None,
+        "accelerate's ParallelismConfig builds a device mesh of replicate/shard/tensor/context/sequence dimensions; "
+        "grpolab's processes are data parallel under torchrun, sharded with fsdp (docs/distributed.md), and TRL "
+        "itself refuses context and sequence parallelism for GRPO",
+    ),
     ignore("dataloader_drop_last", False, LOADER),
     ignore("dataloader_num_workers", 0, LOADER),
     ignore("dataloader_pin_memory", True, LOADER),
@@ -428,8 +431,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("ddp_static_graph", None, DDP),
     ignore("ddp_backend", None, DDP + "; the backend is nccl on CUDA, gloo on a CPU"),
     ignore("ddp_timeout", 1800, DDP),
-    refuse("fsdp", None, "launch with torchrun and fsdp=true (grpolab's FSDP2; docs/distributed.md)"),
-    refuse("fsdp_config", None, "launch with torchrun and fsdp=true (grpolab's FSDP2; docs/distributed.md)"),
+    *FSDP_FIELDS,  # fsdp, fsdp_config
     refuse("deepspeed", None, "grpolab has no DeepSpeed integration; use fsdp=true under torchrun"),
     ignore("debug", "", "transformers' debugging switches (underflow detection, TPU metrics)"),
     ignore("skip_memory_metrics", True, "grpolab logs memory/peak_mb every step"),
@@ -440,7 +442,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     ignore("local_rank", -1, "set by the launcher; grpolab reads torchrun's environment"),
 ]
 
-__all__ = ["BEST", "TRAINING_ARGUMENTS", "generation_split", "to_steps", "updates_per_step"]
+__all__ = ["TRAINING_ARGUMENTS", "generation_split", "to_steps", "updates_per_step"]
 
 
 def tqdm_disabled_by_logging() -> bool:

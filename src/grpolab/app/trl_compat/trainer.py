@@ -278,8 +278,21 @@ class GRPOTrainer:
             self.state = self._adapter.state = self._resumed_state(kwargs["resume"])
         self.summary = api.train(recipe, rewards=self.reward_specs, **kwargs)
         self.state = self._adapter.state
+        if self.args.load_best_model_at_end:
+            self._load_best_model()
         metrics = {k: v for k, v in self._adapter.output.items() if k != "total_flos"}  # as TRL returns them
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
+
+    def _load_best_model(self) -> None:
+        """transformers' load_best_model_at_end: the best model's weights (output_dir/checkpoints/best, which
+        save_best wrote: full weights, or the LoRA adapter) loaded into trainer.model in place when train()
+        ends; nothing where no evaluation kept one."""
+        best = (self.summary or {}).get("best")
+        if not best:
+            return
+        from grpolab.training.checkpoint import _load_model_weights  # the loader of checkpoints and their copies
+
+        _load_model_weights(Path(best["path"]), self.model)
 
     def _run_of(self, resume) -> Path:
         """The run directory a resume_from_checkpoint names: True -> output_dir; a checkpoint's directory -> the
