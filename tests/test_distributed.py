@@ -408,7 +408,7 @@ def test_trl_fsdp_under_torchrun_shards_the_run(tiny_model_dir, tmp_path):
         f"model={tiny_model_dir}",
         "task=arithmetic",
         "max_steps=1",
-        "per_device_train_batch_size=8",  # grpolab's batch: two groups of 4, one per process
+        "per_device_train_batch_size=4",  # TRL's global batch 4 x 2 processes: two groups of 4, one per process
         "num_generations=4",
         "max_completion_length=4",
         "learning_rate=1e-3",

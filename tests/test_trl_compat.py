@@ -188,6 +188,20 @@ def test_optimizer_steps_become_generations():
     assert (cfg.steps, cfg.warmup_steps, cfg.save_every, cfg.eval_steps) == (10, 2, 3, 5)
     assert cfg.lr_scheduler == "cosine"
     assert trl_recipe(GRPOConfig(per_device_train_batch_size=4, generation_batch_size=8))[0]["batch_size"] == 8
+
+
+def test_batch_sizes_count_every_process_as_trl_does(monkeypatch):
+    """Under torchrun TRL's generation batch is per_device_train_batch_size x processes x steps_per_generation
+    (GRPOConfig.__post_init__ with world_size = WORLD_SIZE); grpolab's batch_size is that global count and
+    micro_batch stays each process's slice."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    recipe = trl_recipe(GRPOConfig(per_device_train_batch_size=4, num_generations=4))[0]
+    assert (recipe["batch_size"], recipe["micro_batch"]) == (4 * 2 * 1, 4)
+    recipe = trl_recipe(GRPOConfig(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2))[0]
+    assert recipe["batch_size"] == 4 * 2 * 2
+    assert trl_recipe(GRPOConfig(per_device_train_batch_size=4, generation_batch_size=16))[0]["batch_size"] == 16
+    with pytest.raises(ConfigError, match="multiple of the global batch.*= 8"):
+        trl_recipe(GRPOConfig(per_device_train_batch_size=4, generation_batch_size=12))
     with pytest.raises(ConfigError, match="max_steps=41.*multiple of 4"):
         trl_recipe(
             GRPOConfig(

@@ -108,9 +108,9 @@ Differences that remain:
 - `OUT/checkpoint-N` holds the model, the tokenizer and `trainer_state.json`, not the optimizer, scheduler and
   RNG states (those are in the grpolab checkpoint it stands beside), and `resume_from_checkpoint` continues
   the run's newest checkpoint whichever `checkpoint-N` of the run it names;
-- TRL logs `clip_ratio/low_min`, `clip_ratio/high_max`, `eval_loss`, `eval_entropy` and `eval_clip_ratio/...`,
-  which grpolab has no number for (its evaluation generates and scores, with no loss pass); they are left out
-  of the rows. `entropy`, `kl` and the clip ratios are measured once per generation and repeated on each of
+- TRL logs `clip_ratio/low_min`, `clip_ratio/high_max`, `eval_entropy` and `eval_clip_ratio/...`, which
+  grpolab has no number for (its evaluation generates and scores); they are left out of the rows, and
+  `eval_loss` is there only where it ranks the best model (`metric_for_best_model="loss"`, with `beta=0.0`). `entropy`, `kl` and the clip ratios are measured once per generation and repeated on each of
   its optimizer steps; the evaluations during training carry no `eval_runtime`;
 - a model object is trained in fp32 (moved there in place) and sampled by grpolab's decode loop (vLLM needs
   a directory); `optimizers`, `quantization_config`, `rollout_func` and hyperparameter search are refused;

@@ -26,7 +26,7 @@ from grpolab.app.trl_compat.fields_run import (
     TF32,
 )
 from grpolab.app.trl_compat.fields_schedule import scheduler, scheduler_kwargs
-from grpolab.app.trl_compat.steps import generation_split, to_steps, updates_per_step
+from grpolab.app.trl_compat.steps import generation_split, global_batch, to_steps, updates_per_step
 
 HUB = "grpolab never contacts the Hugging Face Hub; upload output_dir (or save_model's directory) yourself"
 LOGS = (
@@ -43,15 +43,13 @@ NOT_TRAINING = "a flag read by example scripts, not by the trainer"
 
 
 def _batch(v, a) -> dict:
-    """TRL's optimizer batch is per_device_train_batch_size x gradient_accumulation_steps completions (one
-    process) and its generation batch per_device_train_batch_size x steps_per_generation; grpolab's
-    batch_size is completions per generation, algo.steps_per_generation its optimizer updates, and
-    micro_batch the forward/backward slice."""
+    """TRL's optimizer batch is per_device_train_batch_size x processes x gradient_accumulation_steps
+    completions and its generation batch per_device_train_batch_size x processes x steps_per_generation
+    (processes: torchrun's WORLD_SIZE); grpolab's batch_size is completions per generation over all
+    processes, algo.steps_per_generation its optimizer updates, and micro_batch each process's
+    forward/backward slice."""
     spg, updates = generation_split(a)
-    out = {
-        "micro_batch": int(a["per_device_train_batch_size"]),
-        "batch_size": int(a["per_device_train_batch_size"]) * spg,
-    }
+    out = {"micro_batch": int(a["per_device_train_batch_size"]), "batch_size": global_batch(a) * spg}
     if updates != 1:
         out["algo.steps_per_generation"] = updates
     return out
