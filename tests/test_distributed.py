@@ -27,6 +27,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(nproc: int, *target: str) -> list[str]:
+    """The command line of `torchrun --nproc_per_node nproc TARGET...` on this host, on a free port."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *target,
+    ]
+
+
 def run(out: Path, model: Path, prompts: int, nproc: int, *extra: str, check: bool = True):
     return launch(nproc, str(out), str(model), str(prompts), *extra, check=check)
 
@@ -34,22 +50,7 @@ def run(out: Path, model: Path, prompts: int, nproc: int, *extra: str, check: bo
 def launch(nproc: int, *args: str, check: bool = True):
     """tests/ddp_worker.py ARGS as one process, or under torchrun with nproc processes."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    if nproc == 1:
-        cmd = [sys.executable, str(WORKER), *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            str(WORKER),
-            *args,
-        ]
+    cmd = [sys.executable, str(WORKER), *args] if nproc == 1 else torchrun(nproc, str(WORKER), *args)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if check:
         assert res.returncode == 0, res.stderr[-4000:]
@@ -388,16 +389,8 @@ def test_trl_fsdp_under_torchrun_shards_the_run(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(ROOT / "src")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
+    cmd = torchrun(
+        2,
         "-m",
         "grpolab",
         "train",
@@ -418,7 +411,7 @@ def test_trl_fsdp_under_torchrun_shards_the_run(tiny_model_dir, tmp_path):
         "progress=false",
         "report=false",
         "threads=1",
-    ]
+    )
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     rows = read_jsonl(out / "metrics.jsonl")
