@@ -4,6 +4,7 @@ warm), so it is kept to one step of one micro-batch and marked slow."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -12,7 +13,7 @@ from e2e_helpers import read_jsonl, varied_score, weights
 
 from grpolab import rewards as rewards_mod
 from grpolab.app.cli import main
-from grpolab.model.compiling import compile_refusal
+from grpolab.model.compiling import compile_refusal, inductor_cache_dir
 from grpolab.training.config import build_config
 from grpolab.util.fields import ConfigError
 
@@ -78,3 +79,16 @@ def test_trl_torch_compile_maps_or_is_refused_with_checkpointing():
     assert not trl_recipe(GRPOConfig(output_dir="o"))[0].get("compile", False)  # TRL's default: eager
     with pytest.raises(ConfigError, match="torch_compile=True: with gradient_checkpointing=True"):
         trl_recipe(GRPOConfig(output_dir="o", torch_compile=True))  # TRL's default checkpointing
+
+
+def test_inductor_keeps_a_cache_per_instruction_set_and_the_users_own():
+    """Kernels compiled at one instruction set are never read back at another (inductor_cache_dir): unset, or
+    inductor's own default written back into the variable, -> the default with torch's capability appended;
+    a folder the user named is left as it is."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    assert inductor_cache_dir({}) == f"{default}_{isa}"
+    assert inductor_cache_dir({"TORCHINDUCTOR_CACHE_DIR": default}) == f"{default}_{isa}"
+    assert inductor_cache_dir({"TORCHINDUCTOR_CACHE_DIR": "/srv/kernels"}) is None

@@ -306,6 +306,7 @@ FAKE_RUN = SimpleNamespace(
     cfg=SimpleNamespace(sample_tokens=64, algo=algo()),
     tokenizer=VTOK,
     advantage=SimpleNamespace(computes_every_group=False),
+    pass_spec=SimpleNamespace(router=None),  # a dense model: no MoE router term
 )
 
 

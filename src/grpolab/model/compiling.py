@@ -15,6 +15,11 @@ Not with activation checkpointing (refused by the config, grpolab.training.confi
 replay restores the layer's cache slot from Python, which dynamo cannot trace inside the checkpoint, so the
 layers would run eager. What the compilation costs and how close the gradients come to the eager ones:
 docs/performance.md, "compile=true", and tests/test_compile.py.
+
+Inductor's kernel cache is kept apart per instruction set torch runs at (`inductor_cache_dir`): its cache
+keys do not tell a process capped at AVX2 (ATEN_CPU_CAPABILITY=avx2, how grpolab is tested for CPUs without
+AVX-512) from one at the CPU's own AVX-512, and kernels compiled under the one, reused by the other, gave
+NaN logits or a corrupted heap where measured.
 """
 
 from __future__ import annotations
@@ -67,10 +72,28 @@ def check_compiler(compiler: Compiler | None, device: torch.device) -> None:
         raise ConfigError(why)
 
 
+def inductor_cache_dir(environ=None) -> str | None:
+    """Inductor's cache folder for this process: None (left as it is) where TORCHINDUCTOR_CACHE_DIR names
+    a folder of the user's, else inductor's default, <tmp>/torchinductor_<user>, with the instruction set
+    torch's CPU kernels run at appended (torch.backends.cpu.get_cpu_capability(), e.g.
+    torchinductor_root_avx2). Inductor writes its default into the variable once it has looked, so that
+    value counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    environ = os.environ if environ is None else environ
+    default = os.path.abspath(default_cache_dir())
+    given = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if given and os.path.abspath(given) != default:
+        return None
+    return f"{default}_{torch.backends.cpu.get_cpu_capability().lower()}"
+
+
 def _compiled_forward(layer: nn.Module, compiler: Compiler):
     """The layer's compiled forward for `compiler`, made once per layer (and again if the options change)."""
     made = _COMPILED.get(layer)
     if made is None or made[0] != compiler:
+        if (folder := inductor_cache_dir()) is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
         mode = None if compiler.mode == "default" else compiler.mode
         made = (compiler, torch.compile(layer.forward, backend=compiler.backend, mode=mode))
         _COMPILED[layer] = made
@@ -95,4 +118,4 @@ def compiled(model: nn.Module, compiler: Compiler | None):
             del layer.forward
 
 
-__all__ = ["Compiler", "check_compiler", "compile_refusal", "compiled"]
+__all__ = ["Compiler", "check_compiler", "compile_refusal", "compiled", "inductor_cache_dir"]
