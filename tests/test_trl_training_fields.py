@@ -253,7 +253,9 @@ def test_fsdp_as_transformers_reads_it_becomes_fsdp_true_under_torchrun(fields, 
     args = trl_config(tmp_path, **copy.deepcopy(fields))
     assert args.fsdp is True  # transformers settles the legacy words
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert trl_recipe(args)[0]["fsdp"] is True
+    two = copy.copy(args)  # built in one process; under torchrun TRL settles the generation batch of two
+    two.generation_batch_size *= 2
+    assert trl_recipe(two)[0]["fsdp"] is True
     assert trl_recipe(GRPOConfig(**copy.deepcopy(fields)))[0]["fsdp"] is True
     monkeypatch.delenv("WORLD_SIZE")
     recipe, notes, _ = trl_recipe(args)
@@ -264,6 +266,7 @@ def test_activation_checkpointing_is_grad_checkpointing_as_transformers_allows_i
     fields = {"fsdp": True, "fsdp_config": {"activation_checkpointing": True}, "gradient_checkpointing": False}
     args = trl_config(tmp_path, **fields)  # in this process: the launcher's variables would make accelerate join one
     monkeypatch.setenv("WORLD_SIZE", "2")
+    args.generation_batch_size *= 2  # as TRL settles it under torchrun with two processes
     recipe = trl_recipe(args)[0]
     assert (recipe["fsdp"], recipe["grad_checkpointing"]) == (True, True)
     with pytest.raises(ConfigError, match="gradient_checkpointing=True too.*refuses both"):
