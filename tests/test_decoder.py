@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.engine.native import decoder
+from grpolab.engine.native import decoder, kernels
 from grpolab.engine.native.generate import generate
 from grpolab.engine.native.steppers import HFStepper, stepper_for
 from grpolab.model.cache import left_pad, positions
@@ -100,13 +100,36 @@ def test_lean_bf16_is_as_close_to_fp32_as_hf_autocast():
 
 
 def test_packed_bf16_layout_is_exact():
-    pack, packed = decoder._packer(torch.bfloat16, torch.device("cpu"), 16)
-    if not packed:
+    layout = decoder.layout_for(torch.bfloat16, torch.device("cpu"), 16)
+    if layout.name != "onednn":
         pytest.skip("this PyTorch build has no oneDNN linear ops: the lean step uses F.linear")
     W, b = torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
     x = torch.randn(5, 7, 64).bfloat16()
-    w = decoder.Weights(*([None] * 10), torch.bfloat16, True)
-    assert torch.equal(decoder.linear(w, x, pack(W), b), torch.nn.functional.linear(x, W, b))
+    w = decoder.Weights(*([None] * 10), torch.bfloat16, layout)
+    assert torch.equal(decoder.linear(w, x, layout.pack(W), b), torch.nn.functional.linear(x, W, b))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 23, 300])
+def test_fp32_panel_layout_matches_f_linear_and_its_accumulation(rows):
+    """The fp32 panel product (grpolab.engine.native.kernels' decode_linear.c) against F.linear in float64:
+    as close as torch's own fp32 product, for a tail of rows (5, 23), a tail of columns (out 50, not a
+    multiple of the panel width), a bias, the residual's add, and more rows than one chunk (300 x 1000)."""
+    layout = decoder.layout_for(torch.float32, torch.device("cpu"), 16)
+    if layout.name != "panels":
+        pytest.skip(f"the C kernels are unavailable here: {kernels.unavailable_reason('grpolab_panel_linear')}")
+    g = torch.Generator().manual_seed(rows)
+    W, b = torch.randn((50, 1000), generator=g), torch.randn(50, generator=g)
+    x, res = torch.randn((rows, 1000), generator=g), torch.randn((rows, 50), generator=g)
+    w = decoder.Weights(*([None] * 10), torch.float32, layout)
+    P = layout.pack(W)
+    exact = torch.nn.functional.linear(x.double(), W.double(), b.double())
+    torch_err = (torch.nn.functional.linear(x, W, b).double() - exact).abs().max().item()
+    got = decoder.linear(w, x, P, b)
+    assert got.shape == (rows, 50) and got.dtype == torch.float32
+    assert (got.double() - exact).abs().max().item() <= 4 * torch_err + 1e-5
+    summed = decoder.residual(w, res, x, P, b)
+    assert (summed.double() - (res.double() + exact)).abs().max().item() <= 4 * torch_err + 1e-5
+    assert decoder.linear(w, x.view(rows, 1, 1000), P).shape == (rows, 1, 50)
 
 
 def test_lora_adapter_is_merged_into_the_lean_weights():

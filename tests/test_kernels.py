@@ -100,7 +100,30 @@ def test_the_library_name_changes_with_every_instruction_set_it_was_built_for():
         kernels.library_name(src, kernels.build_flags(""), ver, avx512, ""),
     }
     assert name not in others and len(others) == 5
-    assert "-march=native" not in kernels.build_flags("") and "-march=native" in kernels.build_flags(isa512)
+    assert "-march=native" not in kernels.build_flags("") and "-march=native" in kernels.build_flags(isa512, "")
+
+
+@pytest.mark.skipif(not HAS_CC or "avx512f" not in kernels._cpu_flags(), reason="needs a C compiler and AVX-512")
+def test_aten_cpu_capability_avx2_builds_the_kernels_for_avx2(fresh):
+    """A process told to run as an AVX2 CPU (ATEN_CPU_CAPABILITY=avx2) gets kernels built without AVX-512:
+    the panel product's panels are 8 columns (one AVX2 register) instead of 16, and its own library."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from grpolab.engine.native import kernels; kernels.panel_pack(); "
+        "print(kernels._state['fns']['grpolab_panel_width']())"
+    )
+    widths = {}
+    for cap in ("avx2", "avx512"):
+        env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": cap, "GRPOLAB_CACHE": str(fresh)}
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        widths[cap] = int(done.stdout.split()[-1])
+    assert widths == {"avx2": 8, "avx512": 16}
+    assert len(list((fresh / "kernels").glob("*.so"))) == 2
+    assert "-mno-avx512f" in kernels.build_flags("-mavx512f", "avx2")
+    assert kernels.build_flags("-mavx512f", "avx512") == kernels.FLAGS
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")

@@ -196,7 +196,7 @@ def _live_peak(fn) -> int:
     return peak
 
 
-@pytest.mark.parametrize("layout", ["onednn", "nk"])
+@pytest.mark.parametrize("layout", ["panels", "onednn", "nk"])
 def test_a_lean_fp32_rollout_holds_what_the_plan_says(layout, monkeypatch):
     """A real fp32 rollout through the lean step (a Llama whose weights outweigh its KV cache and sampling
     buffers, so that a missing weight copy shows): the allocator's peak above the start within 10% of the

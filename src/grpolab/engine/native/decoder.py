@@ -16,10 +16,11 @@ forward is exactly this (Llama, Qwen2, Mistral without a sliding window) the rol
 
 with its weights gathered once per rollout into the compute dtype (bf16 when the rollout runs bf16,
 which is what autocast computes the products in; a LoRA adapter merged in: W + s B A), so no weight is
-cast per token. On a CPU, the weights are also reordered once into oneDNN's blocked layout
-(`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses; bf16: the same
-products to the bit, fp32: within float rounding, and in fp32 as `FP32_LAYOUT` says), faster for the
-few-row products of a decode step, whose weights come from memory at every token; each residual add is
+cast per token. On a CPU, bf16 weights are also reordered once into oneDNN's blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's CPU backend uses; the same products
+to the bit) and fp32 weights packed for grpolab.engine.native.kernels' panel product (within float
+rounding; `FP32_LAYOUT`), faster for the few-row products of a decode step, whose weights come from
+memory at every token (`Layout`); each residual add is
 the product's own accumulation in fp32 (`residual`). Between the products, a decode step's RMSNorms,
 RoPE, KV-cache writes, attention and silu(g) * u are grpolab.engine.native.kernels' C calls, one per
 operation instead of torch's several (docs/performance.md, "The lean decode step").
@@ -30,7 +31,9 @@ tests/test_decoder.py checks the logits against the HF forward and greedy rollou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,53 +86,99 @@ class Weights:
     n_kv: int
     head_dim: int
     dtype: torch.dtype
-    packed: bool  # weights in oneDNN's layout: apply them with `linear` below, never F.linear
+    layout: Layout  # how the weights are held: apply them with `linear` below, never F.linear
 
 
-FP32_LAYOUT = "onednn"
-"""How fp32 weights are applied on a CPU: "onednn" reordered into oneDNN's blocked layout (about 5% less
-CPU time per rollout than "nk" where measured, docs/devlog.md), "nk" as the model holds them, (out, in),
-by MKL's products (F.linear, addmm)."""
+FP32_LAYOUT = "panels"
+"""How fp32 weights are applied on a CPU: "panels", packed for grpolab.engine.native.kernels' panel product,
+which prefetches the weights while it multiplies (about 30% less time per decode step's products than
+"onednn" where measured, docs/devlog.md; where the kernels are unavailable, "onednn"); "onednn",
+reordered into oneDNN's blocked layout; "nk" as the model holds them, (out, in), by MKL's products
+(F.linear, addmm)."""
 
 
-def _packer(dtype: torch.dtype, device: torch.device, rows: int):
-    """W -> W in the form `linear` applies: oneDNN's blocked layout for bf16 on a CPU where it works
-    (checked on one product against F.linear: the same to the bit), and for fp32 where FP32_LAYOUT says
-    so (within float rounding of F.linear); else W itself. Returns (pack, packed)."""
-    wanted = dtype == torch.bfloat16 or (dtype == torch.float32 and FP32_LAYOUT == "onednn")
-    if not wanted or device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return (lambda W: W), False
+@dataclass(frozen=True)
+class Layout:
+    """How the lean step holds its weights and multiplies by them: `pack` W (out, in) once per rollout,
+    then `apply`(x, P, b) = x W^T + b and, for the fp32 residual stream, `accumulate`(x, a, P, b) =
+    x + a W^T + b (the sum the product's own accumulation, no second pass over x)."""
+
+    name: str
+    pack: Callable[[Tensor], Any]
+    apply: Callable[[Tensor, Any, Tensor | None], Tensor]
+    accumulate: Callable[[Tensor, Tensor, Any, Tensor | None], Tensor]
+
+
+def _addmm(x: Tensor, a: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+    out = torch.addmm(x, a, W.t())
+    return out if b is None else out.add_(b)
+
+
+PLAIN = Layout("nk", lambda W: W, F.linear, _addmm)
+
+
+def _onednn(rows: int) -> Layout:
+    return Layout(
+        "onednn",
+        lambda W: torch.ops.mkldnn._reorder_linear_weight(W.contiguous(), rows),
+        lambda x, W, b: torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], ""),
+        lambda x, a, W, b: torch.ops.mkldnn._linear_pointwise.binary(a, x, W, b, "add"),
+    )
+
+
+def _panels(pack) -> Layout:
+    def apply(x: Tensor, P, b: Tensor | None, add: Tensor | None = None) -> Tensor:
+        out = P.apply(x.contiguous(), b, None if add is None else add.contiguous())
+        if out is None:  # the lean step's rows are always fp32 on the CPU; anything else is a bug here
+            raise RuntimeError(f"the panel product takes fp32 CPU rows, not {x.dtype} on {x.device}")
+        return out
+
+    return Layout("panels", pack, apply, lambda x, a, P, b: apply(a, P, b, x))
+
+
+def _onednn_works(dtype: torch.dtype, rows: int) -> bool:
+    """oneDNN's reordered product on one small case against F.linear: the same to the bit in bf16, within
+    float rounding in fp32; False in a build without oneDNN's ops."""
+    if not torch.backends.mkldnn.is_available():
+        return False
     try:
-        W = torch.randn(8, 16, dtype=dtype)
-        x = torch.randn(3, 16, dtype=dtype)
+        W, x = torch.randn(8, 16, dtype=dtype), torch.randn(3, 16, dtype=dtype)
         got = torch.ops.mkldnn._linear_pointwise(
             x, torch.ops.mkldnn._reorder_linear_weight(W, rows), None, "none", [], ""
         )
     except (RuntimeError, AttributeError):  # a build without oneDNN's ops
-        return (lambda W: W), False
+        return False
     want = F.linear(x, W)
-    if not (torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, atol=1e-5)):
-        return (lambda W: W), False
-    return (lambda W: torch.ops.mkldnn._reorder_linear_weight(W.contiguous(), rows)), True
+    return torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, atol=1e-5)
 
 
-def linear(w: Weights, x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
-    """x W^T + b, with W as `weights_of` laid it out (packed or plain)."""
-    if w.packed:
-        return torch.ops.mkldnn._linear_pointwise(x, W, b, "none", [], "")
-    return F.linear(x, W, b)
+def layout_for(dtype: torch.dtype, device: torch.device, rows: int) -> Layout:
+    """The weights' layout for a rollout in `dtype` on `device`, laid out for products of `rows` rows: bf16
+    on a CPU oneDNN's (where it works); fp32 on a CPU as FP32_LAYOUT says ("panels" falls back to
+    "onednn" where the C kernels are unavailable); else the weights as they are."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return PLAIN
+    wanted = "onednn" if dtype == torch.bfloat16 else FP32_LAYOUT
+    if wanted == "panels":
+        pack = kernels.panel_pack()
+        if pack is not None:
+            return _panels(pack)
+        wanted = "onednn"
+    return _onednn(rows) if wanted == "onednn" and _onednn_works(dtype, rows) else PLAIN
 
 
-def residual(w: Weights, x: Tensor, a: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+def linear(w: Weights, x: Tensor, W, b: Tensor | None = None) -> Tensor:
+    """x W^T + b, with W as `weights_of` laid it out (w.layout)."""
+    return w.layout.apply(x, W, b)
+
+
+def residual(w: Weights, x: Tensor, a: Tensor, W, b: Tensor | None = None) -> Tensor:
     """x + a W^T + b for the fp32 residual stream x (N, H): in fp32 the sum is the product's own
-    accumulation (addmm's beta = 1, oneDNN's fused add), no second pass over x; in bf16 the product's
-    bf16 result is added to x in fp32, as autocast's forward adds it."""
+    accumulation (addmm's beta = 1, oneDNN's fused add, the panel product's add), no second pass over x;
+    in bf16 the product's bf16 result is added to x in fp32, as autocast's forward adds it."""
     if w.dtype != torch.float32:
         return x + linear(w, a, W, b)
-    if w.packed:
-        return torch.ops.mkldnn._linear_pointwise.binary(a, x, W, b, "add")
-    out = torch.addmm(x, a, W.t())
-    return out if b is None else out.add_(b)
+    return w.layout.accumulate(x, a, W, b)
 
 
 def unsupported_reason(model) -> str | None:
@@ -203,7 +252,8 @@ def weights_of(model, dtype: torch.dtype, rows: int = 16) -> Weights | None:
         return None
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg, body = inner.config, inner.model
-    pack, packed = _packer(dtype, body.embed_tokens.weight.device, rows)
+    layout = layout_for(dtype, body.embed_tokens.weight.device, rows)
+    pack = layout.pack
     layers = []
     for blk in body.layers:
         at, mlp = blk.self_attn, blk.mlp
@@ -239,7 +289,7 @@ def weights_of(model, dtype: torch.dtype, rows: int = 16) -> Weights | None:
         n_kv=getattr(cfg, "num_key_value_heads", None) or n_heads,
         head_dim=head_dim,
         dtype=dtype,
-        packed=packed,
+        layout=layout,
     )
 
 

@@ -77,9 +77,9 @@ class Regime:
     rollout_bytes: int = 4
     lean: bool = False
     """The rollout runs grpolab.engine.native.decoder's lean step (else the model's own forward and cache)."""
-    lean_fp32_layout: str = "onednn"
-    """How the lean step holds fp32 weights on a CPU (grpolab.engine.native.decoder.FP32_LAYOUT): "onednn", a
-    blocked copy of every weight; "nk", the model's own, copying only the stacked q|k|v and gate|up."""
+    lean_fp32_layout: str = "panels"
+    """How the lean step holds fp32 weights on a CPU (grpolab.engine.native.decoder.FP32_LAYOUT): "panels" or
+    "onednn", a packed copy of every weight; "nk", the model's own, copying only the stacked q|k|v and gate|up."""
     lora_r: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_dropout: float = 0.0
@@ -250,14 +250,14 @@ def decode_weights(s: Shape, r: Regime) -> int:
     """Bytes of the weights the lean step gathers for a rollout (grpolab.engine.native.decoder.weights_of).
 
     In bf16: c (L W_layer + 2 V H), every linear weight cast, and the head's cast beside its blocked copy
-    while oneDNN's layout is made (on a CPU). In fp32 on a CPU with the "onednn" layout: 4 (L W_layer +
-    V H), every weight reordered into a blocked copy of its own size (o, down and the head too; the
+    while oneDNN's layout is made (on a CPU). In fp32 on a CPU with the "panels" or "onednn" layout: 4 (L W_layer +
+    V H), every weight packed into a copy of its own size (o, down and the head too; the
     stacked q|k|v and gate|up copies are freed as each is reordered). Otherwise fp32 keeps o, down and
     the head as they are: 4 L (W_qkv + W_gate + W_up), the stacked copies. L layers, W_layer a layer's
     linear weights, V H the head's."""
     if r.rollout_bytes != F32:
         return r.rollout_bytes * (s.layers * s.layer_linear + 2 * s.embedding)
-    if r.device == "cpu" and r.lean_fp32_layout == "onednn":
+    if r.device == "cpu" and r.lean_fp32_layout in ("panels", "onednn"):
         return F32 * (s.layers * s.layer_linear + s.embedding)
     d = s.linear_dims()
     stacked = sum(d[k][0] * d[k][1] for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))

@@ -12,6 +12,10 @@ dispatch and a wake-up of every thread. These kernels do that work in one call e
   twelve operations per layer.
 - `rms_norm`, `silu_mul` (decode_step.c): the layer's two norms and its MLP's silu(g) * u, one call each
   instead of torch's six and three operations.
+- `panel_pack` (decode_linear.c): the fp32 matrix products of a decode step, on weights packed once per
+  rollout into panels the product walks front to back while prefetching the next ones, so that reading
+  the weights from memory overlaps the multiply-adds (oneDNN's and MKL's products on a few rows took
+  about the sum of the two; docs/performance.md, "The lean decode step").
 - `sample` (decode_step.c): a token per row from softmax(z / T) by inverse CDF and its log-prob, in one
   pass over the logits (torch's path makes six over the 49k-token vocabulary: divide, log-softmax, exp,
   cumsum, searchsorted, gather).
@@ -34,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -42,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = (Path(__file__).with_name("decode_attention.c"), Path(__file__).with_name("decode_step.c"))
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("decode_attention.c", "decode_step.c", "decode_linear.c"))
 HEADERS = (Path(__file__).with_name("attend.h"),)  # the attention loop both sources include
 # Not -ffast-math (nor -Ofast, -funsafe-math-optimizations): with those, GCC links crtfastmath.o into
 # the library, whose constructor sets flush-to-zero and denormals-are-zero in MXCSR when the library is
@@ -70,6 +75,9 @@ SIGNATURES = {  # C function -> its argument types (every one returns int: 0 don
     "grpolab_sample": [_P, _I32, _I32, _I32, _F32, _P, _I32, _P, _P],
     "grpolab_rms_norm": [_P, _I32, _I32, _I32, _P, _F32, _P],
     "grpolab_silu_mul": [_P, _I32, _I32, _I32, _P],
+    "grpolab_panel_width": [],
+    "grpolab_pack_panels": [_P, _I32, _I32, _P],
+    "grpolab_panel_linear": [_P, _I32, _I32, _P, _I32, _P, _P, _P],
 }
 
 
@@ -107,10 +115,22 @@ def _native_isa(cc: str) -> str:
     return done.stderr if done.returncode == 0 else ""
 
 
-def build_flags(native_isa: str) -> tuple[str, ...]:
+CAPPED_ISA = {"avx2": ("-mno-avx512f",), "default": ("-mno-avx",)}
+"""Flags that keep -march=native's code within ATEN_CPU_CAPABILITY (torch's own cap on its kernels), so
+that a process told to run as an AVX2 CPU runs these kernels as one too (docs/performance.md, "The CPUs
+people have")."""
+
+
+def build_flags(native_isa: str, capability: str | None = None) -> tuple[str, ...]:
     """FLAGS, less -march=native where the compiler could not say what it means here (native_isa ''):
-    such a library is built for the compiler's default target, which any CPU of this architecture runs."""
-    return FLAGS if native_isa else tuple(f for f in FLAGS if f != "-march=native")
+    such a library is built for the compiler's default target, which any CPU of this architecture runs.
+    With -march=native on x86, ATEN_CPU_CAPABILITY (`capability`, default the environment's) "avx2" or
+    "default" adds CAPPED_ISA's flags."""
+    if not native_isa:
+        return tuple(f for f in FLAGS if f != "-march=native")
+    cap = (os.environ.get("ATEN_CPU_CAPABILITY", "") if capability is None else capability).lower()
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i686")
+    return FLAGS + (CAPPED_ISA.get(cap, ()) if x86 else ())
 
 
 def library_name(texts: list[str], flags: tuple[str, ...], version: str, cpu_flags: str, native_isa: str) -> str:
@@ -168,7 +188,7 @@ def _load():
         fn.argtypes, fn.restype = argtypes, _I32
         fns[name] = fn
     for name, check in CHECKS.items():
-        error = check(fns[name])
+        error = check(*(fns[n] for n in CHECKED_TOGETHER.get(name, (name,))))
         if error is not None:
             errors[name] = error
             del fns[name]
@@ -263,6 +283,49 @@ def _call_silu_mul(fn, gu):
     return out
 
 
+class Panels:
+    """fp32 weights packed for grpolab_panel_linear (decode_linear.c): W (out, in) as panels of `width`
+    output columns, each (in, width) contiguous."""
+
+    def __init__(self, fns, W: torch.Tensor):
+        self.fns, self.out_features, self.in_features = fns, W.shape[0], W.shape[1]
+        width = fns["grpolab_panel_width"]()
+        self.data = torch.empty(-(-self.out_features // width) * width * self.in_features)
+        W = W.detach().float().contiguous()
+        fns["grpolab_pack_panels"](W.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None, add: torch.Tensor | None = None):
+        """add + x W^T + bias for x (..., in) fp32 (add (..., out) or None), or None for inputs it does not take."""
+        rows = x.reshape(-1, self.in_features)
+        if not (_fp32_rows(rows) and rows.is_contiguous() and rows.shape[0] > 0):
+            return None
+        extra = [t for t in (bias, add) if t is not None]
+        if not (_fp32_rows(*extra) and all(t.is_contiguous() for t in extra)):
+            return None
+        if add is not None and add.numel() != rows.shape[0] * self.out_features:
+            return None
+        out = torch.empty((*x.shape[:-1], self.out_features))
+        rc = self.fns["grpolab_panel_linear"](
+            rows.data_ptr(), rows.shape[0], self.in_features, self.data.data_ptr(), self.out_features,
+            None if bias is None else bias.data_ptr(), None if add is None else add.data_ptr(), out.data_ptr(),
+        )  # fmt: skip
+        return out if rc == 0 else None
+
+
+def _check_panel_linear(width, pack, fn) -> str | None:
+    """None when panel_linear's products (a tail of rows, a tail of columns, bias and add) agree with
+    F.linear, else why not."""
+    g = torch.Generator().manual_seed(6)
+    W, b, x = (torch.randn(shape, generator=g) for shape in ((37, 24), (37,), (21, 24)))
+    add = torch.randn((21, 37), generator=g)
+    fns = {"grpolab_panel_width": width, "grpolab_pack_panels": pack, "grpolab_panel_linear": fn}
+    panels = Panels(fns, W)
+    got, want = panels.apply(x, b, add), add + torch.nn.functional.linear(x, W, b)
+    ok = got is not None and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    ok = ok and torch.allclose(panels.apply(x[:3]), torch.nn.functional.linear(x[:3], W), atol=1e-5, rtol=1e-5)
+    return None if ok else "the panel product disagreed with F.linear on its self-check"
+
+
 def _check_attention(fn) -> str | None:
     """None when the kernel agrees with grpolab.model.attention on random inputs (padding included), else why not."""
     from grpolab.model.attention import grouped_query_attention
@@ -354,7 +417,20 @@ CHECKS = {
     "grpolab_sample": _check_sample,
     "grpolab_rms_norm": _check_rms_norm,
     "grpolab_silu_mul": _check_silu_mul,
+    "grpolab_panel_linear": _check_panel_linear,
 }
+
+
+CHECKED_TOGETHER = {"grpolab_panel_linear": ("grpolab_panel_width", "grpolab_pack_panels", "grpolab_panel_linear")}
+
+
+def panel_pack():
+    """W (out, in) -> Panels, the fp32 weights as grpolab_panel_linear reads them (their `apply(x, bias,
+    add)` is add + x W^T + bias); None when the kernel is unavailable (see unavailable_reason)."""
+    if _fn("grpolab_panel_linear") is None:
+        return None
+    fns = _state["fns"]
+    return lambda W: Panels(fns, W)
 
 
 def decode_attention():
@@ -416,6 +492,7 @@ __all__ = [
     "DISABLE_ENV",
     "cache_dir",
     "decode_attention",
+    "panel_pack",
     "reset",
     "rms_norm",
     "rope_attend",
