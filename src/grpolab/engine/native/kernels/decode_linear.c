@@ -51,16 +51,19 @@ int grpolab_pack_panels(const float *W, int Nout, int K, float *P) {
     return 0;
 }
 
-/* MB rows of x (stride K) times panel pp: acc[i] = sum_k x[i, k] pp[k, :] */
+/* MB rows of x (stride K) times panel pp: acc[i] = sum_k x[i, k] pp[k, :]. The weights are read through
+   the vector type itself (aligned(4): any address), not memcpy, which GCC's AVX2 tuning split into two
+   16-byte moves through the stack; the accumulators are locals, kept in registers over the loop. */
 static inline void block(const float *restrict x, int K, const float *restrict pp, vec acc[MB]) {
-    for (int i = 0; i < MB; i++) acc[i] = (vec){0};
+    vec a[MB];
+    for (int i = 0; i < MB; i++) a[i] = (vec){0};
     for (int k = 0; k < K; k++) {
         __builtin_prefetch((const char *)(pp + (int64_t)k * PW) + PREFETCH, 0, 2);
-        vec w;
-        memcpy(&w, pp + (int64_t)k * PW, sizeof w);
+        const vec w = *(const vec *)(pp + (int64_t)k * PW);
         #pragma GCC unroll 16
-        for (int i = 0; i < MB; i++) acc[i] += x[(int64_t)i * K + k] * w;
+        for (int i = 0; i < MB; i++) a[i] += x[(int64_t)i * K + k] * w;
     }
+    for (int i = 0; i < MB; i++) acc[i] = a[i];
 }
 
 /* y (M, Nout) = add + x (M, K) P^T + bias, every array contiguous; add and bias may be NULL, add may be y.
