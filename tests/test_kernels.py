@@ -54,19 +54,20 @@ def test_same_attention_as_torch_over_lengths_and_padding(nh, nkv, d):
     for S in (1, 8, 9, 23, cap):
         valid_s = valid.clone()
         valid_s[:, 0] |= S <= 7  # every row may look somewhere
-        got = attend(q, k, v, valid_s, S, d**-0.5)
+        got = attend(q, k.transpose(-1, -2).contiguous(), v, valid_s, S, d**-0.5)  # keys as (N, nkv, d, cap)
         assert torch.allclose(got, torch_attention(q, k, v, valid_s, S), atol=1e-5, rtol=1e-4), S
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
 def test_shapes_and_layouts_it_does_not_take_return_none():
     attend = kernels.decode_attention()
-    q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 600, 8)
+    q, kt, v = torch.randn(2, 4, 8), torch.randn(2, 2, 8, 600), torch.randn(2, 2, 600, 8)
     valid = torch.ones((2, 600), dtype=torch.bool)
-    assert attend(q, kv, kv, valid, 513, 1.0) is None  # longer than its score buffer
-    assert attend(torch.randn(2, 34, 8), kv[:, :1], kv[:, :1], valid, 10, 1.0) is None  # 34 query heads per kv head
-    assert attend(q.bfloat16(), kv, kv, valid, 10, 1.0) is None  # not fp32
-    assert attend(q, kv.transpose(2, 3).contiguous().transpose(2, 3), kv, valid, 10, 1.0) is None  # not contiguous
+    assert attend(q, kt, v, valid, 513, 1.0) is None  # longer than its score buffer
+    assert attend(torch.randn(2, 34, 8), kt[:, :1], v[:, :1], valid, 10, 1.0) is None  # 34 query heads per kv head
+    assert attend(q.bfloat16(), kt, v, valid, 10, 1.0) is None  # not fp32
+    assert attend(q, kt.transpose(2, 3).contiguous().transpose(2, 3), v, valid, 10, 1.0) is None  # not contiguous
+    assert attend(q, v, v, valid, 10, 1.0) is None  # keys not transposed (N, nkv, d, cap)
 
 
 def test_opt_out_and_missing_or_failing_compiler_leave_the_torch_path(fresh, monkeypatch):
@@ -227,10 +228,11 @@ def test_rope_attend_writes_the_cache_and_attends_as_torch_does(nh, nkv, d):
         heads = qkv.view(N, nh + 2 * nkv, d)
         qk = kernels.rope_reference(heads[:, : nh + nkv], cos[:, None], sin[:, None])
         k_want[:, :, t], v_want[:, :, t] = qk[:, nh:], heads[:, nh + nkv :]
-        got = rope_attend(qkv, cos, sin, k, v, valid, t, nh, d**-0.5)
+        kt = k.transpose(-1, -2).contiguous()  # the keys' cache is (N, nkv, d, cap)
+        got = rope_attend(qkv, cos, sin, kt, v, valid, t, nh, d**-0.5)
         want = torch_attention(qk[:, :nh], k_want, v_want, valid, t + 1)
         assert torch.allclose(got.view(N, nh, d), want, atol=1e-5, rtol=1e-4), t
-        assert torch.allclose(k, k_want, atol=1e-5, rtol=1e-5) and torch.equal(v, v_want)
+        assert torch.allclose(kt.transpose(-1, -2), k_want, atol=1e-5, rtol=1e-5) and torch.equal(v, v_want)
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
@@ -238,9 +240,10 @@ def test_rope_attend_takes_nothing_it_cannot_read():
     rope_attend = kernels.rope_attend()
     N, nh, nkv, d, cap = 2, 4, 2, 8, 10
     qkv, cs = torch.randn(N, (nh + 2 * nkv) * d), torch.randn(N, d)
-    k, v = torch.zeros(N, nkv, cap, d), torch.zeros(N, nkv, cap, d)
+    k, v = torch.zeros(N, nkv, d, cap), torch.zeros(N, nkv, cap, d)
     valid = torch.ones((N, cap), dtype=torch.bool)
     assert rope_attend(qkv.bfloat16(), cs, cs, k, v, valid, 3, nh, 1.0) is None  # not fp32
+    assert rope_attend(qkv, cs, cs, v, v, valid, 3, nh, 1.0) is None  # keys not transposed (N, nkv, d, cap)
     assert rope_attend(qkv[:, :-1], cs, cs, k, v, valid, 3, nh, 1.0) is None  # not (nh + 2 nkv) d columns
     assert rope_attend(qkv, cs, cs, k, v, valid, cap, nh, 1.0) is None  # slot beyond the cache
     assert not k.any() and not v.any()  # and nothing was written

@@ -319,20 +319,24 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class KVCache:
-    """Keys and values of every layer, preallocated to the longest sequence: (N, nkv, S, d) each, fp32
-    (for these small attention products fp32 was faster on the CPU than bf16, and it skips two casts;
-    docs/performance.md, "The lean decode step")."""
+    """Keys and values of every layer, preallocated to the longest sequence S, fp32 (for these small
+    attention products fp32 was faster on the CPU than bf16, and it skips two casts; docs/performance.md,
+    "The lean decode step"): values (N, nkv, S, d), keys transposed, (N, nkv, d, S), so that a decode
+    step's scores over consecutive slots are vector operations (`keys` gives the (N, nkv, S, d) view)."""
 
     def __init__(self, w: Weights, rows: int, capacity: int, device):
-        shape = (rows, w.n_kv, capacity, w.head_dim)
-        self.k = [torch.empty(shape, device=device) for _ in w.layers]
-        self.v = [torch.empty(shape, device=device) for _ in w.layers]
+        self.k = [torch.empty((rows, w.n_kv, w.head_dim, capacity), device=device) for _ in w.layers]
+        self.v = [torch.empty((rows, w.n_kv, capacity, w.head_dim), device=device) for _ in w.layers]
         self.length = 0
         # a decode step's attention by grpolab.engine.native.kernels' C kernels on a CPU (None: torch's
         # operations): rope_attend from the q, k, v projections on, else decode_attention after torch's RoPE
         cpu = torch.device(device).type == "cpu"
         self.rope_attend = kernels.rope_attend() if cpu else None
         self.attend = kernels.decode_attention() if cpu and self.rope_attend is None else None
+
+    def keys(self, i: int, end: int) -> Tensor:
+        """Layer i's keys of slots [0, end) as (N, nkv, end, d) (a view of the transposed cache)."""
+        return self.k[i][..., :end].transpose(-1, -2)
 
     def rows(self, idx: Tensor | None = None, repeat: int = 1) -> None:
         """Keep rows `idx` (in that order), or repeat each row `repeat` times."""
@@ -356,13 +360,13 @@ def attention(w: Weights, cache: KVCache, i: int, qkv: Tensor, cos: Tensor, sin:
             return a.view(N, 1, nh * d)
     heads = qkv.view(N, L, nh + 2 * nkv, d).transpose(1, 2)
     qk = rope(heads[:, : nh + nkv].float(), cos[:, None], sin[:, None])  # q and k at once, (N, nh + nkv, L, d)
-    cache.k[i][:, :, start:end] = qk[:, nh:]
+    cache.keys(i, end)[:, :, start:end] = qk[:, nh:]
     cache.v[i][:, :, start:end] = heads[:, nh + nkv :]
     a = None
     if L == 1 and cache.attend is not None and key_mask.stride(-1) == 1:
         a = cache.attend(qk[:, :nh, 0].contiguous(), cache.k[i], cache.v[i], key_mask[:, 0, 0], end, d**-0.5)
     if a is None:
-        a, _ = grouped_query_attention(None, qk[:, :nh], cache.k[i][:, :, :end], cache.v[i][:, :, :end], key_mask)
+        a, _ = grouped_query_attention(None, qk[:, :nh], cache.keys(i, end), cache.v[i][:, :, :end], key_mask)
     return a.reshape(N, L, nh * d)
 
 

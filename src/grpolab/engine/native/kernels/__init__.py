@@ -217,9 +217,11 @@ def _call_attention(fn, q, k, v, valid, S: int, scale: float):
     ):
         return None  # the C side reads raw fp32 rows and one byte per slot
     N, nh, d = q.shape
+    if k.shape[2] != d or v.shape[2] != k.shape[3]:
+        return None
     out = torch.empty_like(q)
     args = (q, k, v, valid, out)
-    rc = fn(*(t.data_ptr() for t in args), N, nh, k.shape[1], d, S, k.shape[2], valid.stride(0), scale)
+    rc = fn(*(t.data_ptr() for t in args), N, nh, k.shape[1], d, S, k.shape[3], valid.stride(0), scale)
     return out if rc == 0 else None
 
 
@@ -235,8 +237,13 @@ def _call_rope_attend(fn, qkv, cos, sin, k, v, valid, t: int, nh: int, scale: fl
         and valid.stride(-1) == 1
     ):
         return None
-    N, nkv, cap, d = k.shape
-    if cos.shape != (N, d) or sin.shape != (N, d) or qkv.shape != (N, (nh + 2 * nkv) * d):
+    N, nkv, d, cap = k.shape
+    if (
+        v.shape != (N, nkv, cap, d)
+        or cos.shape != (N, d)
+        or sin.shape != (N, d)
+        or qkv.shape != (N, (nh + 2 * nkv) * d)
+    ):
         return None
     out = torch.empty((N, nh * d))
     rc = fn(
@@ -335,7 +342,7 @@ def _check_attention(fn) -> str | None:
     q, k, v = (torch.randn(shape, generator=g) for shape in ((N, nh, d), (N, nkv, cap, d), (N, nkv, cap, d)))
     valid = torch.ones((N, cap), dtype=torch.bool)
     valid[0, :3] = False
-    got = _call_attention(fn, q, k, v, valid, S, d**-0.5)
+    got = _call_attention(fn, q, k.transpose(-1, -2).contiguous(), v, valid, S, d**-0.5)
     want, _ = grouped_query_attention(None, q[:, :, None], k[:, :, :S], v[:, :, :S], valid[:, None, None, :S])
     if got is None or not torch.allclose(got, want.view(N, nh, d), atol=1e-5, rtol=1e-4):
         return "the decode-attention kernel disagreed with the torch path on its self-check"
@@ -360,7 +367,9 @@ def _check_rope_attend(fn) -> str | None:
     k0, v0 = k.clone(), v.clone()
     valid = torch.ones((N, cap), dtype=torch.bool)
     valid[0, :3] = False
-    got = _call_rope_attend(fn, qkv, cos, sin, k, v, valid, t, nh, d**-0.5)
+    kt = k.transpose(-1, -2).contiguous()  # the keys' cache is (N, nkv, d, cap)
+    got = _call_rope_attend(fn, qkv, cos, sin, kt, v, valid, t, nh, d**-0.5)
+    k = kt.transpose(-1, -2)
     heads = qkv.view(N, nh + 2 * nkv, d)
     qk = rope_reference(heads[:, : nh + nkv], cos[:, None], sin[:, None])
     k0[:, :, t], v0[:, :, t] = qk[:, nh:], heads[:, nh + nkv :]
@@ -434,7 +443,8 @@ def panel_pack():
 
 
 def decode_attention():
-    """The kernel as f(q (N, nh, d), k, v (N, nkv, cap, d), valid (N, >= S) bool, S, scale) -> (N, nh, d)
+    """The kernel as f(q (N, nh, d), k (N, nkv, d, cap: the keys transposed), v (N, nkv, cap, d), valid
+    (N, >= S) bool, S, scale) -> (N, nh, d)
     or None (shapes it does not take, or inputs not fp32, contiguous and on the CPU). None when it is unavailable (see
     unavailable_reason). Built and checked once per process."""
     fn = _fn("grpolab_decode_attention")
@@ -442,7 +452,8 @@ def decode_attention():
 
 
 def rope_attend():
-    """The kernel as f(qkv (N, (nh + 2 nkv) d), cos, sin (N, d), k, v (N, nkv, cap, d), valid (N, > t) bool, t,
+    """The kernel as f(qkv (N, (nh + 2 nkv) d), cos, sin (N, d), k (N, nkv, d, cap: the keys transposed), v
+    (N, nkv, cap, d), valid (N, > t) bool, t,
     nh, scale) -> attention output (N, nh d), having written RoPE(k) and v into slot t of k and v; or None
     (inputs it does not take: nothing written). None when it is unavailable (see unavailable_reason)."""
     fn = _fn("grpolab_rope_attend")

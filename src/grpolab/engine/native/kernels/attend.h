@@ -31,30 +31,37 @@ static inline float exp_neg(float x) {
 
 /* One (row, kv head) pair's grouped-query attention over its rep = nh / nkv query heads:
 
-       og[r, :] = sum_j p_j vb[j, :],   p = softmax_j(scale * qg[r, :] . kb[j, :])
+       og[r, :] = sum_j p_j vb[j, :],   p = softmax_j(scale * qg[r, :] . kt[:, j])
 
-   over the slots j < S with ok[j] != 0, in fp32. qg and og are (rep, d), kb and vb (>= S, d), all
-   contiguous; s (rep * S floats) and o (rep * d floats) are the caller's scratch. The exponential is
-   glibc's expf, or exp_neg where polynomial_exp is 1 (a constant at each call, so each caller's
-   inlined copy has one of the two and no branch). */
-static inline __attribute__((always_inline)) void attend_pair(const float *restrict qg, const float *restrict kb,
+   over the slots j < S with ok[j] != 0, in fp32. qg and og are (rep, d), the keys kt transposed,
+   (d, cap) (key j is column j: the scores of consecutive slots are one vector operation per element e,
+   not a horizontal sum per slot), vb (>= S, d), all contiguous; s (rep * S floats) and o (rep * d
+   floats) are the caller's scratch. The exponential is glibc's expf, or exp_neg where polynomial_exp is
+   1 (a constant at each call, so each caller's inlined copy has one of the two and no branch). */
+static inline __attribute__((always_inline)) void attend_pair(const float *restrict qg, const float *restrict kt,
                                                               const float *restrict vb, const uint8_t *restrict ok,
-                                                              float *restrict og, int rep, int d, int S, float scale,
-                                                              float *restrict s, float *restrict o,
+                                                              float *restrict og, int rep, int d, int S, int cap,
+                                                              float scale, float *restrict s, float *restrict o,
                                                               const int polynomial_exp) {
     float mx[MAXREP];
-    for (int r = 0; r < rep; r++) mx[r] = -FLT_MAX;
-    for (int j = 0; j < S; j++) {
-        const float *restrict kj = kb + (int64_t)j * d;
-        for (int r = 0; r < rep; r++) {
-            const float *restrict qr = qg + r * d;
-            float acc = 0.f;
-            #pragma omp simd reduction(+:acc)
-            for (int e = 0; e < d; e++) acc += qr[e] * kj[e];
-            acc = ok[j] ? acc * scale : -FLT_MAX;
-            s[r * S + j] = acc;
-            mx[r] = acc > mx[r] ? acc : mx[r];
+    for (int r = 0; r < rep; r++) {
+        float *restrict sr = s + r * S;
+        const float *restrict qr = qg + r * d;
+        for (int j = 0; j < S; j++) sr[j] = 0.f;
+        for (int e = 0; e < d; e++) {
+            const float qe = qr[e];
+            const float *restrict ke = kt + (int64_t)e * cap;
+            #pragma omp simd
+            for (int j = 0; j < S; j++) sr[j] += qe * ke[j];
         }
+        float m = -FLT_MAX;
+        #pragma omp simd reduction(max:m)
+        for (int j = 0; j < S; j++) {
+            const float x = ok[j] ? sr[j] * scale : -FLT_MAX;
+            sr[j] = x;
+            m = x > m ? x : m;
+        }
+        mx[r] = m;
     }
     float inv[MAXREP];
     for (int r = 0; r < rep; r++) {

@@ -2,10 +2,10 @@
 /* grpolab's CPU decode attention (grpolab.kernels): one decode step of grouped-query attention, every
    row and head, reading each row's keys and values once:
 
-       out[n, h, :] = sum_j p_j v[n, g, j, :],   p = softmax_j(scale * q[n, h, :] . k[n, g, j, :])
+       out[n, h, :] = sum_j p_j v[n, g, j, :],   p = softmax_j(scale * q[n, h, :] . k[n, g, :, j])
 
    over the slots j < S with valid[n, j] != 0, g = h / (nh / nkv), in fp32. q and out are (N, nh, d),
-   k and v (N, nkv, cap, d), contiguous; valid is (N, valid_stride) bytes. The (row, kv head) pairs are
+   the keys k transposed, (N, nkv, d, cap), v (N, nkv, cap, d), contiguous; valid is (N, valid_stride) bytes. The (row, kv head) pairs are
    shared among the threads of the OpenMP runtime already in the process (torch's, by soname), so it
    runs on torch.get_num_threads() threads. Returns 0, or 1 for shapes it does not take (rep > 16,
    d > 256, nh not a multiple of nkv, S outside [1, cap]) and 2 for S > 512, before writing anything
@@ -26,7 +26,7 @@ int grpolab_decode_attention(const float *q, const float *k, const float *v, con
             const float *restrict vb = v + (int64_t)item * cap * d;
             const float *restrict qg = q + ((int64_t)n * nh + g * rep) * d;
             const uint8_t *restrict ok = valid + (int64_t)n * valid_stride;
-            attend_pair(qg, kb, vb, ok, out + ((int64_t)n * nh + g * rep) * d, rep, d, S, scale, s, o, 0);
+            attend_pair(qg, kb, vb, ok, out + ((int64_t)n * nh + g * rep) * d, rep, d, S, cap, scale, s, o, 0);
         }
     }
     return 0;

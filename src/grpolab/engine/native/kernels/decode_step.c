@@ -7,12 +7,12 @@
    new token to the attention output, in one pass per (row, kv head):
 
        k' = RoPE(k), q' = RoPE(q)    RoPE(x)_i = x_i cos_i + r(x)_i sin_i,  r([a, b]) = [-b, a]
-       cache_k[n, g, t] = k', cache_v[n, g, t] = v
-       out[n, h] = sum_j p_j cache_v[n, g, j],  p = softmax_j(scale * q'[n, h] . cache_k[n, g, j])
+       cache_k[n, g, :, t] = k', cache_v[n, g, t] = v
+       out[n, h] = sum_j p_j cache_v[n, g, j],  p = softmax_j(scale * q'[n, h] . cache_k[n, g, :, j])
 
    over the slots j <= t with valid[n, j] != 0, g = h / (nh / nkv). qkv is (N, qkv_stride) with q, k, v
    at columns [0, nh d), [nh d, (nh + nkv) d), [(nh + nkv) d, (nh + 2 nkv) d); cos, sin (N, d); the
-   caches (N, nkv, cap, d) contiguous; out (N, nh d). Returns 0, or 1 for shapes it does not take
+   keys' cache transposed, (N, nkv, d, cap), the values' (N, nkv, cap, d), contiguous; out (N, nh d). Returns 0, or 1 for shapes it does not take
    (before writing anything).
 
    grpolab_sample: one token per row of logits z (N, V) from softmax(z / T), by inverse CDF with the
@@ -47,12 +47,14 @@ int grpolab_rope_attend(const float *qkv, int qkv_stride, const float *cosv, con
             const float *restrict c = cosv + (int64_t)n * d, *restrict sn = sinv + (int64_t)n * d;
             float *restrict kb = kc + (int64_t)item * cap * d;
             float *restrict vb = vc + (int64_t)item * cap * d;
-            rope(row + (nh + g) * d, c, sn, kb + (int64_t)t * d, d);
+            float kt[MAXD];
+            rope(row + (nh + g) * d, c, sn, kt, d);
+            for (int e = 0; e < d; e++) kb[(int64_t)e * cap + t] = kt[e];
             const float *restrict vnew = row + (nh + nkv + g) * d;
             for (int e = 0; e < d; e++) vb[(int64_t)t * d + e] = vnew[e];
             for (int r = 0; r < rep; r++) rope(row + (g * rep + r) * d, c, sn, qr + r * d, d);
             const uint8_t *restrict ok = valid + (int64_t)n * valid_stride;
-            attend_pair(qr, kb, vb, ok, out + ((int64_t)n * nh + g * rep) * d, rep, d, S, scale, s, o, 1);
+            attend_pair(qr, kb, vb, ok, out + ((int64_t)n * nh + g * rep) * d, rep, d, S, cap, scale, s, o, 1);
         }
     }
     return 0;
