@@ -249,6 +249,29 @@ def test_rope_attend_takes_nothing_it_cannot_read():
     assert not k.any() and not v.any()  # and nothing was written
 
 
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the torch path is what runs")
+def test_fused_decode_layer_gives_the_same_logits_to_the_bit_as_its_kernels_one_by_one(monkeypatch):
+    """An fp32 lean rollout's decode steps with a layer per C call (kernels.decode_layer) and with the
+    layer's kernels called one at a time from Python: the same logits, bit for bit, at every step (the
+    same kernels in the same order); with a bias on q, k, v (Qwen2) too."""
+    from test_decoder import lean_logits, prompts, tiny
+
+    assert kernels.decode_layer() is not None, kernels.unavailable_reason("grpolab_decode_layer")
+    calls = []
+    real = kernels.decode_layer
+    monkeypatch.setattr(kernels, "decode_layer", lambda: lambda *a: calls.append(1) or real()(*a))
+    for kind in ("llama", "qwen2"):
+        model = tiny(kind)
+        ids, mask = left_pad(prompts(), pad_id=0)
+        new = torch.randint(0, 300, (3, 6), generator=torch.Generator().manual_seed(3))
+        fused = lean_logits(model, ids, mask, new)
+        assert calls, "the fused layer did not run"
+        monkeypatch.setattr(kernels, "decode_layer", lambda: None)
+        one_by_one = lean_logits(model, ids, mask, new)
+        monkeypatch.setattr(kernels, "decode_layer", lambda: lambda *a: calls.append(1) or real()(*a))
+        assert all(torch.equal(a, b) for a, b in zip(fused, one_by_one)), kind
+
+
 def torch_draw(z, T, greedy, seed):
     from grpolab.engine.native.sampling import inverse_cdf_sample, sampling_logp
 

@@ -382,7 +382,13 @@ def forward(w: Weights, cache: KVCache, ids: Tensor, pos: Tensor, key_mask: Tens
     cos, sin = w.rotary(x, pos)
     cos, sin = cos.float(), sin.float()  # (N, L, d); RoPE in fp32, as under autocast
     x = x.view(N * L, -1)
+    fused = kernels.decode_layer() if L == 1 and w.layout.name == "panels" and cache.rope_attend is not None else None
     for i, lw in enumerate(w.layers):
+        if fused is not None and fused(
+            x, lw.ln1, lw.ln2, w.eps, lw.qkv, lw.qkv_bias, lw.o, lw.o_bias, lw.gate_up, lw.down, cos[:, 0], sin[:, 0],
+            cache.k[i], cache.v[i], key_mask[:, 0, 0], cache.length, w.n_heads, w.head_dim**-0.5,
+        ):  # fmt: skip
+            continue  # the layer below in one C call (kernels.decode_layer), the same to the bit
         qkv = linear(w, rms_norm(x, lw.ln1, w.eps).to(w.dtype), lw.qkv, lw.qkv_bias)  # (N L, (nh + 2 nkv) d)
         a = attention(w, cache, i, qkv.view(N, L, -1), cos, sin, key_mask)
         x = residual(w, x, a.view(N * L, -1).to(w.dtype), lw.o, lw.o_bias)

@@ -16,6 +16,9 @@ dispatch and a wake-up of every thread. These kernels do that work in one call e
   rollout into panels the product walks front to back while prefetching the next ones, so that reading
   the weights from memory overlaps the multiply-adds (oneDNN's and MKL's products on a few rows took
   about the sum of the two; docs/performance.md, "The lean decode step").
+- `decode_layer` (decode_layer.c): with the weights as panels, a whole decode layer (the two RMSNorms,
+  the four products, rope_attend, silu(g) * u) in one call, the same kernels in the same order, so the
+  same results to the bit without the Python between them.
 - `sample` (decode_step.c): a token per row from softmax(z / T) by inverse CDF and its log-prob, in one
   pass over the logits (torch's path makes six over the 49k-token vocabulary: divide, log-softmax, exp,
   cumsum, searchsorted, gather).
@@ -45,9 +48,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+from grpolab.engine.native.kernels.calls import (
+    CHECKED_TOGETHER,
+    CHECKS,
+    Panels,
+    _call_attention,
+    _call_decode_layer,
+    _call_rms_norm,
+    _call_rope_attend,
+    _call_sample,
+    _call_silu_mul,
+    rope_reference,
+)
 
-SOURCES = tuple(Path(__file__).with_name(f) for f in ("decode_attention.c", "decode_step.c", "decode_linear.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(f) for f in ("decode_attention.c", "decode_step.c", "decode_linear.c", "decode_layer.c")
+)
 HEADERS = (Path(__file__).with_name("attend.h"),)  # the attention loop both sources include
 # Not -ffast-math (nor -Ofast, -funsafe-math-optimizations): with those, GCC links crtfastmath.o into
 # the library, whose constructor sets flush-to-zero and denormals-are-zero in MXCSR when the library is
@@ -78,6 +94,12 @@ SIGNATURES = {  # C function -> its argument types (every one returns int: 0 don
     "grpolab_panel_width": [],
     "grpolab_pack_panels": [_P, _I32, _I32, _P],
     "grpolab_panel_linear": [_P, _I32, _I32, _P, _I32, _P, _P, _P],
+    "grpolab_decode_layer": [_P, _I32, _I32, _P, _P, _F32]
+    + [_P] * 6
+    + [_I32, _P, _P, _P, _P, _P]
+    + [_I32] * 6
+    + [_F32]
+    + [_P] * 5,
 }
 
 
@@ -187,8 +209,10 @@ def _load():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, _I32
         fns[name] = fn
-    for name, check in CHECKS.items():
-        error = check(*(fns[n] for n in CHECKED_TOGETHER.get(name, (name,))))
+    for name, check in CHECKS.items():  # in order: a kernel that composes others comes after them
+        parts = CHECKED_TOGETHER.get(name, (name,))
+        missing = [n for n in parts if n not in fns]
+        error = f"it needs {', '.join(missing)}, which failed" if missing else check(*(fns[n] for n in parts))
         if error is not None:
             errors[name] = error
             del fns[name]
@@ -202,237 +226,6 @@ def _fn(name: str):
     return None if fns is None else fns.get(name)
 
 
-def _fp32_rows(*ts: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in ts)
-
-
-def _call_attention(fn, q, k, v, valid, S: int, scale: float):
-    if not (
-        _fp32_rows(q, k, v)
-        and valid.dtype == torch.bool
-        and valid.stride(-1) == 1
-        and q.is_contiguous()
-        and k.is_contiguous()
-        and v.is_contiguous()
-    ):
-        return None  # the C side reads raw fp32 rows and one byte per slot
-    N, nh, d = q.shape
-    if k.shape[2] != d or v.shape[2] != k.shape[3]:
-        return None
-    out = torch.empty_like(q)
-    args = (q, k, v, valid, out)
-    rc = fn(*(t.data_ptr() for t in args), N, nh, k.shape[1], d, S, k.shape[3], valid.stride(0), scale)
-    return out if rc == 0 else None
-
-
-def _call_rope_attend(fn, qkv, cos, sin, k, v, valid, t: int, nh: int, scale: float):
-    if not (
-        _fp32_rows(qkv, cos, sin, k, v)
-        and qkv.dim() == 2
-        and cos.is_contiguous()
-        and sin.is_contiguous()
-        and k.is_contiguous()
-        and v.is_contiguous()
-        and valid.dtype == torch.bool
-        and valid.stride(-1) == 1
-    ):
-        return None
-    N, nkv, d, cap = k.shape
-    if (
-        v.shape != (N, nkv, cap, d)
-        or cos.shape != (N, d)
-        or sin.shape != (N, d)
-        or qkv.shape != (N, (nh + 2 * nkv) * d)
-    ):
-        return None
-    out = torch.empty((N, nh * d))
-    rc = fn(
-        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), valid.data_ptr(),
-        valid.stride(0), out.data_ptr(), N, nh, nkv, d, t, cap, scale,
-    )  # fmt: skip
-    return out if rc == 0 else None
-
-
-def _call_sample(fn, logits, temperature: float, greedy: bool, generator):
-    if not (_fp32_rows(logits) and logits.dim() == 2 and temperature > 0):
-        return None
-    N, V = logits.shape
-    u = torch.rand((N, 1), generator=generator) if not greedy else torch.zeros((N, 1))  # the torch path's draw
-    tok, logp = torch.empty(N, dtype=torch.long), torch.empty(N)
-    rc = fn(
-        logits.data_ptr(),
-        N,
-        V,
-        logits.stride(0),
-        1.0 / temperature,
-        u.data_ptr(),
-        int(greedy),
-        tok.data_ptr(),
-        logp.data_ptr(),
-    )
-    return (tok, logp) if rc == 0 else None
-
-
-def _call_rms_norm(fn, x, weight, eps: float):
-    if not (_fp32_rows(x, weight) and x.dim() == 2 and weight.is_contiguous() and weight.shape == x.shape[-1:]):
-        return None
-    out = torch.empty(x.shape)
-    fn(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), weight.data_ptr(), eps, out.data_ptr())
-    return out
-
-
-def _call_silu_mul(fn, gu):
-    if not (_fp32_rows(gu) and gu.dim() == 2 and gu.shape[1] % 2 == 0):
-        return None
-    N, I = gu.shape[0], gu.shape[1] // 2
-    out = torch.empty((N, I))
-    fn(gu.data_ptr(), N, I, gu.stride(0), out.data_ptr())
-    return out
-
-
-class Panels:
-    """fp32 weights packed for grpolab_panel_linear (decode_linear.c): W (out, in) as panels of `width`
-    output columns, each (in, width) contiguous."""
-
-    def __init__(self, fns, W: torch.Tensor):
-        self.fns, self.out_features, self.in_features = fns, W.shape[0], W.shape[1]
-        width = fns["grpolab_panel_width"]()
-        self.data = torch.empty(-(-self.out_features // width) * width * self.in_features)
-        W = W.detach().float().contiguous()
-        fns["grpolab_pack_panels"](W.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
-
-    def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None, add: torch.Tensor | None = None):
-        """add + x W^T + bias for x (..., in) fp32 (add (..., out) or None), or None for inputs it does not take."""
-        rows = x.reshape(-1, self.in_features)
-        if not (_fp32_rows(rows) and rows.is_contiguous() and rows.shape[0] > 0):
-            return None
-        extra = [t for t in (bias, add) if t is not None]
-        if not (_fp32_rows(*extra) and all(t.is_contiguous() for t in extra)):
-            return None
-        if add is not None and add.numel() != rows.shape[0] * self.out_features:
-            return None
-        out = torch.empty((*x.shape[:-1], self.out_features))
-        rc = self.fns["grpolab_panel_linear"](
-            rows.data_ptr(), rows.shape[0], self.in_features, self.data.data_ptr(), self.out_features,
-            None if bias is None else bias.data_ptr(), None if add is None else add.data_ptr(), out.data_ptr(),
-        )  # fmt: skip
-        return out if rc == 0 else None
-
-
-def _check_panel_linear(width, pack, fn) -> str | None:
-    """None when panel_linear's products (a tail of rows, a tail of columns, bias and add) agree with
-    F.linear, else why not."""
-    g = torch.Generator().manual_seed(6)
-    W, b, x = (torch.randn(shape, generator=g) for shape in ((37, 24), (37,), (21, 24)))
-    add = torch.randn((21, 37), generator=g)
-    fns = {"grpolab_panel_width": width, "grpolab_pack_panels": pack, "grpolab_panel_linear": fn}
-    panels = Panels(fns, W)
-    got, want = panels.apply(x, b, add), add + torch.nn.functional.linear(x, W, b)
-    ok = got is not None and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
-    ok = ok and torch.allclose(panels.apply(x[:3]), torch.nn.functional.linear(x[:3], W), atol=1e-5, rtol=1e-5)
-    return None if ok else "the panel product disagreed with F.linear on its self-check"
-
-
-def _check_attention(fn) -> str | None:
-    """None when the kernel agrees with grpolab.model.attention on random inputs (padding included), else why not."""
-    from grpolab.model.attention import grouped_query_attention
-
-    g = torch.Generator().manual_seed(0)
-    N, nh, nkv, d, cap, S = 3, 6, 2, 16, 12, 9
-    q, k, v = (torch.randn(shape, generator=g) for shape in ((N, nh, d), (N, nkv, cap, d), (N, nkv, cap, d)))
-    valid = torch.ones((N, cap), dtype=torch.bool)
-    valid[0, :3] = False
-    got = _call_attention(fn, q, k.transpose(-1, -2).contiguous(), v, valid, S, d**-0.5)
-    want, _ = grouped_query_attention(None, q[:, :, None], k[:, :, :S], v[:, :, :S], valid[:, None, None, :S])
-    if got is None or not torch.allclose(got, want.view(N, nh, d), atol=1e-5, rtol=1e-4):
-        return "the decode-attention kernel disagreed with the torch path on its self-check"
-    return None
-
-
-def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE as the HF Llama forward applies it: x cos + rotate_half(x) sin, rotate_half([a, b]) = [-b, a]."""
-    a, b = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-b, a], dim=-1) * sin
-
-
-def _check_rope_attend(fn) -> str | None:
-    """None when rope_attend writes the cache and attends as RoPE + grpolab.model.attention do, else why not."""
-    from grpolab.model.attention import grouped_query_attention
-
-    g = torch.Generator().manual_seed(1)
-    N, nh, nkv, d, cap, t = 3, 6, 2, 16, 12, 8
-    qkv = torch.randn((N, (nh + 2 * nkv) * d), generator=g)
-    cos, sin = torch.randn((N, d), generator=g), torch.randn((N, d), generator=g)
-    k, v = torch.randn((N, nkv, cap, d), generator=g), torch.randn((N, nkv, cap, d), generator=g)
-    k0, v0 = k.clone(), v.clone()
-    valid = torch.ones((N, cap), dtype=torch.bool)
-    valid[0, :3] = False
-    kt = k.transpose(-1, -2).contiguous()  # the keys' cache is (N, nkv, d, cap)
-    got = _call_rope_attend(fn, qkv, cos, sin, kt, v, valid, t, nh, d**-0.5)
-    k = kt.transpose(-1, -2)
-    heads = qkv.view(N, nh + 2 * nkv, d)
-    qk = rope_reference(heads[:, : nh + nkv], cos[:, None], sin[:, None])
-    k0[:, :, t], v0[:, :, t] = qk[:, nh:], heads[:, nh + nkv :]
-    S = t + 1
-    want, _ = grouped_query_attention(None, qk[:, :nh, None], k0[:, :, :S], v0[:, :, :S], valid[:, None, None, :S])
-    close = got is not None and torch.allclose(got, want.reshape(N, nh * d), atol=1e-5, rtol=1e-4)
-    if not (close and torch.allclose(k, k0, atol=1e-5, rtol=1e-5) and torch.equal(v, v0)):
-        return "the rope-attend kernel disagreed with the torch path on its self-check"
-    return None
-
-
-def _check_sample(fn) -> str | None:
-    """None when the sampler's log-probs are log_softmax(z / T)'s, its draws follow the CDF of the same
-    uniform numbers and greedy is the argmax, else why not."""
-    g = torch.Generator().manual_seed(2)
-    z = torch.randn((4, 1000), generator=g) * 3
-    T = 0.7
-    logp = torch.log_softmax(z / T, -1)
-    u = torch.rand((4, 1), generator=torch.Generator().manual_seed(3))
-    want = torch.searchsorted(logp.exp().double().cumsum(-1), u.double(), right=True).squeeze(-1)
-    tok, lp = _call_sample(fn, z, T, False, torch.Generator().manual_seed(3))
-    best, lp_best = _call_sample(fn, z, T, True, None)
-    ok = (
-        torch.equal(tok, want)
-        and torch.allclose(lp, logp.gather(-1, tok[:, None]).squeeze(-1), atol=1e-5)
-        and torch.equal(best, z.argmax(-1))
-        and torch.allclose(lp_best, logp.max(-1).values, atol=1e-5)
-    )
-    return None if ok else "the sampling kernel disagreed with the torch path on its self-check"
-
-
-def _check_rms_norm(fn) -> str | None:
-    g = torch.Generator().manual_seed(4)
-    x, w = torch.randn((5, 48), generator=g) * 3, torch.randn(48, generator=g)
-    got = _call_rms_norm(fn, x[:, :40], w[:40], 1e-6)
-    ok = got is not None and torch.allclose(
-        got, torch.nn.functional.rms_norm(x[:, :40], (40,), w[:40], 1e-6), atol=1e-5
-    )
-    return None if ok else "the RMSNorm kernel disagreed with torch's on its self-check"
-
-
-def _check_silu_mul(fn) -> str | None:
-    gu = torch.randn((4, 2 * 40), generator=torch.Generator().manual_seed(5)) * 8
-    got = _call_silu_mul(fn, gu[:, :60])
-    ok = got is not None and torch.allclose(
-        got, torch.nn.functional.silu(gu[:, :30]) * gu[:, 30:60], atol=1e-5, rtol=1e-5
-    )
-    return None if ok else "the silu-and-multiply kernel disagreed with torch's on its self-check"
-
-
-CHECKS = {
-    "grpolab_decode_attention": _check_attention,
-    "grpolab_rope_attend": _check_rope_attend,
-    "grpolab_sample": _check_sample,
-    "grpolab_rms_norm": _check_rms_norm,
-    "grpolab_silu_mul": _check_silu_mul,
-    "grpolab_panel_linear": _check_panel_linear,
-}
-
-
-CHECKED_TOGETHER = {"grpolab_panel_linear": ("grpolab_panel_width", "grpolab_pack_panels", "grpolab_panel_linear")}
-
-
 def panel_pack():
     """W (out, in) -> Panels, the fp32 weights as grpolab_panel_linear reads them (their `apply(x, bias,
     add)` is add + x W^T + bias); None when the kernel is unavailable (see unavailable_reason)."""
@@ -440,6 +233,15 @@ def panel_pack():
         return None
     fns = _state["fns"]
     return lambda W: Panels(fns, W)
+
+
+def decode_layer():
+    """The kernel as f(x (N, H), ln1, ln2, eps, qkv, qkv_bias, o, o_bias, gate_up, down, cos, sin, k, v, valid, t,
+    nh, scale) -> True having run one decode layer on x in place (decode_layer.c: the RMSNorms, the products
+    on Panels, rope_attend writing slot t of k (N, nkv, d, cap) and v (N, nkv, cap, d), silu(g) * u), or
+    False for inputs it does not take (nothing written). None when it is unavailable (see unavailable_reason)."""
+    fn = _fn("grpolab_decode_layer")
+    return None if fn is None else lambda *args: _call_decode_layer(fn, *args)
 
 
 def decode_attention():
@@ -503,9 +305,11 @@ __all__ = [
     "DISABLE_ENV",
     "cache_dir",
     "decode_attention",
+    "decode_layer",
     "panel_pack",
     "reset",
     "rms_norm",
+    "rope_reference",
     "rope_attend",
     "sample",
     "silu_mul",
