@@ -370,3 +370,56 @@ def test_a_regex_constrains_every_completion_and_the_native_engine_refuses_it(vl
     assert json.loads((out / "summary.json").read_text())["eval_after"]["n"] == 2
     bad = ["train", f"model={vllm_model_dir}", f"out={tmp_path / 'native'}", "rollout.structured_outputs_regex=a+"]
     assert main([*bad, "rollout.engine=native"]) == 2
+
+
+TRL_SCRIPT = """
+import json, sys
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from grpolab import GRPOConfig, GRPOTrainer
+
+model_dir, out, impl = sys.argv[1:4]
+model = AutoModelForCausalLM.from_pretrained(model_dir)  # built before vLLM starts, as in a TRL script
+args = GRPOConfig(
+    output_dir=out, max_steps=2, per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
+    learning_rate=1e-3, beta=0.04, use_vllm=True, vllm_mode="colocate", vllm_model_impl=impl, report_to="none",
+    bf16=False, use_cpu=True, disable_tqdm=True, save_strategy="no", seed=3, logging_steps=1,
+)
+ds = Dataset.from_dict({"prompt": ["What is 2 + 3?", "Name a colour."]})
+trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **k: [len(c) / 10 for c in completions],
+                      args=args, train_dataset=ds)
+trainer.recipe["rollout"]["vllm_eager"] = True  # a shorter start-up; the compiled path is vLLM's own
+trainer.train()
+again = AutoModelForCausalLM.from_pretrained(model_dir)  # a model of the decorated class built after vLLM's
+print(json.dumps({"rows": [dict(r) for r in trainer.state.log_history], "again": type(again.model).__name__}))
+"""
+
+
+def test_vllm_model_impl_transformers_trains_as_vllms_own_implementation(vllm_model_dir, tmp_path):
+    """TRL's vllm_model_impl="transformers" (rollout.vllm_model_impl): vLLM's Transformers backend decorates
+    LlamaModel in place, and the trainer's own LlamaModel (built before vLLM started, and one built after) still
+    runs its reference and update passes. Two steps of a GRPOTrainer script against the same script with vLLM's own
+    implementation: the same seeded completions (the same rewards and lengths), the sampler's log-probs at the
+    trainer's (mismatch at rounding level), the same update."""
+    runs = {}
+    for impl in ("vllm", "transformers"):
+        script = tmp_path / "run.py"
+        script.write_text(TRL_SCRIPT)
+        proc = subprocess.run(
+            [sys.executable, str(script), str(vllm_model_dir), str(tmp_path / impl), impl],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[impl] = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert runs[impl]["again"] == "LlamaModel"
+        samples = read_jsonl(tmp_path / impl / "samples.jsonl")
+        runs[impl]["completions"] = [s["completion"] for s in samples]
+    mine, own = ([r for r in runs[k]["rows"] if "reward" in r and "loss" in r] for k in ("transformers", "vllm"))
+    assert len(mine) == len(own) == 2
+    assert runs["transformers"]["completions"] == runs["vllm"]["completions"]
+    for a, b in zip(mine, own):
+        assert a["reward"] == b["reward"] and a["completions/mean_length"] == b["completions/mean_length"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)

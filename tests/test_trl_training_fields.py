@@ -204,8 +204,10 @@ def test_neftune_and_the_vllm_options_map(monkeypatch):
     recipe = trl_recipe(GRPOConfig(neftune_noise_alpha=5.0, use_vllm=True, vllm_structured_outputs_regex=r"\d+"))[0]
     assert recipe["neftune_alpha"] == 5.0
     assert recipe["rollout"]["structured_outputs_regex"] == r"\d+"
-    with pytest.raises(ConfigError, match="vllm_model_impl='transformers': refused: vLLM's Transformers backend"):
-        trl_recipe(GRPOConfig(vllm_model_impl="transformers"))
+    assert trl_recipe(GRPOConfig(use_vllm=True, vllm_model_impl="transformers"))[0]["rollout"]["vllm_model_impl"] == (
+        "transformers"
+    )
+    assert trl_recipe(GRPOConfig(use_vllm=True))[0]["rollout"]["vllm_model_impl"] == "vllm"  # TRL's default
 
 
 def test_the_native_engine_refuses_a_regex_by_name(tiny_model_dir, tmp_path, capsys):

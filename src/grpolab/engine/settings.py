@@ -16,6 +16,8 @@ ENGINE_NAMES: tuple[str, ...] = typing.get_args(RolloutEngine)
 Correction = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
 """The `rollout.correction` setting: a mode of grpolab.algo.sampler.CORRECTIONS."""
 CORRECTIONS: tuple[str, ...] = typing.get_args(Correction)
+VllmModelImpl = Literal["auto", "vllm", "transformers"]
+"""The `rollout.vllm_model_impl` setting: vLLM's model_impl."""
 Decoder = Literal["auto", "lean", "hf"]
 """The top-level `decoder` setting: how the native engine runs the model in a rollout (auto, the lean
 decode step of grpolab.engine.native.decoder, or the model's own forward)."""
@@ -35,6 +37,8 @@ class RolloutConfig:
     """vLLM: skip torch.compile and CUDA graphs (enforce_eager): a shorter start-up, slower tokens; docs/performance.md measures both."""
     vllm_kv_cache_gb: float = 0.0
     """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache)."""
+    vllm_model_impl: VllmModelImpl = "auto"
+    """vLLM: which implementation of the model it runs (LLM(model_impl=...)): vllm (its own), transformers (its Transformers backend: transformers' modeling code with vLLM's attention and KV cache, for an architecture vLLM lacks; TRL's vllm_model_impl) or auto (vLLM's own where it has one, else the Transformers backend). The trainer's models stay transformers' own whichever runs (grpolab.engine.vllm_classes)."""
     vllm_gpu_memory: float = 0.3
     """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
     structured_outputs_regex: str | None = None

@@ -34,6 +34,7 @@ from grpolab.engine.kv_cache import kv_cache_bytes
 from grpolab.engine.native.session import pad_id_of
 from grpolab.engine.native.turns import Respond, Trajectory, as_rollout, turn_stop
 from grpolab.engine.settings import EngineError, RolloutConfig
+from grpolab.engine.vllm_classes import keep_trainer_models_plain
 from grpolab.model.cache import left_pad
 from grpolab.model.lora import merged_weights
 
@@ -131,6 +132,7 @@ class VllmEngine:
                 model=str(model_path),
                 dtype=self.dtype,
                 enforce_eager=settings.vllm_eager,
+                model_impl=settings.vllm_model_impl,
                 seed=seed,
                 max_model_len=max_model_len,
                 logprobs_mode="processed_logprobs",
@@ -143,13 +145,16 @@ class VllmEngine:
                 f"vLLM failed to start on {model_path} ({type(e).__name__}: {e}); use rollout.engine=native"
             ) from e
         self.startup_s = time.perf_counter() - t0
+        self.impl = settings.vllm_model_impl
+        self.transformers_classes = keep_trainer_models_plain()  # vLLM's Transformers backend: see that module
         if torch.get_num_threads() != threads:  # the trainer keeps its threads whatever vLLM did
             torch.set_num_threads(threads)
 
     def describe(self) -> str:
         regex = "" if self.regex is None else "structured outputs, "
+        impl = "" if self.impl == "auto" else f"{self.impl} implementation, "
         return (
-            f"vllm ({self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, {regex}"
+            f"vllm ({impl}{self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, {regex}"
             f"started in {self.startup_s:.0f} s)"
         )
 

@@ -270,13 +270,14 @@ GRPO_FIELDS: list[Entry] = [
         ),
         "colocate only.",
     ),
-    refuse(
+    same(
         "vllm_model_impl",
+        "rollout.vllm_model_impl",
         "vllm",
-        "vLLM's Transformers backend decorates transformers' decoder class (LlamaModel, ...) in place for its "
-        "torch.compile (support_torch_compile), and grpolab's trainer, in the same process, then fails on its own "
-        "model of that class (no attribute do_not_compile); grpolab's vLLM runs vLLM's own implementation, TRL's "
-        "default",
+        "vllm: vLLM's own implementation; transformers: its Transformers backend (transformers' modeling code "
+        "with vLLM's attention and KV cache), LLM(model_impl=...) as TRL passes it. That backend decorates "
+        "transformers' decoder class (LlamaModel, ...) in place for its compiler; grpolab keeps the decoration "
+        "to vLLM's own instance, so the trainer's models of that class run as before (grpolab.engine.vllm_classes).",
     ),
     ignore("vllm_enable_sleep_mode", False, "grpolab releases vLLM's KV cache during every update by itself"),
     same(

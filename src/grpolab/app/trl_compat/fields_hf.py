@@ -7,6 +7,7 @@ from __future__ import annotations
 from grpolab.app.trl_compat.entries import Entry, fail, ignore, refuse, same, to, value_of
 from grpolab.app.trl_compat.fields_best import BEST_FIELDS
 from grpolab.app.trl_compat.fields_fsdp import FSDP_FIELDS
+from grpolab.app.trl_compat.fields_parallel import PARALLELISM_FIELD
 from grpolab.app.trl_compat.fields_precision import (
     bf16_setting,
     fp16_setting,
@@ -386,13 +387,7 @@ TRAINING_ARGUMENTS: list[Entry] = [
     same("data_seed", "data_seed", None, "Seeds the epochs' row order; None: seed."),
     Entry("use_cpu", False, "map", "device", to("device", lambda v: "cpu" if v else "auto")),
     ignore("accelerator_config", None, "grpolab does not run under accelerate"),
-    refuse(
-        "parallelism_config",
-        None,
-        "accelerate's ParallelismConfig builds a device mesh of replicate/shard/tensor/context/sequence dimensions; "
-        "grpolab's processes are data parallel under torchrun, sharded with fsdp (docs/distributed.md), and TRL "
-        "itself refuses context and sequence parallelism for GRPO",
-    ),
+    PARALLELISM_FIELD,  # parallelism_config
     ignore("dataloader_drop_last", False, LOADER),
     ignore("dataloader_num_workers", 0, LOADER),
     ignore("dataloader_pin_memory", True, LOADER),
