@@ -33,19 +33,22 @@ RATE_BUDGET_S = 0.5  # one product of the matmul rate takes at most about this l
 MAX_BANDWIDTH_BYTES = 1 << 30  # the bandwidth buffer: the weights' bytes, at most this many
 
 
-def matmul_rate(device, dtype, n: int = 2048, reps: int = 3, budget_s: float = RATE_BUDGET_S) -> tuple[float, int]:
-    """(FLOP/s, size) of an m x m x m matmul (2 m^3 FLOPs) on `device` in `dtype`: median of `reps` after a
-    warm-up, m the largest of 256, 512, ... n whose product takes at most about budget_s (a product 8
-    times the last one's time would not fit), so that a dtype the device computes slowly (bf16 on a CPU
-    without bf16 instructions: a scalar loop) is measured in a fraction of a second, not minutes."""
+def matmul_rate(device, dtype, n: int = 2048, reps: int = 5, budget_s: float = RATE_BUDGET_S) -> tuple[float, int]:
+    """(FLOP/s, size) of an m x m x m matmul (2 m^3 FLOPs) on `device` in `dtype`: the best of `reps` after a
+    warm-up, into a preallocated output (no page faults of a fresh one in the timing), m the largest of 256,
+    512, ... n whose product takes at most about budget_s (a product 8 times the last one's time would not
+    fit), so that a dtype the device computes slowly (bf16 on a CPU without bf16 instructions: a scalar loop)
+    is measured in a fraction of a second, not minutes. The best, not the median: a floor is the rate the
+    machine has shown it reaches, and a shared CPU's single products vary by 2x (a median under that noise
+    put the update's measured rate above the "peak")."""
     import torch
 
-    def once(a, b) -> float:
+    def once(a, b, out) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t = time.perf_counter()
         for _ in range(4 if device.type == "cuda" else 1):
-            a @ b
+            torch.mm(a, b, out=out)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t) / (4 if device.type == "cuda" else 1)
@@ -54,11 +57,12 @@ def matmul_rate(device, dtype, n: int = 2048, reps: int = 3, budget_s: float = R
     while True:
         a = torch.randn(m, m, device=device, dtype=dtype)
         b = torch.randn(m, m, device=device, dtype=dtype)
-        first = once(a, b)
+        out = torch.empty(m, m, device=device, dtype=dtype)
+        first = once(a, b, out)
         if m >= n or 8 * first > budget_s:
             break
         m *= 2
-    return 2 * m**3 / statistics.median(once(a, b) for _ in range(reps)), m
+    return 2 * m**3 / min(once(a, b, out) for _ in range(reps)), m
 
 
 def memory_bandwidth(device, nbytes: int, reps: int = 3) -> tuple[float, int]:
