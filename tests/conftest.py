@@ -152,6 +152,7 @@ LONG_FIRST = [
     "test_lab_aha",
     "test_distributed",
     "test_engine_vllm",
+    "test_vllm_tensor_parallel",
     "test_stops",
     "test_agents_e2e",
     "test_bench",
@@ -183,3 +184,17 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {name: i for i, name in enumerate(LONG_FIRST)}
         items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable: file order otherwise
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory, real_model_dir) -> Path:
+    """A tiny Llama whose 32-wide heads vLLM's CPU attention takes (hidden 128, 4 heads of 32, 2 layers),
+    livened so that its distributions are peaked."""
+    import torch
+
+    from grpolab.model.load import load_policy, make_tiny_model
+
+    out = make_tiny_model(tmp_path_factory.mktemp("vllm-model"), tokenizer_src=real_model_dir, hidden=128)
+    model = liven(load_policy(out, torch.device("cpu")), std=0.15, sharpen=10.0)
+    model.save_pretrained(out, safe_serialization=True)
+    return out

@@ -4,6 +4,7 @@ of the scripts in benchmarks/ (benchmark_script)."""
 from __future__ import annotations
 
 import importlib.util
+import socket
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +20,13 @@ def benchmark_script(name: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def varied_score(completion: str, example) -> float:

@@ -47,19 +47,6 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def vllm_model_dir(tmp_path_factory, real_model_dir) -> Path:
-    """A tiny Llama (hidden 128, 4 heads of 32, 2 layers), livened so that its distributions are peaked."""
-    from conftest import liven
-
-    from grpolab.model.load import load_policy, make_tiny_model
-
-    out = make_tiny_model(tmp_path_factory.mktemp("vllm-model"), tokenizer_src=real_model_dir, hidden=128)
-    model = liven(load_policy(out, CPU), std=0.15, sharpen=10.0)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
-
-
-@pytest.fixture(scope="module")
 def engine(vllm_model_dir, tiny_tokenizer):
     from grpolab.engine.vllm_engine import VllmEngine
 

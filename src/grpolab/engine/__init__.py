@@ -89,12 +89,10 @@ def head_size(model_path: Path) -> int | None:
         return None
 
 
-def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> str | None:
+def vllm_unusable(model_path: Path, device: torch.device) -> str | None:
     """Why vLLM cannot serve this run (None: it can)."""
     from grpolab.engine.vllm_engine import missing_reason
 
-    if distributed:
-        return "the vllm engine does not run under torchrun yet (each rank would start its own vLLM)"
     hs = head_size(model_path)
     if device.type == "cpu" and hs not in CPU_HEAD_SIZES:
         return (
@@ -105,14 +103,21 @@ def vllm_unusable(model_path: Path, device: torch.device, distributed: bool) -> 
 
 
 def choose(settings: RolloutConfig, *, model_path: Path, device: torch.device, distributed: bool) -> tuple[str, str]:
-    """(engine name, why): on a CPU auto is native, on a GPU vLLM where it can serve the model."""
+    """(engine name, why): on a CPU auto is native, on a GPU vLLM where it can serve the model; under
+    torchrun auto is native, and rollout.engine=vllm runs vLLM in every process (grpolab.engine.vllm_engine.
+    launch_options)."""
     if settings.engine == "native":
         return "native", "rollout.engine=native"
-    unusable = vllm_unusable(model_path, device, distributed)
+    unusable = vllm_unusable(model_path, device)
     if settings.engine == "vllm":
         if unusable:
             raise EngineError(f"rollout.engine=vllm: {unusable}")
         return "vllm", "rollout.engine=vllm"
+    if distributed:
+        return "native", (
+            "rollout.engine=auto: native under torchrun; rollout.engine=vllm runs vLLM in every process "
+            "(rollout.vllm_tensor_parallel_size: one vLLM sharded over that many processes)"
+        )
     if unusable:
         return "native", f"rollout.engine=auto: {unusable.split('; ')[0]}"
     if device.type == "cpu":

@@ -4,6 +4,7 @@
     engine.generate_turns(prompt_ids, respond, sampling, limits, ...) -> (Rollout, trajectories)
     engine.release()               after a step's rollouts: memory the update does not need, freed until sync
     engine.sync(policy, version)   after every optimizer step: the engine samples from these weights
+    with engine.together(): ...    an operation some of the processes sharing an engine make alone
     engine.close()
 
 Token ids in, token ids out: grpolab renders the chat template and tokenises; an engine never decodes
@@ -14,6 +15,7 @@ the policy version that sampled it.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -88,5 +90,11 @@ class RolloutEngine(Protocol):
         ...
 
     def sync(self, policy: nn.Module, version: int) -> float: ...
+
+    def together(self) -> AbstractContextManager:
+        """One operation whose generate calls the processes sharing this engine make in different numbers
+        (an evaluation rank 0 alone runs): every process enters it, and on leaving serves the others' calls
+        until all have left (grpolab.engine.vllm_group). An engine of this process alone: nothing."""
+        ...
 
     def close(self) -> None: ...

@@ -39,6 +39,8 @@ class RolloutConfig:
     """vLLM on a CPU: memory for its KV cache in GiB; 0 (the default) sizes it to the run: the most sequences one generate call holds x (the completion budget + PROMPT_ALLOWANCE tokens), and at least one sequence of the model's full context (grpolab.engine.kv_cache)."""
     vllm_model_impl: VllmModelImpl = "auto"
     """vLLM: which implementation of the model it runs (LLM(model_impl=...)): vllm (its own), transformers (its Transformers backend: transformers' modeling code with vLLM's attention and KV cache, for an architecture vLLM lacks; TRL's vllm_model_impl) or auto (vLLM's own where it has one, else the Transformers backend). The trainer's models stay transformers' own whichever runs (grpolab.engine.vllm_classes)."""
+    vllm_tensor_parallel_size: int = 1
+    """vLLM under torchrun: the processes of the launch in groups of this many consecutive ranks, each group one vLLM with the model's weights sharded over its members (tensor parallelism; distributed_executor_backend="external_launcher", every member's prompts gathered and generated together, each keeping its own completions, as TRL's colocate mode with vllm_tensor_parallel_size). Must divide the number of processes; 1: each process its own vLLM (grpolab.engine.vllm_group)."""
     vllm_gpu_memory: float = 0.3
     """vLLM on a GPU: the share of the GPU's memory it may take (gpu_memory_utilization); the trainer shares the card."""
     structured_outputs_regex: str | None = None
@@ -62,6 +64,7 @@ def validate_rollout(r: RolloutConfig) -> None:
         ),
         (r.vllm_kv_cache_gb >= 0, "rollout.vllm_kv_cache_gb", "must be >= 0 GiB (0: sized to the run)"),
         (0 < r.vllm_gpu_memory < 1, "rollout.vllm_gpu_memory", "must be in (0, 1)"),
+        (r.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1 (1: a vLLM per process)"),
     ]
     for ok, key, msg in checks:
         if not ok:

@@ -20,9 +20,11 @@ Its log-probs are the sampler's; the update computes log pi_old itself and corre
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -35,6 +37,7 @@ from grpolab.engine.native.session import pad_id_of
 from grpolab.engine.native.turns import Respond, Trajectory, as_rollout, turn_stop
 from grpolab.engine.settings import EngineError, RolloutConfig
 from grpolab.engine.vllm_classes import keep_trainer_models_plain
+from grpolab.engine.vllm_group import TensorGroup, keep_launchers_process_group
 from grpolab.model.cache import left_pad
 from grpolab.model.lora import merged_weights
 
@@ -53,6 +56,24 @@ def missing_reason() -> str | None:
             f'CPU, {INSTALL_GPU} on a CUDA GPU (README, "Rollout engines"), or use rollout.engine=native'
         )
     return None
+
+
+def launch_options(tp: int) -> dict:
+    """LLM(...)'s arguments for where it runs: in one process, vLLM's own executor; under torchrun, vLLM in
+    every process (distributed_executor_backend="external_launcher", joining the launch's process group, as
+    TRL's colocate mode), sharded over `tp` consecutive processes (tensor_parallel_size)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if tp > 1:
+            raise EngineError(
+                f"rollout.vllm_tensor_parallel_size={tp}: vLLM's tensor parallelism runs over the processes of a "
+                f"torchrun launch (TRL's colocate mode); launch with `torchrun --nproc_per_node {tp}` (or a "
+                "multiple of it), or set it to 1"
+            )
+        return {}
+    keep_launchers_process_group()
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
 
 
 def _environment() -> None:
@@ -88,6 +109,19 @@ def _seeds(generator: torch.Generator | None, n: int) -> list[int]:
     """n request seeds drawn from the step's stream (a resumed step draws the same ones)."""
     device = generator.device if generator is not None else "cpu"
     return torch.randint(0, SEED_RANGE, (n,), generator=generator, device=device).tolist()
+
+
+def one_operation(method):
+    """The engine's `method` as one operation of its tensor-parallel group (VllmEngine.together): its calls
+    paired with the other members' whatever their number (a multi-turn rollout's turns end at different
+    calls in each process)."""
+
+    @functools.wraps(method)
+    def as_one(self, *args, **kwargs):
+        with self.together():
+            return method(self, *args, **kwargs)
+
+    return as_one
 
 
 class VllmEngine:
@@ -126,6 +160,9 @@ class VllmEngine:
             if "kv_cache_memory_bytes" in extra
             else f"{extra['gpu_memory_utilization']:g} of the GPU"
         )
+        self.tp = settings.vllm_tensor_parallel_size
+        launch = launch_options(self.tp)  # under torchrun: vLLM in each process, its TP group of processes
+        self.group = TensorGroup(self.tp, self._generate_now) if self.tp > 1 else None
         t0 = time.perf_counter()
         try:
             self.llm = LLM(
@@ -139,6 +176,7 @@ class VllmEngine:
                 enable_prefix_caching=True,
                 skip_tokenizer_init=self.regex is None,  # structured outputs compile the regex over its vocabulary
                 **extra,
+                **launch,
             )
         except Exception as e:  # noqa: BLE001 (vLLM's start-up raises many kinds)
             raise EngineError(
@@ -153,10 +191,16 @@ class VllmEngine:
     def describe(self) -> str:
         regex = "" if self.regex is None else "structured outputs, "
         impl = "" if self.impl == "auto" else f"{self.impl} implementation, "
+        tp = "" if self.tp == 1 else f"tensor parallel over {self.tp} processes, "
         return (
-            f"vllm ({impl}{self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, {regex}"
+            f"vllm ({impl}{tp}{self.dtype}, {'eager' if self.eager else 'compiled'}, {self.memory}, {regex}"
             f"started in {self.startup_s:.0f} s)"
         )
+
+    def together(self) -> AbstractContextManager:
+        """One operation of this process's tensor-parallel group (grpolab.engine.vllm_group): its generate
+        calls paired with the other members' whatever their number. Without a group, nothing."""
+        return nullcontext() if self.group is None else self.group.together()
 
     def _params(self, sampling: Sampling, max_tokens: int, n: int, seed: int):
         from vllm import SamplingParams
@@ -168,13 +212,21 @@ class VllmEngine:
         )
 
     def _run(self, prompts: list[list[int]], params: list) -> list:
+        """vLLM's outputs for these prompts, each with its SamplingParams; in a tensor-parallel group
+        generated with the other members' prompts of the same round."""
+        requests = [(list(p), q) for p, q in zip(prompts, params)]
+        return self.group.call(requests) if self.group is not None else self._generate_now(requests)
+
+    def _generate_now(self, requests: list[tuple[list[int], object]]) -> list:
         from vllm.inputs import TokensPrompt
 
-        if not prompts:
+        if not requests:
             return []
         self._restore()  # a rollout before the sync (an update that failed): the cache back first
-        return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in requests]
+        return self.llm.generate(prompts, [q for _, q in requests], use_tqdm=False)
 
+    @one_operation
     def generate(
         self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int, generator: torch.Generator | None = None
     ) -> Rollout:
@@ -206,6 +258,7 @@ class VllmEngine:
             version=self.version,
         )
 
+    @one_operation
     def generate_turns(
         self,
         prompt_ids: list[list[int]],

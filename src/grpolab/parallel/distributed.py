@@ -103,6 +103,7 @@ def check_supported(cfg, d: Dist) -> None:
             "fsdp: FSDP2 sharding of a LoRA adapter run is not supported; set lora.r=0 or fsdp=false "
             "(an adapter run's trained weights are small: plain data parallelism suits it)"
         )
+    check_vllm_processes(cfg, d)
     if not d.active:
         return
     algo = cfg.algo
@@ -125,6 +126,27 @@ def check_supported(cfg, d: Dist) -> None:
         raise ConfigError(
             f"batch_size: {cfg.batch_size // cfg.G} prompts per step cannot be split over {d.world} "
             f"processes; use a multiple of {d.world * cfg.G} completions"
+        )
+
+
+def check_vllm_processes(cfg, d: Dist) -> None:
+    """rollout.engine=vllm over processes: its tensor-parallel groups divide the launch, and the weights it
+    is sent are whole (FSDP2 keeps each process's shard only)."""
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is None or rollout.engine != "vllm":
+        return
+    tp = rollout.vllm_tensor_parallel_size
+    if tp > 1 and d.world % tp:
+        raise ConfigError(
+            f"rollout.vllm_tensor_parallel_size={tp}: vLLM's tensor parallelism shards each vLLM over {tp} of "
+            f"this launch's processes ({d.world}); launch `torchrun --nproc_per_node` with a multiple of {tp}, "
+            "or set it to 1"
+        )
+    if d.active and getattr(cfg, "fsdp", False):
+        raise ConfigError(
+            "rollout.engine=vllm with fsdp=true: vLLM reloads the policy's whole weights after every step and "
+            "FSDP2 keeps a shard in each process; use fsdp=false (data parallel replicas) with vLLM, or "
+            "rollout.engine=native"
         )
 
 

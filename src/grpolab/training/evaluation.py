@@ -320,7 +320,8 @@ class Evaluator:
         from grpolab.parallel import fsdp as sharding
 
         loss = self.metric == "eval/loss"  # measured when it ranks the evaluations
-        with sharding.gathered(self.run.policy):  # FSDP: rank 0's evaluation unsharded (every rank enters)
+        # FSDP: rank 0's evaluation unsharded; vLLM sharded over processes: rank 0's calls served by its group
+        with sharding.gathered(self.run.policy), self.run.engine.together():  # every rank enters both
             res = evaluate(self.run, self.eval_set, loss=loss) if self.eval_set else {}
         self.last, self.last_step = res or None, step
         metrics = eval_metrics(res)

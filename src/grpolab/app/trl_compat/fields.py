@@ -295,7 +295,14 @@ GRPO_FIELDS: list[Entry] = [
     ignore("vllm_group_port", 51216, VLLM_ONLY),
     same("vllm_gpu_memory_utilization", "rollout.vllm_gpu_memory", 0.3),
     ignore("vllm_max_model_length", None, "grpolab sizes vLLM's context to the run (prompt + max_completion_length)"),
-    refuse("vllm_tensor_parallel_size", 1, "grpolab runs vLLM on one device per process"),
+    same(
+        "vllm_tensor_parallel_size",
+        "rollout.vllm_tensor_parallel_size",
+        1,
+        "use_vllm=True under torchrun: the processes in groups of this many consecutive ranks, each group one vLLM "
+        "sharded over them (external_launcher), every member's prompts gathered and generated together, as TRL's "
+        "colocate mode; must divide the number of processes.",
+    ),
     same("beta", "algo.beta", 0.0, "KL weight; 0 loads no reference model."),
     same("num_iterations", "algo.mu", 1, "Updates per generation batch."),
     Entry("epsilon", 0.2, "map", "algo.eps_low", lambda v, a: {}, "Read with loss_type: the lower clip (eps_low)."),

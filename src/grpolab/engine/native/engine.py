@@ -8,6 +8,8 @@ for the whole rollout (grpolab.parallel.fsdp.gathered)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import nn
 
@@ -41,6 +43,10 @@ class NativeEngine:
     def describe(self) -> str:
         how = "lean decode step" if self.lean else "the model's own forward"
         return f"native ({how}, {NAMES[self.dtype]})"
+
+    def together(self) -> AbstractContextManager:
+        """Nothing: each process decodes on its own policy."""
+        return nullcontext()
 
     def generate(
         self, prompt_ids: list[list[int]], sampling: Sampling, *, G: int, generator: torch.Generator | None = None
