@@ -50,9 +50,8 @@ def trl_stand_in(loss_type: str, max_len: int, entropy_coef: float = 0.0, **args
         report_to=[],
         use_cpu=True,
         bf16=False,
-        importance_sampling_level="sequence" if loss_type == "luspo" else "token",
         entropy_coef=entropy_coef,
-        **args,
+        **{"importance_sampling_level": "sequence" if loss_type == "luspo" else "token", **args},
     )
     config.steps_per_generation = 1  # one process, one accumulation step: the generation batch is this one
     accel = SimpleNamespace(
@@ -252,6 +251,54 @@ def test_luspo_equals_trl(eps):
     theirs, g_theirs, _ = trl_loss("luspo", LOGP, OLD, ADV, MASK, epsilon=eps)
     assert ours == pytest.approx(theirs, abs=1e-6)
     assert torch.allclose(g_ours * MASK, g_theirs * MASK, atol=1e-6)
+
+
+# --- CISPO with the sequence's ratio ---------------------------------------------------------------------------
+
+
+def cispo_seq_algo(epsilon_high: float) -> AlgoConfig:
+    """grpolab's algo for TRL's loss_type="cispo", importance_sampling_level="sequence", through the mapping."""
+    from grpolab.app.trl_compat.fields import _loss_type
+
+    out = _loss_type("cispo", {"epsilon": 0.2, "epsilon_high": epsilon_high, "importance_sampling_level": "sequence"})
+    assert out["algo.objective"] == "cispo_seq"
+    return dataclasses.replace(
+        resolve_algo("cispo"),
+        objective=out["algo.objective"],
+        aggregation=out["algo.aggregation"],
+        eps_low=out["algo.eps_low"],
+        eps_high=out["algo.eps_high"],
+    )
+
+
+def test_cispo_seq_worked_arithmetic():
+    """Sequence ratios s = exp(mean log rho): 1.0689 (0.2 / 3), 1.0513 (0.15 / 3), 0.9512 (-0.1 / 2); with TRL's
+    epsilon_high 1.06 the first weight is capped at 1.06, the others are their ratios; token mean over 8 tokens:
+    the gradient -w_i A_i / 8 on every valid token of sequence i."""
+    algo = cispo_seq_algo(1.06)
+    _, (grad,), metrics = grpolab_loss(LOGP, OLD, ADV, MASK, algo)
+    w = torch.tensor([1.06, math.exp(0.05), math.exp(-0.05)])
+    assert torch.allclose(grad, -(w * ADV)[:, None] * MASK / 8, atol=1e-6)
+    # the ratio shown is each sequence's on its tokens: (3 s_1 + 3 s_2 + 2 s_3) / 8
+    shown = (3 * math.exp(0.2 / 3) + 3 * math.exp(0.05) + 2 * math.exp(-0.05)) / 8
+    assert metrics["ratio/mean"] == pytest.approx(shown, abs=1e-6)
+    assert metrics["clip/high_frac"] == pytest.approx(3 / 8)  # the first sequence's three tokens
+
+
+def test_cispo_seq_gradient_equals_trl():
+    """TRL 1.16 accepts cispo at the sequence level (with a warning) and weighs every token of a sequence by
+    sg(min(s_i, epsilon_high)): the same gradient as grpolab's (the values differ by the convention of
+    obj_cispo, -w A log pi against -w A)."""
+    for eps_high in (1.06, 5.0, 0.2):
+        ours, (g_ours,), _ = grpolab_loss(LOGP, OLD, ADV, MASK, cispo_seq_algo(eps_high))
+        _, g_theirs, _ = trl_loss(
+            "cispo", LOGP, OLD, ADV, MASK, epsilon_high=eps_high, importance_sampling_level="sequence"
+        )
+        assert torch.allclose(g_ours * MASK, g_theirs * MASK, atol=1e-6), eps_high
+    token, (g_token,), _ = grpolab_loss(
+        LOGP, OLD, ADV, MASK, dataclasses.replace(cispo_seq_algo(1.06), objective="cispo")
+    )
+    assert not torch.allclose(g_token, g_ours)  # the sequence's weight is not the token's
 
 
 # --- entropy bonus -------------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ clamped to +-LR_CLAMP (20) before exp; beyond that a clipped objective gives no 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,44 +31,10 @@ from torch import Tensor
 if TYPE_CHECKING:  # the settings type only; grpolab.algo.presets imports no registry, nor this module
     from grpolab.algo.presets import AlgoConfig
 from grpolab.algo.entropy import entropy_bonus
-from grpolab.algo.kl import LR_CLAMP, kl_per_token
+from grpolab.algo.kl import kl_per_token
 from grpolab.algo.masks import policy_masks
-
-
-def _where_valid(x: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask > 0, x, torch.zeros_like(x))  # (b, T)
-
-
-@torch.no_grad()
-def masked_mean(x: Tensor, mask: Tensor) -> float:
-    """(1 / max(sum m, 1)) * sum m_t x_t over valid positions, as a float: the mean every metric uses."""
-    valid = mask > 0
-    count = max(int(valid.sum().item()), 1)
-    return float(torch.where(valid, x.float(), torch.zeros_like(x, dtype=torch.float32)).sum().item() / count)
-
-
-def _importance_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """log rho = logp - old_logp on valid tokens, 0 on padding, clamped to +-LR_CLAMP."""
-    lr = _where_valid(logp, mask) - _where_valid(old_logp, mask)  # (b, T)
-    return lr.clamp(-LR_CLAMP, LR_CLAMP)  # (b, T)
-
-
-def clip_ratio(ratio: Tensor, adv: Tensor | None, algo: AlgoConfig) -> tuple[Tensor, Tensor, Tensor]:
-    """The ratio clipped to [1 - eps_low, 1 + eps_high], and the tokens whose term a bound changed:
-
-        clip(rho, 1 - eps_low, 1 + eps_high)
-        clip_low = A < 0 and rho < 1 - eps_low,     clip_high = A > 0 and rho > 1 + eps_high
-
-    For the clipped surrogate (PPO, Schulman et al. 2017, eq. 7; DAPO's clip-higher, Yu et al. 2025,
-    eq. 10) these are the tokens where min(rho A, clip(rho) A) is the clipped term, which has no gradient.
-    adv None: CISPO's weight sg(clip(rho)) (Chen et al. 2025, eq. 4), truncated whatever the sign of A:
-    clip_low = rho < 1 - eps_low, clip_high = rho > 1 + eps_high. The objectives, their metrics and the
-    report's clip codes all read the decision here. Returns (clipped rho, clip_low, clip_high), shaped as rho.
-    """
-    low, high = ratio < 1.0 - algo.eps_low, ratio > 1.0 + algo.eps_high
-    if adv is not None:
-        low, high = low & (adv < 0), high & (adv > 0)
-    return ratio.clamp(1.0 - algo.eps_low, 1.0 + algo.eps_high), low, high
+from grpolab.algo.ratios import _importance_log_ratio, _where_valid, clip_ratio, masked_mean, sequence_log_ratio
+from grpolab.algo.weights import clip_weight, obj_cispo, obj_cispo_seq, obj_vespo, vespo_weight
 
 
 def _clipped_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
@@ -131,31 +96,10 @@ def obj_gspo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: Al
     -(1/|y_i|) s_i A_i sum_t grad log pi_theta(y_it) = grad(-s_i A_i). The token form also accepts
     per-token advantages.
     """
-    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
-    length = mask.sum(dim=1).clamp(min=1)  # (b,) |y_i|
-    log_s = (_where_valid(lr, mask).sum(dim=1) / length).clamp(-LR_CLAMP, LR_CLAMP)  # (b,) log s_i
+    log_s = sequence_log_ratio(_importance_log_ratio(logp, old_logp, mask), mask)  # (b,) log s_i
     logp_v = _where_valid(logp, mask)  # (b, T)
     ratio = torch.exp(log_s.detach()[:, None] + logp_v - logp_v.detach())  # (b, T) s_it: value s_i
     return _clipped_surrogate(ratio, adv, algo)
-
-
-def obj_cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
-    """CISPO (MiniMax-M1, Chen et al. 2025, eqs. 4-5): clip the importance weight, not the update.
-
-        w_it = sg( clip(rho_it, 1 - eps_low, 1 + eps_high) )
-        grad l_it = -w_it A_it grad log pi_theta(y_it)
-
-    Written as l_it = -w_it A_it pi_theta(y_it) / sg(pi_theta(y_it)): same gradient as the paper's
-    -w A log pi, and a value (-w A) that reads like the other surrogates. Every token keeps its
-    gradient (no token is clipped out); eps_low >= 1 means no lower bound, as in the paper.
-    """
-    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
-    ratio = torch.exp(lr).detach()  # (b, T) rho
-    weight, clip_low, clip_high = clip_ratio(ratio, None, algo)  # (b, T) w = sg(clip(rho)), where truncated
-    logp_v = _where_valid(logp, mask)  # (b, T)
-    loss = -weight * adv * torch.exp(logp_v - logp_v.detach())  # (b, T) value -w A
-    none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
-    return loss, {"ratio": ratio, "clip_low": clip_low, "clip_high": clip_high, "clip_dual": none}
 
 
 def obj_sapo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig) -> tuple[Tensor, dict]:
@@ -180,69 +124,12 @@ def obj_sapo(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: Al
     return loss, {"ratio": ratio.detach(), "clip_low": none, "clip_high": none, "clip_dual": none}
 
 
-LOG_W_MIN = math.log(1e-8)
-"""Lower clamp of VESPO's log w (TRL's get_gamma_weights: log(1e-8), as the paper's code)."""
-
-
-@torch.no_grad()
-def vespo_weight(
-    log_ratio: Tensor, adv_seq: Tensor, mask: Tensor, algo: AlgoConfig, token_weight: Tensor | None = None
-) -> Tensor:
-    """VESPO's Gamma weight of each sequence, phi(w_i) (b,), detached (TRL 1.16: GRPOTrainer.get_gamma_weights):
-
-        log w_i = clamp( sum_t m_it clamp(log rho_it, -20, 20) [+ sum_t m_it log c_it], log 1e-8, 20 )
-        (k, lambda) = (vespo_k_pos, vespo_lambda_pos) if A_i >= 0 else (vespo_k_neg, vespo_lambda_neg)
-        phi(w) = e^lambda w^k e^(-lambda w) = exp( lambda + k log w - lambda w ),   phi(1) = 1,
-
-    w_i the sequence's importance ratio (a product over its tokens, not GSPO's geometric mean); c_it the
-    sampler correction's weight when another engine sampled (folded into w, as TRL folds vLLM's ratio
-    in). lambda is clamped to >= 1e-4 and a non-finite phi is 0, as in TRL."""
-    lr = _where_valid(log_ratio.clamp(-20.0, 20.0), mask).sum(dim=1)  # (b,) sum_t log rho_it
-    if token_weight is not None:
-        lw = torch.log(token_weight.float()).clamp(LOG_W_MIN, 20.0)  # (b, T)
-        lr = lr + _where_valid(lw, mask).sum(dim=1)
-    log_w = lr.clamp(LOG_W_MIN, 20.0)  # (b,)
-    pos = adv_seq >= 0  # (b,)
-    k = torch.where(pos, algo.vespo_k_pos, algo.vespo_k_neg)  # (b,)
-    lam = torch.where(pos, algo.vespo_lambda_pos, algo.vespo_lambda_neg).clamp(min=1e-4)  # (b,)
-    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))  # (b,)
-    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def obj_vespo(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, algo: AlgoConfig, token_weight: Tensor | None = None
-) -> tuple[Tensor, dict]:
-    """VESPO, Variational Sequence-level Soft Policy Optimization (arXiv 2602.10693), as TRL 1.16 computes
-    it (trl/trainer/grpo_trainer.py, _compute_loss and get_gamma_weights, loss_type "vespo"): no clip; each
-    sequence's policy gradient is scaled by the detached Gamma weight phi(w_i) of its importance ratio
-    (`vespo_weight`), which is 1 on-policy and decays smoothly both for w -> 0 (w^k) and for large w
-    (e^(-lambda w)):
-
-        grad l_it = -phi(w_i) A_it grad log pi_theta(y_it).
-
-    Written as l_it = -phi(w_i) A_it pi_theta(y_it) / sg(pi_theta(y_it)), like obj_cispo: the same
-    gradient as TRL's -phi A log pi, and the value -phi A. The sampler correction's weight goes into
-    w_i (token_weight), not onto the loss. The clip metrics stay 0; ratio holds phi(w_i).
-    """
-    lr = _importance_log_ratio(logp, old_logp, mask)  # (b, T)
-    adv_seq = _where_valid(adv, mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (b,) A_i
-    phi = vespo_weight(lr, adv_seq, mask, algo, token_weight)  # (b,)
-    logp_v = _where_valid(logp, mask)  # (b, T)
-    loss = -phi[:, None] * adv * torch.exp(logp_v - logp_v.detach())  # (b, T) value -phi A
-    none = torch.zeros_like(mask, dtype=torch.bool)  # (b, T)
-    return loss, {
-        "ratio": phi[:, None].expand_as(logp).detach(),
-        "clip_low": none,
-        "clip_high": none,
-        "clip_dual": none,
-    }
-
-
 OBJECTIVES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
     "pg": obj_pg,
     "clipped": obj_clipped,
     "gspo": obj_gspo,
     "cispo": obj_cispo,
+    "cispo_seq": obj_cispo_seq,
     "sapo": obj_sapo,
     "vespo": obj_vespo,
 }
@@ -270,23 +157,18 @@ def clip_surrogate(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
     return code
 
 
-def clip_weight(ratio: Tensor, adv: Tensor, algo: AlgoConfig) -> Tensor:
-    """obj_cispo: the weight is truncated on either side, whatever the sign of A."""
-    _, low, high = clip_ratio(ratio, None, algo)
-    return torch.where(low, -1, high.long())
-
-
 CLIP_DECISIONS: dict[str, Callable[[Tensor, Tensor, AlgoConfig], Tensor]] = {
     "pg": clip_never,
     "clipped": clip_surrogate,
     "gspo": clip_surrogate,
     "cispo": clip_weight,
+    "cispo_seq": clip_weight,
     "sapo": clip_never,
     "vespo": clip_never,
 }
 """objective name -> fn(ratio (t,), adv (t,), algo) -> clip codes (t,) long."""
 
-SEQUENCE_RATIO: set[str] = {"gspo"}
+SEQUENCE_RATIO: set[str] = {"gspo", "cispo_seq"}
 """Objectives whose ratio is one per sequence, s_i = exp(mean_t log rho_it), not one per token."""
 
 WEIGHT_IN_OBJECTIVE: set[str] = {"vespo"}
@@ -494,6 +376,17 @@ def policy_loss(
     return loss, metrics
 
 
-__all__ = ["AGGREGATIONS", "CLIP_DECISIONS", "OBJECTIVES", "SEQUENCE_RATIO", "WEIGHT_IN_OBJECTIVE", "clip_decision"]
+__all__ = [
+    "AGGREGATIONS",
+    "CLIP_DECISIONS",
+    "OBJECTIVES",
+    "SEQUENCE_RATIO",
+    "WEIGHT_IN_OBJECTIVE",
+    "clip_decision",
+    "clip_ratio",
+    "masked_mean",
+    "policy_loss",
+    "vespo_weight",
+]
 __all__ += ["clip_ratio", "entropy_bonus", "masked_mean", "policy_loss", "register_objective", "shown_ratio"]
 __all__ += ["vespo_weight"]

@@ -60,7 +60,8 @@ class AlgoConfig:
     objective: str = "clipped"
     """Policy objective (grpolab.algo.losses.OBJECTIVES): pg (unclipped IS surrogate; REINFORCE when
     on-policy), clipped (PPO/GRPO/DAPO surrogate), gspo (sequence-level ratio, clipped per
-    sequence), cispo (clipped, detached importance weight times log-prob), sapo (soft sigmoid gate
+    sequence), cispo (clipped, detached importance weight times log-prob; cispo_seq: the weight of the
+    sequence's ratio, TRL's cispo at importance_sampling_level="sequence"), sapo (soft sigmoid gate
     of the ratio), vespo (detached Gamma weight of the sequence ratio times log-prob)."""
     aggregation: str = "seq_mean"
     """How per-token losses become one number (grpolab.algo.losses.AGGREGATIONS): seq_mean (GRPO
@@ -307,7 +308,7 @@ def validate_algo(cfg: AlgoConfig) -> AlgoConfig:
             raise ConfigError(f"algo.{key}: {what}, got {getattr(cfg, key)!r}")
 
     need(cfg.eps_low >= 0, "eps_low", "must be >= 0 (the ratio is clipped at 1 - eps_low)")
-    if cfg.objective == "cispo":  # the weight's cap 1 + eps_high may be below 1 (TRL's cispo at epsilon_high < 1)
+    if cfg.objective in ("cispo", "cispo_seq"):  # the weight's cap 1 + eps_high may be below 1 (TRL's at < 1)
         need(cfg.eps_high > -1, "eps_high", "must be > -1 for cispo (the weight is capped at 1 + eps_high > 0)")
     else:
         need(cfg.eps_high >= 0, "eps_high", "must be >= 0 (the ratio is clipped at 1 + eps_high)")

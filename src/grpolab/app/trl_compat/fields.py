@@ -69,11 +69,13 @@ def _loss_type(v, a) -> dict:
     out = {"algo.aggregation": aggregation, "algo.eps_low": low, "algo.eps_high": high}
     if objective == "clipped":
         out["algo.objective"] = "gspo" if sequence else "clipped"
+    elif objective == "cispo":
+        out["algo.objective"] = "cispo_seq" if sequence else "cispo"
     elif sequence:
         raise fail(
             "importance_sampling_level",
             "sequence",
-            f"TRL's sequence-level ratio goes with the clipped loss types; loss_type={v!r} is not one",
+            f"TRL's sequence-level ratio goes with the clipped loss types and cispo; loss_type={v!r} is not one",
         )
     else:
         out["algo.objective"] = objective
@@ -335,7 +337,8 @@ GRPO_FIELDS: list[Entry] = [
         "map",
         "algo.objective",
         lambda v, a: {},
-        "Read with loss_type: sequence makes the clipped objective gspo.",
+        "Read with loss_type: sequence makes the clipped objective gspo and cispo cispo_seq (the weight of the "
+        "sequence's ratio).",
     ),
     Entry(
         "reward_weights",
