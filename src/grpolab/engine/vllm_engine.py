@@ -184,7 +184,7 @@ class VllmEngine:
             ) from e
         self.startup_s = time.perf_counter() - t0
         self.impl = settings.vllm_model_impl
-        self.transformers_classes = keep_trainer_models_plain()  # vLLM's Transformers backend: see that module
+        keep_trainer_models_plain()  # vLLM's Transformers backend decorated classes in place: see that module
         if torch.get_num_threads() != threads:  # the trainer keeps its threads whatever vLLM did
             torch.set_num_threads(threads)
 
