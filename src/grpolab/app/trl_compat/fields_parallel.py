@@ -17,6 +17,8 @@ two-level mesh have no counterpart and are refused by name.
 
 from __future__ import annotations
 
+import math
+
 from grpolab.app.trl_compat.entries import Entry, fail
 from grpolab.app.trl_compat.fields_model import NOTES
 from grpolab.app.trl_compat.steps import num_processes
@@ -45,10 +47,7 @@ def sizes(v) -> dict[str, int]:
 
 def total_size(s: dict[str, int]) -> int:
     """accelerate's total_size = dp_replicate x dp_shard x tp x cp x sp."""
-    out = 1
-    for x in s.values():
-        out *= x
-    return out
+    return math.prod(s.values())
 
 
 def parallelism_setting(v, a: dict) -> dict:
